@@ -1,0 +1,40 @@
+# duetime: `make run` to try it, `make test` to test it. See README.md.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run up down test lint typecheck openapi bench setup cluster-up cluster-down clean
+
+run:            ## install what is missing, start everything, stay in the foreground
+	@devstack/stack.sh run
+
+up:             ## same as run, but return once ready and leave it in the background
+	@devstack/stack.sh up
+
+down:           ## stop the API and every local Cassandra node
+	@devstack/stack.sh down
+
+setup:          ## venv, Cassandra, schema
+	@devstack/stack.sh setup
+
+test: setup     ## the whole suite against the real Cassandra node
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint:
+	$(VENV)/bin/ruff check app workers spark tests devstack
+	$(VENV)/bin/mypy
+
+openapi: setup  ## regenerate openapi.yaml from the marshmallow schemas
+	$(VENV)/bin/duetime openapi --output openapi.yaml
+
+bench: up       ## benchmarks against the running stack; results in bench-results/
+	$(PY) -m tests.bench.run $(BENCH_ARGS)
+
+cluster-up:     ## the 3-node cluster on 127.0.0.1-3 (CQL port 9043)
+	python3 devstack/cassandra.py start cluster
+
+cluster-down:
+	python3 devstack/cassandra.py stop cluster
+
+clean: down
+	rm -rf var/cassandra/dev var/cassandra/c1 var/cassandra/c2 var/cassandra/c3 var/log

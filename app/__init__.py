@@ -1,0 +1,62 @@
+"""duetime: a timeline scheduling service on Apache Cassandra.
+
+create_app(config) builds the Flask application; nothing connects to Cassandra until the
+first request that needs it (so gunicorn workers connect after fork).
+"""
+
+from __future__ import annotations
+
+from flask import Flask, g, request
+from flask_smorest import Api
+
+from app.api import health, problems, topics
+from app.auth import Authenticator
+from app.config import Config, load_config
+from app.services import Clock, Services, system_clock_ms
+
+API_VERSION = "1.0.0"
+PUBLIC_PREFIXES = ("/healthz", "/readyz", "/metrics", "/openapi", "/docs")
+
+
+def _smorest_settings(app: Flask, config: Config) -> None:
+    app.config.update(
+        API_TITLE="duetime",
+        API_VERSION=API_VERSION,
+        OPENAPI_VERSION="3.0.3",
+        OPENAPI_URL_PREFIX="/",
+        OPENAPI_JSON_PATH="openapi.json",
+        OPENAPI_SWAGGER_UI_PATH="/docs",
+        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        MAX_CONTENT_LENGTH=config.max_batch * (config.max_payload_bytes + 4096) + 65536,
+        API_SPEC_OPTIONS={
+            "info": {"description": "Messages delivered at their moment. See README.md."},
+            "components": {"securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "API key"},
+            }},
+        },
+    )
+
+
+def _authenticate(app: Flask, authenticator: Authenticator) -> None:
+    @app.before_request
+    def require_key() -> None:
+        if request.path.startswith("/v1/"):
+            g.tenant = authenticator.tenant_for_header(request.headers.get("Authorization"))
+
+
+def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> Flask:
+    """The WSGI application for config (default: from the DUETIME_* environment)."""
+    config = config or load_config()
+    app = Flask(__name__)
+    _smorest_settings(app, config)
+    services = Services(config, clock)
+    app.extensions["duetime"] = services
+    api = Api(app)
+    api.register_blueprint(health.blp)
+    api.register_blueprint(topics.blp)
+    from app.api import openapi_file
+
+    openapi_file.register(app, api)
+    problems.register(app)
+    _authenticate(app, Authenticator(services.keys))
+    return app

@@ -1,0 +1,70 @@
+"""The one place that turns failures into application/problem+json (RFC 9457) answers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask, Response, json
+from werkzeug.exceptions import HTTPException
+
+from app.errors import DuetimeError, RateLimited, StoreUnavailable
+
+log = logging.getLogger(__name__)
+PROBLEM_TYPE_BASE = "https://duetime.dev/problems/"
+
+
+def problem(
+    status: int, title: str, detail: str, slug: str,
+    errors: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+) -> Response:
+    body: dict[str, Any] = {
+        "type": PROBLEM_TYPE_BASE + slug, "title": title, "status": status, "detail": detail,
+    }
+    if errors:
+        body["errors"] = errors
+    response = Response(json.dumps(body), status=status, mimetype="application/problem+json")
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def _from_domain(exc: DuetimeError) -> Response:
+    headers = {}
+    if isinstance(exc, RateLimited):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    elif isinstance(exc, StoreUnavailable):
+        headers["Retry-After"] = str(exc.retry_after_s)
+        log.warning("store unavailable: %s", exc.detail)
+    return problem(exc.status, exc.title, exc.detail, exc.slug, exc.errors, headers)
+
+
+def _from_http(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    data = getattr(exc, "data", None) or {}
+    messages = data.get("messages") if isinstance(data, dict) else None
+    if messages:  # webargs validation: {"json": {field: [msg]}} → {field: [msg]}
+        errors: dict[str, Any] = {}
+        for location_errors in messages.values():
+            errors.update(location_errors)
+        return problem(400, "Invalid request", "The request has invalid fields.",
+                       "invalid-request", errors)
+    if status == 400:
+        return problem(400, "Malformed request", exc.description or "Malformed request body.",
+                       "malformed-request")
+    title = exc.name or "Error"
+    detail = exc.description or title
+    return problem(status, title, detail, title.lower().replace(" ", "-"))
+
+
+def _unexpected(exc: Exception) -> Response:
+    log.exception("unhandled error")
+    return problem(500, "Internal error", "An unexpected error occurred; it has been logged.",
+                   "internal")
+
+
+def register(app: Flask) -> None:
+    """Install the handlers: domain errors, HTTP errors (404, 405, 413, validation), the rest."""
+    app.register_error_handler(DuetimeError, _from_domain)
+    app.register_error_handler(HTTPException, _from_http)
+    app.register_error_handler(Exception, _unexpected)

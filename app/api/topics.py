@@ -1,0 +1,93 @@
+"""/v1/topics views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from app import topics as usecases
+from app.api.common import SECURITY, services, tenant
+from app.api.validation import check_name
+from app.models import Topic
+from app.schemas.topics import TopicListSchema, TopicPutSchema, TopicSchema, TopicStatsSchema
+
+blp = Blueprint("topics", __name__, url_prefix="/v1/topics",
+                description="Topics: a tenant's timelines of messages.")
+
+_FLAT = ("lease_seconds", "max_attempts", "shards")
+_NESTED = {"retry": ("backoff_seconds", "max_backoff_seconds"),
+           "delivery": ("mode", "url", "timeout_seconds")}
+_NESTED_FIELD = {("delivery", "mode"): "delivery_mode", ("delivery", "url"): "delivery_url",
+                 ("delivery", "timeout_seconds"): "delivery_timeout_seconds"}
+
+
+def topic_view(topic: Topic) -> dict[str, Any]:
+    s = topic.settings
+    return {
+        "name": topic.name, "lease_seconds": s.lease_seconds, "max_attempts": s.max_attempts,
+        "retry": {"backoff_seconds": s.backoff_seconds,
+                  "max_backoff_seconds": s.max_backoff_seconds},
+        "shards": s.shards,
+        "delivery": {"mode": s.delivery_mode, "url": s.delivery_url,
+                     "timeout_seconds": s.delivery_timeout_seconds},
+        "signing_secret": topic.signing_secret,
+        "created_at": topic.created_at_ms, "updated_at": topic.updated_at_ms,
+    }
+
+
+def _changes(body: dict[str, Any]) -> dict[str, Any]:
+    """The request's given fields as TopicSettings field names (None = not given)."""
+    changes = {k: body[k] for k in _FLAT if body.get(k) is not None}
+    for group, names in _NESTED.items():
+        for name in names:
+            value = (body.get(group) or {}).get(name)
+            if value is not None:
+                changes[_NESTED_FIELD.get((group, name), name)] = value
+    return changes
+
+
+@blp.route("")
+class TopicCollection(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.response(200, TopicListSchema)
+    def get(self) -> dict[str, Any]:
+        """List the tenant's topics."""
+        return {"topics": [topic_view(t) for t in services().topics.list_for(tenant())]}
+
+
+@blp.route("/<string:topic>")
+class TopicItem(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(TopicPutSchema)
+    @blp.response(200, TopicSchema, description="Updated.")
+    @blp.alt_response(201, schema=TopicSchema, description="Created.")
+    @blp.alt_response(409, description="shards changed while messages are live.")
+    def put(self, body: dict[str, Any], topic: str) -> tuple[dict[str, Any], int]:
+        """Create or update a topic."""
+        check_name("topic", topic)
+        result, created = usecases.put_topic(services(), tenant(), topic, _changes(body))
+        return topic_view(result), 201 if created else 200
+
+    @blp.doc(security=SECURITY)
+    @blp.response(200, TopicSchema)
+    def get(self, topic: str) -> dict[str, Any]:
+        """Read a topic."""
+        return topic_view(usecases.get_topic(services(), tenant(), topic))
+
+    @blp.doc(security=SECURITY)
+    @blp.response(204)
+    def delete(self, topic: str) -> None:
+        """Delete a topic: its messages are cancelled and never delivered."""
+        usecases.delete_topic(services(), tenant(), topic)
+
+
+@blp.route("/<string:topic>/stats")
+class TopicStats(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.response(200, TopicStatsSchema)
+    def get(self, topic: str) -> dict[str, Any]:
+        """Counts per state and the scheduled load per minute for the hour ahead."""
+        found = usecases.get_topic(services(), tenant(), topic)
+        return usecases.topic_stats(services(), found)

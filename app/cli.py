@@ -1,0 +1,93 @@
+"""The `duetime` command: schema migrations, API keys, the OpenAPI file.
+
+  duetime schema apply | status
+  duetime keys create --tenant NAME [--name LABEL]   (prints the new key as its last line)
+  duetime openapi [--output PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from app.config import ConfigError, load_config
+from app.errors import StoreUnavailable
+from app.ids import NAME
+from app.services import Services
+from app.store import migrations
+
+
+def _schema(services: Services, args: argparse.Namespace) -> int:
+    if args.action == "apply":
+        done = migrations.apply(services.db)
+        for m in done:
+            print(f"applied {m.version:03d}_{m.name}")
+        print(f"schema current in keyspace {services.db.keyspace} ({len(done)} applied now)")
+        return 0
+    todo = migrations.pending(services.db)
+    for m in todo:
+        print(f"pending {m.version:03d}_{m.name}")
+    print("schema current" if not todo else f"{len(todo)} pending")
+    return 0 if not todo else 1
+
+
+def _keys(services: Services, args: argparse.Namespace) -> int:
+    if not NAME.match(args.tenant):
+        print(f"tenant must match {NAME.pattern}", file=sys.stderr)
+        return 2
+    key = services.keys.create(args.tenant, args.name or "")
+    print(f"created a key for tenant {args.tenant}; it is shown only once:")
+    print(key)
+    return 0
+
+
+def _openapi(args: argparse.Namespace) -> int:
+    from app import create_app
+    from app.api.openapi_file import spec_yaml
+
+    app = create_app(load_config())
+    text = spec_yaml(app.extensions["flask-smorest"]["apis"][""]["ext_obj"])
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duetime", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    schema = sub.add_parser("schema", help="apply or inspect CQL migrations")
+    schema.add_argument("action", choices=["apply", "status"])
+    keys = sub.add_parser("keys", help="manage API keys")
+    keys.add_argument("action", choices=["create"])
+    keys.add_argument("--tenant", required=True)
+    keys.add_argument("--name", default="")
+    openapi = sub.add_parser("openapi", help="write the OpenAPI document generated from code")
+    openapi.add_argument("--output", default="openapi.yaml")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "openapi":
+            return _openapi(args)
+        services = Services(load_config())
+        try:
+            return _schema(services, args) if args.command == "schema" else _keys(services, args)
+        finally:
+            services.close()
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except StoreUnavailable as exc:
+        print(f"{exc.detail} (is Cassandra running? `make up` starts one)", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Configuration: defaults, the DUETIME_* environment, validation. The only reader of os.environ.
+
+Every setting has a default that works against the local dev node; see the README's table.
+Units are in the names: *_ms milliseconds, *_s seconds, *_bytes bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from cassandra import ConsistencyLevel
+
+
+class ConfigError(ValueError):
+    """A DUETIME_* setting is malformed; the message names the variable and what it expects."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """All settings of a duetime process (API, releaser, CLI, Spark job)."""
+
+    contact_points: tuple[str, ...] = ("127.0.0.1",)
+    cql_port: int = 9042
+    keyspace: str = "duetime"
+    replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    local_dc: str | None = None
+    consistency: str = "LOCAL_QUORUM"
+    serial_consistency: str = "LOCAL_SERIAL"
+    cql_username: str | None = None
+    cql_password: str | None = None
+    request_timeout_s: float = 10.0
+
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    max_payload_bytes: int = 64 * 1024
+    max_batch: int = 1000
+    horizon_days: int = 365
+    max_wait_ms: int = 30_000
+    min_lease_s: int = 1
+    max_lease_s: int = 12 * 3600
+    rate_limit_per_s: float = 0.0
+    rate_burst: int = 0
+
+    bucket_ms: int = 60_000
+    partition_cap: int = 1000
+    slot_chunk: int = 64
+    safety_lag_ms: int = 1000
+    retention_days: int = 7
+
+    @property
+    def consistency_level(self) -> int:
+        return int(ConsistencyLevel.name_to_value[self.consistency])
+
+    @property
+    def serial_consistency_level(self) -> int:
+        return int(ConsistencyLevel.name_to_value[self.serial_consistency])
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some settings changed (tests, CLI flags)."""
+        return dataclasses.replace(self, **changes)
+
+
+_CONSISTENCIES = {
+    "ONE", "TWO", "THREE", "QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL", "LOCAL_ONE",
+}
+_SERIALS = {"SERIAL", "LOCAL_SERIAL"}
+
+
+def _convert(name: str, raw: str, default: Any) -> Any:
+    kind = type(default) if default is not None else str
+    try:
+        if isinstance(default, tuple):
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if kind is bool:
+            return raw.lower() in {"1", "true", "yes", "on"}
+        return kind(raw)
+    except ValueError as exc:
+        raise ConfigError(f"DUETIME_{name.upper()}={raw!r}: expected {kind.__name__}") from exc
+
+
+def _validate(config: Config) -> None:
+    if config.consistency not in _CONSISTENCIES:
+        raise ConfigError(f"DUETIME_CONSISTENCY must be one of {sorted(_CONSISTENCIES)}")
+    if config.serial_consistency not in _SERIALS:
+        raise ConfigError(f"DUETIME_SERIAL_CONSISTENCY must be one of {sorted(_SERIALS)}")
+    if not config.contact_points:
+        raise ConfigError("DUETIME_CONTACT_POINTS must name at least one host")
+    positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes")
+    for name in positive:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"DUETIME_{name.upper()} must be > 0")
+    if not 1 <= config.min_lease_s <= config.max_lease_s:
+        raise ConfigError("DUETIME_MIN_LEASE_S must be >= 1 and <= DUETIME_MAX_LEASE_S")
+    if not config.keyspace.replace("_", "").isalnum():
+        raise ConfigError("DUETIME_KEYSPACE must be letters, digits and underscores")
+
+
+def load_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """Build the configuration from DUETIME_* variables (and explicit overrides), validated."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(Config):
+        raw = environ.get(f"DUETIME_{field.name.upper()}")
+        if raw is not None and raw != "":
+            values[field.name] = _convert(field.name, raw, field.default)
+    values.update(overrides)
+    config = Config(**values)
+    _validate(config)
+    return config

@@ -1,0 +1,87 @@
+"""Domain records shared by the API, the releasers and the Spark jobs. Times are epoch ms."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+STATES = ("scheduled", "leased", "delivered", "cancelled", "dead")
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicSettings:
+    """What a producer may set on a topic (API.md, Topics). Durations in seconds."""
+
+    lease_seconds: int = 30
+    max_attempts: int = 10
+    backoff_seconds: float = 1.0
+    max_backoff_seconds: float = 600.0
+    shards: int = 16
+    delivery_mode: str = "pull"
+    delivery_url: str | None = None
+    delivery_timeout_seconds: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Topic:
+    """A tenant's timeline. uid names this incarnation: a re-created topic gets a new one."""
+
+    tenant: str
+    name: str
+    uid: uuid.UUID
+    settings: TopicSettings
+    signing_secret: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageState:
+    """The one row that is the truth of a message (table messages)."""
+
+    topic_uid: uuid.UUID
+    id: str
+    state: str
+    version: int
+    due_at_ms: int
+    deliver_at_ms: int
+    priority: int
+    campaign: str | None
+    shard: int
+    attempts: int
+    content_hash: str
+    lease_token: uuid.UUID | None
+    lease_expires_at_ms: int | None
+    consumer: str | None
+    last_error: str | None
+    created_at_ms: int
+    updated_at_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """A message's immutable body: JSON text or raw bytes (encoding 'json' or 'base64')."""
+
+    data: bytes
+    encoding: str
+    headers: dict[str, str]
+
+    def as_api_value(self) -> Any:
+        import base64
+        import json
+
+        if self.encoding == "json":
+            return json.loads(self.data)
+        return base64.b64encode(self.data).decode("ascii")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pointer:
+    """One timeline entry: message `id` at version `version` is due at due_at_ms."""
+
+    due_at_ms: int
+    id: str
+    version: int
+    priority: int
+    shard: int

@@ -1,0 +1,24 @@
+"""Schemas of the operations endpoints and of the problem+json error body."""
+
+from __future__ import annotations
+
+from marshmallow import Schema, fields
+
+
+class HealthSchema(Schema):
+    status = fields.String(required=True, metadata={"example": "ok"})
+
+
+class ReadySchema(Schema):
+    status = fields.String(required=True, metadata={"example": "ready"})
+    schema_version = fields.Integer(required=True, metadata={"description": "Newest migration."})
+
+
+class ProblemSchema(Schema):
+    """RFC 9457 problem details; `errors` maps each invalid field to its messages."""
+
+    type = fields.String(required=True)
+    title = fields.String(required=True)
+    status = fields.Integer(required=True)
+    detail = fields.String(required=True)
+    errors = fields.Dict(keys=fields.String(), values=fields.Raw())

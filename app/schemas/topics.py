@@ -1,0 +1,72 @@
+"""Topic schemas (API.md, Topics)."""
+
+from __future__ import annotations
+
+from marshmallow import Schema, fields, validate
+
+from app.schemas.fields import Instant
+
+
+class RetrySchema(Schema):
+    backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
+    max_backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
+
+
+class DeliverySchema(Schema):
+    mode = fields.String(load_default=None, validate=validate.OneOf(["pull", "webhook"]))
+    url = fields.Url(load_default=None, schemes={"http", "https"}, require_tld=False)
+    timeout_seconds = fields.Float(load_default=None, validate=validate.Range(0.1, 120))
+
+
+class TopicPutSchema(Schema):
+    """All optional. On create, omitted fields take the defaults shown; on update, omitted
+    fields keep their current values. Changing `shards` of a topic with scheduled or leased
+    messages answers 409."""
+
+    lease_seconds = fields.Integer(load_default=None, validate=validate.Range(1, 43_200),
+                                   metadata={"description": "Default lease, s (default 30)."})
+    max_attempts = fields.Integer(load_default=None, validate=validate.Range(1, 1000),
+                                  metadata={"description": "Then dead (default 10)."})
+    retry = fields.Nested(RetrySchema, load_default=None,
+                          metadata={"description": "Backoff after nack/failure, s (1 and 600)."})
+    shards = fields.Integer(load_default=None, validate=validate.Range(1, 256),
+                            metadata={"description": "Releaser parallelism (default 16)."})
+    delivery = fields.Nested(DeliverySchema, load_default=None,
+                             metadata={"description": "pull (default) or webhook with url."})
+
+
+class TopicSchema(Schema):
+    name = fields.String(required=True)
+    lease_seconds = fields.Integer(required=True)
+    max_attempts = fields.Integer(required=True)
+    retry = fields.Nested(RetrySchema, required=True)
+    shards = fields.Integer(required=True)
+    delivery = fields.Nested(DeliverySchema, required=True)
+    signing_secret = fields.String(
+        required=True, metadata={"description": "HMAC-SHA256 key of Duetime-Signature."})
+    created_at = Instant(required=True)
+    updated_at = Instant(required=True)
+
+
+class TopicListSchema(Schema):
+    topics = fields.List(fields.Nested(TopicSchema), required=True)
+
+
+class CountsSchema(Schema):
+    scheduled = fields.Integer(required=True)
+    leased = fields.Integer(required=True)
+    delivered = fields.Integer(required=True)
+    cancelled = fields.Integer(required=True)
+    dead = fields.Integer(required=True)
+
+
+class WindowSchema(Schema):
+    from_ = Instant(required=True, data_key="from")
+    to = Instant(required=True)
+    count = fields.Integer(required=True)
+
+
+class TopicStatsSchema(Schema):
+    counts = fields.Nested(CountsSchema, required=True)
+    upcoming = fields.List(fields.Nested(WindowSchema), required=True, metadata={
+        "description": "Scheduled messages per minute for the hour ahead."})

@@ -1,0 +1,37 @@
+"""The per-process object graph: config, Cassandra session, stores, clock.
+
+Built by create_app (or the CLI / workers) once per process; nothing connects until used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from app.config import Config
+from app.store.counts import CountStore
+from app.store.keys import ApiKeyStore
+from app.store.session import CassandraSession
+from app.store.topics import TopicStore
+
+Clock = Callable[[], int]
+
+
+def system_clock_ms() -> int:
+    """Wall-clock epoch milliseconds of this host (the server clock of every guarantee)."""
+    return time.time_ns() // 1_000_000
+
+
+class Services:
+    """Everything a request, a releaser tick or a CLI command needs."""
+
+    def __init__(self, config: Config, clock: Clock = system_clock_ms) -> None:
+        self.config = config
+        self.clock = clock
+        self.db = CassandraSession(config)
+        self.keys = ApiKeyStore(self.db)
+        self.topics = TopicStore(self.db)
+        self.counts = CountStore(self.db)
+
+    def close(self) -> None:
+        self.db.shutdown()

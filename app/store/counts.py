@@ -1,0 +1,55 @@
+"""Counters behind /stats: messages per state, and scheduled messages per minute ahead.
+
+Guarantee: a counter moves once per *applied* transition (the caller knows from the LWT
+result). Counter writes are not idempotent, so they are never retried; a counter write that
+times out may leave a count off by one, which is why these feed dashboards, not decisions.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+
+from app.store.session import CassandraSession
+from app.timeline import MS_PER_DAY, MS_PER_MINUTE
+
+_STATE = "UPDATE {ks}.state_counts SET n = n + ? WHERE topic_uid = ? AND state = ?"
+_UPCOMING = ("UPDATE {ks}.upcoming_counts SET n = n + ? "
+             "WHERE topic_uid = ? AND day = ? AND minute = ?")
+
+
+class CountStore:
+    def __init__(self, db: CassandraSession) -> None:
+        self.db = db
+
+    def add_states(self, topic_uid: uuid.UUID, deltas: dict[str, int]) -> None:
+        """Apply per-state deltas, e.g. {"scheduled": -1, "leased": +1}."""
+        futures = [self.db.execute_async(_STATE, (d, topic_uid, s)) for s, d in deltas.items() if d]
+        self.db.results(futures)
+
+    def add_upcoming(self, topic_uid: uuid.UUID, due_ms: Iterable[int], sign: int = 1) -> None:
+        """Count (sign=+1) or uncount (-1) scheduled messages at these due times, per minute."""
+        per_minute = Counter(ms // MS_PER_MINUTE for ms in due_ms)
+        futures = [
+            self.db.execute_async(
+                _UPCOMING, (sign * n, topic_uid, minute * MS_PER_MINUTE // MS_PER_DAY, minute))
+            for minute, n in per_minute.items()
+        ]
+        self.db.results(futures)
+
+    def states(self, topic_uid: uuid.UUID) -> dict[str, int]:
+        rows = self.db.execute(
+            "SELECT state, n FROM {ks}.state_counts WHERE topic_uid = ?", (topic_uid,))
+        return {r["state"]: r["n"] for r in rows}
+
+    def upcoming(self, topic_uid: uuid.UUID, from_ms: int, to_ms: int) -> dict[int, int]:
+        """Scheduled messages per minute (epoch minute → count) in [from_ms, to_ms)."""
+        first, last = from_ms // MS_PER_MINUTE, (to_ms - 1) // MS_PER_MINUTE
+        futures = [
+            self.db.execute_async(
+                "SELECT minute, n FROM {ks}.upcoming_counts WHERE topic_uid = ? AND day = ? "
+                "AND minute >= ? AND minute <= ?", (topic_uid, day, first, last))
+            for day in range(from_ms // MS_PER_DAY, (to_ms - 1) // MS_PER_DAY + 1)
+        ]
+        return {r["minute"]: r["n"] for rows in self.db.results(futures) for r in rows if r["n"]}

@@ -1,0 +1,98 @@
+"""Ordered CQL migrations from schema/NNN_name.cql, applied once each and recorded.
+
+Every statement in a migration is idempotent (IF NOT EXISTS), so a run interrupted half-way
+is simply run again. Applied versions are recorded in schema_migrations with the file's
+checksum; applying twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import re
+from pathlib import Path
+
+from app.store.session import CassandraSession
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+_FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.cql$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    cql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.cql.encode()).hexdigest()[:16]
+
+    def statements(self) -> list[str]:
+        """The file's statements: comments stripped, split on ';' at line ends."""
+        lines = [ln for ln in self.cql.splitlines() if not ln.strip().startswith("--")]
+        parts = re.split(r";\s*$", "\n".join(lines), flags=re.MULTILINE)
+        return [p.strip() for p in parts if p.strip()]
+
+
+def discover(schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
+    """All migrations in schema_dir, ordered by version."""
+    found = []
+    for path in sorted(schema_dir.glob("*.cql")):
+        match = _FILE_PATTERN.match(path.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], path.read_text()))
+    return found
+
+
+def _ensure_keyspace(db: CassandraSession) -> None:
+    db.execute_raw(
+        f"CREATE KEYSPACE IF NOT EXISTS {db.keyspace} "
+        f"WITH replication = {db.config.replication}"
+    )
+    db.execute_raw(
+        "CREATE TABLE IF NOT EXISTS {ks}.schema_migrations "
+        "(version int PRIMARY KEY, name text, checksum text, applied_at timestamp)"
+    )
+
+
+def applied_versions(db: CassandraSession) -> set[int]:
+    """Versions recorded as applied; empty when the keyspace does not exist yet."""
+    tables = db.execute_raw(
+        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = "
+        f"'{db.keyspace}' AND table_name = 'schema_migrations'"
+    )
+    if not tables:
+        return set()
+    return {row["version"] for row in db.execute_raw("SELECT version FROM {ks}.schema_migrations")}
+
+
+def pending(db: CassandraSession, schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
+    """Migrations of this code that the keyspace has not recorded."""
+    done = applied_versions(db)
+    return [m for m in discover(schema_dir) if m.version not in done]
+
+
+def apply(db: CassandraSession, schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
+    """Create the keyspace if needed and apply every pending migration; returns those applied."""
+    _ensure_keyspace(db)
+    todo = pending(db, schema_dir)
+    for migration in todo:
+        for statement in migration.statements():
+            db.execute_raw(_qualify(statement, db.keyspace), timeout=120.0)
+        db.execute(
+            "INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
+            "VALUES (?, ?, ?, ?)",
+            (migration.version, migration.name, migration.checksum,
+             dt.datetime.now(dt.UTC)),
+        )
+    return todo
+
+
+def _qualify(statement: str, keyspace: str) -> str:
+    """Prefix the table of a CREATE TABLE/INDEX with the keyspace (files name no keyspace)."""
+    return re.sub(
+        r"^(CREATE\s+(?:TABLE|INDEX|TYPE|MATERIALIZED VIEW)\s+IF\s+NOT\s+EXISTS\s+)(\w+)",
+        rf"\1{keyspace}.\2", statement, flags=re.IGNORECASE,
+    )

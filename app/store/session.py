@@ -1,0 +1,149 @@
+"""The Cassandra session of one process: lazy connect, prepared statements, error translation.
+
+A process makes its session on first use, never at import, so gunicorn workers each get their
+own after fork. While Cassandra is unreachable every call raises StoreUnavailable (answered 503
+with a retry hint); the next call after it is back reconnects.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from cassandra import (
+    OperationTimedOut,
+    ReadTimeout,
+    Unavailable,
+    WriteTimeout,
+)
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    ResponseFuture,
+    Session,
+)
+from cassandra.policies import (
+    ConstantReconnectionPolicy,
+    DCAwareRoundRobinPolicy,
+    RoundRobinPolicy,
+    TokenAwarePolicy,
+)
+from cassandra.query import PreparedStatement, dict_factory
+
+from app.config import Config
+from app.errors import StoreUnavailable
+
+TRANSIENT_ERRORS = (NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, WriteTimeout)
+RECONNECT_BACKOFF_S = 1.0
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Turn the driver's transient failures into StoreUnavailable (503, retry later)."""
+    try:
+        yield
+    except TRANSIENT_ERRORS as exc:
+        raise StoreUnavailable(f"Cassandra unavailable: {type(exc).__name__}") from exc
+
+
+class CassandraSession:
+    """One driver Cluster/Session per process, with a prepared-statement cache.
+
+    Thread-safe: the driver's Session is, and connect() is guarded by a lock.
+    """
+
+    def __init__(self, config: Config, keyspace: str | None = None) -> None:
+        self.config = config
+        self.keyspace = keyspace if keyspace is not None else config.keyspace
+        self._lock = threading.Lock()
+        self._cluster: Cluster | None = None
+        self._session: Session | None = None
+        self._prepared: dict[str, PreparedStatement] = {}
+        self._last_failure = 0.0
+
+    def _build_cluster(self) -> Cluster:
+        cfg = self.config
+        balancing = (
+            DCAwareRoundRobinPolicy(local_dc=cfg.local_dc) if cfg.local_dc else RoundRobinPolicy()
+        )
+        profile = ExecutionProfile(
+            load_balancing_policy=TokenAwarePolicy(balancing),
+            consistency_level=cfg.consistency_level,
+            serial_consistency_level=cfg.serial_consistency_level,
+            request_timeout=cfg.request_timeout_s,
+            row_factory=dict_factory,
+        )
+        auth = (
+            PlainTextAuthProvider(cfg.cql_username, cfg.cql_password)
+            if cfg.cql_username else None
+        )
+        return Cluster(
+            contact_points=list(cfg.contact_points), port=cfg.cql_port,
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile}, auth_provider=auth,
+            reconnection_policy=ConstantReconnectionPolicy(RECONNECT_BACKOFF_S, None),
+            protocol_version=5, connect_timeout=3, control_connection_timeout=3,
+        )
+
+    def session(self) -> Session:
+        """The connected session; raises StoreUnavailable while Cassandra cannot be reached."""
+        if self._session is not None:
+            return self._session
+        with self._lock:
+            if self._session is not None:
+                return self._session
+            if time.monotonic() - self._last_failure < RECONNECT_BACKOFF_S:
+                raise StoreUnavailable("Cassandra unavailable: reconnecting")
+            cluster = self._build_cluster()
+            try:
+                session = cluster.connect()
+            except TRANSIENT_ERRORS as exc:
+                cluster.shutdown()
+                self._last_failure = time.monotonic()
+                raise StoreUnavailable(f"Cassandra unavailable: {type(exc).__name__}") from exc
+            self._cluster, self._session = cluster, session
+            return session
+
+    def prepare(self, cql: str) -> PreparedStatement:
+        """A prepared statement for cql; {ks} in cql is replaced by this session's keyspace."""
+        stmt = self._prepared.get(cql)
+        if stmt is None:
+            with translate_errors():
+                stmt = self.session().prepare(cql.replace("{ks}", self.keyspace))
+            self._prepared[cql] = stmt
+        return stmt
+
+    def execute(self, cql: str, params: Sequence[Any] = (), **kwargs: Any) -> list[dict[str, Any]]:
+        """Run a prepared statement and return all its rows as dicts."""
+        with translate_errors():
+            return list(self.session().execute(self.prepare(cql), params, **kwargs))
+
+    def execute_async(self, cql: str, params: Sequence[Any] = ()) -> ResponseFuture:
+        """Start a prepared statement; collect with results()."""
+        with translate_errors():
+            return self.session().execute_async(self.prepare(cql), params)
+
+    @staticmethod
+    def results(futures: Sequence[ResponseFuture]) -> list[list[dict[str, Any]]]:
+        """Wait for futures from execute_async, in order."""
+        with translate_errors():
+            return [list(f.result()) for f in futures]
+
+    def execute_raw(self, cql: str, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Run unprepared CQL (DDL, migrations); {ks} is replaced by the keyspace."""
+        with translate_errors():
+            return list(self.session().execute(
+                cql.replace("{ks}", self.keyspace), timeout=timeout or 60.0))
+
+    def shutdown(self) -> None:
+        """Close the connection pool; the next call reconnects."""
+        with self._lock:
+            if self._cluster is not None:
+                self._cluster.shutdown()
+            self._cluster = self._session = None
+            self._prepared.clear()

@@ -1,0 +1,81 @@
+"""Topics: one partition per tenant, every write an LWT (see schema/001_tenancy.cql)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+from app.models import Topic, TopicSettings
+from app.store.session import CassandraSession
+from app.timeparse import cql_ms, from_ms
+
+_SETTING_COLUMNS = [f.name for f in dataclasses.fields(TopicSettings)]
+_COLUMNS = ["uid", *_SETTING_COLUMNS, "signing_secret", "created_at", "updated_at"]
+
+
+def _row_to_topic(tenant: str, row: dict[str, Any]) -> Topic:
+    settings = TopicSettings(**{name: row[name] for name in _SETTING_COLUMNS})
+    return Topic(
+        tenant=tenant, name=row["name"], uid=row["uid"], settings=settings,
+        signing_secret=row["signing_secret"], created_at_ms=cql_ms(row["created_at"]),
+        updated_at_ms=cql_ms(row["updated_at"]),
+    )
+
+
+class TopicStore:
+    """Topic rows. Guarantees: create is first-writer-wins (IF NOT EXISTS); update and delete
+    apply only to the incarnation (uid) the caller read, so a concurrent re-create is never
+    clobbered."""
+
+    def __init__(self, db: CassandraSession) -> None:
+        self.db = db
+
+    def get(self, tenant: str, name: str) -> Topic | None:
+        rows = self.db.execute(
+            f"SELECT name, {', '.join(_COLUMNS)} FROM {{ks}}.topics WHERE tenant = ? AND name = ?",
+            (tenant, name),
+        )
+        return _row_to_topic(tenant, rows[0]) if rows else None
+
+    def list_for(self, tenant: str) -> list[Topic]:
+        rows = self.db.execute(
+            f"SELECT name, {', '.join(_COLUMNS)} FROM {{ks}}.topics WHERE tenant = ?", (tenant,))
+        return [_row_to_topic(tenant, row) for row in rows]
+
+    def create(self, topic: Topic) -> bool:
+        """Insert a new topic; False when one of that name already exists."""
+        values = self._values(topic)
+        placeholders = ", ".join("?" for _ in values)
+        rows = self.db.execute(
+            f"INSERT INTO {{ks}}.topics (tenant, name, {', '.join(_COLUMNS)}) "
+            f"VALUES (?, ?, {placeholders}) IF NOT EXISTS",
+            (topic.tenant, topic.name, *values),
+        )
+        return bool(rows[0]["[applied]"])
+
+    def update(self, topic: Topic) -> bool:
+        """Rewrite the settings of the incarnation topic.uid; False if it is gone or replaced."""
+        assignments = ", ".join(f"{c} = ?" for c in [*_SETTING_COLUMNS, "updated_at"])
+        settings = [getattr(topic.settings, c) for c in _SETTING_COLUMNS]
+        rows = self.db.execute(
+            f"UPDATE {{ks}}.topics SET {assignments} WHERE tenant = ? AND name = ? IF uid = ?",
+            (*settings, from_ms(topic.updated_at_ms), topic.tenant, topic.name, topic.uid),
+        )
+        return bool(rows[0]["[applied]"])
+
+    def delete(self, tenant: str, name: str, uid: uuid.UUID) -> bool:
+        """Remove the incarnation uid. Topic deletion is rare and its partition tiny, so this
+        one delete is no tombstone burden; its messages are unreachable through the new uid."""
+        rows = self.db.execute(
+            "DELETE FROM {ks}.topics WHERE tenant = ? AND name = ? IF uid = ?",
+            (tenant, name, uid),
+        )
+        return bool(rows[0]["[applied]"])
+
+    @staticmethod
+    def _values(topic: Topic) -> list[Any]:
+        return [
+            topic.uid, *[getattr(topic.settings, c) for c in _SETTING_COLUMNS],
+            topic.signing_secret, from_ms(topic.created_at_ms), from_ms(topic.updated_at_ms),
+        ]

@@ -1,0 +1,69 @@
+"""Pure bucket, shard and time math of the timeline. No I/O; `now` is always an argument.
+
+Units: every *_ms is epoch milliseconds (UTC) or a duration in milliseconds.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+MS_PER_DAY = 86_400_000
+MS_PER_MINUTE = 60_000
+CAMPAIGN_SPREAD = 32
+
+
+def bucket_of(due_ms: int, bucket_ms: int) -> int:
+    """The time bucket holding a pointer due at due_ms."""
+    return due_ms // bucket_ms
+
+
+def bucket_start_ms(bucket: int, bucket_ms: int) -> int:
+    return bucket * bucket_ms
+
+
+def stable_hash(text: str) -> int:
+    """A hash that is the same in every process and language (CRC-32 of UTF-8)."""
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def shard_of(message_id: str, shards: int) -> int:
+    """The topic shard of a message: fixed for the message's life."""
+    return stable_hash(message_id) % shards
+
+
+def part_of(slot: int, partition_cap: int) -> int:
+    """The partition (part) of a pointer slot; every part holds at most partition_cap slots."""
+    return slot // partition_cap
+
+
+def parts_for(next_slot: int, partition_cap: int) -> int:
+    """How many parts a (bucket, shard) has when next_slot slots were handed out."""
+    return (next_slot + partition_cap - 1) // partition_cap
+
+
+def placement_ms(due_ms: int, now_ms: int) -> int:
+    """Where a pointer goes: never behind the writer's clock, so it lands ahead of readers'
+    cursors (which trail their clocks by the safety lag) even for past deliver_at times."""
+    return max(due_ms, now_ms)
+
+
+def ttl_s(due_ms: int, now_ms: int, retention_days: int, slack_ms: int = 0) -> int:
+    """Seconds a row must live: until due, plus the retention window, plus slack_ms."""
+    return max(1, (max(due_ms - now_ms, 0) + slack_ms) // 1000 + retention_days * 86_400)
+
+
+def retry_backoff_ms(attempt: int, base_s: float, max_s: float) -> int:
+    """Exponential backoff after the attempt-th failed attempt (1-based): base * 2^(attempt-1),
+    capped at max_s."""
+    exponent = min(max(attempt - 1, 0), 62)
+    return int(min(base_s * (2**exponent), max_s) * 1000)
+
+
+def campaign_spread(message_id: str) -> int:
+    """Which of CAMPAIGN_SPREAD partitions of a campaign index holds this message."""
+    return stable_hash(message_id) % CAMPAIGN_SPREAD
+
+
+def day_and_minute(due_ms: int) -> tuple[int, int]:
+    """(day, minute) since the epoch: the upcoming-load counter cell of a due time."""
+    return due_ms // MS_PER_DAY, due_ms // MS_PER_MINUTE

@@ -1,0 +1,87 @@
+"""Topic use cases: create or update, read, list, delete, stats."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import uuid
+from typing import Any
+
+from app.errors import Conflict, InvalidInput, NotFound
+from app.models import STATES, Topic, TopicSettings
+from app.services import Services
+from app.timeline import MS_PER_MINUTE
+
+UPCOMING_WINDOWS = 60  # one window per minute for the hour ahead
+RETRIES_ON_RACE = 3
+
+
+def get_topic(services: Services, tenant: str, name: str) -> Topic:
+    """The tenant's topic; NotFound (404) also for another tenant's topic of that name."""
+    topic = services.topics.get(tenant, name)
+    if topic is None:
+        raise NotFound(f"No topic {name!r}.")
+    return topic
+
+
+def _validated(settings: TopicSettings) -> TopicSettings:
+    if settings.delivery_mode == "webhook" and not settings.delivery_url:
+        raise InvalidInput("A webhook topic needs delivery.url.",
+                           {"delivery": {"url": ["Required for mode webhook."]}})
+    if settings.max_backoff_seconds < settings.backoff_seconds:
+        raise InvalidInput("retry.max_backoff_seconds is below retry.backoff_seconds.",
+                           {"retry": {"max_backoff_seconds": ["Must be >= backoff_seconds."]}})
+    return settings
+
+
+def put_topic(services: Services, tenant: str, name: str,
+              changes: dict[str, Any]) -> tuple[Topic, bool]:
+    """Create the topic with defaults overlaid by changes, or update the fields given in
+    changes (omitted fields keep their values). Returns (topic, created).
+
+    Changing `shards` is refused with Conflict while the topic holds scheduled or leased
+    messages: their pointers live in the old shard layout."""
+    for _ in range(RETRIES_ON_RACE):
+        now = services.clock()
+        current = services.topics.get(tenant, name)
+        if current is None:
+            settings = _validated(dataclasses.replace(TopicSettings(), **changes))
+            topic = Topic(tenant, name, uuid.uuid4(), settings, secrets.token_hex(32), now, now)
+            if services.topics.create(topic):
+                return topic, True
+            continue
+        settings = _validated(dataclasses.replace(current.settings, **changes))
+        if settings.shards != current.settings.shards and _live_messages(services, current):
+            raise Conflict("Cannot change shards of a topic with scheduled or leased messages.")
+        topic = dataclasses.replace(current, settings=settings, updated_at_ms=now)
+        if services.topics.update(topic):
+            return topic, False
+    raise Conflict("The topic changed concurrently; retry.")
+
+
+def _live_messages(services: Services, topic: Topic) -> int:
+    counts = services.counts.states(topic.uid)
+    return counts.get("scheduled", 0) + counts.get("leased", 0)
+
+
+def delete_topic(services: Services, tenant: str, name: str) -> None:
+    """Remove the topic. Its messages are never delivered afterwards: every reader finds
+    messages through the topic's uid, which no longer resolves."""
+    topic = get_topic(services, tenant, name)
+    if not services.topics.delete(tenant, name, topic.uid):
+        raise NotFound(f"No topic {name!r}.")
+
+
+def topic_stats(services: Services, topic: Topic) -> dict[str, Any]:
+    """Counts per state, and scheduled messages per minute for the hour ahead."""
+    counts = services.counts.states(topic.uid)
+    now = services.clock()
+    start = now - now % MS_PER_MINUTE
+    end = start + UPCOMING_WINDOWS * MS_PER_MINUTE
+    per_minute = services.counts.upcoming(topic.uid, start, end)
+    upcoming = [
+        {"from_": start + i * MS_PER_MINUTE, "to": start + (i + 1) * MS_PER_MINUTE,
+         "count": max(0, per_minute.get(start // MS_PER_MINUTE + i, 0))}
+        for i in range(UPCOMING_WINDOWS)
+    ]
+    return {"counts": {s: max(0, counts.get(s, 0)) for s in STATES}, "upcoming": upcoming}

@@ -1,0 +1,5 @@
+"""WSGI entry point for gunicorn: `gunicorn -c app/gunicorn_conf.py app.wsgi:app`."""
+
+from app import create_app
+
+app = create_app()

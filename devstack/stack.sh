@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The dev stack behind the Makefile: install what is missing, start Cassandra, apply the
+# schema, run the API (and releasers once they exist). Usage: stack.sh setup|run|up|down|test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+VAR="$ROOT/var"
+PORT="${DUETIME_HTTP_PORT:-8080}"
+PY=python3
+mkdir -p "$VAR/run" "$VAR/log"
+
+need_apt() {  # install Debian packages whose command is missing
+  local missing=()
+  for pair in "$@"; do command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]} with apt-get"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+setup_venv() {
+  local stamp="$VENV/.installed-$(sha256sum setup.cfg | cut -c1-16)"
+  [ -f "$stamp" ] && return 0
+  echo "creating the virtualenv in .venv"
+  [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -e ".[dev]"
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+}
+
+setup() {
+  need_apt java:openjdk-17-jre-headless mvn:maven curl:curl
+  setup_venv
+  $PY devstack/cassandra.py start dev
+  "$VENV/bin/duetime" schema apply
+}
+
+dev_key() {  # reuse var/dev-key while it still authenticates, else make a new one
+  local keyfile="$VAR/dev-key"
+  if [ -s "$keyfile" ] && "$VENV/bin/python" - "$(cat "$keyfile")" <<'PYEOF'
+import sys
+from app.config import load_config
+from app.services import Services
+s = Services(load_config())
+sys.exit(0 if s.keys.tenant_of(sys.argv[1]) else 1)
+PYEOF
+  then cat "$keyfile"; return; fi
+  "$VENV/bin/duetime" keys create --tenant dev --name dev | tail -n 1 > "$keyfile"
+  cat "$keyfile"
+}
+
+wait_ready() {
+  for _ in $(seq 1 120); do
+    curl -fsS "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "API did not become ready; see $VAR/log/api.log" >&2
+  return 1
+}
+
+banner() {
+  echo
+  echo "duetime is up: http://127.0.0.1:$PORT/  (docs: http://127.0.0.1:$PORT/docs)"
+  echo "dev API key (tenant dev): $(dev_key)"
+}
+
+start_api_background() {
+  if [ -f "$VAR/run/api.pid" ] && kill -0 "$(cat "$VAR/run/api.pid")" 2>/dev/null; then return; fi
+  "$VENV/bin/gunicorn" -c app/gunicorn_conf.py --daemon --pid "$VAR/run/api.pid" \
+    --error-logfile "$VAR/log/api.log" app.wsgi:app
+}
+
+stop_pidfile() {
+  local pidfile=$1
+  if [ -f "$pidfile" ]; then
+    kill "$(cat "$pidfile")" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 0.2; done
+    rm -f "$pidfile"
+  fi
+}
+
+run() {
+  local started_cassandra=0
+  $PY devstack/cassandra.py status dev | grep -q "cql=up" || started_cassandra=1
+  setup
+  cleanup() {
+    echo "stopping what make run started"
+    [ -n "${API_PID:-}" ] && kill "$API_PID" 2>/dev/null || true
+    wait 2>/dev/null || true
+    [ "$started_cassandra" = 1 ] && $PY devstack/cassandra.py stop dev || true
+  }
+  trap cleanup EXIT INT TERM
+  "$VENV/bin/gunicorn" -c app/gunicorn_conf.py app.wsgi:app &
+  API_PID=$!
+  wait_ready
+  banner
+  echo "Ctrl-C stops it."
+  wait "$API_PID"
+}
+
+case "${1:-}" in
+  setup) setup ;;
+  run) run ;;
+  up) setup; start_api_background; wait_ready; banner ;;
+  down) stop_pidfile "$VAR/run/api.pid"; $PY devstack/cassandra.py stop dev cluster ;;
+  key) dev_key ;;
+  *) echo "usage: $0 setup|run|up|down|key" >&2; exit 2 ;;
+esac

@@ -1,0 +1,75 @@
+"""Fixtures: every test run gets its own keyspace on the real local Cassandra node.
+
+`make test` starts the node (devstack/cassandra.py) before pytest runs; nothing here
+imitates Cassandra.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from app import create_app
+from app.config import Config, load_config
+from app.services import Services
+from app.store import migrations
+from app.store.session import CassandraSession
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVSTACK = [sys.executable, str(ROOT / "devstack" / "cassandra.py")]
+
+
+def devstack(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run devstack/cassandra.py (start, stop, kill, nodetool ...) and return its output."""
+    return subprocess.run([*DEVSTACK, *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="session")
+def config() -> Iterator[Config]:
+    keyspace = f"duetime_test_{os.getpid()}_{secrets.token_hex(3)}"
+    cfg = load_config(keyspace=keyspace, rate_limit_per_s=0.0)
+    db = CassandraSession(cfg)
+    migrations.apply(db)
+    yield cfg
+    try:
+        db.execute_raw(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+    finally:
+        db.shutdown()
+
+
+@pytest.fixture(scope="session")
+def services(config: Config) -> Iterator[Services]:
+    svc = Services(config)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture()
+def app(config: Config) -> Iterator[Flask]:
+    application = create_app(config)
+    yield application
+    application.extensions["duetime"].close()
+
+
+@pytest.fixture()
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+def new_tenant_key(services: Services, prefix: str = "t") -> tuple[str, dict[str, str]]:
+    """A fresh tenant and the Authorization header of a new key for it."""
+    tenant = f"{prefix}{secrets.token_hex(4)}"
+    return tenant, {"Authorization": f"Bearer {services.keys.create(tenant)}"}
+
+
+@pytest.fixture()
+def auth(services: Services) -> dict[str, str]:
+    return new_tenant_key(services)[1]

@@ -1,0 +1,67 @@
+"""The platform: the real Cassandra node, migrations, API keys, liveness and readiness."""
+
+from __future__ import annotations
+
+from flask.testing import FlaskClient
+
+from app.services import Services
+from app.store import migrations
+from tests.conftest import devstack
+
+
+def test_node_is_cassandra_5_0(services: Services) -> None:
+    version = services.db.execute_raw("SELECT release_version FROM system.local")[0]
+    assert version["release_version"].startswith("5.0.")
+    assert version["release_version"] == devstack("version").stdout.strip()
+
+
+def test_schema_apply_twice_is_a_noop(services: Services) -> None:
+    assert migrations.apply(services.db) == []
+    assert migrations.pending(services.db) == []
+    recorded = services.db.execute_raw("SELECT version, checksum FROM {ks}.schema_migrations")
+    assert {r["version"]: r["checksum"] for r in recorded} == {
+        m.version: m.checksum for m in migrations.discover()
+    }
+
+
+def test_migration_statements_split_and_qualify() -> None:
+    first = migrations.discover()[0]
+    statements = first.statements()
+    assert all(s.upper().startswith("CREATE TABLE IF NOT EXISTS") for s in statements)
+    assert migrations._qualify(statements[0], "ks1").startswith(
+        "CREATE TABLE IF NOT EXISTS ks1.")
+
+
+def test_key_authenticates_its_tenant(client: FlaskClient, services: Services) -> None:
+    key = services.keys.create("acme")
+    assert services.keys.tenant_of(key) == "acme"
+    answer = client.get("/v1/topics", headers={"Authorization": f"Bearer {key}"})
+    assert answer.status_code == 200
+
+
+def test_keys_are_stored_hashed(services: Services) -> None:
+    key = services.keys.create("hashcheck")
+    rows = services.db.execute_raw("SELECT key_hash FROM {ks}.api_keys")
+    assert all(key not in r["key_hash"] for r in rows)
+
+
+def test_wrong_or_missing_key_gets_401_problem(client: FlaskClient) -> None:
+    for headers in ({"Authorization": "Bearer dt_nope"}, {}, {"Authorization": "Basic x"}):
+        answer = client.get("/v1/topics", headers=headers)
+        assert answer.status_code == 401
+        assert answer.content_type == "application/problem+json"
+        body = answer.get_json()
+        assert body["status"] == 401 and body["title"] and body["detail"]
+
+
+def test_health_and_readiness(client: FlaskClient) -> None:
+    assert client.get("/healthz").get_json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.get_json()["schema_version"] == max(m.version for m in migrations.discover())
+
+
+def test_unknown_route_is_problem_json(client: FlaskClient) -> None:
+    answer = client.get("/no/such/thing")
+    assert answer.status_code == 404
+    assert answer.content_type == "application/problem+json"

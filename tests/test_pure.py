@@ -1,0 +1,87 @@
+"""Pure logic, no database: configuration, time parsing, bucket and shard math, ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import timeline
+from app.config import ConfigError, load_config
+from app.ids import CLIENT_ID, new_message_id
+from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
+
+
+def test_config_reads_environment_and_validates() -> None:
+    cfg = load_config({"DUETIME_CONTACT_POINTS": "a, b", "DUETIME_CQL_PORT": "9999"})
+    assert cfg.contact_points == ("a", "b") and cfg.cql_port == 9999
+    with pytest.raises(ConfigError, match="DUETIME_CQL_PORT"):
+        load_config({"DUETIME_CQL_PORT": "nine"})
+    with pytest.raises(ConfigError, match="DUETIME_CONSISTENCY"):
+        load_config({"DUETIME_CONSISTENCY": "MOST"})
+    with pytest.raises(ConfigError, match="DUETIME_MIN_LEASE_S"):
+        load_config({"DUETIME_MIN_LEASE_S": "100", "DUETIME_MAX_LEASE_S": "10"})
+
+
+def test_instants_parse_and_format_with_milliseconds() -> None:
+    ms = parse_instant("2026-12-01T09:00:00.250Z")
+    assert format_ms(ms) == "2026-12-01T09:00:00.250Z"
+    assert parse_instant("2026-12-01T11:00:00.250+02:00") == ms
+    assert parse_instant(ms) == ms
+    for bad in ("2026-12-01T09:00:00", "tomorrow", True, 1.5, None):
+        with pytest.raises(TimeFormatError):
+            parse_instant(bad)
+
+
+@pytest.mark.parametrize(("local", "zone", "utc"), [
+    ("2026-12-01T09:00:00", "Europe/Bucharest", "2026-12-01T07:00:00.000Z"),
+    # spring-forward gap: 03:30 does not exist, moves forward by the gap to 04:30 EEST
+    ("2026-03-29T03:30:00", "Europe/Bucharest", "2026-03-29T01:30:00.000Z"),
+    # fall-back fold: 03:30 exists twice, the first (EEST) is taken
+    ("2026-10-25T03:30:00", "Europe/Bucharest", "2026-10-25T00:30:00.000Z"),
+    ("2026-03-08T02:30:00", "America/New_York", "2026-03-08T07:30:00.000Z"),
+    ("2026-11-01T01:30:00", "America/New_York", "2026-11-01T05:30:00.000Z"),
+])
+def test_local_time_gap_and_fold_rules(local: str, zone: str, utc: str) -> None:
+    assert format_ms(parse_local_time(local, zone)) == utc
+
+
+def test_local_time_rejects_offsets_and_unknown_zones() -> None:
+    with pytest.raises(TimeFormatError):
+        parse_local_time("2026-12-01T09:00:00+01:00", "Europe/Paris")
+    with pytest.raises(TimeFormatError):
+        parse_local_time("2026-12-01T09:00:00", "Mars/Olympus")
+
+
+def test_parts_cap_partition_size() -> None:
+    cap = 1000
+    slots = range(10_000)
+    parts: dict[int, int] = {}
+    for slot in slots:
+        part = timeline.part_of(slot, cap)
+        parts[part] = parts.get(part, 0) + 1
+    assert max(parts.values()) == cap
+    assert timeline.parts_for(10_000, cap) == len(parts) == 10
+    assert timeline.parts_for(0, cap) == 0 and timeline.parts_for(1, cap) == 1
+
+
+def test_placement_never_behind_writer_clock() -> None:
+    assert timeline.placement_ms(due_ms=5, now_ms=100) == 100
+    assert timeline.placement_ms(due_ms=500, now_ms=100) == 500
+
+
+def test_backoff_grows_and_caps() -> None:
+    assert [timeline.retry_backoff_ms(a, 1, 600) for a in (1, 2, 3)] == [1000, 2000, 4000]
+    assert timeline.retry_backoff_ms(30, 1, 600) == 600_000
+
+
+def test_shards_are_stable_and_spread() -> None:
+    shards = [timeline.shard_of(f"m{i}", 16) for i in range(16_000)]
+    assert timeline.shard_of("m1", 16) == timeline.shard_of("m1", 16)
+    counts = [shards.count(s) for s in range(16)]
+    assert min(counts) > 800 and max(counts) < 1200
+
+
+def test_server_ids_are_time_ordered_and_valid() -> None:
+    ids = [new_message_id(1_700_000_000_000 + i) for i in range(100)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 100
+    assert all(CLIENT_ID.match(i) for i in ids)

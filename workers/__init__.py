@@ -1,0 +1,1 @@
+"""Releaser workers (issue 4): not built yet. Pull consumption works without them."""
