@@ -43,10 +43,16 @@ def _from_http(exc: HTTPException) -> Response:
     status = exc.code or 500
     data = getattr(exc, "data", None) or {}
     messages = data.get("messages") if isinstance(data, dict) else None
-    if messages:  # webargs validation: {"json": {field: [msg]}} → {field: [msg]}
+    if messages:  # webargs: {"json": {field: [msg]}}, or {"json": [msg]} for a bad body
         errors: dict[str, Any] = {}
-        for location_errors in messages.values():
-            errors.update(location_errors)
+        for location, location_errors in messages.items():
+            if isinstance(location_errors, dict):
+                errors.update(location_errors)
+            else:
+                errors[location] = location_errors
+        if "json" in errors and not isinstance(messages.get("json"), dict):
+            return problem(400, "Malformed request", "The body is not valid JSON.",
+                           "malformed-request", errors)
         return problem(400, "Invalid request", "The request has invalid fields.",
                        "invalid-request", errors)
     if status == 400:

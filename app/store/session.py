@@ -28,6 +28,7 @@ from cassandra.cluster import (
     ResponseFuture,
     Session,
 )
+from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.policies import (
     ConstantReconnectionPolicy,
     DCAwareRoundRobinPolicy,
@@ -118,10 +119,15 @@ class CassandraSession:
             self._prepared[cql] = stmt
         return stmt
 
-    def execute(self, cql: str, params: Sequence[Any] = (), **kwargs: Any) -> list[dict[str, Any]]:
-        """Run a prepared statement and return all its rows as dicts."""
+    def execute(
+        self, cql: str, params: Sequence[Any] = (), consistency: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run a prepared statement (at `consistency` if given) and return all rows as dicts."""
+        statement = self.prepare(cql).bind(params)
+        if consistency is not None:
+            statement.consistency_level = consistency
         with translate_errors():
-            return list(self.session().execute(self.prepare(cql), params, **kwargs))
+            return list(self.session().execute(statement))
 
     def execute_async(self, cql: str, params: Sequence[Any] = ()) -> ResponseFuture:
         """Start a prepared statement; collect with results()."""
@@ -133,6 +139,26 @@ class CassandraSession:
         """Wait for futures from execute_async, in order."""
         with translate_errors():
             return [list(f.result()) for f in futures]
+
+    def execute_many(
+        self, cql: str, params_list: Sequence[Sequence[Any]], concurrency: int = 64,
+    ) -> list[tuple[bool, Any]]:
+        """Run one prepared statement for many parameter tuples, at most `concurrency` in flight.
+        Returns (success, rows or exception) per tuple, in order; one failure stops nothing."""
+        if not params_list:
+            return []
+        with translate_errors():
+            outcomes = execute_concurrent_with_args(
+                self.session(), self.prepare(cql), params_list, concurrency=concurrency,
+                raise_on_first_error=False)
+        return [(ok, list(result) if ok else result) for ok, result in outcomes]
+
+    def iterate(self, cql: str, params: Sequence[Any], fetch_size: int) -> Iterator[dict[str, Any]]:
+        """Rows of a prepared statement, fetched page by page as the caller consumes them."""
+        statement = self.prepare(cql).bind(params)
+        statement.fetch_size = fetch_size
+        with translate_errors():
+            yield from self.session().execute(statement)
 
     def execute_raw(self, cql: str, timeout: float | None = None) -> list[dict[str, Any]]:
         """Run unprepared CQL (DDL, migrations); {ks} is replaced by the keyspace."""

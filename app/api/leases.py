@@ -1,0 +1,92 @@
+"""Pull consumption views: leases (long poll), ack, nack, extend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from app import leasing
+from app.api.common import SECURITY, services, tenant
+from app.api.messages import payload_fields
+from app.api.validation import check_message_id
+from app.schemas.messages import (
+    AckSchema,
+    ExtendResponseSchema,
+    ExtendSchema,
+    LeaseRequestSchema,
+    LeaseResponseSchema,
+    NackSchema,
+)
+from app.topics import get_topic
+
+blp = Blueprint("consuming", __name__, url_prefix="/v1/topics/<string:topic>",
+                description="Pull consumption: lease due messages, then ack, nack or extend.")
+
+
+def _lease_seconds(body: dict[str, Any], default: int) -> int:
+    cfg = services().config
+    return max(cfg.min_lease_s, min(cfg.max_lease_s, body.get("lease_seconds") or default))
+
+
+@blp.route("/leases")
+class Leases(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(LeaseRequestSchema)
+    @blp.response(200, LeaseResponseSchema)
+    def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
+        """Lease up to `max` due messages, waiting up to `wait_ms` for the first. A message is
+        never handed out before its deliver_at, and to one consumer at a time."""
+        found = get_topic(services(), tenant(), topic)
+        wait = min(body["wait_ms"], services().config.max_wait_ms)
+        got = leasing.lease(services(), found, body["max"], wait,
+                            _lease_seconds(body, found.settings.lease_seconds),
+                            body.get("consumer"))
+        return {"messages": [{
+            "id": m.row.id, "deliver_at": m.row.deliver_at_ms, "priority": m.row.priority,
+            "attempt": m.row.attempts, **payload_fields(m.payload),
+            "lease": {"token": str(m.row.lease_token), "expires_at": m.row.lease_expires_at_ms},
+        } for m in got]}
+
+
+@blp.route("/messages/<string:message_id>/ack")
+class Ack(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(AckSchema)
+    @blp.response(204)
+    @blp.alt_response(409, description="The lease is no longer held.")
+    def post(self, body: dict[str, Any], topic: str, message_id: str) -> None:
+        """Mark the message delivered."""
+        check_message_id(message_id)
+        found = get_topic(services(), tenant(), topic)
+        leasing.ack(services(), found, message_id, body["lease_token"])
+
+
+@blp.route("/messages/<string:message_id>/nack")
+class Nack(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(NackSchema)
+    @blp.response(204)
+    @blp.alt_response(409, description="The lease is no longer held.")
+    def post(self, body: dict[str, Any], topic: str, message_id: str) -> None:
+        """Give the message back: due again after delay_ms, or the topic's backoff."""
+        check_message_id(message_id)
+        found = get_topic(services(), tenant(), topic)
+        leasing.nack(services(), found, message_id, body["lease_token"],
+                     body.get("delay_ms"), body.get("error"))
+
+
+@blp.route("/messages/<string:message_id>/extend")
+class Extend(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(ExtendSchema)
+    @blp.response(200, ExtendResponseSchema)
+    @blp.alt_response(409, description="The lease is no longer held.")
+    def post(self, body: dict[str, Any], topic: str, message_id: str) -> dict[str, Any]:
+        """Keep the lease lease_seconds more from now; the token stays the same."""
+        check_message_id(message_id)
+        found = get_topic(services(), tenant(), topic)
+        row = leasing.extend(services(), found, message_id, body["lease_token"],
+                             _lease_seconds(body, found.settings.lease_seconds))
+        return {"lease": {"token": str(row.lease_token), "expires_at": row.lease_expires_at_ms}}

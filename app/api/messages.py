@@ -1,0 +1,151 @@
+"""/v1/topics/{topic}/messages views: enqueue, batch, read, reschedule, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+from marshmallow import ValidationError
+
+from app import enqueue as enqueueing
+from app import messages as usecases
+from app.api.common import SECURITY, services, tenant
+from app.api.validation import check_message_id
+from app.errors import DuetimeError, InvalidInput, PayloadTooLarge
+from app.models import MessageState, Payload, Topic
+from app.schemas.messages import (
+    BatchInSchema,
+    BatchOutSchema,
+    EnqueuedSchema,
+    MessageInSchema,
+    MessageSchema,
+    RescheduleSchema,
+)
+from app.topics import get_topic
+
+blp = Blueprint("messages", __name__, url_prefix="/v1/topics/<string:topic>",
+                description="Messages on a topic's timeline.")
+
+
+def payload_fields(payload: Payload | None) -> dict[str, Any]:
+    """payload (JSON) or payload_base64 (binary), plus headers, as the API shows them."""
+    if payload is None:
+        return {"payload": None}
+    key = "payload" if payload.encoding == "json" else "payload_base64"
+    return {key: payload.as_api_value(), "headers": payload.headers}
+
+
+def message_view(topic: Topic, row: MessageState, payload: Payload | None) -> dict[str, Any]:
+    return {
+        "id": row.id, "topic": topic.name, "state": row.state, "deliver_at": row.deliver_at_ms,
+        "priority": row.priority, "campaign": row.campaign, "attempts": row.attempts,
+        "created_at": row.created_at_ms, "updated_at": row.updated_at_ms,
+        "last_error": row.last_error, **payload_fields(payload),
+    }
+
+
+def _new(data: dict[str, Any]) -> enqueueing.NewMessage:
+    cfg = services().config
+    return enqueueing.new_message(data, services().clock(), cfg.max_payload_bytes,
+                                  cfg.horizon_days)
+
+
+def _problem(error: DuetimeError) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": error.status, "title": error.title, "detail": error.detail}
+    if error.errors:
+        body["errors"] = error.errors
+    return body
+
+
+@blp.route("/messages")
+class MessageCollection(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(MessageInSchema)
+    @blp.response(201, EnqueuedSchema, description="Created.")
+    @blp.alt_response(200, schema=EnqueuedSchema, description="Same id and content again.")
+    @blp.alt_response(409, description="The id exists with different content.")
+    @blp.alt_response(413, description="Payload over the limit.")
+    def post(self, body: dict[str, Any], topic: str) -> tuple[dict[str, Any], int]:
+        """Put one message on the timeline."""
+        found = get_topic(services(), tenant(), topic)
+        result = enqueueing.enqueue(services(), found, [_new(body)])[0]
+        if result.error is not None:
+            raise result.error
+        return {"id": result.id, "deliver_at": result.deliver_at_ms,
+                "state": result.state}, result.status
+
+
+def _batch_item(raw: dict[str, Any]) -> enqueueing.NewMessage | DuetimeError:
+    try:
+        return _new(MessageInSchema().load(raw))
+    except ValidationError as exc:
+        return InvalidInput("The message has invalid fields.", exc.normalized_messages())
+    except DuetimeError as exc:
+        return exc
+
+
+@blp.route("/messages:batch")
+class MessageBatch(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(BatchInSchema)
+    @blp.response(200, BatchOutSchema)
+    @blp.alt_response(413, description="More messages than the batch limit (1,000).")
+    def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
+        """Enqueue up to 1,000 messages; results in input order, one bad item fails no other."""
+        limit = services().config.max_batch
+        if len(body["messages"]) > limit:
+            raise PayloadTooLarge(f"{len(body['messages'])} messages; a batch holds {limit}.")
+        found = get_topic(services(), tenant(), topic)
+        parsed = [_batch_item(raw) for raw in body["messages"]]
+        good = [p for p in parsed if isinstance(p, enqueueing.NewMessage)]
+        done = iter(enqueueing.enqueue(services(), found, good))
+        results = []
+        for raw, item in zip(body["messages"], parsed, strict=True):
+            if isinstance(item, DuetimeError):
+                results.append({"id": raw.get("id"), "status": item.status,
+                                "error": _problem(item)})
+                continue
+            r = next(done)
+            entry: dict[str, Any] = {"id": r.id, "status": r.status}
+            if r.error is not None:
+                entry["error"] = _problem(r.error)
+            else:
+                entry.update(deliver_at=r.deliver_at_ms, state=r.state)
+            results.append(entry)
+        return {"results": results}
+
+
+@blp.route("/messages/<string:message_id>")
+class MessageItem(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.response(200, MessageSchema)
+    def get(self, topic: str, message_id: str) -> dict[str, Any]:
+        """Read a message: state, attempts, payload."""
+        check_message_id(message_id)
+        found = get_topic(services(), tenant(), topic)
+        row, payload = usecases.get_message(services(), found, message_id)
+        return message_view(found, row, payload)
+
+    @blp.doc(security=SECURITY)
+    @blp.arguments(RescheduleSchema)
+    @blp.response(200, MessageSchema)
+    @blp.alt_response(409, description="Not scheduled (leased, delivered, cancelled, dead).")
+    def patch(self, body: dict[str, Any], topic: str, message_id: str) -> dict[str, Any]:
+        """Move a scheduled message to a new time."""
+        check_message_id(message_id)
+        found = get_topic(services(), tenant(), topic)
+        when = body.get("deliver_at", services().clock() + body.get("delay_ms", 0))
+        row = usecases.reschedule(services(), found, message_id, when)
+        _, payload = usecases.get_message(services(), found, message_id)
+        return message_view(found, row, payload)
+
+    @blp.doc(security=SECURITY)
+    @blp.response(204)
+    @blp.alt_response(409, description="Already delivered, or dead.")
+    def delete(self, topic: str, message_id: str) -> None:
+        """Cancel a message: it will never be delivered."""
+        check_message_id(message_id)
+        found = get_topic(services(), tenant(), topic)
+        usecases.cancel(services(), found, message_id)
+

@@ -1,0 +1,195 @@
+"""Enqueue: one message or a batch, idempotent by client id.
+
+Write order per message: payload (plain insert) → state row (LWT IF NOT EXISTS) → pointer.
+A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
+retrying the same request re-writes the pointer (the state row is found with the same content).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from app.errors import DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
+from app.ids import new_message_id
+from app.models import MessageState, Payload, Pointer, Topic
+from app.services import Services
+from app.timeline import MS_PER_DAY, placement_ms, shard_of, ttl_s
+from app.timeparse import TimeFormatError, parse_local_time
+
+
+@dataclasses.dataclass(frozen=True)
+class NewMessage:
+    """A validated enqueue request. deliver_at_ms is epoch ms."""
+
+    id: str | None
+    deliver_at_ms: int
+    priority: int
+    campaign: str | None
+    payload: Payload
+    content_hash: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EnqueueResult:
+    """Per-message outcome: status 201 created, 200 same message existed, else an error."""
+
+    id: str | None
+    status: int
+    deliver_at_ms: int | None = None
+    state: str | None = None
+    error: DuetimeError | None = None
+
+
+def _deliver_at(data: dict[str, Any], now_ms: int) -> int:
+    if "deliver_at" in data:
+        return int(data["deliver_at"])
+    if "delay_ms" in data:
+        return now_ms + int(data["delay_ms"])
+    if "local_time" in data:
+        try:
+            return parse_local_time(data["local_time"], data["timezone"])
+        except TimeFormatError as exc:
+            raise InvalidInput(str(exc), {"local_time": [str(exc)]}) from exc
+    return now_ms
+
+
+def _payload(data: dict[str, Any], max_bytes: int) -> Payload:
+    headers = dict(data.get("headers") or {})
+    if "payload_base64" in data:
+        try:
+            raw = base64.b64decode(data["payload_base64"], validate=True)
+        except ValueError as exc:
+            raise InvalidInput("payload_base64 is not base64.",
+                               {"payload_base64": ["Not valid base64."]}) from exc
+        payload = Payload(raw, "base64", headers)
+    else:
+        text = json.dumps(data["payload"], separators=(",", ":"), ensure_ascii=False)
+        payload = Payload(text.encode("utf-8"), "json", headers)
+    if len(payload.data) > max_bytes:
+        raise PayloadTooLarge(f"Payload is {len(payload.data)} bytes; the limit is {max_bytes}.")
+    return payload
+
+
+def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
+                horizon_days: int) -> NewMessage:
+    """Turn one schema-validated message dict into a NewMessage (raises 400/413 errors)."""
+    deliver = _deliver_at(data, now_ms)
+    if deliver > now_ms + horizon_days * MS_PER_DAY:
+        field = next((f for f in ("deliver_at", "delay_ms", "local_time") if f in data), "time")
+        raise InvalidInput(f"The delivery time is more than {horizon_days} days ahead.",
+                           {field: [f"At most {horizon_days} days ahead."]})
+    content = {k: v for k, v in data.items() if k != "id"}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
+    return NewMessage(data.get("id"), deliver, int(data.get("priority", 100)),
+                      data.get("campaign"), _payload(data, max_payload_bytes), digest[:32])
+
+
+def _state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:
+    return MessageState(
+        topic_uid=topic.uid, id=message_id, state="scheduled", version=1,
+        due_at_ms=placement_ms(m.deliver_at_ms, now_ms), deliver_at_ms=m.deliver_at_ms,
+        priority=m.priority, campaign=m.campaign, shard=shard_of(message_id, topic.settings.shards),
+        attempts=0, content_hash=m.content_hash, lease_token=None, lease_expires_at_ms=None,
+        consumer=None, last_error=None, created_at_ms=now_ms, updated_at_ms=now_ms)
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"Cassandra unavailable: {type(exc).__name__}; retry the same id.")
+
+
+def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage]) -> list[EnqueueResult]:
+    """Enqueue items in order; one failed item never fails the others."""
+    now = services.clock()
+    rows = [_state_row(topic, m, m.id or new_message_id(now), now) for m in items]
+    results: list[EnqueueResult | None] = [None] * len(items)
+    first_of: dict[str, int] = {}
+    todo = []
+    for index, row in enumerate(rows):
+        if row.id in first_of:
+            continue  # a repeat inside the batch: answered from the first occurrence below
+        first_of[row.id] = index
+        todo.append(index)
+    _write(services, topic, items, rows, todo, results, now)
+    for index, row in enumerate(rows):
+        first = first_of[row.id]
+        if results[index] is None:
+            results[index] = _repeat_answer(results[first], rows[first], row)
+    return [r for r in results if r is not None]
+
+
+def _repeat_answer(first: EnqueueResult | None, first_row: MessageState,
+                   row: MessageState) -> EnqueueResult:
+    assert first is not None
+    if first_row.content_hash != row.content_hash:
+        return EnqueueResult(row.id, 409, error=_conflict(row.id))
+    return dataclasses.replace(first, status=200 if first.status == 201 else first.status)
+
+
+def _conflict(message_id: str) -> DuetimeError:
+    from app.errors import Conflict
+
+    return Conflict(f"Message {message_id!r} exists with different content.")
+
+
+def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
+           rows: list[MessageState], todo: list[int], results: list[EnqueueResult | None],
+           now: int) -> None:
+    cfg = services.config
+    slack = cfg.horizon_days * MS_PER_DAY
+    payload_errors = services.messages.put_payloads([
+        (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
+         ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack)) for i in todo])
+    inserting = []
+    for i, err in zip(todo, payload_errors, strict=True):
+        if err is None:
+            inserting.append(i)
+        else:
+            results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
+    outcomes = services.messages.insert_many(
+        [(rows[i], ttl_s(rows[i].due_at_ms, now, cfg.retention_days)) for i in inserting])
+    created, pointers, placed_for = [], [], []
+    for i, outcome in zip(inserting, outcomes, strict=True):
+        row = rows[i]
+        if isinstance(outcome, Exception):
+            results[i] = EnqueueResult(row.id, 503, error=_unavailable(outcome))
+        elif outcome[0]:
+            created.append(i)
+            pointers.append(Pointer(row.due_at_ms, row.id, 1, row.priority, row.shard))
+            placed_for.append(i)
+            results[i] = EnqueueResult(row.id, 201, row.deliver_at_ms, "scheduled")
+        else:
+            results[i] = _existing(outcome[1], row, now, pointers, placed_for, i)
+    errors = services.placer.place(topic.uid, pointers, now)
+    for i, err in zip(placed_for, errors, strict=True):
+        if err is not None:
+            results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
+    _count(services, topic, [rows[i] for i in created])
+
+
+def _existing(found: MessageState | None, row: MessageState, now: int, pointers: list[Pointer],
+              placed_for: list[int], index: int) -> EnqueueResult:
+    """The id was taken: same content is an idempotent retry (pointer re-written while the
+    message was never moved), different content a conflict."""
+    if found is None or found.content_hash != row.content_hash:
+        return EnqueueResult(row.id, 409, error=_conflict(row.id))
+    if found.state == "scheduled" and found.version == 1:
+        pointers.append(Pointer(placement_ms(found.due_at_ms, now), found.id, 1,
+                                found.priority, found.shard))
+        placed_for.append(index)
+    return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
+
+
+def _count(services: Services, topic: Topic, created: list[MessageState]) -> None:
+    if not created:
+        return
+    services.counts.add_states(topic.uid, {"scheduled": len(created)})
+    services.counts.add_upcoming(topic.uid, [r.due_at_ms for r in created])
+    services.messages.index_campaigns(
+        topic.uid, [(r.campaign, r.id) for r in created if r.campaign],
+        ttl_s(max(r.due_at_ms for r in created), services.clock(),
+              services.config.retention_days))

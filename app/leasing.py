@@ -1,0 +1,180 @@
+"""Pull consumption: lease (with long poll), ack, nack, extend.
+
+A lease is a move on the timeline: the pointer at now + lease is written *before* the LWT that
+takes the lease, so an unacked message always comes due again. The lease token is the fencing
+token: ack, nack and extend check it against the row they read and apply IF version = (that
+row's version), so a stale token never changes a message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import uuid
+
+from app.errors import InvalidInput, LeaseLost, NotFound
+from app.models import MessageState, Payload, Pointer, Topic
+from app.scan import Due
+from app.services import Services
+from app.timeline import placement_ms, retry_backoff_ms, ttl_s
+
+POLL_INTERVAL_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Leased:
+    row: MessageState
+    payload: Payload
+
+
+def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
+          lease_s: int, consumer: str | None) -> list[Leased]:
+    """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll)."""
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:
+        got = _lease_once(services, topic, max_messages, lease_s, consumer)
+        remaining = deadline - time.monotonic()
+        if got or remaining <= 0:
+            return got
+        time.sleep(min(POLL_INTERVAL_S, remaining))
+
+
+def _lease_once(services: Services, topic: Topic, max_messages: int, lease_s: int,
+                consumer: str | None) -> list[Leased]:
+    with services.topic_lock(topic.uid):
+        now = services.clock()
+        result = services.scanner.scan(topic, now, max_messages)
+        # Lower priority values first; ties in random order so processes spread their LWTs.
+        order = sorted(result.due, key=lambda d: (d.row.priority, random.random()))
+        taken: list[MessageState] = []
+        tried = 0
+        while len(taken) < max_messages and tried < len(order):
+            chunk = order[tried:tried + max_messages - len(taken)]
+            tried += len(chunk)
+            taken += _take(services, topic, chunk, now, lease_s, consumer)
+        services.scanner.advance(topic, result.moves(order[tried:]))
+    payloads = services.messages.get_payloads(topic.uid, [(r.id, r.content_hash) for r in taken])
+    return [Leased(r, payloads[r.id]) for r in taken if r.id in payloads]
+
+
+def _take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s: int,
+          consumer: str | None) -> list[MessageState]:
+    """Try to lease each due message (or make it dead past max_attempts); returns the leased."""
+    expires = now + lease_s * 1000
+    leasing, dying = [], []
+    for d in chunk:
+        if d.row.attempts >= topic.settings.max_attempts:
+            dying.append(_dead(d.row, now, "max_attempts reached"))
+        else:
+            leasing.append(dataclasses.replace(
+                d.row, state="leased", version=d.row.version + 1, due_at_ms=expires,
+                lease_token=uuid.uuid4(), lease_expires_at_ms=expires,
+                attempts=d.row.attempts + 1, consumer=consumer, updated_at_ms=now))
+    placed = _place_then(services, topic, leasing, now)
+    changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
+               for r in placed + dying]
+    outcomes = services.messages.cas_many(changes)
+    services.scanner.spend(topic, [d.pointer for d in chunk])
+    won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
+    before = {d.row.id: d.row.state for d in chunk}
+    _count_moves(services, topic, [(before[r.id], r.state) for r in won])
+    return [r for r in won if r.state == "leased"]
+
+
+def _place_then(services: Services, topic: Topic, rows: list[MessageState],
+                now: int) -> list[MessageState]:
+    """Write each row's next pointer; returns the rows whose pointer is durable."""
+    pointers = [Pointer(r.due_at_ms, r.id, r.version, r.priority, r.shard) for r in rows]
+    errors = services.placer.place(topic.uid, pointers, now)
+    return [r for r, err in zip(rows, errors, strict=True) if err is None]
+
+
+def _dead(row: MessageState, now: int, reason: str) -> MessageState:
+    return dataclasses.replace(row, state="dead", version=row.version + 1, lease_token=None,
+                               lease_expires_at_ms=None, updated_at_ms=now,
+                               last_error=row.last_error or reason)
+
+
+def _count_moves(services: Services, topic: Topic, moves: list[tuple[str, str]]) -> None:
+    deltas: dict[str, int] = {}
+    for before, after in moves:
+        if before != after:
+            deltas[before] = deltas.get(before, 0) - 1
+            deltas[after] = deltas.get(after, 0) + 1
+    if deltas:
+        services.counts.add_states(topic.uid, deltas)
+
+
+def _held(services: Services, topic: Topic, message_id: str, token: str) -> MessageState:
+    """The row, if `token` holds an unexpired lease on it; else 404 or 409."""
+    try:
+        presented = uuid.UUID(token)
+    except ValueError as exc:
+        raise InvalidInput("lease_token is malformed.",
+                           {"lease_token": ["Not a lease token."]}) from exc
+    row = services.messages.get(topic.uid, message_id)
+    if row is None:
+        raise NotFound(f"No message {message_id!r}.")
+    now = services.clock()
+    if row.state != "leased" or row.lease_token != presented or (
+            row.lease_expires_at_ms or 0) <= now:
+        raise LeaseLost(f"The lease on {message_id!r} is no longer held "
+                        f"(message is {row.state}).")
+    return row
+
+
+def _apply(services: Services, topic: Topic, new: MessageState, moved: bool) -> None:
+    """CAS new over the version before it; with moved, its pointer first. 409 if lost."""
+    now = services.clock()
+    if moved and not _place_then(services, topic, [new], now):
+        raise LeaseLost("Could not move the message; retry.")
+    if not services.messages.cas(new, new.version - 1,
+                                 ttl_s(new.due_at_ms, now, services.config.retention_days)):
+        raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
+
+
+def ack(services: Services, topic: Topic, message_id: str, token: str) -> None:
+    """Mark delivered. Acking again with the same token after success is a no-op."""
+    row = services.messages.get(topic.uid, message_id)
+    if row is not None and row.state == "delivered" and str(row.lease_token) == token:
+        return
+    row = _held(services, topic, message_id, token)
+    now = services.clock()
+    done = dataclasses.replace(row, state="delivered", version=row.version + 1,
+                               due_at_ms=now, updated_at_ms=now)
+    _apply(services, topic, done, moved=False)
+    _count_moves(services, topic, [("leased", "delivered")])
+
+
+def nack(services: Services, topic: Topic, message_id: str, token: str,
+         delay_ms: int | None, error: str | None) -> None:
+    """Give the message back: due again after delay_ms (or the topic's backoff), or dead once
+    it has had max_attempts leases."""
+    row = _held(services, topic, message_id, token)
+    now = services.clock()
+    if row.attempts >= topic.settings.max_attempts:
+        _apply(services, topic, _dead(dataclasses.replace(row, last_error=error), now,
+                                      "max_attempts reached"), moved=False)
+        _count_moves(services, topic, [("leased", "dead")])
+        return
+    s = topic.settings
+    delay = delay_ms if delay_ms is not None else retry_backoff_ms(
+        row.attempts, s.backoff_seconds, s.max_backoff_seconds)
+    again = dataclasses.replace(
+        row, state="scheduled", version=row.version + 1,
+        due_at_ms=placement_ms(now + delay, now), lease_token=None, lease_expires_at_ms=None,
+        last_error=error if error is not None else row.last_error, updated_at_ms=now)
+    _apply(services, topic, again, moved=True)
+    _count_moves(services, topic, [("leased", "scheduled")])
+
+
+def extend(services: Services, topic: Topic, message_id: str, token: str,
+           lease_s: int) -> MessageState:
+    """Keep the lease for lease_s more seconds from now (same token)."""
+    row = _held(services, topic, message_id, token)
+    expires = services.clock() + lease_s * 1000
+    longer = dataclasses.replace(row, version=row.version + 1, due_at_ms=expires,
+                                 lease_expires_at_ms=expires, updated_at_ms=services.clock())
+    _apply(services, topic, longer, moved=True)
+    return longer

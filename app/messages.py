@@ -1,0 +1,70 @@
+"""Message use cases besides enqueue and leasing: read, cancel, reschedule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from app.errors import Conflict, InvalidInput, NotFound
+from app.leasing import _apply, _count_moves
+from app.models import MessageState, Payload, Topic
+from app.services import Services
+from app.timeline import MS_PER_DAY, placement_ms
+
+FINAL_FOR_CANCEL = {"delivered": "already delivered", "dead": "dead"}
+
+
+def get_message(services: Services, topic: Topic,
+                message_id: str) -> tuple[MessageState, Payload | None]:
+    row = services.messages.get(topic.uid, message_id)
+    if row is None:
+        raise NotFound(f"No message {message_id!r}.")
+    payloads = services.messages.get_payloads(topic.uid, [(row.id, row.content_hash)])
+    return row, payloads.get(row.id)
+
+
+def cancel(services: Services, topic: Topic, message_id: str) -> None:
+    """Cancel a scheduled or leased message: it is never delivered (a consumer holding a lease
+    gets 409 on ack). Cancelling a cancelled message again is a no-op; a delivered or dead
+    one answers 409."""
+    for _ in range(3):
+        row = services.messages.get(topic.uid, message_id)
+        if row is None:
+            raise NotFound(f"No message {message_id!r}.")
+        if row.state == "cancelled":
+            return
+        if row.state in FINAL_FOR_CANCEL:
+            raise Conflict(f"Message {message_id!r} is {FINAL_FOR_CANCEL[row.state]}.")
+        now = services.clock()
+        gone = dataclasses.replace(row, state="cancelled", version=row.version + 1,
+                                   lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)
+        try:
+            _apply(services, topic, gone, moved=False)
+        except Conflict:
+            continue  # it moved under us (leased, acked): decide again from the new row
+        _count_moves(services, topic, [(row.state, "cancelled")])
+        if row.state == "scheduled":
+            services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
+        return
+    raise Conflict(f"Message {message_id!r} is changing concurrently; retry.")
+
+
+def reschedule(services: Services, topic: Topic, message_id: str,
+               deliver_at_ms: int) -> MessageState:
+    """Move a scheduled message to deliver_at_ms (its pointer first, then the LWT).
+    409 unless it is scheduled."""
+    now = services.clock()
+    if deliver_at_ms > now + services.config.horizon_days * MS_PER_DAY:
+        raise InvalidInput("The delivery time is beyond the horizon.",
+                           {"deliver_at": [f"At most {services.config.horizon_days} days ahead."]})
+    row = services.messages.get(topic.uid, message_id)
+    if row is None:
+        raise NotFound(f"No message {message_id!r}.")
+    if row.state != "scheduled":
+        raise Conflict(f"Message {message_id!r} is {row.state}; only scheduled ones move.")
+    moved = dataclasses.replace(row, version=row.version + 1,
+                                due_at_ms=placement_ms(deliver_at_ms, now),
+                                deliver_at_ms=deliver_at_ms, updated_at_ms=now)
+    _apply(services, topic, moved, moved=True)
+    services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
+    services.counts.add_upcoming(topic.uid, [moved.due_at_ms])
+    return moved

@@ -1,0 +1,74 @@
+"""Putting pointers on the timeline: partition choice, slot reservation, TTL.
+
+Each process reserves slots of a (bucket, shard) in chunks (DUETIME_SLOT_CHUNK) with one LWT
+and hands them out locally, so the LWT rate on a hot minute stays low. Unused slots of a chunk
+are gaps: partitions then hold fewer than DUETIME_PARTITION_CAP pointers, never more.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+
+from app.config import Config
+from app.models import Pointer
+from app.store.timeline import TimelineStore
+from app.timeline import bucket_of, part_of, ttl_s
+
+_MAX_CACHED = 20_000
+
+
+class PointerPlacer:
+    """Thread-safe; one per process."""
+
+    def __init__(self, store: TimelineStore, config: Config) -> None:
+        self.store = store
+        self.config = config
+        self._lock = threading.Lock()
+        self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
+        self._active: set[tuple[uuid.UUID, int]] = set()
+
+    def _take(self, topic_uid: uuid.UUID, bucket: int, shard: int, count: int) -> list[int]:
+        key = (topic_uid, bucket, shard)
+        with self._lock:
+            start, end = self._ranges.get(key, (0, 0))
+            if end - start >= count:
+                self._ranges[key] = (start + count, end)
+                return list(range(start, start + count))
+        size = max(count, self.config.slot_chunk)
+        first = self.store.reserve_slots(topic_uid, bucket, shard, size)
+        with self._lock:
+            if len(self._ranges) > _MAX_CACHED:
+                self._ranges.clear()
+            self._ranges[key] = (first + count, first + size)
+        return list(range(first, first + count))
+
+    def _mark_active(self, topic_uid: uuid.UUID, buckets: set[int]) -> None:
+        with self._lock:
+            new = sorted(b for b in buckets if (topic_uid, b) not in self._active)
+        if not new:
+            return
+        self.store.mark_active(topic_uid, new, self.config.bucket_ms)
+        with self._lock:
+            if len(self._active) > _MAX_CACHED:
+                self._active.clear()
+            self._active.update((topic_uid, b) for b in new)
+
+    def place(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer],
+              now_ms: int) -> list[Exception | None]:
+        """Write the pointers (due times already clamped by the caller); per pointer None when
+        written, else the exception. TTL: until due plus the retention window."""
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for index, p in enumerate(pointers):
+            groups[(bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard)].append(index)
+        self._mark_active(topic_uid, {bucket for bucket, _ in groups})
+        placed: list[tuple[int, int, int, Pointer, int]] = [None] * len(pointers)  # type: ignore[list-item]
+        for (bucket, shard), indexes in groups.items():
+            slots = self._take(topic_uid, bucket, shard, len(indexes))
+            for index, slot in zip(indexes, slots, strict=True):
+                p = pointers[index]
+                ttl = ttl_s(p.due_at_ms, now_ms, self.config.retention_days)
+                placed[index] = (bucket, shard, part_of(slot, self.config.partition_cap), p, ttl)
+        return self.store.write_pointers(topic_uid, placed)

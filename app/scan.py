@@ -1,0 +1,168 @@
+"""Finding due messages: walk each shard's timeline forward from its cursor up to now.
+
+A pointer is *live* when its message row is at the pointer's version, is due on the server
+clock (due_at <= now) and is scheduled, or leased with an expired lease. Every other pointer is
+*spent* and never examined again by this process (an LRU of (id, version) pairs). A cursor
+moves to the first live-but-untaken pointer, never past now - safety lag (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections import OrderedDict
+
+from app.config import Config
+from app.models import MessageState, Pointer, Topic
+from app.store.messages import MessageStore
+from app.store.timeline import TimelineStore
+from app.timeline import bucket_of, bucket_start_ms, parts_for
+
+SPENT_CACHE_SIZE = 200_000
+MAX_BUCKETS_PER_SCAN = 1440  # a day of 1-minute buckets; a far-behind cursor catches up in steps
+# Rows known to be spent are skipped without a state read but still read; the cap bounds one
+# scan's memory. Unknown pointers (capped at 4 x want) become known, so scans make progress.
+MAX_ROWS_PER_SCAN = 50_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Due:
+    """A live pointer with the row that makes it live."""
+
+    pointer: Pointer
+    row: MessageState
+
+
+@dataclasses.dataclass
+class ScanResult:
+    """Live pointers found; how far each shard's cursor could move were they all taken; the
+    cursors the scan started from."""
+
+    due: list[Due]
+    frontier_ms: dict[int, int]
+    cursors_ms: dict[int, int]
+
+    def moves(self, untaken: list[Due]) -> dict[int, int]:
+        """Cursor moves once the live pointers not in `untaken` are spent: no cursor passes
+        an untaken live pointer."""
+        frontier = dict(self.frontier_ms)
+        for d in untaken:
+            shard = d.pointer.shard
+            frontier[shard] = min(frontier[shard], d.pointer.due_at_ms)
+        return {s: ms for s, ms in frontier.items() if ms > self.cursors_ms[s]}
+
+
+def is_live(p: Pointer, row: MessageState | None, now_ms: int) -> bool:
+    """May this pointer hand out its message now? Never before the row's due time."""
+    if row is None or row.version != p.version or row.due_at_ms > now_ms:
+        return False
+    if row.state == "scheduled":
+        return True
+    return row.state == "leased" and (row.lease_expires_at_ms or 0) <= now_ms
+
+
+class SpentPointers:
+    """Process-local LRU of pointers known to be spent, keyed (topic_uid, id, version)."""
+
+    def __init__(self, capacity: int = SPENT_CACHE_SIZE) -> None:
+        self._keys: OrderedDict[tuple[uuid.UUID, str, int], None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._capacity = capacity
+
+    def add(self, topic_uid: uuid.UUID, p: Pointer) -> None:
+        with self._lock:
+            self._keys[(topic_uid, p.id, p.version)] = None
+            if len(self._keys) > self._capacity:
+                self._keys.popitem(last=False)
+
+    def __contains__(self, key: tuple[uuid.UUID, str, int]) -> bool:
+        with self._lock:
+            return key in self._keys
+
+
+class DueScanner:
+    def __init__(self, timeline: TimelineStore, messages: MessageStore, config: Config) -> None:
+        self.timeline = timeline
+        self.messages = messages
+        self.config = config
+        self.spent = SpentPointers()
+
+    def _partitions(self, topic: Topic, cursors: dict[int, int],
+                    horizon_ms: int) -> list[tuple[int, int, int, int, int]]:
+        """(bucket, shard, part, from_ms, to_ms) to read, in timeline order: every shard's
+        pointers at or after its cursor and due by horizon_ms."""
+        bucket_ms = self.config.bucket_ms
+        floor = min(cursors.values())
+        first, last = bucket_of(floor, bucket_ms), bucket_of(horizon_ms, bucket_ms)
+        first = max(first, last - MAX_BUCKETS_PER_SCAN)
+        active = self.timeline.active_buckets(topic.uid, first, last, bucket_ms)
+        slots = self.timeline.slots(topic.uid, active) if active else {}
+        plan: list[tuple[int, int, int, int, int]] = []
+        for bucket in active:
+            end = min(bucket_start_ms(bucket + 1, bucket_ms) - 1, horizon_ms)
+            for shard, next_slot in sorted(slots.get(bucket, {}).items()):
+                start = cursors.get(shard, floor)
+                if start <= end:
+                    plan.extend((bucket, shard, part, start, end) for part in
+                                range(parts_for(next_slot, self.config.partition_cap)))
+        return plan
+
+    def _stopped_at(self, plan: list[tuple[int, int, int, int, int]], index: int,
+                    last_due_ms: int, frontier: dict[int, int]) -> None:
+        """The scan stopped inside plan[index] after a pointer due at last_due_ms: no shard's
+        cursor may pass what this scan did not read."""
+        bucket, shard = plan[index][0], plan[index][1]
+        unread = {(b, s) for b, s, *_ in plan[index + 1:]}
+        for s in frontier:
+            if (bucket, s) in unread:  # parts of one (bucket, shard) overlap in time
+                limit = bucket_start_ms(bucket, self.config.bucket_ms)
+            elif s == shard:
+                limit = last_due_ms
+                limit = bucket_start_ms(bucket, self.config.bucket_ms)
+            else:
+                limit = bucket_start_ms(bucket + 1, self.config.bucket_ms)
+            frontier[s] = min(frontier[s], limit)
+
+    def scan(self, topic: Topic, now_ms: int, want: int) -> ScanResult:
+        """Live pointers due by now_ms (at most about 4 x want), and per-shard frontiers."""
+        stored = self.timeline.cursors(topic.uid)
+        default = topic.created_at_ms - self.config.safety_lag_ms
+        cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)}
+        frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
+        plan = self._partitions(topic, cursors, now_ms)
+        unknown = self._read(topic, plan, want, frontier)
+        rows = self.messages.get_many(topic.uid, [p.id for p in unknown]) if unknown else {}
+        due = []
+        for p in unknown:
+            row = rows.get(p.id)
+            if row is not None and is_live(p, row, now_ms):
+                due.append(Due(p, row))
+            else:
+                self.spent.add(topic.uid, p)
+        return ScanResult(due, frontier, cursors)
+
+    def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
+              frontier: dict[int, int]) -> list[Pointer]:
+        """Pointers of the plan not known to be spent, up to the scan's caps."""
+        unknown: list[Pointer] = []
+        read = 0
+        for index, (bucket, shard, part, start, end) in enumerate(plan):
+            for p in self.timeline.pointers(topic.uid, bucket, shard, part, start, end):
+                read += 1
+                if (topic.uid, p.id, p.version) not in self.spent:
+                    unknown.append(p)
+                if len(unknown) >= 4 * want or read >= MAX_ROWS_PER_SCAN:
+                    self._stopped_at(plan, index, p.due_at_ms, frontier)
+                    return unknown
+        return unknown
+
+    def spend(self, topic: Topic, pointers: list[Pointer]) -> None:
+        """Remember pointers this process has acted on (leased, lost a race, made dead)."""
+        for p in pointers:
+            self.spent.add(topic.uid, p)
+
+    def advance(self, topic: Topic, moves: dict[int, int]) -> None:
+        """Persist cursor moves (only forward; concurrent advances converge on the furthest)."""
+        if moves:
+            self.timeline.advance_cursors(topic.uid, moves)

@@ -1,0 +1,146 @@
+"""Message and lease schemas (API.md, Messages and Consuming: pull)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+
+from app.ids import CLIENT_ID, NAME
+from app.schemas.fields import Instant
+
+_TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
+
+
+class MessageInSchema(Schema):
+    """One message. Give at most one of deliver_at, delay_ms or local_time (+ timezone); none
+    means due now. Give payload (any JSON) or payload_base64 (binary). local_time is a wall
+    time without offset in `timezone`: a time in a DST gap moves forward by the gap's length,
+    a time in a DST fold takes its first occurrence."""
+
+    id = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
+        "description": "Client id (idempotency key); generated (time-ordered) if absent."})
+    deliver_at = Instant(metadata={"description": "RFC 3339 with offset, or epoch ms."})
+    delay_ms = fields.Integer(validate=validate.Range(min=0))
+    local_time = fields.String(metadata={"example": "2026-12-01T09:00:00"})
+    timezone = fields.String(metadata={"example": "Europe/Bucharest"})
+    payload = fields.Raw(allow_none=True, metadata={"description": "Any JSON value."})
+    payload_base64 = fields.String()
+    priority = fields.Integer(load_default=100, validate=validate.Range(0, 65535),
+                              metadata={"description": "Lower is handed out first."})
+    campaign = fields.String(validate=validate.Regexp(NAME))
+    headers = fields.Dict(keys=fields.String(validate=validate.Length(1, 128)),
+                          values=fields.String(validate=validate.Length(max=1024)),
+                          validate=validate.Length(max=32))
+
+    @validates_schema
+    def _one_time_one_payload(self, data: dict[str, Any], **kwargs: Any) -> None:
+        given = [f for f in _TIME_FIELDS if f in data]
+        if len(given) > 1:
+            raise ValidationError(f"Give at most one of {', '.join(_TIME_FIELDS)}.", given[1])
+        if ("local_time" in data) != ("timezone" in data):
+            raise ValidationError("local_time and timezone go together.", "timezone")
+        if ("payload" in data) == ("payload_base64" in data):
+            raise ValidationError("Give exactly one of payload or payload_base64.", "payload")
+
+
+class EnqueuedSchema(Schema):
+    id = fields.String(required=True)
+    deliver_at = Instant(required=True)
+    state = fields.String(required=True)
+
+
+class BatchInSchema(Schema):
+    messages = fields.List(fields.Dict(), required=True, validate=validate.Length(min=1),
+                           metadata={"description": "Messages as in the single enqueue "
+                                     "(validated one by one)."})
+
+
+class BatchItemSchema(Schema):
+    id = fields.String(allow_none=True)
+    status = fields.Integer(required=True, metadata={
+        "description": "201 created, 200 already there with the same content, 409 id taken "
+                       "by other content, 400/413 invalid, 503 retry later."})
+    deliver_at = Instant()
+    state = fields.String()
+    error = fields.Dict(metadata={"description": "problem+json body of a failed item."})
+
+
+class BatchOutSchema(Schema):
+    results = fields.List(fields.Nested(BatchItemSchema), required=True)
+
+
+class MessageSchema(Schema):
+    id = fields.String(required=True)
+    topic = fields.String(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(
+        ["scheduled", "leased", "delivered", "cancelled", "dead"]))
+    deliver_at = Instant(required=True)
+    priority = fields.Integer(required=True)
+    campaign = fields.String(allow_none=True)
+    attempts = fields.Integer(required=True)
+    payload = fields.Raw(allow_none=True)
+    payload_base64 = fields.String(metadata={"description": "Instead of payload, for binary."})
+    headers = fields.Dict(keys=fields.String(), values=fields.String())
+    created_at = Instant(required=True)
+    updated_at = Instant(required=True)
+    last_error = fields.String(allow_none=True)
+
+
+class RescheduleSchema(Schema):
+    """Give deliver_at or delay_ms (from now)."""
+
+    deliver_at = Instant()
+    delay_ms = fields.Integer(validate=validate.Range(min=0))
+
+    @validates_schema
+    def _exactly_one(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if ("deliver_at" in data) == ("delay_ms" in data):
+            raise ValidationError("Give exactly one of deliver_at or delay_ms.", "deliver_at")
+
+
+class LeaseRequestSchema(Schema):
+    max = fields.Integer(load_default=10, validate=validate.Range(1, 1000))
+    wait_ms = fields.Integer(load_default=0, validate=validate.Range(0, 30_000))
+    lease_seconds = fields.Integer(validate=validate.Range(1, 43_200), metadata={
+        "description": "Default: the topic's lease_seconds."})
+    consumer = fields.String(validate=validate.Length(max=128))
+
+
+class LeaseSchema(Schema):
+    token = fields.String(required=True)
+    expires_at = Instant(required=True)
+
+
+class LeasedMessageSchema(Schema):
+    id = fields.String(required=True)
+    payload = fields.Raw(allow_none=True)
+    payload_base64 = fields.String()
+    headers = fields.Dict(keys=fields.String(), values=fields.String())
+    deliver_at = Instant(required=True)
+    priority = fields.Integer(required=True)
+    attempt = fields.Integer(required=True)
+    lease = fields.Nested(LeaseSchema, required=True)
+
+
+class LeaseResponseSchema(Schema):
+    messages = fields.List(fields.Nested(LeasedMessageSchema), required=True)
+
+
+class AckSchema(Schema):
+    lease_token = fields.String(required=True)
+
+
+class NackSchema(Schema):
+    lease_token = fields.String(required=True)
+    delay_ms = fields.Integer(validate=validate.Range(0, 365 * 86_400_000))
+    error = fields.String(validate=validate.Length(max=2000))
+
+
+class ExtendSchema(Schema):
+    lease_token = fields.String(required=True)
+    lease_seconds = fields.Integer(required=True, validate=validate.Range(1, 43_200))
+
+
+class ExtendResponseSchema(Schema):
+    lease = fields.Nested(LeaseSchema, required=True)

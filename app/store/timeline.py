@@ -1,0 +1,124 @@
+"""Timeline pointers, slot reservations, cursors and the active-bucket index.
+
+Guarantees:
+- pointers are immutable and never deleted (they expire by TTL);
+- reserve_slots hands out disjoint slot ranges of a (bucket, shard) to any number of
+  concurrent callers (an LWT compare-and-set on bucket_slots);
+- a cursor only ever moves forward (writes carry USING TIMESTAMP = position).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from app.errors import StoreUnavailable
+from app.models import Pointer
+from app.store.session import CassandraSession
+from app.timeline import MS_PER_DAY
+from app.timeparse import cql_ms, from_ms
+
+CAS_ATTEMPTS = 64
+FETCH_SIZE = 500
+
+
+class TimelineStore:
+    def __init__(self, db: CassandraSession) -> None:
+        self.db = db
+
+    def reserve_slots(self, topic_uid: uuid.UUID, bucket: int, shard: int, count: int) -> int:
+        """Reserve `count` consecutive slots of (bucket, shard); returns the first."""
+        expected: int | None = None
+        for _ in range(CAS_ATTEMPTS):
+            if expected is None:
+                rows = self.db.execute(
+                    "INSERT INTO {ks}.bucket_slots (topic_uid, bucket, shard, next_slot) "
+                    "VALUES (?, ?, ?, ?) IF NOT EXISTS", (topic_uid, bucket, shard, count))
+                if rows[0]["[applied]"]:
+                    return 0
+            else:
+                rows = self.db.execute(
+                    "UPDATE {ks}.bucket_slots SET next_slot = ? WHERE topic_uid = ? AND "
+                    "bucket = ? AND shard = ? IF next_slot = ?",
+                    (expected + count, topic_uid, bucket, shard, expected))
+                if rows[0]["[applied]"]:
+                    return expected
+            expected = rows[0]["next_slot"]
+            time.sleep(random.uniform(0, 0.002))  # de-synchronise contending reservers
+        raise StoreUnavailable("slot reservation contended; retry")
+
+    def slots(self, topic_uid: uuid.UUID, buckets: Sequence[int]) -> dict[int, dict[int, int]]:
+        """{bucket: {shard: slots handed out}} for the given buckets (absent = empty)."""
+        futures = [
+            self.db.execute_async(
+                "SELECT bucket, shard, next_slot FROM {ks}.bucket_slots WHERE topic_uid = ? "
+                "AND bucket IN ?", (topic_uid, list(buckets[i:i + 100])))
+            for i in range(0, len(buckets), 100)
+        ]
+        found: dict[int, dict[int, int]] = {}
+        for rows in self.db.results(futures):
+            for r in rows:
+                found.setdefault(r["bucket"], {})[r["shard"]] = r["next_slot"]
+        return found
+
+    def mark_active(self, topic_uid: uuid.UUID, buckets: Sequence[int], bucket_ms: int) -> None:
+        """Record that these buckets hold pointers (idempotent)."""
+        self._check(self.db.execute_many(
+            "INSERT INTO {ks}.active_buckets (topic_uid, day, bucket) VALUES (?, ?, ?)",
+            [(topic_uid, b * bucket_ms // MS_PER_DAY, b) for b in buckets]))
+
+    def active_buckets(self, topic_uid: uuid.UUID, first: int, last: int,
+                       bucket_ms: int) -> list[int]:
+        """Buckets in [first, last] that hold any pointer, ascending."""
+        days = range(first * bucket_ms // MS_PER_DAY, last * bucket_ms // MS_PER_DAY + 1)
+        futures = [
+            self.db.execute_async(
+                "SELECT bucket FROM {ks}.active_buckets WHERE topic_uid = ? AND day = ? "
+                "AND bucket >= ? AND bucket <= ?", (topic_uid, day, first, last))
+            for day in days
+        ]
+        return [r["bucket"] for rows in self.db.results(futures) for r in rows]
+
+    def write_pointers(
+        self, topic_uid: uuid.UUID,
+        placed: Sequence[tuple[int, int, int, Pointer, int]],
+    ) -> list[Exception | None]:
+        """Insert (bucket, shard, part, pointer, ttl_s) rows; None where written."""
+        outcomes = self.db.execute_many(
+            "INSERT INTO {ks}.timeline (topic_uid, bucket, shard, part, due_at, id, version, "
+            "priority) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
+            [(topic_uid, b, s, part, from_ms(p.due_at_ms), p.id, p.version, p.priority, ttl)
+             for b, s, part, p, ttl in placed])
+        return [None if ok else result for ok, result in outcomes]
+
+    def pointers(self, topic_uid: uuid.UUID, bucket: int, shard: int, part: int,
+                 from_ms_: int, to_ms: int) -> Iterator[Pointer]:
+        """Pointers of one partition due in [from_ms_, to_ms], in timeline order, paged."""
+        rows = self.db.iterate(
+            "SELECT due_at, id, version, priority FROM {ks}.timeline WHERE topic_uid = ? AND "
+            "bucket = ? AND shard = ? AND part = ? AND due_at >= ? AND due_at <= ?",
+            (topic_uid, bucket, shard, part, from_ms(from_ms_), from_ms(to_ms)), FETCH_SIZE)
+        for r in rows:
+            yield Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"], shard)
+
+    def cursors(self, topic_uid: uuid.UUID) -> dict[int, int]:
+        """{shard: through_ms}: every pointer of the shard due before through_ms is spent."""
+        rows = self.db.execute(
+            "SELECT shard, through FROM {ks}.cursors WHERE topic_uid = ?", (topic_uid,))
+        return {r["shard"]: cql_ms(r["through"]) for r in rows}
+
+    def advance_cursors(self, topic_uid: uuid.UUID, positions: dict[int, int]) -> None:
+        """Move cursors forward; a position behind the stored one loses (write timestamp)."""
+        self._check(self.db.execute_many(
+            "UPDATE {ks}.cursors USING TIMESTAMP ? SET through = ? WHERE topic_uid = ? "
+            "AND shard = ?",
+            [(ms * 1000, from_ms(ms), topic_uid, shard) for shard, ms in positions.items()]))
+
+    @staticmethod
+    def _check(outcomes: list[tuple[bool, Any]]) -> None:
+        for ok, result in outcomes:
+            if not ok:
+                raise StoreUnavailable(f"Cassandra unavailable: {type(result).__name__}")

@@ -1,0 +1,252 @@
+"""Pull consumption on the real node: one winner, expiry, extend, nack, dead, races, the pointer
+behind the cursor, a hot second. Every lease is checked for early delivery (tests.consumers)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any
+
+from flask import Flask
+from flask.testing import FlaskClient
+
+from app import create_app
+from app.config import Config
+from app.services import Services
+from app.timeparse import format_ms
+from tests.consumers import TopicClient, now_ms
+
+
+def _run_threads(count: int, target: Any) -> None:
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def wrapped(index: int) -> None:
+        try:
+            barrier.wait()
+            target(index)
+        except BaseException as exc:  # surfaced below so a failing thread fails the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_twenty_consumers_race_each_message_leased_once(app: Flask, auth: dict[str, str]) -> None:
+    topic = TopicClient(app.test_client(), auth, lease_seconds=60)
+    ids = {r["id"] for r in topic.batch([{"payload": i} for i in range(200)])}
+    leased: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def consume(_: int) -> None:
+        mine = TopicClient(app.test_client(), auth, name=topic.name)
+        for _ in range(15):
+            got = mine.lease(10)
+            with lock:
+                leased.extend(got)
+
+    _run_threads(20, consume)
+    counts = collections.Counter(m["id"] for m in leased)
+    assert set(counts) == ids
+    assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1]
+
+
+def test_stale_token_ack_never_applies(client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth, lease_seconds=1)
+    topic.enqueue(id="s1")
+    [first] = topic.lease(wait_ms=2000)
+    time.sleep(1.1)
+    [second] = topic.lease(wait_ms=2000)
+    assert second["id"] == "s1" and second["attempt"] == 2
+    assert topic.ack(first) == 409
+    assert topic.get("s1").get_json()["state"] == "leased"
+    assert topic.ack(second) == 204
+    assert topic.get("s1").get_json()["state"] == "delivered"
+    assert topic.ack(second) == 204  # acking again with the winning token is a no-op
+    bad = client.post(topic.url("/messages/s1/ack"), json={"lease_token": "junk"}, headers=auth)
+    assert bad.status_code == 400
+
+
+def test_expired_lease_comes_due_again_and_extend_keeps_it(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth, lease_seconds=1)
+    topic.enqueue(id="e1")
+    topic.enqueue(id="e2")
+    got = {m["id"]: m for m in topic.lease(wait_ms=2000, max_messages=2)}
+    assert set(got) == {"e1", "e2"}
+    extended = client.post(topic.url("/messages/e2/extend"), headers=auth,
+                           json={"lease_token": got["e2"]["lease"]["token"], "lease_seconds": 5})
+    assert extended.status_code == 200
+    assert extended.get_json()["lease"]["token"] == got["e2"]["lease"]["token"]
+    again = topic.lease(wait_ms=3000, max_messages=2)
+    assert [m["id"] for m in again] == ["e1"]
+    assert again[0]["received_at"] >= got["e1"]["received_at"] + 1000
+    assert topic.ack(again[0]) == 204
+    assert topic.lease(wait_ms=1500) == []  # e2's extended lease still holds
+    assert topic.ack(got["e2"]) == 204
+
+
+def test_nack_with_delay_is_not_back_before_the_delay(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth)
+    topic.enqueue(id="n1")
+    [m] = topic.lease(wait_ms=2000)
+    nacked_at = now_ms()
+    answer = client.post(topic.url("/messages/n1/nack"), headers=auth,
+                         json={"lease_token": m["lease"]["token"], "delay_ms": 800,
+                               "error": "busy"})
+    assert answer.status_code == 204
+    [back] = topic.lease(wait_ms=3000)
+    assert back["id"] == "n1" and back["received_at"] >= nacked_at + 800
+    assert topic.get("n1").get_json()["last_error"] == "busy"
+
+
+def test_dead_after_max_attempts(client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth, max_attempts=2, retry={"backoff_seconds": 0.1})
+    topic.enqueue(id="x1")
+    for attempt in (1, 2):
+        [m] = topic.lease(wait_ms=3000)
+        assert m["attempt"] == attempt
+        client.post(topic.url("/messages/x1/nack"), headers=auth,
+                    json={"lease_token": m["lease"]["token"], "error": f"fail {attempt}"})
+    assert topic.get("x1").get_json()["state"] == "dead"
+    assert topic.get("x1").get_json()["last_error"] == "fail 2"
+    assert topic.lease(wait_ms=500) == []
+
+
+def test_cancel_racing_lease_ends_cancelled_or_delivered_never_both(
+        app: Flask, auth: dict[str, str]) -> None:
+    topic = TopicClient(app.test_client(), auth)
+    ids = [r["id"] for r in topic.batch([{"payload": i} for i in range(60)])]
+    cancelled: set[str] = set()
+    delivered: set[str] = set()
+
+    def act(index: int) -> None:
+        c = app.test_client()
+        if index == 0:
+            for i in ids:
+                if c.delete(topic.url(f"/messages/{i}"), headers=auth).status_code == 204:
+                    cancelled.add(i)
+        else:
+            mine = TopicClient(c, auth, name=topic.name)
+            for _ in range(20):
+                for m in mine.lease(5):
+                    if mine.ack(m) == 204:
+                        delivered.add(m["id"])
+
+    _run_threads(4, act)
+    assert not cancelled & delivered
+    states = {i: topic.get(i).get_json()["state"] for i in ids}
+    assert {i for i, s in states.items() if s == "delivered"} == delivered
+    assert {i for i, s in states.items() if s == "cancelled"} == cancelled
+    assert cancelled | delivered == set(ids)  # none lost
+
+
+def test_reschedule_racing_lease_is_moved_or_refused(app: Flask, auth: dict[str, str]) -> None:
+    topic = TopicClient(app.test_client(), auth, lease_seconds=60)
+    ids = [r["id"] for r in topic.batch([{"payload": i} for i in range(40)])]
+    moved: set[str] = set()
+    leased: set[str] = set()
+    later = now_ms() + 120_000
+
+    def act(index: int) -> None:
+        c = app.test_client()
+        if index == 0:
+            for i in ids:
+                answer = c.patch(topic.url(f"/messages/{i}"), json={"deliver_at": later},
+                                 headers=auth)
+                if answer.status_code == 200:
+                    moved.add(i)
+                else:
+                    assert answer.status_code == 409
+        else:
+            mine = TopicClient(c, auth, name=topic.name)
+            for _ in range(10):
+                leased.update(m["id"] for m in mine.lease(5))
+
+    _run_threads(3, act)
+    assert not moved & leased
+    assert moved | leased == set(ids)
+    for i in moved:
+        body = topic.get(i).get_json()
+        assert body["state"] == "scheduled" and body["deliver_at"] == format_ms(later)
+
+
+def test_pointer_behind_the_cursor_is_still_found(
+        config: Config, auth: dict[str, str], app: Flask) -> None:
+    topic = TopicClient(app.test_client(), auth)
+    for _ in range(3):  # readers move the cursors up to now - safety lag
+        topic.lease(wait_ms=300)
+    services: Services = app.extensions["duetime"]
+    found = services.topics.get(next(iter(_tenant_of(services, auth))), topic.name)
+    assert found is not None
+    assert services.timeline.cursors(found.uid), "cursors should have advanced"
+    past = topic.enqueue(id="past", deliver_at=format_ms(now_ms() - 3_600_000))
+    assert past.status_code == 201
+    # a producer whose clock runs 400 ms behind writes "due now" on its clock
+    lagging = create_app(config, clock=lambda: now_ms() - 400)
+    slow = TopicClient(lagging.test_client(), auth, name=topic.name)
+    assert slow.enqueue(id="skewed").status_code == 201
+    started = now_ms()
+    got = {m["id"] for m in topic.lease(max_messages=10, wait_ms=2000)}
+    got |= {m["id"] for m in topic.lease(max_messages=10, wait_ms=500)}
+    assert got == {"past", "skewed"}
+    assert now_ms() - started < 1500
+    lagging.extensions["duetime"].close()
+
+
+def _tenant_of(services: Services, auth: dict[str, str]) -> set[str]:
+    tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
+    return {tenant} if tenant else set()
+
+
+def test_ten_thousand_at_one_second_all_delivered_partitions_capped(
+        config: Config, auth: dict[str, str]) -> None:
+    small_cap = config.replace(partition_cap=200)
+    app = create_app(small_cap)
+    services: Services = app.extensions["duetime"]
+    try:
+        topic = TopicClient(app.test_client(), auth, lease_seconds=120)
+        second = (now_ms() // 1000 + 4) * 1000
+        for start in range(0, 10_000, 1000):
+            results = topic.batch([{"id": f"h{i}", "payload": i, "deliver_at": second + i % 1000}
+                                   for i in range(start, start + 1000)])
+            assert {r["status"] for r in results} == {201}
+        tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
+        assert tenant is not None
+        found = services.topics.get(tenant, topic.name)
+        assert found is not None
+        # pointers sit at max(deliver_at, enqueue time): the enqueue may run past `second`
+        sizes = [n for bucket in range(second // config.bucket_ms,
+                                       now_ms() // config.bucket_ms + 1)
+                 for n in _partition_sizes(services, found.uid, bucket)]
+        assert sum(sizes) == 10_000 and max(sizes) <= 200
+        delivered: set[str] = set()
+
+        def consume(_: int) -> None:
+            mine = TopicClient(app.test_client(), auth, name=topic.name)
+            delivered.update(mine.drain(10_000, within_s=120, max_messages=500))
+            topic.received.extend(mine.received)
+
+        _run_threads(4, consume)
+        assert len(delivered) == 10_000
+        assert min(m["received_at"] for m in topic.received) >= second
+    finally:
+        services.close()
+
+
+def _partition_sizes(services: Services, topic_uid: Any, bucket: int) -> list[int]:
+    slots = services.timeline.slots(topic_uid, [bucket]).get(bucket, {})
+    sizes = []
+    for shard, next_slot in slots.items():
+        for part in range(0, next_slot // 200 + 1):
+            rows = services.db.execute(
+                "SELECT count(*) AS n FROM {ks}.timeline WHERE topic_uid = ? AND bucket = ? "
+                "AND shard = ? AND part = ?", (topic_uid, bucket, shard, part))
+            sizes.append(rows[0]["n"])
+    return sizes
