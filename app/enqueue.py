@@ -11,15 +11,18 @@ import base64
 import dataclasses
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
-from app.errors import DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
+from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.ids import new_message_id
 from app.models import MessageState, Payload, Pointer, Topic
 from app.services import Services
 from app.timeline import MS_PER_DAY, placement_ms, shard_of, ttl_s
 from app.timeparse import TimeFormatError, parse_local_time
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +134,6 @@ def _repeat_answer(first: EnqueueResult | None, first_row: MessageState,
 
 
 def _conflict(message_id: str) -> DuetimeError:
-    from app.errors import Conflict
-
     return Conflict(f"Message {message_id!r} exists with different content.")
 
 
@@ -185,11 +186,16 @@ def _existing(found: MessageState | None, row: MessageState, now: int, pointers:
 
 
 def _count(services: Services, topic: Topic, created: list[MessageState]) -> None:
+    """Counters and the campaign index. The messages are already accepted: a failure here is
+    logged (stats may under-count) and never turns an accepted message into an error."""
     if not created:
         return
-    services.counts.add_states(topic.uid, {"scheduled": len(created)})
-    services.counts.add_upcoming(topic.uid, [r.due_at_ms for r in created])
-    services.messages.index_campaigns(
-        topic.uid, [(r.campaign, r.id) for r in created if r.campaign],
-        ttl_s(max(r.due_at_ms for r in created), services.clock(),
-              services.config.retention_days))
+    try:
+        services.counts.add_states(topic.uid, {"scheduled": len(created)})
+        services.counts.add_upcoming(topic.uid, [r.due_at_ms for r in created])
+        services.messages.index_campaigns(
+            topic.uid, [(r.campaign, r.id) for r in created if r.campaign],
+            ttl_s(max(r.due_at_ms for r in created), services.clock(),
+                  services.config.retention_days))
+    except StoreUnavailable as exc:
+        log.warning("stats/campaign index not updated for %d messages: %s", len(created), exc)

@@ -10,6 +10,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config, load_config
+from app.errors import StoreUnavailable
 from app.services import Services
 from app.store import migrations
 from app.store.session import CassandraSession
@@ -38,11 +40,25 @@ def config() -> Iterator[Config]:
     cfg = load_config(keyspace=keyspace, rate_limit_per_s=0.0)
     db = CassandraSession(cfg)
     migrations.apply(db)
+    db.shutdown()
     yield cfg
-    try:
-        db.execute_raw(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-    finally:
-        db.shutdown()
+    _drop_keyspace(cfg)
+
+
+def _drop_keyspace(cfg: Config, within_s: float = 60.0) -> None:
+    """Drop the run's keyspace; the outage test may have just restarted the node, so wait."""
+    deadline = time.monotonic() + within_s
+    while True:
+        db = CassandraSession(cfg)
+        try:
+            db.execute_raw(f"DROP KEYSPACE IF EXISTS {cfg.keyspace}", timeout=120)
+            return
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+        finally:
+            db.shutdown()
 
 
 @pytest.fixture(scope="session")

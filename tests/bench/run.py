@@ -1,0 +1,149 @@
+"""`make bench`: throughput and delivery lag of the running stack, with a raw-Cassandra ceiling.
+
+Against the API at DUETIME_BENCH_URL (default http://127.0.0.1:8080, started by `make up`):
+1. enqueue N messages in batches of 1,000, due over the next few seconds;
+2. consume them with C concurrent consumers (lease max=100 with long poll, then ack);
+3. report enqueue msgs/s, lease+ack msgs/s, lag (receive time - deliver_at) p50/p99/max,
+   early deliveries (must be 0), lost (must be 0) and duplicates;
+4. in the same run, the raw-Cassandra ceiling: plain driver inserts of the same rows, and
+   single-row LWTs, so the figures read as ratios.
+Writes bench-results/bench.json and prints a table. Usage: python -m tests.bench.run [N] [C]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from app.config import load_config
+from app.store.session import CassandraSession
+from app.timeparse import parse_instant
+
+URL = os.environ.get("DUETIME_BENCH_URL", "http://127.0.0.1:8080")
+OUT = Path("bench-results")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def percentile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else 0.0
+
+
+def enqueue(headers: dict[str, str], topic: str, count: int, spread_ms: int) -> float:
+    start_due = now_ms() + 2000
+    began = time.perf_counter()
+    for first in range(0, count, 1000):
+        batch = [{"id": f"b{i}", "payload": {"i": i},
+                  "deliver_at": start_due + i * spread_ms // count}
+                 for i in range(first, min(count, first + 1000))]
+        answer = requests.post(f"{URL}/v1/topics/{topic}/messages:batch", headers=headers,
+                               json={"messages": batch}, timeout=120)
+        answer.raise_for_status()
+        bad = [r for r in answer.json()["results"] if r["status"] != 201]
+        if bad:
+            raise SystemExit(f"enqueue failed: {bad[:3]}")
+    return count / (time.perf_counter() - began)
+
+
+def consume(headers: dict[str, str], topic: str, count: int, consumers: int,
+            deadline_s: float) -> tuple[list[dict[str, Any]], float]:
+    received: list[dict[str, Any]] = []
+    acked: set[str] = set()
+    lock = threading.Lock()
+    stop_at = time.monotonic() + deadline_s
+
+    def worker() -> None:
+        session = requests.Session()
+        while time.monotonic() < stop_at:
+            with lock:
+                if len(acked) >= count:
+                    return
+            answer = session.post(f"{URL}/v1/topics/{topic}/leases", headers=headers,
+                                  json={"max": 100, "wait_ms": 1000}, timeout=60)
+            at = now_ms()
+            for m in answer.json()["messages"]:
+                ok = session.post(f"{URL}/v1/topics/{topic}/messages/{m['id']}/ack",
+                                  headers=headers, timeout=60,
+                                  json={"lease_token": m["lease"]["token"]}).status_code == 204
+                with lock:
+                    received.append({"id": m["id"], "at": at,
+                                     "due": parse_instant(m["deliver_at"])})
+                    if ok:
+                        acked.add(m["id"])
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return received, time.perf_counter() - began
+
+
+def raw_ceiling(count: int) -> dict[str, float]:
+    """Plain inserts of message-shaped rows, and single-row LWTs, straight through the driver."""
+    db = CassandraSession(load_config())
+    db.execute_raw("CREATE TABLE IF NOT EXISTS {ks}.bench_raw (topic_uid uuid, id text, "
+                   "state text, version int, payload blob, PRIMARY KEY ((topic_uid, id)))")
+    topic = uuid.uuid4()
+    rows = [(topic, f"r{i}", "scheduled", 1, b'{"i":1}') for i in range(count)]
+    began = time.perf_counter()
+    db.execute_many("INSERT INTO {ks}.bench_raw (topic_uid, id, state, version, payload) "
+                    "VALUES (?, ?, ?, ?, ?)", rows, concurrency=128)
+    inserts = count / (time.perf_counter() - began)
+    lwt_n = min(count, 5000)
+    began = time.perf_counter()
+    db.execute_many("UPDATE {ks}.bench_raw SET version = 2 WHERE topic_uid = ? AND id = ? "
+                    "IF version = 1", [(topic, f"r{i}") for i in range(lwt_n)], concurrency=64)
+    lwts = lwt_n / (time.perf_counter() - began)
+    db.shutdown()
+    return {"raw_insert_rows_per_s": inserts, "raw_lwt_per_s": lwts}
+
+
+def main(argv: list[str]) -> int:
+    count = int(argv[0]) if argv else 20_000
+    consumers = int(argv[1]) if len(argv) > 1 else 8
+    key = Path("var/dev-key").read_text().strip()
+    headers = {"Authorization": f"Bearer {key}"}
+    topic = f"bench{uuid.uuid4().hex[:6]}"
+    requests.put(f"{URL}/v1/topics/{topic}", headers=headers, json={"lease_seconds": 60},
+                 timeout=30).raise_for_status()
+    enqueue_rate = enqueue(headers, topic, count, spread_ms=5000)
+    received, elapsed = consume(headers, topic, count, consumers, deadline_s=600)
+    lags = [r["at"] - r["due"] for r in received]
+    ids = [r["id"] for r in received]
+    result = {
+        "messages": count, "consumers": consumers,
+        "enqueue_msgs_per_s": enqueue_rate,
+        "lease_ack_msgs_per_s": len(set(ids)) / elapsed,
+        "lag_ms": {"p50": percentile(lags, 0.5), "p99": percentile(lags, 0.99),
+                   "max": max(lags, default=0), "mean": statistics.fmean(lags) if lags else 0},
+        "early": sum(1 for lag in lags if lag < 0),
+        "lost": count - len(set(ids)),
+        "duplicates": len(ids) - len(set(ids)),
+        **raw_ceiling(count),
+    }
+    result["enqueue_vs_raw_insert"] = result["enqueue_msgs_per_s"] / result["raw_insert_rows_per_s"]
+    result["lease_ack_vs_raw_lwt_pairs"] = result["lease_ack_msgs_per_s"] / (
+        result["raw_lwt_per_s"] / 2)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "bench.json").write_text(json.dumps(result, indent=2))
+    for name, value in result.items():
+        print(f"{name:28} {json.dumps(value) if isinstance(value, dict) else round(value, 3)}")
+    return 0 if result["early"] == 0 and result["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
