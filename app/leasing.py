@@ -14,10 +14,11 @@ import time
 import uuid
 
 from app.errors import InvalidInput, LeaseLost, NotFound
-from app.models import MessageState, Payload, Pointer, Topic
+from app.models import MessageState, Payload, Topic
 from app.scan import Due
 from app.services import Services
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
+from app.transitions import apply_transition, count_moves, place_then
 
 POLL_INTERVAL_S = 0.05
 
@@ -71,39 +72,21 @@ def _take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s:
                 d.row, state="leased", version=d.row.version + 1, due_at_ms=expires,
                 lease_token=uuid.uuid4(), lease_expires_at_ms=expires,
                 attempts=d.row.attempts + 1, consumer=consumer, updated_at_ms=now))
-    placed = _place_then(services, topic, leasing, now)
+    placed = place_then(services, topic, leasing, now)
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + dying]
     outcomes = services.messages.cas_many(changes)
     services.scanner.spend(topic, [d.pointer for d in chunk])
     won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
     before = {d.row.id: d.row.state for d in chunk}
-    _count_moves(services, topic, [(before[r.id], r.state) for r in won])
+    count_moves(services, topic, [(before[r.id], r.state) for r in won])
     return [r for r in won if r.state == "leased"]
-
-
-def _place_then(services: Services, topic: Topic, rows: list[MessageState],
-                now: int) -> list[MessageState]:
-    """Write each row's next pointer; returns the rows whose pointer is durable."""
-    pointers = [Pointer(r.due_at_ms, r.id, r.version, r.priority, r.shard) for r in rows]
-    errors = services.placer.place(topic.uid, pointers, now)
-    return [r for r, err in zip(rows, errors, strict=True) if err is None]
 
 
 def _dead(row: MessageState, now: int, reason: str) -> MessageState:
     return dataclasses.replace(row, state="dead", version=row.version + 1, lease_token=None,
                                lease_expires_at_ms=None, updated_at_ms=now,
                                last_error=row.last_error or reason)
-
-
-def _count_moves(services: Services, topic: Topic, moves: list[tuple[str, str]]) -> None:
-    deltas: dict[str, int] = {}
-    for before, after in moves:
-        if before != after:
-            deltas[before] = deltas.get(before, 0) - 1
-            deltas[after] = deltas.get(after, 0) + 1
-    if deltas:
-        services.counts.add_states(topic.uid, deltas)
 
 
 def _held(services: Services, topic: Topic, message_id: str, token: str) -> MessageState:
@@ -124,16 +107,6 @@ def _held(services: Services, topic: Topic, message_id: str, token: str) -> Mess
     return row
 
 
-def _apply(services: Services, topic: Topic, new: MessageState, moved: bool) -> None:
-    """CAS new over the version before it; with moved, its pointer first. 409 if lost."""
-    now = services.clock()
-    if moved and not _place_then(services, topic, [new], now):
-        raise LeaseLost("Could not move the message; retry.")
-    if not services.messages.cas(new, new.version - 1,
-                                 ttl_s(new.due_at_ms, now, services.config.retention_days)):
-        raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
-
-
 def ack(services: Services, topic: Topic, message_id: str, token: str) -> None:
     """Mark delivered. Acking again with the same token after success is a no-op."""
     row = services.messages.get(topic.uid, message_id)
@@ -143,8 +116,8 @@ def ack(services: Services, topic: Topic, message_id: str, token: str) -> None:
     now = services.clock()
     done = dataclasses.replace(row, state="delivered", version=row.version + 1,
                                due_at_ms=now, updated_at_ms=now)
-    _apply(services, topic, done, moved=False)
-    _count_moves(services, topic, [("leased", "delivered")])
+    apply_transition(services, topic, done, moved=False)
+    count_moves(services, topic, [("leased", "delivered")])
 
 
 def nack(services: Services, topic: Topic, message_id: str, token: str,
@@ -154,9 +127,9 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
     row = _held(services, topic, message_id, token)
     now = services.clock()
     if row.attempts >= topic.settings.max_attempts:
-        _apply(services, topic, _dead(dataclasses.replace(row, last_error=error), now,
+        apply_transition(services, topic, _dead(dataclasses.replace(row, last_error=error), now,
                                       "max_attempts reached"), moved=False)
-        _count_moves(services, topic, [("leased", "dead")])
+        count_moves(services, topic, [("leased", "dead")])
         return
     s = topic.settings
     delay = delay_ms if delay_ms is not None else retry_backoff_ms(
@@ -165,8 +138,8 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         row, state="scheduled", version=row.version + 1,
         due_at_ms=placement_ms(now + delay, now), lease_token=None, lease_expires_at_ms=None,
         last_error=error if error is not None else row.last_error, updated_at_ms=now)
-    _apply(services, topic, again, moved=True)
-    _count_moves(services, topic, [("leased", "scheduled")])
+    apply_transition(services, topic, again, moved=True)
+    count_moves(services, topic, [("leased", "scheduled")])
 
 
 def extend(services: Services, topic: Topic, message_id: str, token: str,
@@ -176,5 +149,5 @@ def extend(services: Services, topic: Topic, message_id: str, token: str,
     expires = services.clock() + lease_s * 1000
     longer = dataclasses.replace(row, version=row.version + 1, due_at_ms=expires,
                                  lease_expires_at_ms=expires, updated_at_ms=services.clock())
-    _apply(services, topic, longer, moved=True)
+    apply_transition(services, topic, longer, moved=True)
     return longer

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from app.errors import Conflict, InvalidInput, NotFound
-from app.leasing import _apply, _count_moves
 from app.models import MessageState, Payload, Topic
 from app.services import Services
 from app.timeline import MS_PER_DAY, placement_ms
+from app.transitions import apply_transition, count_moves
 
 FINAL_FOR_CANCEL = {"delivered": "already delivered", "dead": "dead"}
 
@@ -38,10 +38,10 @@ def cancel(services: Services, topic: Topic, message_id: str) -> None:
         gone = dataclasses.replace(row, state="cancelled", version=row.version + 1,
                                    lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)
         try:
-            _apply(services, topic, gone, moved=False)
+            apply_transition(services, topic, gone, moved=False)
         except Conflict:
             continue  # it moved under us (leased, acked): decide again from the new row
-        _count_moves(services, topic, [(row.state, "cancelled")])
+        count_moves(services, topic, [(row.state, "cancelled")])
         if row.state == "scheduled":
             services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
         return
@@ -64,7 +64,7 @@ def reschedule(services: Services, topic: Topic, message_id: str,
     moved = dataclasses.replace(row, version=row.version + 1,
                                 due_at_ms=placement_ms(deliver_at_ms, now),
                                 deliver_at_ms=deliver_at_ms, updated_at_ms=now)
-    _apply(services, topic, moved, moved=True)
+    apply_transition(services, topic, moved, moved=True)
     services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
     services.counts.add_upcoming(topic.uid, [moved.due_at_ms])
     return moved

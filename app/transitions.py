@@ -1,0 +1,40 @@
+"""State transitions shared by the use cases: pointer first, then the LWT; state counters.
+
+A transition that moves a message on the timeline writes its next pointer before the LWT
+that makes it current, so a crash between the two leaves at worst a stale pointer.
+"""
+
+from __future__ import annotations
+
+from app.errors import LeaseLost
+from app.models import MessageState, Pointer, Topic
+from app.services import Services
+from app.timeline import ttl_s
+
+
+def place_then(services: Services, topic: Topic, rows: list[MessageState],
+                now: int) -> list[MessageState]:
+    """Write each row's next pointer; returns the rows whose pointer is durable."""
+    pointers = [Pointer(r.due_at_ms, r.id, r.version, r.priority, r.shard) for r in rows]
+    errors = services.placer.place(topic.uid, pointers, now)
+    return [r for r, err in zip(rows, errors, strict=True) if err is None]
+
+
+def apply_transition(services: Services, topic: Topic, new: MessageState, moved: bool) -> None:
+    """CAS new over the version before it; with moved, its pointer first. 409 if lost."""
+    now = services.clock()
+    if moved and not place_then(services, topic, [new], now):
+        raise LeaseLost("Could not move the message; retry.")
+    if not services.messages.cas(new, new.version - 1,
+                                 ttl_s(new.due_at_ms, now, services.config.retention_days)):
+        raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
+
+
+def count_moves(services: Services, topic: Topic, moves: list[tuple[str, str]]) -> None:
+    deltas: dict[str, int] = {}
+    for before, after in moves:
+        if before != after:
+            deltas[before] = deltas.get(before, 0) - 1
+            deltas[after] = deltas.get(after, 0) + 1
+    if deltas:
+        services.counts.add_states(topic.uid, deltas)
