@@ -169,7 +169,7 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
     for i, err in zip(placed_for, errors, strict=True):
         if err is not None:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
-    _count(services, topic, [rows[i] for i in created])
+    _count(services, topic, [rows[i] for i in created], now)
 
 
 def _existing(found: MessageState | None, row: MessageState, now: int, pointers: list[Pointer],
@@ -185,7 +185,7 @@ def _existing(found: MessageState | None, row: MessageState, now: int, pointers:
     return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
 
 
-def _count(services: Services, topic: Topic, created: list[MessageState]) -> None:
+def _count(services: Services, topic: Topic, created: list[MessageState], now: int) -> None:
     """Counters and the campaign index. The messages are already accepted: a failure here is
     logged (stats may under-count) and never turns an accepted message into an error."""
     if not created:
@@ -195,7 +195,6 @@ def _count(services: Services, topic: Topic, created: list[MessageState]) -> Non
         services.counts.add_upcoming(topic.uid, [r.due_at_ms for r in created])
         services.messages.index_campaigns(
             topic.uid, [(r.campaign, r.id) for r in created if r.campaign],
-            ttl_s(max(r.due_at_ms for r in created), services.clock(),
-                  services.config.retention_days))
+            ttl_s(max(r.due_at_ms for r in created), now, services.config.retention_days))
     except StoreUnavailable as exc:
         log.warning("stats/campaign index not updated for %d messages: %s", len(created), exc)

@@ -146,8 +146,9 @@ def extend(services: Services, topic: Topic, message_id: str, token: str,
            lease_s: int) -> MessageState:
     """Keep the lease for lease_s more seconds from now (same token)."""
     row = _held(services, topic, message_id, token)
-    expires = services.clock() + lease_s * 1000
+    now = services.clock()
+    expires = now + lease_s * 1000
     longer = dataclasses.replace(row, version=row.version + 1, due_at_ms=expires,
-                                 lease_expires_at_ms=expires, updated_at_ms=services.clock())
+                                 lease_expires_at_ms=expires, updated_at_ms=now)
     apply_transition(services, topic, longer, moved=True)
     return longer

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import uuid
 from typing import Any
 
@@ -68,9 +70,6 @@ class Payload:
     headers: dict[str, str]
 
     def as_api_value(self) -> Any:
-        import base64
-        import json
-
         if self.encoding == "json":
             return json.loads(self.data)
         return base64.b64encode(self.data).decode("ascii")

@@ -18,6 +18,7 @@ from cassandra import WriteTimeout
 from app.errors import StoreUnavailable
 from app.models import MessageState, Payload
 from app.store.session import CassandraSession
+from app.timeline import campaign_spread
 from app.timeparse import cql_ms, from_ms
 
 _COLUMNS = [
@@ -150,8 +151,6 @@ class MessageStore:
     def index_campaigns(self, topic_uid: uuid.UUID, members: Sequence[tuple[str, str]],
                         ttl: int) -> None:
         """Record (campaign, id) memberships (plain, idempotent inserts)."""
-        from app.timeline import campaign_spread
-
         outcomes = self.db.execute_many(
             "INSERT INTO {ks}.campaign_messages (topic_uid, campaign, spread, id) "
             "VALUES (?, ?, ?, ?) USING TTL ?",
