@@ -3,11 +3,13 @@
   duetime schema apply | status
   duetime keys create --tenant NAME [--name LABEL]   (prints the new key as its last line)
   duetime openapi [--output PATH]
+  duetime releaser [--member NAME]   (runs until SIGTERM/SIGINT, then stops gracefully)
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -68,7 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--name", default="")
     openapi = sub.add_parser("openapi", help="write the OpenAPI document generated from code")
     openapi.add_argument("--output", default="openapi.yaml")
+    releaser = sub.add_parser("releaser", help="release due messages of the owned shards")
+    releaser.add_argument("--member", default=None,
+                          help="this releaser's name (default: host name and a random suffix)")
     return parser
+
+
+def _releaser(services: Services, args: argparse.Namespace) -> int:
+    from workers.releaser import run_forever
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # skipped runs of a still-running look-ahead are by design (max_instances=1)
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    run_forever(services, args.member)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _openapi(args)
         services = Services(load_config())
         try:
-            return _schema(services, args) if args.command == "schema" else _keys(services, args)
+            commands = {"schema": _schema, "keys": _keys, "releaser": _releaser}
+            return commands[args.command](services, args)
         finally:
             services.close()
     except ConfigError as exc:

@@ -50,6 +50,15 @@ class Config:
     safety_lag_ms: int = 1000
     retention_days: int = 7
 
+    release_ring: int = 0
+    release_slots: int = 64
+    release_lease_ms: int = 5000
+    release_lookahead_ms: int = 1000
+    release_rescan_ms: int = 50
+    release_sweep_ms: int = 1000
+    topic_refresh_ms: int = 2000
+    webhook_concurrency: int = 64
+
     @property
     def consistency_level(self) -> int:
         return int(ConsistencyLevel.name_to_value[self.consistency])
@@ -88,7 +97,9 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"DUETIME_SERIAL_CONSISTENCY must be one of {sorted(_SERIALS)}")
     if not config.contact_points:
         raise ConfigError("DUETIME_CONTACT_POINTS must name at least one host")
-    positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes")
+    positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
+                "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
+                "release_sweep_ms", "topic_refresh_ms", "webhook_concurrency")
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"DUETIME_{name.upper()} must be > 0")

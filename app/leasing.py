@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 
-from app.errors import InvalidInput, LeaseLost, NotFound
+from app.errors import Conflict, InvalidInput, LeaseLost, NotFound
 from app.models import MessageState, Payload, Topic
 from app.scan import Due
 from app.services import Services
@@ -31,7 +31,10 @@ class Leased:
 
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
           lease_s: int, consumer: str | None) -> list[Leased]:
-    """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll)."""
+    """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll).
+    Webhook topics are delivered by the releasers only: leasing one is a 409."""
+    if topic.settings.delivery_mode != "pull":
+        raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
     deadline = time.monotonic() + wait_ms / 1000
     while True:
         got = _lease_once(services, topic, max_messages, lease_s, consumer)
@@ -53,20 +56,21 @@ def _lease_once(services: Services, topic: Topic, max_messages: int, lease_s: in
         while len(taken) < max_messages and tried < len(order):
             chunk = order[tried:tried + max_messages - len(taken)]
             tried += len(chunk)
-            taken += _take(services, topic, chunk, now, lease_s, consumer)
+            taken += take(services, topic, chunk, now, lease_s, consumer)
         services.scanner.advance(topic, result.moves(order[tried:]))
     payloads = services.messages.get_payloads(topic.uid, [(r.id, r.content_hash) for r in taken])
     return [Leased(r, payloads[r.id]) for r in taken if r.id in payloads]
 
 
-def _take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s: int,
-          consumer: str | None) -> list[MessageState]:
-    """Try to lease each due message (or make it dead past max_attempts); returns the leased."""
+def take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s: int,
+         consumer: str | None) -> list[MessageState]:
+    """Try to lease each due message (or make it dead past max_attempts); returns the leased.
+    Used by pull leases and by the releasers' webhook push alike."""
     expires = now + lease_s * 1000
     leasing, dying = [], []
     for d in chunk:
         if d.row.attempts >= topic.settings.max_attempts:
-            dying.append(_dead(d.row, now, "max_attempts reached"))
+            dying.append(dead(d.row, now, "max_attempts reached"))
         else:
             leasing.append(dataclasses.replace(
                 d.row, state="leased", version=d.row.version + 1, due_at_ms=expires,
@@ -83,7 +87,8 @@ def _take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s:
     return [r for r in won if r.state == "leased"]
 
 
-def _dead(row: MessageState, now: int, reason: str) -> MessageState:
+def dead(row: MessageState, now: int, reason: str) -> MessageState:
+    """The row made dead (no more attempts), keeping the last error seen."""
     return dataclasses.replace(row, state="dead", version=row.version + 1, lease_token=None,
                                lease_expires_at_ms=None, updated_at_ms=now,
                                last_error=row.last_error or reason)
@@ -127,7 +132,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
     row = _held(services, topic, message_id, token)
     now = services.clock()
     if row.attempts >= topic.settings.max_attempts:
-        apply_transition(services, topic, _dead(dataclasses.replace(row, last_error=error), now,
+        apply_transition(services, topic, dead(dataclasses.replace(row, last_error=error), now,
                                       "max_attempts reached"), moved=False)
         count_moves(services, topic, [("leased", "dead")])
         return

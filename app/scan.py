@@ -12,6 +12,7 @@ import dataclasses
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 
 from app.config import Config
 from app.models import MessageState, Pointer, Topic
@@ -19,6 +20,8 @@ from app.store.messages import MessageStore
 from app.store.timeline import TimelineStore
 from app.timeline import bucket_of, bucket_start_ms, parts_for
 
+PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
+WAITING = ("scheduled", "leased")
 SPENT_CACHE_SIZE = 200_000
 MAX_BUCKETS_PER_SCAN = 1440  # a day of 1-minute buckets; a far-behind cursor catches up in steps
 # Rows known to be spent are skipped without a state read but still read; the cap bounds one
@@ -62,11 +65,20 @@ def is_live(p: Pointer, row: MessageState | None, now_ms: int) -> bool:
     return row.state == "leased" and (row.lease_expires_at_ms or 0) <= now_ms
 
 
+def is_spent(p: Pointer, row: MessageState | None) -> bool:
+    """Can this pointer never hand out its message again? A missing row, or one still behind
+    the pointer's version, may be a write in flight (the pointer is written first, then the
+    row's LWT), so such a pointer is not spent yet."""
+    if row is None or row.version < p.version:
+        return False
+    return row.version > p.version or row.state not in WAITING
+
+
 class SpentPointers:
     """Process-local LRU of pointers known to be spent, keyed (topic_uid, id, version)."""
 
     def __init__(self, capacity: int = SPENT_CACHE_SIZE) -> None:
-        self._keys: OrderedDict[tuple[uuid.UUID, str, int], None] = OrderedDict()
+        self._keys: OrderedDict[PointerKey, None] = OrderedDict()
         self._lock = threading.Lock()
         self._capacity = capacity
 
@@ -76,7 +88,11 @@ class SpentPointers:
             if len(self._keys) > self._capacity:
                 self._keys.popitem(last=False)
 
-    def __contains__(self, key: tuple[uuid.UUID, str, int]) -> bool:
+    def discard(self, key: PointerKey) -> None:
+        with self._lock:
+            self._keys.pop(key, None)
+
+    def __contains__(self, key: PointerKey) -> bool:
         with self._lock:
             return key in self._keys
 
@@ -90,8 +106,8 @@ class DueScanner:
 
     def _partitions(self, topic: Topic, cursors: dict[int, int],
                     horizon_ms: int) -> list[tuple[int, int, int, int, int]]:
-        """(bucket, shard, part, from_ms, to_ms) to read, in timeline order: every shard's
-        pointers at or after its cursor and due by horizon_ms."""
+        """(bucket, shard, part, from_ms, to_ms) to read, in timeline order: the pointers of
+        every shard in `cursors` at or after its cursor and due by horizon_ms."""
         bucket_ms = self.config.bucket_ms
         floor = min(cursors.values())
         first, last = bucket_of(floor, bucket_ms), bucket_of(horizon_ms, bucket_ms)
@@ -102,7 +118,7 @@ class DueScanner:
         for bucket in active:
             end = min(bucket_start_ms(bucket + 1, bucket_ms) - 1, horizon_ms)
             for shard, next_slot in sorted(slots.get(bucket, {}).items()):
-                start = cursors.get(shard, floor)
+                start = cursors.get(shard, end + 1)
                 if start <= end:
                     plan.extend((bucket, shard, part, start, end) for part in
                                 range(parts_for(next_slot, self.config.partition_cap)))
@@ -117,45 +133,75 @@ class DueScanner:
         for s in frontier:
             if (bucket, s) in unread:  # parts of one (bucket, shard) overlap in time
                 limit = bucket_start_ms(bucket, self.config.bucket_ms)
-            elif s == shard:
+            elif s == shard:  # its earlier parts were read whole; this one up to last_due_ms
                 limit = last_due_ms
-                limit = bucket_start_ms(bucket, self.config.bucket_ms)
             else:
                 limit = bucket_start_ms(bucket + 1, self.config.bucket_ms)
             frontier[s] = min(frontier[s], limit)
 
-    def scan(self, topic: Topic, now_ms: int, want: int) -> ScanResult:
-        """Live pointers due by now_ms (at most about 4 x want), and per-shard frontiers."""
+    def scan(self, topic: Topic, now_ms: int, want: int,
+             shards: set[int] | None = None) -> ScanResult:
+        """Live pointers due by now_ms (at most about 4 x want) of the topic's shards (or of
+        `shards`), and per-shard frontiers."""
         stored = self.timeline.cursors(topic.uid)
         default = topic.created_at_ms - self.config.safety_lag_ms
-        cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)}
+        cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)
+                   if shards is None or s in shards}
+        if not cursors:
+            return ScanResult([], {}, {})
         frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
         plan = self._partitions(topic, cursors, now_ms)
-        unknown = self._read(topic, plan, want, frontier)
+        unknown = self._read(topic, plan, want, frontier, lambda key: False)
         rows = self.messages.get_many(topic.uid, [p.id for p in unknown]) if unknown else {}
         due = []
         for p in unknown:
             row = rows.get(p.id)
             if row is not None and is_live(p, row, now_ms):
                 due.append(Due(p, row))
-            else:
+            elif is_spent(p, row):
                 self.spent.add(topic.uid, p)
         return ScanResult(due, frontier, cursors)
 
+    def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
+                 pending: Callable[[PointerKey], bool]) -> ScanResult:
+        """What a releaser holds in its timer heap: pointers of the shards in `starts`, due
+        from starts[shard] to to_ms, whose message is still at that version and waiting
+        (scheduled, or leased until then). Skips spent pointers and those pending(key) says
+        the caller already holds; stale pointers found become spent. frontier_ms says how far
+        each shard was read (less than to_ms when the scan's caps stopped it)."""
+        frontier = dict.fromkeys(starts, to_ms)
+        plan = self._partitions(topic, starts, to_ms)
+        fresh = self._read(topic, plan, want, frontier, pending)
+        rows = self.messages.get_many(topic.uid, [p.id for p in fresh]) if fresh else {}
+        due = []
+        for p in fresh:
+            row = rows.get(p.id)
+            if row is not None and row.version == p.version and row.state in WAITING:
+                due.append(Due(p, row))
+            elif is_spent(p, row):
+                self.spent.add(topic.uid, p)
+        return ScanResult(due, frontier, starts)
+
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
-              frontier: dict[int, int]) -> list[Pointer]:
-        """Pointers of the plan not known to be spent, up to the scan's caps."""
+              frontier: dict[int, int], skip: Callable[[PointerKey], bool]) -> list[Pointer]:
+        """Pointers of the plan not known to be spent nor skipped, up to the scan's caps."""
         unknown: list[Pointer] = []
         read = 0
         for index, (bucket, shard, part, start, end) in enumerate(plan):
             for p in self.timeline.pointers(topic.uid, bucket, shard, part, start, end):
                 read += 1
-                if (topic.uid, p.id, p.version) not in self.spent:
+                key = (topic.uid, p.id, p.version)
+                if key not in self.spent and not skip(key):
                     unknown.append(p)
                 if len(unknown) >= 4 * want or read >= MAX_ROWS_PER_SCAN:
                     self._stopped_at(plan, index, p.due_at_ms, frontier)
                     return unknown
         return unknown
+
+    def forget(self, topic: Topic, pointers: list[Pointer]) -> None:
+        """Make pointers examinable again (an outcome could not be recorded: look again)."""
+        for p in pointers:
+            self.spent.discard((topic.uid, p.id, p.version))
 
     def spend(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Remember pointers this process has acted on (leased, lost a race, made dead)."""

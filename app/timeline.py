@@ -67,3 +67,16 @@ def campaign_spread(message_id: str) -> int:
 def day_and_minute(due_ms: int) -> tuple[int, int]:
     """(day, minute) since the epoch: the upcoming-load counter cell of a due time."""
     return due_ms // MS_PER_DAY, due_ms // MS_PER_MINUTE
+
+
+def release_slot_of(topic_uid: str, shard: int, slots: int) -> int:
+    """The release slot (unit of releaser ownership) of one topic shard."""
+    return stable_hash(f"{topic_uid}:{shard}") % slots
+
+
+def fair_share(members: list[str], me: str, slots: int) -> int:
+    """How many of `slots` the releaser `me` should own among `members` (sorted, including
+    me): an even split, the first members taking one extra when it does not divide."""
+    ranked = sorted(set(members) | {me})
+    base, extra = divmod(slots, len(ranked))
+    return base + (1 if ranked.index(me) < extra else 0)

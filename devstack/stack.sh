@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The dev stack behind the Makefile: install what is missing, start Cassandra, apply the
-# schema, run the API (and releasers once they exist). Usage: stack.sh setup|run|up|down|test
+# schema, run the API and a releaser. Usage: stack.sh setup|run|up|down|key
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -63,6 +63,7 @@ wait_ready() {
 banner() {
   echo
   echo "duetime is up: http://127.0.0.1:$PORT/  (docs: http://127.0.0.1:$PORT/docs)"
+  echo "a releaser runs too (log: var/log/releaser.log when started by make up)"
   echo "dev API key (tenant dev): $(dev_key)"
 }
 
@@ -70,6 +71,12 @@ start_api_background() {
   if [ -f "$VAR/run/api.pid" ] && kill -0 "$(cat "$VAR/run/api.pid")" 2>/dev/null; then return; fi
   "$VENV/bin/gunicorn" -c app/gunicorn_conf.py --daemon --pid "$VAR/run/api.pid" \
     --error-logfile "$VAR/log/api.log" app.wsgi:app
+}
+
+start_releaser_background() {
+  if [ -f "$VAR/run/releaser.pid" ] && kill -0 "$(cat "$VAR/run/releaser.pid")" 2>/dev/null; then return; fi
+  nohup "$VENV/bin/duetime" releaser --member "$(hostname)-dev" >>"$VAR/log/releaser.log" 2>&1 &
+  echo $! > "$VAR/run/releaser.pid"
 }
 
 stop_pidfile() {
@@ -88,23 +95,27 @@ run() {
   cleanup() {
     echo "stopping what make run started"
     [ -n "${API_PID:-}" ] && kill "$API_PID" 2>/dev/null || true
+    [ -n "${RELEASER_PID:-}" ] && kill "$RELEASER_PID" 2>/dev/null || true
     wait 2>/dev/null || true
     [ "$started_cassandra" = 1 ] && $PY devstack/cassandra.py stop dev || true
   }
   trap cleanup EXIT INT TERM
   "$VENV/bin/gunicorn" -c app/gunicorn_conf.py app.wsgi:app &
   API_PID=$!
+  "$VENV/bin/duetime" releaser --member "$(hostname)-dev" &
+  RELEASER_PID=$!
   wait_ready
   banner
   echo "Ctrl-C stops it."
-  wait "$API_PID"
+  wait -n "$API_PID" "$RELEASER_PID"
 }
 
 case "${1:-}" in
   setup) setup ;;
   run) run ;;
-  up) setup; start_api_background; wait_ready; banner ;;
-  down) stop_pidfile "$VAR/run/api.pid"; $PY devstack/cassandra.py stop dev cluster ;;
+  up) setup; start_api_background; start_releaser_background; wait_ready; banner ;;
+  down) stop_pidfile "$VAR/run/releaser.pid"; stop_pidfile "$VAR/run/api.pid"
+        $PY devstack/cassandra.py stop dev cluster ;;
   key) dev_key ;;
   *) echo "usage: $0 setup|run|up|down|key" >&2; exit 2 ;;
 esac

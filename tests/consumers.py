@@ -35,6 +35,9 @@ class TopicClient:
         return self.client.post(self.url("/messages"), json=message, headers=self.headers)
 
     def batch(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for m in messages:
+            if "payload_base64" not in m:
+                m.setdefault("payload", {"n": 1})
         answer = self.client.post(self.url("/messages:batch"), json={"messages": messages},
                                   headers=self.headers)
         assert answer.status_code == 200, answer.get_json()

@@ -7,6 +7,7 @@ import pytest
 from app import timeline
 from app.config import ConfigError, load_config
 from app.ids import CLIENT_ID, new_message_id
+from app.timeline import fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 
 
@@ -85,3 +86,17 @@ def test_server_ids_are_time_ordered_and_valid() -> None:
     assert ids == sorted(ids)
     assert len(set(ids)) == 100
     assert all(CLIENT_ID.match(i) for i in ids)
+
+
+def test_fair_share_splits_slots_evenly_and_covers_them_all() -> None:
+    members = ["a", "b", "c"]
+    shares = [fair_share(members, m, 64) for m in members]
+    assert sorted(shares) == [21, 21, 22] and sum(shares) == 64
+    assert fair_share([], "solo", 64) == 64
+    assert fair_share(["x"], "y", 3) + fair_share(["y"], "x", 3) == 3
+
+
+def test_release_slot_is_stable_and_in_range() -> None:
+    slots = {release_slot_of("6f1c0b2e-0000-4000-8000-000000000000", s, 64) for s in range(16)}
+    assert all(0 <= s < 64 for s in slots) and len(slots) > 1
+    assert release_slot_of("t", 3, 64) == release_slot_of("t", 3, 64)

@@ -1,28 +1,56 @@
-"""`make up` brings the API up in the background and /readyz answers 200; the API stops again."""
+"""`make up` brings the API and a releaser up in the background: /readyz answers 200 and a
+webhook message sent through the API is pushed by that releaser. Both stop again."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from app.config import load_config
+from app.services import Services
+from tests.receiver import Receiver, receiving
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = "18080"
+BASE = f"http://127.0.0.1:{PORT}"
 
 
-def test_make_up_then_readyz_200() -> None:
+def call(method: str, path: str, key: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        BASE + path, method=method, data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read() or b"null")
+
+
+def test_make_up_serves_the_api_and_runs_a_releaser() -> None:
     env = {**os.environ, "DUETIME_HTTP_PORT": PORT}
     up = subprocess.run(["make", "up"], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
-        assert f"http://127.0.0.1:{PORT}/" in up.stdout
+        assert f"{BASE}/" in up.stdout
         assert "dev API key" in up.stdout
-        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/readyz", timeout=5) as answer:
+        with urllib.request.urlopen(f"{BASE}/readyz", timeout=5) as answer:
             assert answer.status == 200
+        services = Services(load_config())  # the stack's own keyspace
+        key = services.keys.create("stacktest")
+        services.close()
+        with receiving(Receiver()) as target:
+            call("PUT", "/v1/topics/stack-hooks", key,
+                 {"delivery": {"mode": "webhook", "url": target.url}})
+            sent = call("POST", "/v1/topics/stack-hooks/messages", key,
+                        {"payload": {"hello": "stack"}, "delay_ms": 300})
+            assert target.wait_for(lambda got: len(got) == 1, 20)
+            assert target.arrivals[0].message_id == sent["id"]
+            assert json.loads(target.arrivals[0].body) == {"hello": "stack"}
     finally:
-        pidfile = ROOT / "var" / "run" / "api.pid"
-        if pidfile.exists():
-            os.kill(int(pidfile.read_text()), 15)
-            pidfile.unlink()
+        for name in ("releaser.pid", "api.pid"):
+            pidfile = ROOT / "var" / "run" / name
+            if pidfile.exists():
+                os.kill(int(pidfile.read_text()), 15)
+                pidfile.unlink()

@@ -1,0 +1,88 @@
+"""Push delivery use cases: take due messages of a webhook topic, then record each POST's outcome.
+
+The take is the same move on the timeline as a pull lease (pointer at the lease's expiry first,
+then the LWT), so a releaser that dies mid-POST leaves a message that comes due again. The lease
+outlives the POST's timeout by PUSH_LEASE_MARGIN_S, so an outcome is always recorded under the
+lease it was taken with; the LWT on the leased version fences every later transition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+from app import leasing
+from app.models import MessageState, Payload, Topic
+from app.scan import Due
+from app.services import Services
+from app.timeline import placement_ms, retry_backoff_ms, ttl_s
+from app.transitions import count_moves, place_then
+
+PUSH_LEASE_MARGIN_S = 5
+MAX_ERROR_CHARS = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class PushOutcome:
+    """What one POST of a leased message came to: error None means the target answered 2xx."""
+
+    row: MessageState
+    error: str | None
+
+
+def push_lease_s(topic: Topic) -> int:
+    """Seconds a releaser holds a message while POSTing it: the timeout plus a margin."""
+    return math.ceil(topic.settings.delivery_timeout_seconds) + PUSH_LEASE_MARGIN_S
+
+
+def take_for_push(services: Services, topic: Topic, due: list[Due],
+                  consumer: str) -> list[tuple[MessageState, Payload | None]]:
+    """Lease each due message for a POST (dead instead past max_attempts). Returns the leased
+    rows with their payloads (None when the payload is missing: the POST is then a failure)."""
+    taken = leasing.take(services, topic, due, services.clock(), push_lease_s(topic), consumer)
+    payloads = services.messages.get_payloads(topic.uid, [(r.id, r.content_hash) for r in taken])
+    return [(r, payloads.get(r.id)) for r in taken]
+
+
+def jittered_backoff_ms(attempt: int, topic: Topic, rng: random.Random) -> int:
+    """The topic's exponential backoff after `attempt` failures, with equal jitter (half fixed,
+    half uniform) so retries of a burst do not come back as one burst."""
+    s = topic.settings
+    base = retry_backoff_ms(attempt, s.backoff_seconds, s.max_backoff_seconds)
+    return base // 2 + rng.randint(0, base - base // 2)
+
+
+def _next_row(topic: Topic, o: PushOutcome, now: int, rng: random.Random) -> MessageState:
+    row = o.row
+    if o.error is None:
+        return dataclasses.replace(row, state="delivered", version=row.version + 1,
+                                   due_at_ms=now, lease_expires_at_ms=None, updated_at_ms=now)
+    error = o.error[:MAX_ERROR_CHARS]
+    if row.attempts >= topic.settings.max_attempts:
+        return leasing.dead(dataclasses.replace(row, last_error=error), now, error)
+    return dataclasses.replace(
+        row, state="scheduled", version=row.version + 1, lease_token=None,
+        lease_expires_at_ms=None, last_error=error, updated_at_ms=now,
+        due_at_ms=placement_ms(now + jittered_backoff_ms(row.attempts, topic, rng), now))
+
+
+def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome],
+                    rng: random.Random) -> list[bool | Exception]:
+    """Apply each outcome as an LWT over the leased version: delivered, due again after the
+    backoff (its pointer written first), or dead after max_attempts with the error kept.
+    Per outcome: True applied, False the lease had moved on, or the exception."""
+    now = services.clock()
+    rows = [_next_row(topic, o, now, rng) for o in outcomes]
+    retrying = [r for r in rows if r.state == "scheduled"]
+    placed = {r.id for r in place_then(services, topic, retrying, now)} if retrying else set()
+    results: list[bool | Exception] = [
+        RuntimeError("could not place the retry pointer") for _ in rows]
+    todo = [i for i, r in enumerate(rows) if r.state != "scheduled" or r.id in placed]
+    applied = services.messages.cas_many(
+        [(rows[i], rows[i].version - 1,
+          ttl_s(rows[i].due_at_ms, now, services.config.retention_days)) for i in todo])
+    for i, ok in zip(todo, applied, strict=True):
+        results[i] = ok
+    count_moves(services, topic, [("leased", rows[i].state) for i in todo if results[i] is True])
+    return results

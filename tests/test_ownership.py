@@ -1,0 +1,131 @@
+"""Release-slot ownership on the real node: fencing of a stale owner, three releaser processes
+sharing the slots, SIGKILL of one (its slots owned again, nothing lost, nothing early), SIGTERM
+of one (slots handed back at once)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from flask.testing import FlaskClient
+
+from app.config import Config
+from app.services import Services, system_clock_ms
+from app.store.ownership import OwnershipStore
+from tests.conftest import ROOT
+from tests.receiver import Receiver, receiving
+from tests.test_releaser import assert_on_time_and_signed, webhook_topic
+from workers.ownership import SlotOwnership
+
+LEASE_MS = 2000
+SLOTS = 64
+_rings = itertools.count(1000 + os.getpid() % 1000 * 10)
+
+
+def owners(store: OwnershipStore) -> dict[int, str]:
+    """{slot: owner} of the slots whose lease has not expired."""
+    now = system_clock_ms()
+    return {s: lease.owner or "" for s, lease in store.slots(SLOTS).items()
+            if lease.expires_at_ms > now}
+
+
+def wait_owners(store: OwnershipStore, members: set[str], within_s: float) -> float:
+    """Seconds until every slot is owned, only by `members`, each holding a fair share."""
+    start = time.monotonic()
+    while time.monotonic() - start < within_s:
+        held = owners(store)
+        per_member = Counter(held.values())
+        if (len(held) == SLOTS and set(per_member) == members
+                and max(per_member.values()) - min(per_member.values()) <= 1):
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"slots not shared by {members}: {Counter(owners(store).values())}")
+
+
+@contextmanager
+def releaser_processes(config: Config, ring: int, names: list[str]
+                       ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace, "DUETIME_RELEASE_RING": str(ring),
+           "DUETIME_RELEASE_LEASE_MS": str(LEASE_MS), "DUETIME_RELEASE_SLOTS": str(SLOTS),
+           "DUETIME_TOPIC_REFRESH_MS": "300", "DUETIME_RELEASE_SWEEP_MS": "300"}
+    procs = {n: subprocess.Popen([sys.executable, "-m", "app.cli", "releaser", "--member", n],
+                                 cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+             for n in names}
+    try:
+        yield procs
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) -> None:
+    store = OwnershipStore(services.db, next(_rings))
+    first = SlotOwnership(store, "first", 8, 1500, system_clock_ms)
+    second = SlotOwnership(store, "second", 8, 1500, system_clock_ms)
+    first.tick()
+    assert first.owned() == frozenset(range(8))
+    # `first` stops renewing (paused, partitioned). `second` keeps trying to take over.
+    deadline = time.monotonic() + 15
+    while len(second.owned()) < 8 and time.monotonic() < deadline:
+        second.tick()
+        assert not (first.owned() & second.owned()), "two owners of a slot at once"
+        time.sleep(0.05)
+    assert first.owned() == frozenset()
+    assert second.owned() == frozenset(range(8))
+    # the stale owner's renewal is refused: it learns it lost the slots
+    first.tick()
+    assert first.owned() == frozenset()
+    assert {lease.owner for lease in store.slots(8).values()} == {"second"}
+    assert {lease.epoch for lease in store.slots(8).values()} == {2}
+
+
+def test_three_releasers_share_slots_and_survive_a_sigkill(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    ring = next(_rings)
+    store = OwnershipStore(services.db, ring)
+    with receiving(Receiver()) as target, \
+            releaser_processes(config, ring, ["r1", "r2", "r3"]) as procs:
+        wait_owners(store, {"r1", "r2", "r3"}, 30)
+        topic, secret = webhook_topic(client, auth, target.url)
+        client.put(topic.url(), json={"delivery": {"mode": "webhook", "url": target.url,
+                                                   "timeout_seconds": 1}}, headers=auth)
+        start = system_clock_ms() + 500
+        sent = topic.batch([{"id": f"k{i}", "deliver_at": start + i * 20} for i in range(300)])
+        assert {r["status"] for r in sent} == {201}
+        time.sleep(2.0)
+        procs["r1"].kill()
+        killed = time.monotonic()
+        wait_owners(store, {"r2", "r3"}, 15)
+        reowned_s = time.monotonic() - killed
+        # the dead owner's leases run out, then the next ownership tick (lease/5) claims them
+        assert reowned_s <= (LEASE_MS * 1.2) / 1000 + 0.5, reowned_s
+        assert target.wait_for(lambda got: len({a.message_id for a in got}) == 300, 30)
+    assert {a.message_id for a in target.arrivals} == {f"k{i}" for i in range(300)}
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
+
+
+def test_sigterm_hands_the_slots_back_at_once(config: Config, services: Services) -> None:
+    ring = next(_rings)
+    store = OwnershipStore(services.db, ring)
+    with releaser_processes(config, ring, ["t1", "t2"]) as procs:
+        wait_owners(store, {"t1", "t2"}, 30)
+        procs["t1"].send_signal(signal.SIGTERM)
+        assert procs["t1"].wait(10) == 0
+        assert "t1" not in owners(store).values()
+        assert "t1" not in store.members()
+        taken_over_s = wait_owners(store, {"t2"}, 10)
+        # faster than waiting out a lease: the slots were free, not expiring
+        assert taken_over_s < LEASE_MS / 1000, taken_over_s

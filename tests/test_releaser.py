@@ -1,0 +1,185 @@
+"""Releasers against the real node: webhook push to real local HTTP servers, retries, dead
+letters, isolation of slow targets, pull cursors kept moving, graceful stop."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from flask.testing import FlaskClient
+
+from app.config import Config
+from app.services import Services
+from app.timeparse import parse_instant
+from tests.consumers import TopicClient, now_ms
+from tests.receiver import Arrival, Receiver, receiving
+from workers.releaser import Releaser
+
+FAST = {"release_lease_ms": 2000, "release_rescan_ms": 50, "release_sweep_ms": 300,
+        "topic_refresh_ms": 200}
+
+
+@contextmanager
+def releaser(config: Config, member: str) -> Iterator[Releaser]:
+    """An in-process releaser on the test keyspace, stopped gracefully afterwards."""
+    services = Services(config.replace(**FAST))
+    r = Releaser(services, member)
+    r.start()
+    try:
+        yield r
+    finally:
+        r.stop()
+        services.close()
+
+
+def webhook_topic(client: FlaskClient, auth: dict[str, str], url: str,
+                  **settings: Any) -> tuple[TopicClient, str]:
+    """A webhook topic and its signing secret."""
+    topic = TopicClient(client, auth, delivery={"mode": "webhook", "url": url,
+                                                "timeout_seconds": 5}, **settings)
+    secret = client.get(topic.url(), headers=auth).get_json()["signing_secret"]
+    return topic, secret
+
+
+def assert_on_time_and_signed(arrivals: list[Arrival], secret: str, topic: str) -> None:
+    for a in arrivals:
+        deliver_at = parse_instant(a.headers["Duetime-Deliver-At"])
+        assert a.received_ms >= deliver_at, f"early by {deliver_at - a.received_ms} ms: {a}"
+        expected = hmac.new(secret.encode(), a.body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(a.headers["Duetime-Signature"], expected)
+        assert a.headers["Duetime-Topic"] == topic
+
+
+def wait_state(topic: TopicClient, message_id: str, state: str, within_s: float) -> Any:
+    deadline = time.monotonic() + within_s
+    body = None
+    while time.monotonic() < deadline:
+        body = topic.get(message_id).get_json()
+        if body["state"] == state:
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"{message_id} still {body}")
+
+
+def test_webhook_delivers_each_message_once_on_time_signed(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    with receiving(Receiver()) as target, releaser(config, "r-once"):
+        topic, secret = webhook_topic(client, auth, target.url)
+        start = now_ms() + 800
+        sent = topic.batch([{"id": f"m{i}", "deliver_at": start + (i % 40) * 50,
+                             "payload": {"i": i}} for i in range(400)])
+        assert all(r["status"] == 201 for r in sent)
+        assert target.wait_for(lambda got: len({a.message_id for a in got}) == 400, 30)
+        time.sleep(0.5)  # anything delivered twice would show up now
+        counts = Counter(target.ids())
+        assert set(counts) == {f"m{i}" for i in range(400)}
+        assert max(counts.values()) == 1
+        assert_on_time_and_signed(target.arrivals, secret, topic.name)
+        first = target.arrivals[0]
+        assert first.headers["Content-Type"] == "application/json"
+        assert first.headers["Duetime-Attempt"] == "1"
+        body = wait_state(topic, "m7", "delivered", 5)
+        assert body["attempts"] == 1
+
+
+def test_target_failing_twice_gets_the_message_three_times_then_delivered(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    def script(message_id: str, before: int) -> int:
+        return 500 if before < 2 else 200
+
+    with receiving(Receiver(script)) as target, releaser(config, "r-retry"):
+        topic, secret = webhook_topic(client, auth, target.url,
+                                      retry={"backoff_seconds": 0.2, "max_backoff_seconds": 1})
+        assert topic.enqueue(id="flaky", delay_ms=300).status_code == 201
+        body = wait_state(topic, "flaky", "delivered", 15)
+        assert target.ids() == ["flaky"] * 3
+        assert [a.headers["Duetime-Attempt"] for a in target.arrivals] == ["1", "2", "3"]
+        assert body["attempts"] == 3
+        assert_on_time_and_signed(target.arrivals, secret, topic.name)
+        # retries come back no earlier than half the backoff (equal jitter)
+        times = [a.received_ms for a in target.arrivals]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert gaps[0] >= 100 and gaps[1] >= 200, gaps
+
+
+def test_target_that_always_fails_makes_the_message_dead_with_its_error(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    with receiving(Receiver(lambda message_id, before: 503)) as target, \
+            releaser(config, "r-dead"):
+        topic, _ = webhook_topic(client, auth, target.url, max_attempts=3,
+                                 retry={"backoff_seconds": 0.1, "max_backoff_seconds": 0.2})
+        assert topic.enqueue(id="doomed").status_code == 201
+        body = wait_state(topic, "doomed", "dead", 15)
+        time.sleep(0.5)
+        assert target.ids() == ["doomed"] * 3
+        assert body["attempts"] == 3
+        assert "HTTP 503" in body["last_error"]
+
+
+def test_unreachable_target_is_retried_and_kept_as_last_error(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    with releaser(config, "r-refused"):
+        topic, _ = webhook_topic(client, auth, "http://127.0.0.1:9/nothing-listens",
+                                 max_attempts=2, retry={"backoff_seconds": 0.1})
+        assert topic.enqueue(id="nowhere").status_code == 201
+        body = wait_state(topic, "nowhere", "dead", 15)
+        assert "ConnectionError" in body["last_error"]
+
+
+def test_slow_target_does_not_hold_up_another_topic(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    gate = threading.Event()
+    with receiving(Receiver(gate=gate)) as slow, receiving(Receiver()) as fast, \
+            releaser(config, "r-isolation"):
+        stuck, _ = webhook_topic(client, auth, slow.url)
+        quick, _ = webhook_topic(client, auth, fast.url)
+        assert {r["status"] for r in stuck.batch(
+            [{"id": f"s{i}", "delay_ms": 200} for i in range(200)])} == {201}
+        assert {r["status"] for r in quick.batch(
+            [{"id": f"q{i}", "delay_ms": 400} for i in range(50)])} == {201}
+        try:
+            # every POST to the slow target is held open, yet the other topic is served
+            fast.wait_for(lambda got: len(got) >= 50, 20)
+            assert sorted(Counter(fast.ids()).values()) == [1] * 50, Counter(fast.ids())
+            assert slow.arrivals == []
+        finally:
+            gate.set()
+        assert slow.wait_for(lambda got: len({a.message_id for a in got}) == 200, 30)
+
+
+def test_leasing_a_webhook_topic_is_a_conflict(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth, delivery={"mode": "webhook", "url": "http://x.invalid/"})
+    answer = client.post(topic.url("/leases"), json={"max": 1}, headers=auth)
+    assert answer.status_code == 409
+    assert answer.mimetype == "application/problem+json"
+
+
+def test_releaser_moves_pull_cursors_over_spent_pointers(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth, shards=2)
+    assert {r["status"] for r in topic.batch([{"id": f"p{i}"} for i in range(30)])} == {201}
+    assert len(topic.drain(30, within_s=15)) == 30
+    uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+    before = services.timeline.cursors(uid)
+    acked_at = now_ms()
+    with releaser(config, "r-cursors"):
+        time.sleep(config.safety_lag_ms / 1000 + 1.5)
+    after = services.timeline.cursors(uid)
+    assert set(after) == {0, 1}
+    for shard, through in after.items():
+        assert through > before.get(shard, 0)
+        assert through >= acked_at - config.safety_lag_ms
+
+
+def _tenant_of(services: Services, auth: dict[str, str]) -> str:
+    tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
+    assert tenant is not None
+    return tenant

@@ -1,0 +1,117 @@
+"""Which release slots this releaser owns, kept by LWT leases on the slot rows.
+
+tick() runs every lease_ms / RENEW_FRACTION: heartbeat, renew what is held, give back slots
+above the fair share, claim free or expired slots below it. A slot counts as owned only until
+VALID_FRACTION of the lease has passed since the renewal was *sent* (monotonic clock), so a
+releaser that cannot renew (partitioned, paused) stops acting on its slots before anyone may
+claim them: a stale owner fences itself. Another releaser claims only after the row's expiry,
+on its own clock; the gap (1 - VALID_FRACTION) x lease absorbs clock skew between hosts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from app.services import Clock
+from app.store.ownership import OwnershipStore, SlotLease
+from app.timeline import fair_share, stable_hash
+
+RENEW_FRACTION = 5
+VALID_FRACTION = 0.8
+log = logging.getLogger("duetime.releaser")
+
+
+class SlotOwnership:
+    """Thread-safe view of the slots held, with the tick that keeps it."""
+
+    def __init__(self, store: OwnershipStore, member: str, slots: int, lease_ms: int,
+                 clock: Clock) -> None:
+        self.store = store
+        self.member = member
+        self.slots = slots
+        self.lease_ms = lease_ms
+        self.clock = clock
+        self._held: dict[int, SlotLease] = {}
+        self._valid_until: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def owned(self) -> frozenset[int]:
+        """Slots this releaser may act on right now."""
+        now = time.monotonic()
+        with self._lock:
+            return frozenset(s for s, until in self._valid_until.items() if until > now)
+
+    def holds(self, slot: int) -> bool:
+        with self._lock:
+            return self._valid_until.get(slot, 0.0) > time.monotonic()
+
+    def _keep(self, lease: SlotLease, sent_at: float) -> None:
+        with self._lock:
+            self._held[lease.slot] = lease
+            self._valid_until[lease.slot] = sent_at + self.lease_ms * VALID_FRACTION / 1000
+
+    def _drop(self, slot: int, why: str) -> None:
+        with self._lock:
+            lease = self._held.pop(slot, None)
+            self._valid_until.pop(slot, None)
+        if lease is not None:
+            log.info("slot %d dropped (%s) epoch=%d member=%s", slot, why, lease.epoch,
+                     self.member)
+
+    def tick(self) -> None:
+        """One idempotent ownership step; errors leave held slots to their local validity."""
+        self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000))
+        self._renew()
+        with self._lock:
+            held = sorted(self._held)
+        target = fair_share(self.store.members(), self.member, self.slots)
+        if len(held) > target:
+            self._give_back(held[target:])
+        elif len(held) < target:
+            self._claim(target - len(held))
+
+    def _renew(self) -> None:
+        with self._lock:
+            leases = list(self._held.values())
+        for lease in leases:
+            sent_at = time.monotonic()
+            renewed = self.store.renew(lease, self.clock() + self.lease_ms)
+            if renewed is not None:
+                self._keep(renewed, sent_at)
+            else:
+                self._drop(lease.slot, "renewal refused or unknown")
+
+    def _claim(self, wanted: int) -> None:
+        rows = self.store.slots(self.slots)
+        now = self.clock()
+        free = [s for s in range(self.slots) if s not in self._held and (
+            s not in rows or rows[s].expires_at_ms < now)]
+        # start at a member-specific offset so joining releasers do not all race for slot 0
+        start = stable_hash(self.member) % self.slots
+        free.sort(key=lambda s: (s - start) % self.slots)
+        for slot in free:
+            if wanted <= 0:
+                return
+            sent_at = time.monotonic()
+            lease = self.store.claim(rows.get(slot), slot, self.member, now, now + self.lease_ms)
+            if lease is not None:
+                self._keep(lease, sent_at)
+                wanted -= 1
+                log.info("slot %d claimed epoch=%d member=%s", slot, lease.epoch, self.member)
+
+    def _give_back(self, slots: list[int], why: str = "rebalance") -> None:
+        for slot in slots:
+            with self._lock:
+                lease = self._held.get(slot)
+            self._drop(slot, why)
+            if lease is not None:
+                self.store.give_back(lease, self.clock())
+
+    def release_all(self) -> None:
+        """Graceful stop: hand every slot back at once and leave the membership."""
+        with self._lock:
+            slots = sorted(self._held)
+        self._give_back(slots, "stopping")
+        self.store.leave(self.member)

@@ -1,0 +1,163 @@
+"""`duetime releaser`: walks the owned shards of the timeline and releases due messages.
+
+Periodic jobs (APScheduler), each one idempotent step:
+- ownership (every lease/5): heartbeat, renew, rebalance release slots (workers/ownership.py);
+- topics (topic_refresh_ms): the topic list, so deleted topics stop and new ones start;
+- look-ahead (release_rescan_ms): for owned shards of webhook topics, pointers due in
+  [now - RECENT_MS, now + lookahead] go into the timer heap, so a message scheduled a moment
+  ahead is still released on time;
+- sweep (release_sweep_ms): from each owned shard's stored cursor, find what the look-ahead
+  cannot (pointers written behind it), then move the cursor forward. For pull topics the sweep
+  only keeps cursors moving, so consumers' lease scans stay short.
+A dispatcher thread pops the heap at each due time and hands messages to PushDispatcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from app.models import Topic
+from app.services import Services
+from app.store.ownership import OwnershipStore
+from app.timeline import release_slot_of
+from workers.ownership import RENEW_FRACTION, SlotOwnership
+from workers.push import PushDispatcher
+from workers.timers import DueTimers, Timer
+
+RECENT_MS = 250  # pointers written this far behind now are still caught by the look-ahead
+MAX_TIMERS_PER_SCAN = 20_000
+log = logging.getLogger("duetime.releaser")
+
+
+class Releaser:
+    def __init__(self, services: Services, member: str | None = None) -> None:
+        cfg = services.config
+        self.services = services
+        self.member = member or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
+                                       cfg.release_slots, cfg.release_lease_ms, services.clock)
+        self.timers = DueTimers(services.clock)
+        self._topics: dict[uuid.UUID, Topic] = {}
+        self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
+                                   self.ownership.holds)
+        self._stop = threading.Event()
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher")
+        self.scheduler = BackgroundScheduler(job_defaults={
+            "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+
+    def start(self) -> None:
+        cfg = self.services.config
+        self._safely(self.ownership.tick)
+        self._safely(self.refresh_topics)
+        jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
+                (self.refresh_topics, cfg.topic_refresh_ms),
+                (self.look_ahead, cfg.release_rescan_ms),
+                (self.sweep, cfg.release_sweep_ms)]
+        for job, every_ms in jobs:
+            self.scheduler.add_job(self._safely, "interval", args=[job],
+                                   seconds=every_ms / 1000, id=job.__name__)
+        self.scheduler.start()
+        self._dispatcher.start()
+        log.info("releaser %s started", self.member)
+
+    def _safely(self, job: Callable[[], None]) -> None:
+        """Log and continue: one failing step never stops the releaser."""
+        try:
+            job()
+        except Exception:
+            log.exception("releaser step %s failed", getattr(job, "__name__", job))
+
+    def refresh_topics(self) -> None:
+        found = {t.uid: t for t in self.services.topics.all()}
+        for uid in [u for u in self._topics if u not in found]:
+            del self._topics[uid]
+        self._topics.update(found)
+
+    def _owned_shards(self) -> Iterator[tuple[Topic, dict[int, int]]]:
+        """(topic, {shard: release slot}) for every topic with a shard this releaser owns."""
+        owned = self.ownership.owned()
+        slots = self.services.config.release_slots
+        for topic in list(self._topics.values()):
+            mine = {s: slot for s in range(topic.settings.shards)
+                    if (slot := release_slot_of(str(topic.uid), s, slots)) in owned}
+            if mine:
+                yield topic, mine
+
+    def look_ahead(self) -> None:
+        now = self.services.clock()
+        horizon = now + self.services.config.release_lookahead_ms
+        for topic, mine in self._owned_shards():
+            if topic.settings.delivery_mode == "webhook":
+                self._into_heap(topic, mine, dict.fromkeys(mine, now - RECENT_MS), horizon)
+
+    def _into_heap(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
+                   horizon: int) -> dict[int, int]:
+        result = self.services.scanner.upcoming(topic, starts, horizon, MAX_TIMERS_PER_SCAN // 4,
+                                                self.timers.holds)
+        self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
+        return result.frontier_ms
+
+    def sweep(self) -> None:
+        now = self.services.clock()
+        cfg = self.services.config
+        for topic, mine in self._owned_shards():
+            if topic.settings.delivery_mode != "webhook":
+                self._keep_pull_cursors(topic, set(mine), now)
+                continue
+            stored = self.services.timeline.cursors(topic.uid)
+            default = topic.created_at_ms - cfg.safety_lag_ms
+            starts = {s: stored.get(s, default) for s in mine}
+            frontier = self._into_heap(topic, mine, starts, now + cfg.release_lookahead_ms)
+            earliest = self.timers.earliest_by_shard(topic.uid)
+            moves = {}
+            for s, start in starts.items():
+                through = min(frontier[s], now - cfg.safety_lag_ms, earliest.get(s, frontier[s]))
+                if through > start:
+                    moves[s] = through
+            self.services.scanner.advance(topic, moves)
+
+    def _keep_pull_cursors(self, topic: Topic, shards: set[int], now: int) -> None:
+        """Move pull cursors over spent pointers, stopping at the first live one."""
+        result = self.services.scanner.scan(topic, now, MAX_TIMERS_PER_SCAN // 4, shards)
+        self.services.scanner.advance(topic, result.moves(result.due))
+
+    def _dispatch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.push.submit(self.timers.pop_due())
+            except Exception:  # log and continue
+                log.exception("dispatch failed")
+
+    def stop(self) -> None:
+        """Graceful stop: no new work, finish in-flight POSTs, give the slots back at once."""
+        log.info("releaser %s stopping", self.member)
+        self.scheduler.shutdown(wait=True)
+        self._stop.set()
+        self.timers.wake()
+        self._dispatcher.join()
+        self.push.stop()
+        self.ownership.release_all()
+        log.info("releaser %s stopped", self.member)
+
+
+def run_forever(services: Services, member: str | None = None) -> None:
+    """Start a releaser and run until SIGTERM or SIGINT, then stop gracefully."""
+    releaser = Releaser(services, member)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    releaser.start()
+    stopping.wait()
+    releaser.stop()
