@@ -53,7 +53,9 @@ class Config:
     release_ring: int = 0
     release_slots: int = 64
     release_lease_ms: int = 5000
-    release_lookahead_ms: int = 1000
+    release_lookahead_ms: int = 3000
+    release_prepare_ms: int = 200
+    release_prepare_rate: int = 1000
     release_rescan_ms: int = 50
     release_sweep_ms: int = 1000
     topic_refresh_ms: int = 2000
@@ -99,10 +101,14 @@ def _validate(config: Config) -> None:
         raise ConfigError("DUETIME_CONTACT_POINTS must name at least one host")
     positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
                 "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
-                "release_sweep_ms", "topic_refresh_ms", "webhook_concurrency")
+                "release_sweep_ms", "topic_refresh_ms", "webhook_concurrency",
+                "release_prepare_rate")
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"DUETIME_{name.upper()} must be > 0")
+    if config.release_lookahead_ms < config.release_prepare_ms + 2 * config.release_rescan_ms:
+        raise ConfigError("DUETIME_RELEASE_LOOKAHEAD_MS must be at least "
+                          "DUETIME_RELEASE_PREPARE_MS + 2 x DUETIME_RELEASE_RESCAN_MS")
     if not 1 <= config.min_lease_s <= config.max_lease_s:
         raise ConfigError("DUETIME_MIN_LEASE_S must be >= 1 and <= DUETIME_MAX_LEASE_S")
     if not config.keyspace.replace("_", "").isalnum():

@@ -63,15 +63,19 @@ def _lease_once(services: Services, topic: Topic, max_messages: int, lease_s: in
 
 
 def take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s: int,
-         consumer: str | None) -> list[MessageState]:
+         consumer: str | None, wait_counts: bool = True, ahead_ms: int = 0) -> list[MessageState]:
     """Try to lease each due message (or make it dead past max_attempts); returns the leased.
-    Used by pull leases and by the releasers' webhook push alike."""
-    expires = now + lease_s * 1000
+    Used by pull leases and by the releasers' webhook push alike. Rows not due by now +
+    ahead_ms (this server's clock) are never taken, whatever pointer led to them; a lease
+    runs lease_s from the later of now and the row's due time (a releaser prepares a push
+    up to ahead_ms before it and POSTs at the due time, never earlier)."""
+    chunk = [d for d in chunk if d.row.due_at_ms <= now + ahead_ms]
     leasing, dying = [], []
     for d in chunk:
         if d.row.attempts >= topic.settings.max_attempts:
             dying.append(dead(d.row, now, "max_attempts reached"))
         else:
+            expires = max(now, d.row.due_at_ms) + lease_s * 1000
             leasing.append(dataclasses.replace(
                 d.row, state="leased", version=d.row.version + 1, due_at_ms=expires,
                 lease_token=uuid.uuid4(), lease_expires_at_ms=expires,
@@ -83,7 +87,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s: 
     services.scanner.spend(topic, [d.pointer for d in chunk])
     won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
     before = {d.row.id: d.row.state for d in chunk}
-    count_moves(services, topic, [(before[r.id], r.state) for r in won])
+    count_moves(services, topic, [(before[r.id], r.state) for r in won], wait_counts)
     return [r for r in won if r.state == "leased"]
 
 

@@ -11,6 +11,7 @@ from app.timeline import MS_PER_DAY, placement_ms
 from app.transitions import apply_transition, count_moves
 
 FINAL_FOR_CANCEL = {"delivered": "already delivered", "dead": "dead"}
+RELEASER_PREFIX = "releaser:"
 
 
 def get_message(services: Services, topic: Topic,
@@ -22,10 +23,17 @@ def get_message(services: Services, topic: Topic,
     return row, payloads.get(row.id)
 
 
+def being_pushed(row: MessageState, now_ms: int) -> bool:
+    """Is a releaser holding this message to POST it (from up to the prepare lead before its
+    deliver_at until the POST's outcome)? Then cancelling it can no longer stop the POST."""
+    return (row.state == "leased" and (row.consumer or "").startswith(RELEASER_PREFIX)
+            and (row.lease_expires_at_ms or 0) > now_ms)
+
+
 def cancel(services: Services, topic: Topic, message_id: str) -> None:
     """Cancel a scheduled or leased message: it is never delivered (a consumer holding a lease
     gets 409 on ack). Cancelling a cancelled message again is a no-op; a delivered or dead
-    one answers 409."""
+    one, or one a releaser is already pushing, answers 409."""
     for _ in range(3):
         row = services.messages.get(topic.uid, message_id)
         if row is None:
@@ -35,6 +43,8 @@ def cancel(services: Services, topic: Topic, message_id: str) -> None:
         if row.state in FINAL_FOR_CANCEL:
             raise Conflict(f"Message {message_id!r} is {FINAL_FOR_CANCEL[row.state]}.")
         now = services.clock()
+        if being_pushed(row, now):
+            raise Conflict(f"Message {message_id!r} is being delivered to the webhook.")
         gone = dataclasses.replace(row, state="cancelled", version=row.version + 1,
                                    lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)
         try:

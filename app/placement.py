@@ -71,4 +71,10 @@ class PointerPlacer:
                 p = pointers[index]
                 ttl = ttl_s(p.due_at_ms, now_ms, self.config.retention_days)
                 placed[index] = (bucket, shard, part_of(slot, self.config.partition_cap), p, ttl)
-        return self.store.write_pointers(topic_uid, placed)
+        outcomes = self.store.write_pointers(topic_uid, placed)
+        written: dict[tuple[int, int], int] = defaultdict(int)
+        for (bucket, shard, _, _, _), err in zip(placed, outcomes, strict=True):
+            if err is None:
+                written[(bucket, shard)] += 1
+        self.store.count_writes(topic_uid, written)
+        return outcomes

@@ -1,9 +1,11 @@
 """Push delivery use cases: take due messages of a webhook topic, then record each POST's outcome.
 
 The take is the same move on the timeline as a pull lease (pointer at the lease's expiry first,
-then the LWT), so a releaser that dies mid-POST leaves a message that comes due again. The lease
-outlives the POST's timeout by PUSH_LEASE_MARGIN_S, so an outcome is always recorded under the
-lease it was taken with; the LWT on the leased version fences every later transition.
+then the LWT), so a releaser that dies mid-POST leaves a message that comes due again. It may
+happen up to the prepare lead before the due time (the POST itself never does); the lease runs
+from the due time and outlives the POST's timeout by PUSH_LEASE_MARGIN_S, and a releaser does
+not start a POST that could outlive its lease. The LWT on the leased version fences every
+later transition.
 """
 
 from __future__ import annotations
@@ -36,12 +38,17 @@ def push_lease_s(topic: Topic) -> int:
     return math.ceil(topic.settings.delivery_timeout_seconds) + PUSH_LEASE_MARGIN_S
 
 
-def take_for_push(services: Services, topic: Topic, due: list[Due],
-                  consumer: str) -> list[tuple[MessageState, Payload | None]]:
-    """Lease each due message for a POST (dead instead past max_attempts). Returns the leased
-    rows with their payloads (None when the payload is missing: the POST is then a failure)."""
-    taken = leasing.take(services, topic, due, services.clock(), push_lease_s(topic), consumer)
-    payloads = services.messages.get_payloads(topic.uid, [(r.id, r.content_hash) for r in taken])
+def take_for_push(services: Services, topic: Topic, due: list[Due], consumer: str,
+                  ahead_ms: int) -> list[tuple[MessageState, Payload | None]]:
+    """Lease each message due within ahead_ms for a POST at its due time (dead instead past
+    max_attempts). Returns the leased rows with their payloads (None when the payload is
+    missing: the POST is then a failure)."""
+    # payloads are immutable: read them while the LWTs run instead of after
+    reading = services.messages.start_payloads(
+        topic.uid, [(d.row.id, d.row.content_hash) for d in due])
+    taken = leasing.take(services, topic, due, services.clock(), push_lease_s(topic), consumer,
+                         wait_counts=False, ahead_ms=ahead_ms)
+    payloads = services.messages.collect_payloads(reading)
     return [(r, payloads.get(r.id)) for r in taken]
 
 
@@ -84,5 +91,6 @@ def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome
           ttl_s(rows[i].due_at_ms, now, services.config.retention_days)) for i in todo])
     for i, ok in zip(todo, applied, strict=True):
         results[i] = ok
-    count_moves(services, topic, [("leased", rows[i].state) for i in todo if results[i] is True])
+    count_moves(services, topic, [("leased", rows[i].state) for i in todo if results[i] is True],
+                wait=False)
     return results

@@ -151,7 +151,7 @@ class DueScanner:
             return ScanResult([], {}, {})
         frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
         plan = self._partitions(topic, cursors, now_ms)
-        unknown = self._read(topic, plan, want, frontier, lambda key: False)
+        unknown, _ = self._read(topic, plan, want, frontier, lambda key: False)
         rows = self.messages.get_many(topic.uid, [p.id for p in unknown]) if unknown else {}
         due = []
         for p in unknown:
@@ -163,40 +163,59 @@ class DueScanner:
         return ScanResult(due, frontier, cursors)
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
-                 pending: Callable[[PointerKey], bool]) -> ScanResult:
+                 pending: Callable[[PointerKey], bool],
+                 seen: dict[tuple[int, int], int] | None = None) -> ScanResult:
         """What a releaser holds in its timer heap: pointers of the shards in `starts`, due
         from starts[shard] to to_ms, whose message is still at that version and waiting
         (scheduled, or leased until then). Skips spent pointers and those pending(key) says
         the caller already holds; stale pointers found become spent. frontier_ms says how far
-        each shard was read (less than to_ms when the scan's caps stopped it)."""
+        each shard was read (less than to_ms when the scan's caps stopped it).
+
+        With `seen` ({(bucket, shard): write count when last read whole}), a (bucket, shard)
+        whose write count has not moved is not read again; `seen` is updated for those read
+        whole with every pointer settled (a pointer whose row is still in flight keeps its
+        partition due for another read)."""
         frontier = dict.fromkeys(starts, to_ms)
         plan = self._partitions(topic, starts, to_ms)
-        fresh = self._read(topic, plan, want, frontier, pending)
+        counts: dict[tuple[int, int], int] = {}
+        if seen is not None:
+            counts = self.timeline.write_counts(topic.uid, sorted({e[0] for e in plan}))
+            plan = [e for e in plan if (e[0], e[1]) not in seen
+                    or counts.get((e[0], e[1])) != seen[(e[0], e[1])]]
+        fresh, stopped = self._read(topic, plan, want, frontier, pending)
         rows = self.messages.get_many(topic.uid, [p.id for p in fresh]) if fresh else {}
-        due = []
+        due, unsettled = [], set()
         for p in fresh:
             row = rows.get(p.id)
             if row is not None and row.version == p.version and row.state in WAITING:
                 due.append(Due(p, row))
             elif is_spent(p, row):
                 self.spent.add(topic.uid, p)
+            else:
+                unsettled.add((bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard))
+        if seen is not None:
+            for bucket, shard, *_ in plan[:stopped]:
+                if (bucket, shard) not in unsettled and (bucket, shard) in counts:
+                    seen[(bucket, shard)] = counts[(bucket, shard)]
         return ScanResult(due, frontier, starts)
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
-              frontier: dict[int, int], skip: Callable[[PointerKey], bool]) -> list[Pointer]:
-        """Pointers of the plan not known to be spent nor skipped, up to the scan's caps."""
+              frontier: dict[int, int], skip: Callable[[PointerKey], bool]
+              ) -> tuple[list[Pointer], int]:
+        """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
+        how many plan entries were read whole."""
         unknown: list[Pointer] = []
         read = 0
-        for index, (bucket, shard, part, start, end) in enumerate(plan):
-            for p in self.timeline.pointers(topic.uid, bucket, shard, part, start, end):
+        for index, pointers in self.timeline.pointers_of(topic.uid, plan):
+            for p in pointers:
                 read += 1
                 key = (topic.uid, p.id, p.version)
                 if key not in self.spent and not skip(key):
                     unknown.append(p)
                 if len(unknown) >= 4 * want or read >= MAX_ROWS_PER_SCAN:
                     self._stopped_at(plan, index, p.due_at_ms, frontier)
-                    return unknown
-        return unknown
+                    return unknown, index
+        return unknown, len(plan)
 
     def forget(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Make pointers examinable again (an outcome could not be recorded: look again)."""

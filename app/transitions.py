@@ -30,11 +30,13 @@ def apply_transition(services: Services, topic: Topic, new: MessageState, moved:
         raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
 
 
-def count_moves(services: Services, topic: Topic, moves: list[tuple[str, str]]) -> None:
+def count_moves(services: Services, topic: Topic, moves: list[tuple[str, str]],
+                wait: bool = True) -> None:
+    """Move the per-state counters by (before, after) pairs (wait=False: send only)."""
     deltas: dict[str, int] = {}
     for before, after in moves:
         if before != after:
             deltas[before] = deltas.get(before, 0) - 1
             deltas[after] = deltas.get(after, 0) + 1
     if deltas:
-        services.counts.add_states(topic.uid, deltas)
+        services.counts.add_states(topic.uid, deltas, wait)

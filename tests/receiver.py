@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,18 +29,24 @@ class Receiver:
         self.script = script or (lambda message_id, before: 200)
         self.gate = gate
         self.arrivals: list[Arrival] = []
+        self._seen: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.url = ""
 
     def record(self, arrival: Arrival) -> int:
         with self._lock:
-            before = sum(1 for a in self.arrivals if a.message_id == arrival.message_id)
+            before = self._seen[arrival.message_id]
+            self._seen[arrival.message_id] += 1
             self.arrivals.append(arrival)
         return self.script(arrival.message_id, before)
 
     def ids(self) -> list[str]:
         with self._lock:
             return [a.message_id for a in self.arrivals]
+
+    def distinct(self) -> int:
+        with self._lock:
+            return len(self._seen)
 
     def wait_for(self, predicate: Callable[[list[Arrival]], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -48,6 +55,15 @@ class Receiver:
                 if predicate(list(self.arrivals)):
                     return True
             time.sleep(0.02)
+        return False
+
+    def wait_distinct(self, count: int, timeout_s: float) -> bool:
+        """Wait until `count` distinct message ids arrived (cheap to poll)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.distinct() >= count:
+                return True
+            time.sleep(0.05)
         return False
 
 

@@ -130,7 +130,7 @@ def test_unreachable_target_is_retried_and_kept_as_last_error(
                                  max_attempts=2, retry={"backoff_seconds": 0.1})
         assert topic.enqueue(id="nowhere").status_code == 201
         body = wait_state(topic, "nowhere", "dead", 15)
-        assert "ConnectionError" in body["last_error"]
+        assert "refused" in body["last_error"], body["last_error"]
 
 
 def test_slow_target_does_not_hold_up_another_topic(

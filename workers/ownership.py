@@ -1,6 +1,7 @@
 """Which release slots this releaser owns, kept by LWT leases on the slot rows.
 
-tick() runs every lease_ms / RENEW_FRACTION: heartbeat, renew what is held, give back slots
+tick() runs every lease_ms / RENEW_FRACTION: renew what is held (all at once), heartbeat,
+give back slots
 above the fair share, claim free or expired slots below it. A slot counts as owned only until
 VALID_FRACTION of the lease has passed since the renewal was *sent* (monotonic clock), so a
 releaser that cannot renew (partitioned, paused) stops acting on its slots before anyone may
@@ -62,8 +63,8 @@ class SlotOwnership:
 
     def tick(self) -> None:
         """One idempotent ownership step; errors leave held slots to their local validity."""
+        self._renew()  # first: nothing may delay keeping what is held
         self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000))
-        self._renew()
         with self._lock:
             held = sorted(self._held)
         target = fair_share(self.store.members(), self.member, self.slots)
@@ -75,11 +76,13 @@ class SlotOwnership:
     def _renew(self) -> None:
         with self._lock:
             leases = list(self._held.values())
-        for lease in leases:
-            sent_at = time.monotonic()
-            renewed = self.store.renew(lease, self.clock() + self.lease_ms)
-            if renewed is not None:
-                self._keep(renewed, sent_at)
+        if not leases:
+            return
+        sent_at = time.monotonic()
+        renewed = self.store.renew_all(leases, self.clock() + self.lease_ms)
+        for lease, new in zip(leases, renewed, strict=True):
+            if new is not None:
+                self._keep(new, sent_at)
             else:
                 self._drop(lease.slot, "renewal refused or unknown")
 

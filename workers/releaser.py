@@ -5,11 +5,13 @@ Periodic jobs (APScheduler), each one idempotent step:
 - topics (topic_refresh_ms): the topic list, so deleted topics stop and new ones start;
 - look-ahead (release_rescan_ms): for owned shards of webhook topics, pointers due in
   [now - RECENT_MS, now + lookahead] go into the timer heap, so a message scheduled a moment
-  ahead is still released on time;
+  ahead is still released on time; a (bucket, shard) is re-read only when its write count
+  moved (table bucket_writes), so frequent re-scans stay cheap;
 - sweep (release_sweep_ms): from each owned shard's stored cursor, find what the look-ahead
   cannot (pointers written behind it), then move the cursor forward. For pull topics the sweep
   only keeps cursors moving, so consumers' lease scans stay short.
-A dispatcher thread pops the heap at each due time and hands messages to PushDispatcher.
+A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
+PushDispatcher, which leases them and POSTs each at its due time (workers/push.py).
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from app.store.ownership import OwnershipStore
 from app.timeline import release_slot_of
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.push import PushDispatcher
-from workers.timers import DueTimers, Timer
+from workers.timers import Timer, TimerHeap, earliest_by_shard
 
 RECENT_MS = 250  # pointers written this far behind now are still caught by the look-ahead
 MAX_TIMERS_PER_SCAN = 20_000
+MAX_SEEN = 10_000
+PULL_SWEEP_WANT = 25
+REPORT_EVERY_MS = 10_000
 log = logging.getLogger("duetime.releaser")
 
 
@@ -44,8 +49,9 @@ class Releaser:
         self.member = member or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
                                        cfg.release_slots, cfg.release_lease_ms, services.clock)
-        self.timers = DueTimers(services.clock)
+        self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._topics: dict[uuid.UUID, Topic] = {}
+        self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.holds)
         self._stop = threading.Event()
@@ -60,7 +66,8 @@ class Releaser:
         jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
                 (self.refresh_topics, cfg.topic_refresh_ms),
                 (self.look_ahead, cfg.release_rescan_ms),
-                (self.sweep, cfg.release_sweep_ms)]
+                (self.sweep, cfg.release_sweep_ms),
+                (self.report, REPORT_EVERY_MS)]
         for job, every_ms in jobs:
             self.scheduler.add_job(self._safely, "interval", args=[job],
                                    seconds=every_ms / 1000, id=job.__name__)
@@ -74,6 +81,12 @@ class Releaser:
             job()
         except Exception:
             log.exception("releaser step %s failed", getattr(job, "__name__", job))
+
+    def report(self) -> None:
+        """One log line of what this releaser holds and has done (for operators)."""
+        log.info("releaser %s slots=%d timers=%d waiting=%d %s", self.member,
+                 len(self.ownership.owned()), len(self.timers), self.timers.waiting(),
+                 " ".join(f"{k}={v}" for k, v in self.push.stats().items()))
 
     def refresh_topics(self) -> None:
         found = {t.uid: t for t in self.services.topics.all()}
@@ -96,12 +109,23 @@ class Releaser:
         horizon = now + self.services.config.release_lookahead_ms
         for topic, mine in self._owned_shards():
             if topic.settings.delivery_mode == "webhook":
-                self._into_heap(topic, mine, dict.fromkeys(mine, now - RECENT_MS), horizon)
+                self._into_heap(topic, mine, dict.fromkeys(mine, now - RECENT_MS), horizon,
+                                self._seen_for(topic, mine))
+
+    def _seen_for(self, topic: Topic, mine: dict[int, int]) -> dict[tuple[int, int], int]:
+        """The look-ahead's write counts of one topic, reset when the owned shards change."""
+        shards = frozenset(mine)
+        owned, seen = self._seen.get(topic.uid, (frozenset(), {}))
+        if owned != shards or len(seen) > MAX_SEEN:
+            seen = {}
+            self._seen[topic.uid] = (shards, seen)
+        return seen
 
     def _into_heap(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
-                   horizon: int) -> dict[int, int]:
+                   horizon: int, seen: dict[tuple[int, int], int] | None = None
+                   ) -> dict[int, int]:
         result = self.services.scanner.upcoming(topic, starts, horizon, MAX_TIMERS_PER_SCAN // 4,
-                                                self.timers.holds)
+                                                self.timers.holds, seen)
         self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
         return result.frontier_ms
 
@@ -116,7 +140,7 @@ class Releaser:
             default = topic.created_at_ms - cfg.safety_lag_ms
             starts = {s: stored.get(s, default) for s in mine}
             frontier = self._into_heap(topic, mine, starts, now + cfg.release_lookahead_ms)
-            earliest = self.timers.earliest_by_shard(topic.uid)
+            earliest = earliest_by_shard(self.timers.items(), topic.uid)
             moves = {}
             for s, start in starts.items():
                 through = min(frontier[s], now - cfg.safety_lag_ms, earliest.get(s, frontier[s]))
@@ -125,14 +149,15 @@ class Releaser:
             self.services.scanner.advance(topic, moves)
 
     def _keep_pull_cursors(self, topic: Topic, shards: set[int], now: int) -> None:
-        """Move pull cursors over spent pointers, stopping at the first live one."""
-        result = self.services.scanner.scan(topic, now, MAX_TIMERS_PER_SCAN // 4, shards)
+        """Move pull cursors over spent pointers, stopping at the first live ones: a backlog
+        nobody consumes costs a few reads per sweep, not a re-read of all of it."""
+        result = self.services.scanner.scan(topic, now, PULL_SWEEP_WANT, shards)
         self.services.scanner.advance(topic, result.moves(result.due))
 
     def _dispatch_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.push.submit(self.timers.pop_due())
+                self.push.submit(self.timers.pop_due(self.push.lead_ms()))
             except Exception:  # log and continue
                 log.exception("dispatch failed")
 

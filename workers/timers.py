@@ -1,7 +1,9 @@
-"""The releaser's in-memory timer heap: due entries read ahead, handed out at their due time.
+"""In-memory timer heaps of a releaser: entries read ahead, handed out at (or just before)
+their due time.
 
-Never early: pop_due returns an entry only once the clock reads at or after its due time.
-Among entries due together, lower priority values come first.
+pop_due(ahead_ms) returns an entry only once the clock reads at or after its due time minus
+ahead_ms; with ahead_ms = 0 that is never early. Among entries due together, lower priority
+values come first. Each key is held once, from add() until done().
 """
 
 from __future__ import annotations
@@ -11,11 +13,24 @@ import heapq
 import itertools
 import threading
 import uuid
+from collections.abc import Hashable
+from typing import Generic, Protocol, TypeVar
 
 from app.scan import Due, PointerKey
 from app.services import Clock
 
 MAX_WAIT_S = 0.05
+
+
+class Timed(Protocol):
+    @property
+    def key(self) -> Hashable: ...
+
+    @property
+    def due_ms(self) -> int: ...
+
+    @property
+    def priority(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,36 +45,47 @@ class Timer:
     def key(self) -> PointerKey:
         return (self.topic_uid, self.due.pointer.id, self.due.pointer.version)
 
+    @property
+    def due_ms(self) -> int:
+        return self.due.pointer.due_at_ms
 
-class DueTimers:
-    """Thread-safe. Holds each pointer key once, from add() until done()."""
+    @property
+    def priority(self) -> int:
+        return self.due.pointer.priority
+
+
+T = TypeVar("T", bound=Timed)
+
+
+class TimerHeap(Generic[T]):
+    """Thread-safe."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self._heap: list[tuple[int, int, int, Timer]] = []
-        self._held: dict[PointerKey, Timer] = {}
+        self._heap: list[tuple[int, int, int, T]] = []
+        self._held: dict[Hashable, T] = {}
         self._seq = itertools.count()
         self._cond = threading.Condition()
 
-    def add(self, timers: list[Timer]) -> int:
-        """Schedule timers not already held; returns how many were new."""
+    def add(self, items: list[T]) -> int:
+        """Schedule items whose key is not already held; returns how many were new."""
         added = 0
         with self._cond:
-            for t in timers:
-                if t.key not in self._held:
-                    self._held[t.key] = t
-                    p = t.due.pointer
-                    heapq.heappush(self._heap, (p.due_at_ms, p.priority, next(self._seq), t))
+            for item in items:
+                if item.key not in self._held:
+                    self._held[item.key] = item
+                    heapq.heappush(self._heap,
+                                   (item.due_ms, item.priority, next(self._seq), item))
                     added += 1
             if added:
                 self._cond.notify()
         return added
 
-    def holds(self, key: PointerKey) -> bool:
+    def holds(self, key: Hashable) -> bool:
         with self._cond:
             return key in self._held
 
-    def done(self, keys: list[PointerKey]) -> None:
+    def done(self, keys: list[Hashable]) -> None:
         """Forget entries that were acted on or dropped (they may be added again later)."""
         with self._cond:
             for key in keys:
@@ -67,32 +93,43 @@ class DueTimers:
 
     def wake(self) -> None:
         with self._cond:
-            self._cond.notify()
+            self._cond.notify_all()
 
-    def pop_due(self, max_wait_s: float = MAX_WAIT_S) -> list[Timer]:
-        """Entries due by now (still held until done()); waits up to max_wait_s for the next."""
+    def pop_due(self, ahead_ms: int = 0, max_wait_s: float = MAX_WAIT_S) -> list[T]:
+        """Entries due by now + ahead_ms (still held until done()); waits up to max_wait_s
+        for the next one."""
         with self._cond:
-            now = self.clock()
-            if not self._heap or self._heap[0][0] > now:
+            horizon = self.clock() + ahead_ms
+            if not self._heap or self._heap[0][0] > horizon:
                 wait = max_wait_s if not self._heap else min(
-                    max_wait_s, (self._heap[0][0] - now) / 1000)
+                    max_wait_s, (self._heap[0][0] - horizon) / 1000)
                 self._cond.wait(wait)
-                now = self.clock()
+                horizon = self.clock() + ahead_ms
             due = []
-            while self._heap and self._heap[0][0] <= now:
+            while self._heap and self._heap[0][0] <= horizon:
                 due.append(heapq.heappop(self._heap)[3])
             return due
 
-    def earliest_by_shard(self, topic_uid: uuid.UUID) -> dict[int, int]:
-        """{shard: earliest due_at_ms held} of one topic: no cursor may pass these."""
-        found: dict[int, int] = {}
+    def waiting(self) -> int:
+        """Entries added and not yet popped."""
         with self._cond:
-            for t in self._held.values():
-                if t.topic_uid == topic_uid:
-                    s, due = t.due.pointer.shard, t.due.pointer.due_at_ms
-                    found[s] = min(found.get(s, due), due)
-        return found
+            return len(self._heap)
+
+    def items(self) -> list[T]:
+        """Every held entry (popped or not), a snapshot."""
+        with self._cond:
+            return list(self._held.values())
 
     def __len__(self) -> int:
         with self._cond:
             return len(self._held)
+
+
+def earliest_by_shard(timers: list[Timer], topic_uid: uuid.UUID) -> dict[int, int]:
+    """{shard: earliest due_at_ms among timers} of one topic: no cursor may pass these."""
+    found: dict[int, int] = {}
+    for t in timers:
+        if t.topic_uid == topic_uid:
+            s, due = t.due.pointer.shard, t.due.pointer.due_at_ms
+            found[s] = min(found.get(s, due), due)
+    return found

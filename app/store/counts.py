@@ -7,6 +7,7 @@ times out may leave a count off by one, which is why these feed dashboards, not 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Iterable
@@ -14,6 +15,7 @@ from collections.abc import Iterable
 from app.store.session import CassandraSession
 from app.timeline import MS_PER_DAY, MS_PER_MINUTE
 
+log = logging.getLogger("duetime.counts")
 _STATE = "UPDATE {ks}.state_counts SET n = n + ? WHERE topic_uid = ? AND state = ?"
 _UPCOMING = ("UPDATE {ks}.upcoming_counts SET n = n + ? "
              "WHERE topic_uid = ? AND day = ? AND minute = ?")
@@ -23,10 +25,15 @@ class CountStore:
     def __init__(self, db: CassandraSession) -> None:
         self.db = db
 
-    def add_states(self, topic_uid: uuid.UUID, deltas: dict[str, int]) -> None:
-        """Apply per-state deltas, e.g. {"scheduled": -1, "leased": +1}."""
+    def add_states(self, topic_uid: uuid.UUID, deltas: dict[str, int], wait: bool = True) -> None:
+        """Apply per-state deltas, e.g. {"scheduled": -1, "leased": +1}. With wait=False the
+        writes are only sent (the releasers' hot path); a failure is logged, not raised."""
         futures = [self.db.execute_async(_STATE, (d, topic_uid, s)) for s, d in deltas.items() if d]
-        self.db.results(futures)
+        if wait:
+            self.db.results(futures)
+            return
+        for f in futures:
+            f.add_errback(lambda exc: log.warning("state counter write failed: %r", exc))
 
     def add_upcoming(self, topic_uid: uuid.UUID, due_ms: Iterable[int], sign: int = 1) -> None:
         """Count (sign=+1) or uncount (-1) scheduled messages at these due times, per minute."""

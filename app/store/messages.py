@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cassandra import WriteTimeout
+from cassandra.cluster import ResponseFuture
 
 from app.errors import StoreUnavailable
 from app.models import MessageState, Payload
@@ -171,6 +172,11 @@ class MessageStore:
     def get_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
                      ) -> dict[str, Payload]:
         """Payloads of (id, content_hash) pairs of one topic, by id."""
+        return self.collect_payloads(self.start_payloads(topic_uid, keys))
+
+    def start_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
+                       ) -> tuple[dict[str, str], list[ResponseFuture]]:
+        """Start reading payloads (to overlap with other round trips); see collect_payloads."""
         wanted = dict(keys)
         futures = [
             self.db.execute_async(
@@ -178,6 +184,11 @@ class MessageStore:
                 "WHERE topic_uid = ? AND id IN ?", (topic_uid, list(wanted)[i:i + IN_CHUNK]))
             for i in range(0, len(wanted), IN_CHUNK)
         ]
+        return wanted, futures
+
+    def collect_payloads(self, started: tuple[dict[str, str], list[ResponseFuture]]
+                         ) -> dict[str, Payload]:
+        wanted, futures = started
         found = {}
         for rows in self.db.results(futures):
             for r in rows:

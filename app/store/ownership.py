@@ -64,9 +64,20 @@ class OwnershipStore:
             return None
         return SlotLease(slot, owner, epoch, until_ms) if rows[0]["[applied]"] else None
 
-    def renew(self, lease: SlotLease, until_ms: int) -> SlotLease | None:
-        """Extend a held lease; None when it is no longer ours (or the outcome is unknown)."""
-        return self._set_expiry(lease, until_ms)
+    def renew_all(self, leases: list[SlotLease], until_ms: int) -> list[SlotLease | None]:
+        """Extend held leases, all at once; per lease the renewed one, or None when it is no
+        longer ours (or the outcome is unknown)."""
+        try:
+            outcomes = self.db.execute_many(
+                "UPDATE {ks}.release_slots SET expires_at = ? WHERE ring = ? AND slot = ? "
+                "IF owner = ? AND epoch = ?",
+                [(from_ms(until_ms), self.ring, lease.slot, lease.owner, lease.epoch)
+                 for lease in leases])
+        except StoreUnavailable:
+            return [None] * len(leases)
+        return [dataclasses.replace(lease, expires_at_ms=until_ms)
+                if ok and result[0]["[applied]"] else None
+                for lease, (ok, result) in zip(leases, outcomes, strict=True)]
 
     def give_back(self, lease: SlotLease, now_ms: int) -> bool:
         """End a held lease now so another releaser may claim the slot at once."""

@@ -129,10 +129,20 @@ class CassandraSession:
         with translate_errors():
             return list(self.session().execute(statement))
 
-    def execute_async(self, cql: str, params: Sequence[Any] = ()) -> ResponseFuture:
-        """Start a prepared statement; collect with results()."""
+    def execute_async(self, cql: str, params: Sequence[Any] = (),
+                      fetch_size: int | None = None) -> ResponseFuture:
+        """Start a prepared statement; collect with results() (or results_iter() to page)."""
+        statement = self.prepare(cql).bind(params)
+        if fetch_size is not None:
+            statement.fetch_size = fetch_size
         with translate_errors():
-            return self.session().execute_async(self.prepare(cql), params)
+            return self.session().execute_async(statement)
+
+    @staticmethod
+    def results_iter(future: ResponseFuture) -> Iterator[dict[str, Any]]:
+        """Rows of a future from execute_async, later pages fetched as they are consumed."""
+        with translate_errors():
+            yield from future.result()
 
     @staticmethod
     def results(futures: Sequence[ResponseFuture]) -> list[list[dict[str, Any]]]:

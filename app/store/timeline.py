@@ -23,6 +23,7 @@ from app.timeparse import cql_ms, from_ms
 
 CAS_ATTEMPTS = 64
 FETCH_SIZE = 500
+READ_AHEAD = 32
 
 
 class TimelineStore:
@@ -64,6 +65,26 @@ class TimelineStore:
                 found.setdefault(r["bucket"], {})[r["shard"]] = r["next_slot"]
         return found
 
+    def count_writes(self, topic_uid: uuid.UUID, written: dict[tuple[int, int], int]) -> None:
+        """Bump the write counts of (bucket, shard)s after their pointers are durable.
+        A lost bump only delays discovery until the releasers' next full sweep."""
+        for f in [self.db.execute_async(
+                "UPDATE {ks}.bucket_writes SET n = n + ? WHERE topic_uid = ? AND bucket = ? "
+                "AND shard = ?", (n, topic_uid, b, s)) for (b, s), n in written.items()]:
+            f.add_errback(lambda exc: None)
+
+    def write_counts(self, topic_uid: uuid.UUID, buckets: Sequence[int]
+                     ) -> dict[tuple[int, int], int]:
+        """{(bucket, shard): pointers written so far} of the given buckets."""
+        futures = [
+            self.db.execute_async(
+                "SELECT bucket, shard, n FROM {ks}.bucket_writes WHERE topic_uid = ? "
+                "AND bucket IN ?", (topic_uid, list(buckets[i:i + 100])))
+            for i in range(0, len(buckets), 100)
+        ]
+        return {(r["bucket"], r["shard"]): r["n"] for rows in self.db.results(futures)
+                for r in rows}
+
     def mark_active(self, topic_uid: uuid.UUID, buckets: Sequence[int], bucket_ms: int) -> None:
         """Record that these buckets hold pointers (idempotent)."""
         self._check(self.db.execute_many(
@@ -94,15 +115,23 @@ class TimelineStore:
              for b, s, part, p, ttl in placed])
         return [None if ok else result for ok, result in outcomes]
 
-    def pointers(self, topic_uid: uuid.UUID, bucket: int, shard: int, part: int,
-                 from_ms_: int, to_ms: int) -> Iterator[Pointer]:
-        """Pointers of one partition due in [from_ms_, to_ms], in timeline order, paged."""
-        rows = self.db.iterate(
-            "SELECT due_at, id, version, priority FROM {ks}.timeline WHERE topic_uid = ? AND "
-            "bucket = ? AND shard = ? AND part = ? AND due_at >= ? AND due_at <= ?",
-            (topic_uid, bucket, shard, part, from_ms(from_ms_), from_ms(to_ms)), FETCH_SIZE)
-        for r in rows:
-            yield Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"], shard)
+    def pointers_of(self, topic_uid: uuid.UUID, plan: Sequence[tuple[int, int, int, int, int]]
+                    ) -> Iterator[tuple[int, Iterator[Pointer]]]:
+        """(index, pointers) of each (bucket, shard, part, from_ms, to_ms) of plan, in plan
+        order. First pages are requested READ_AHEAD partitions ahead of the consumer, so a
+        plan of many small partitions costs about one round trip, not one per partition."""
+        cql = ("SELECT due_at, id, version, priority FROM {ks}.timeline WHERE topic_uid = ? "
+               "AND bucket = ? AND shard = ? AND part = ? AND due_at >= ? AND due_at <= ?")
+        futures: dict[int, Any] = {}
+        for index, (_, shard, _, _, _) in enumerate(plan):
+            for ahead in range(index, min(len(plan), index + READ_AHEAD)):
+                if ahead not in futures:
+                    b, s, part, lo, hi = plan[ahead]
+                    futures[ahead] = self.db.execute_async(
+                        cql, (topic_uid, b, s, part, from_ms(lo), from_ms(hi)), FETCH_SIZE)
+            rows = self.db.results_iter(futures.pop(index))
+            yield index, (Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"],
+                                  shard) for r in rows)
 
     def cursors(self, topic_uid: uuid.UUID) -> dict[int, int]:
         """{shard: through_ms}: every pointer of the shard due before through_ms is spent."""

@@ -1,0 +1,92 @@
+"""Release accuracy of webhook push (issue 4's benchmark), against the stack of `make up`.
+
+20,000 messages due over 20 s, 5,000 of them due within one second (the burst), POSTed by the
+stack's releaser to a local receiver. Reports lag (receive time - deliver_at) p50/p99/max,
+early (must be 0), lost, duplicates; optionally with a backlog of messages scheduled a month
+ahead loaded first (--backlog N), to show the backlog does not slow what is due now.
+Usage: python -m tests.bench.push [--messages N] [--backlog N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from app.timeparse import parse_instant
+from tests.bench.run import OUT, URL, now_ms, percentile
+from tests.receiver import Receiver, receiving
+
+SPAN_MS = 20_000
+BURST = 5_000
+BURST_AT_MS = 10_000
+
+
+def due_offsets(count: int, seed: int = 7) -> list[int]:
+    """Offsets (ms from the start) of `count` messages: BURST of them spread over the one
+    second at BURST_AT_MS, the rest uniform over SPAN_MS."""
+    rng = random.Random(seed)
+    burst = min(BURST, count // 4)
+    spread = [rng.randrange(SPAN_MS) for _ in range(count - burst)]
+    return sorted(spread + [BURST_AT_MS + rng.randrange(1000) for _ in range(burst)])
+
+
+def enqueue_all(headers: dict[str, str], topic: str, dues: list[int]) -> float:
+    began = time.perf_counter()
+    for first in range(0, len(dues), 1000):
+        batch = [{"id": f"p{i}", "payload": {"i": i}, "deliver_at": dues[i]}
+                 for i in range(first, min(len(dues), first + 1000))]
+        answer = requests.post(f"{URL}/v1/topics/{topic}/messages:batch", headers=headers,
+                               json={"messages": batch}, timeout=300)
+        answer.raise_for_status()
+        if any(r["status"] != 201 for r in answer.json()["results"]):
+            raise SystemExit("enqueue failed")
+    return len(dues) / (time.perf_counter() - began)
+
+
+def measure(headers: dict[str, str], count: int) -> dict[str, Any]:
+    with receiving(Receiver()) as target:
+        topic = f"push{uuid.uuid4().hex[:6]}"
+        requests.put(f"{URL}/v1/topics/{topic}", headers=headers, timeout=30, json={
+            "delivery": {"mode": "webhook", "url": target.url}}).raise_for_status()
+        # start far enough ahead that every message is written before the first is due
+        start = now_ms() + 10_000 + count * 3
+        rate = enqueue_all(headers, topic, [start + d for d in due_offsets(count)])
+        if now_ms() > start:
+            raise SystemExit("enqueue took longer than the head start; lower --messages")
+        target.wait_distinct(count, (start - now_ms() + SPAN_MS) / 1000 + 60)
+        arrivals = list(target.arrivals)
+    lags = [a.received_ms - parse_instant(a.headers["Duetime-Deliver-At"]) for a in arrivals]
+    ids = [a.message_id for a in arrivals]
+    return {
+        "messages": count, "burst": min(BURST, count // 4), "enqueue_msgs_per_s": rate,
+        "lag_ms": {"p50": percentile(lags, 0.5), "p90": percentile(lags, 0.9),
+                   "p99": percentile(lags, 0.99), "max": max(lags, default=0)},
+        "early": sum(1 for lag in lags if lag < 0),
+        "lost": count - len(set(ids)), "duplicates": len(ids) - len(set(ids)),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.push")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--label", default="push")
+    args = parser.parse_args(argv)
+    headers = {"Authorization": f"Bearer {Path('var/dev-key').read_text().strip()}"}
+    result = measure(headers, args.messages)
+    OUT.mkdir(exist_ok=True)
+    (OUT / f"{args.label}.json").write_text(json.dumps(result, indent=2))
+    for name, value in result.items():
+        print(f"{name:22} {json.dumps(value) if isinstance(value, dict) else round(value, 3)}")
+    return 0 if result["early"] == 0 and result["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
