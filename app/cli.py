@@ -4,6 +4,8 @@
   duetime keys create --tenant NAME [--name LABEL]   (prints the new key as its last line)
   duetime openapi [--output PATH]
   duetime releaser [--member NAME]   (runs until SIGTERM/SIGINT, then stops gracefully)
+  duetime spark import FILE --topic T [--tenant T] [--campaign C] [--rejects DIR] [--master URL]
+  duetime spark report --topic T [--tenant T] [--campaign C] [--out DIR] [--master URL]
 """
 
 from __future__ import annotations
@@ -73,7 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     releaser = sub.add_parser("releaser", help="release due messages of the owned shards")
     releaser.add_argument("--member", default=None,
                           help="this releaser's name (default: host name and a random suffix)")
+    spark = sub.add_parser("spark", help="bulk import and reports with Spark (spark-submit)")
+    spark.add_argument("job", choices=["import", "report"])
+    spark.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     return parser
+
+
+def _spark(args: argparse.Namespace, rest: list[str]) -> int:
+    from spark.submit import submit
+
+    return submit(args.job, rest, args.master)
 
 
 def _releaser(services: Services, args: argparse.Namespace) -> int:
@@ -88,10 +99,14 @@ def _releaser(services: Services, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
+    if rest and args.command != "spark":
+        build_parser().parse_args(argv)  # reports the unknown arguments and exits
     try:
         if args.command == "openapi":
             return _openapi(args)
+        if args.command == "spark":
+            return _spark(args, rest)
         services = Services(load_config())
         try:
             commands = {"schema": _schema, "keys": _keys, "releaser": _releaser}

@@ -92,7 +92,8 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
                       data.get("campaign"), _payload(data, max_payload_bytes), digest[:32])
 
 
-def _state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:
+def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:
+    """The first state row of a new message (version 1, scheduled), as every writer makes it."""
     return MessageState(
         topic_uid=topic.uid, id=message_id, state="scheduled", version=1,
         due_at_ms=placement_ms(m.deliver_at_ms, now_ms), deliver_at_ms=m.deliver_at_ms,
@@ -108,7 +109,7 @@ def _unavailable(exc: BaseException) -> StoreUnavailable:
 def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage]) -> list[EnqueueResult]:
     """Enqueue items in order; one failed item never fails the others."""
     now = services.clock()
-    rows = [_state_row(topic, m, m.id or new_message_id(now), now) for m in items]
+    rows = [state_row(topic, m, m.id or new_message_id(now), now) for m in items]
     results: list[EnqueueResult | None] = [None] * len(items)
     first_of: dict[str, int] = {}
     todo = []

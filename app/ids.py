@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 
@@ -22,3 +23,10 @@ def new_message_id(now_ms: int) -> str:
     """A ULID: 48 bits of milliseconds then 80 random bits, 26 Crockford base-32 characters.
     Sorts by creation time; collisions need 2^40 ids in one millisecond."""
     return _base32(now_ms & ((1 << 48) - 1), 10) + _base32(secrets.randbits(80), 16)
+
+
+def import_id(campaign: str | None, recipient: str, time_spec: str) -> str:
+    """The id of an imported send: the same campaign, recipient and time spec give the same
+    id in every run and task, so a re-run or a retried task adds nothing."""
+    key = "\x1f".join([campaign or "", recipient, time_spec])
+    return "imp-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from app.store.session import CassandraSession
 from app.timeline import MS_PER_DAY, MS_PER_MINUTE
@@ -38,6 +38,11 @@ class CountStore:
     def add_upcoming(self, topic_uid: uuid.UUID, due_ms: Iterable[int], sign: int = 1) -> None:
         """Count (sign=+1) or uncount (-1) scheduled messages at these due times, per minute."""
         per_minute = Counter(ms // MS_PER_MINUTE for ms in due_ms)
+        self.add_upcoming_per_minute(topic_uid, per_minute, sign)
+
+    def add_upcoming_per_minute(self, topic_uid: uuid.UUID, per_minute: Mapping[int, int],
+                                sign: int = 1) -> None:
+        """Count scheduled messages given as {epoch minute: how many}."""
         futures = [
             self.db.execute_async(
                 _UPCOMING, (sign * n, topic_uid, minute * MS_PER_MINUTE // MS_PER_DAY, minute))

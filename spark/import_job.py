@@ -1,0 +1,225 @@
+"""`duetime spark import`: bulk scheduling from a file, written as the API would write it.
+
+extract (CSV, JSON lines or Parquet) → transform (spark.rows, the API's own checks and app's
+bucket/shard/id code) → load (the connector). Steps:
+1. validate every row; bad rows go to the rejects file with their reason, good rows go on;
+2. drop rows whose id repeats an earlier line, and ids the topic already has (a direct join
+   on the messages table's key): a re-run or a retried task adds nothing;
+3. reserve pointer slots per (bucket, shard) with the API's LWT (TimelineStore.reserve_slots),
+   so no partition ever holds more than DUETIME_PARTITION_CAP pointers;
+4. write payloads, then pointers, then state rows (the API's order: a state row never exists
+   without its pointer), then the campaign index, activity markers and counters.
+State rows are plain writes with write time IMPORT_WRITETIME_US, below any LWT ballot: a
+re-run can never overwrite (resurrect) a message the service has since moved.
+Prints a JSON summary as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from app.config import Config, load_config
+from app.models import Topic
+from app.services import Services
+from app.timeline import MS_PER_MINUTE
+from spark import session as sessions
+from spark.progress import Progress
+from spark.rows import ImportSettings, Reject, to_message
+
+IMPORT_WRITETIME_US = 1
+RESERVERS = 16
+
+PARSED = T.StructType([
+    T.StructField("line", T.LongType()), T.StructField("reason", T.StringType()),
+    T.StructField("raw", T.StringType()), T.StructField("id", T.StringType()),
+    T.StructField("shard", T.IntegerType()), T.StructField("bucket", T.LongType()),
+    T.StructField("due_at", T.LongType()), T.StructField("deliver_at", T.LongType()),
+    T.StructField("priority", T.IntegerType()), T.StructField("campaign", T.StringType()),
+    T.StructField("content_hash", T.StringType()), T.StructField("payload", T.BinaryType()),
+    T.StructField("encoding", T.StringType()), T.StructField("created_at", T.LongType()),
+    T.StructField("ttl", T.IntegerType()), T.StructField("payload_ttl", T.IntegerType()),
+    T.StructField("spread", T.IntegerType()),
+])
+
+
+def read_file(spark: SparkSession, path: str) -> DataFrame:
+    """CSV (header row), JSON lines or Parquet, by extension; every column as text."""
+    lower = path.lower().rstrip("/")
+    if lower.endswith(".parquet"):
+        df = spark.read.parquet(path)
+    elif lower.endswith((".jsonl", ".json", ".ndjson")):
+        df = spark.read.json(path, primitivesAsString=True)
+    else:
+        df = spark.read.option("header", True).option("mode", "PERMISSIVE").csv(path)
+    return df.select([F.col(c).cast("string").alias(c) for c in df.columns])
+
+
+def _transform(settings: ImportSettings, columns: list[str], rows: Any) -> Any:
+    for values, line in rows:
+        raw = dict(zip(columns, values, strict=True))
+        try:
+            out = to_message(raw, settings)
+            yield (line + 1, None, None, out["id"], out["shard"], out["bucket"], out["due_at"],
+                   out["deliver_at"], out["priority"], out["campaign"], out["content_hash"],
+                   out["payload"], out["encoding"], out["created_at"], out["ttl"],
+                   out["payload_ttl"], out["spread"])
+        except Reject as reason:
+            yield (line + 1, str(reason), json.dumps(raw, default=str)) + (None,) * 14
+
+
+def validate(spark: SparkSession, raw: DataFrame, settings: ImportSettings) -> DataFrame:
+    columns = raw.columns
+    parsed = raw.rdd.map(tuple).zipWithIndex().mapPartitions(
+        lambda rows: _transform(settings, columns, rows))
+    return spark.createDataFrame(parsed, PARSED)
+
+
+def split_duplicates(good: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """(first line of each id, later lines of an id already seen, as rejects)."""
+    first = Window.partitionBy("id").orderBy("line")
+    ranked = good.withColumn("first_line", F.first("line").over(first))
+    dups = ranked.filter(F.col("line") != F.col("first_line")).select(
+        "line", F.concat(F.lit("duplicate of line "), F.col("first_line")).alias("reason"),
+        F.lit(None).cast("string").alias("raw"))
+    return ranked.filter(F.col("line") == F.col("first_line")).drop("first_line"), dups
+
+
+def only_new(spark: SparkSession, config: Config, topic: Topic, good: DataFrame) -> DataFrame:
+    """Rows whose id the topic does not have yet (direct join: key lookups, no table scan)."""
+    keyed = good.withColumn("topic_uid", F.lit(str(topic.uid)))
+    present = sessions.table(spark, config, "messages", directJoinSetting="on").select(
+        "topic_uid", "id", F.lit(True).alias("present"))
+    return keyed.join(present, ["topic_uid", "id"], "left").filter(
+        F.col("present").isNull()).drop("present")
+
+
+def reserve_slots(services: Services, topic: Topic, groups: list[tuple[int, int, int]]
+                  ) -> list[tuple[int, int, int]]:
+    """(bucket, shard, first slot) for each (bucket, shard, count), by the API's LWT."""
+    def one(group: tuple[int, int, int]) -> tuple[int, int, int]:
+        bucket, shard, count = group
+        return bucket, shard, services.timeline.reserve_slots(topic.uid, bucket, shard, count)
+
+    with ThreadPoolExecutor(RESERVERS) as pool:
+        return list(pool.map(one, groups))
+
+
+def with_parts(spark: SparkSession, new: DataFrame, firsts: list[tuple[int, int, int]],
+               partition_cap: int) -> DataFrame:
+    slots = spark.createDataFrame(firsts, "bucket long, shard int, first_slot int")
+    order = Window.partitionBy("bucket", "shard").orderBy("id")
+    return (new.join(F.broadcast(slots), ["bucket", "shard"])
+            .withColumn("slot", F.col("first_slot") + F.row_number().over(order) - 1)
+            .withColumn("part", (F.col("slot") / partition_cap).cast("int")))
+
+
+def save(df: DataFrame, config: Config, table: str, **options: str) -> None:
+    (df.write.format(sessions.CASSANDRA_FORMAT).mode("append")
+     .options(keyspace=config.keyspace, table=table, **options).save())
+
+
+def load(progress: Progress, config: Config, placed: DataFrame) -> None:
+    ms = F.timestamp_millis
+    progress.enter("writing payloads")
+    save(placed.select("topic_uid", "id", "content_hash", "payload", "encoding",
+                       F.col("payload_ttl").alias("ttl")), config, "message_payloads", ttl="ttl")
+    progress.enter("writing timeline pointers")
+    pointers = placed.select("topic_uid", "bucket", "shard", "part", ms("due_at").alias("due_at"),
+                             "id", F.lit(1).alias("version"), "priority", "ttl")
+    save(pointers.repartition("bucket", "shard", "part").sortWithinPartitions(
+        "bucket", "shard", "part"), config, "timeline", ttl="ttl")
+    progress.enter("writing message states")
+    states = placed.select(
+        "topic_uid", "id", F.lit("scheduled").alias("state"), F.lit(1).alias("version"),
+        ms("due_at").alias("due_at"), ms("deliver_at").alias("deliver_at"), "priority",
+        "campaign", "shard", F.lit(0).alias("attempts"), "content_hash",
+        ms("created_at").alias("created_at"), ms("created_at").alias("updated_at"), "ttl",
+        F.lit(IMPORT_WRITETIME_US).cast("long").alias("wt"))
+    save(states, config, "messages", ttl="ttl", writetime="wt")
+    progress.enter("writing the campaign index")
+    campaigns = placed.filter(F.col("campaign").isNotNull()).select(
+        "topic_uid", "campaign", "spread", "id", "ttl")
+    save(campaigns, config, "campaign_messages", ttl="ttl")
+
+
+def count(services: Services, topic: Topic, placed: DataFrame,
+          groups: list[tuple[int, int, int]]) -> None:
+    """Counters and activity markers the API keeps, for the rows this run added."""
+    per_minute = {r["minute"]: r["n"] for r in placed.groupBy(
+        (F.col("due_at") / MS_PER_MINUTE).cast("long").alias("minute")).count()
+        .withColumnRenamed("count", "n").collect()}
+    services.counts.add_states(topic.uid, {"scheduled": sum(n for _, _, n in groups)})
+    services.counts.add_upcoming_per_minute(topic.uid, per_minute)
+    services.timeline.mark_active(topic.uid, sorted({b for b, _, _ in groups}),
+                                  services.config.bucket_ms)
+    services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    config = load_config()
+    services = Services(config)
+    topic = services.topics.get(args.tenant, args.topic)
+    if topic is None:
+        raise SystemExit(f"no topic {args.topic!r} for tenant {args.tenant!r}")
+    spark = sessions.build(config, f"duetime-import-{args.topic}")
+    began = time.monotonic()
+    with Progress(spark.sparkContext) as progress:
+        progress.enter(f"validating {args.file}")
+        settings = ImportSettings(topic, args.campaign, services.clock(), config.max_payload_bytes,
+                                  config.horizon_days, config.retention_days, config.bucket_ms)
+        parsed = validate(spark, read_file(spark, args.file), settings).persist()
+        good, dups = split_duplicates(parsed.filter(F.col("reason").isNull()))
+        progress.enter("looking up ids the topic already has")
+        new = only_new(spark, config, topic, good).persist()
+        groups = [(r["bucket"], r["shard"], r["count"])
+                  for r in new.groupBy("bucket", "shard").count().collect()]
+        progress.enter(f"reserving pointer slots for {len(groups)} (bucket, shard) groups")
+        placed = with_parts(spark, new, reserve_slots(services, topic, groups),
+                            config.partition_cap).persist()
+        load(progress, config, placed)
+        count(services, topic, placed, groups)
+        progress.enter(f"writing rejects to {args.rejects}")
+        rejects = parsed.filter(F.col("reason").isNotNull()).select("line", "reason", "raw") \
+            .unionByName(dups).orderBy("line")
+        rejects.coalesce(1).write.mode("overwrite").option("header", True).csv(args.rejects)
+        totals = Counter({"rows": parsed.count(), "rejected": rejects.count(),
+                          "imported": sum(n for _, _, n in groups)})
+    elapsed = time.monotonic() - began
+    summary = {**totals, "already_present": totals["rows"] - totals["rejected"]
+               - totals["imported"], "seconds": round(elapsed, 2),
+               "rows_per_s": round(totals["rows"] / elapsed, 1), "rejects": args.rejects}
+    spark.stop()
+    services.close()
+    return summary
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duetime spark import")
+    p.add_argument("file")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--tenant", default="dev")
+    p.add_argument("--campaign", default=None)
+    p.add_argument("--rejects", default=None, help="folder for the rejects CSV "
+                   "(default: FILE.rejects)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    args.rejects = args.rejects or args.file.rstrip("/") + ".rejects"
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

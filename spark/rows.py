@@ -1,0 +1,128 @@
+"""Transform of the import (pure, no Spark, no I/O): one file row → one message as the API
+would make it, or a reject with its reason.
+
+The checks are the API's own (app.schemas.messages.MessageInSchema, app.enqueue.new_message),
+and the state row, shard and bucket come from the same app code, so an imported message is
+indistinguishable from one enqueued over HTTP (apart from its deterministic id).
+
+File columns: recipient (required); payload (JSON text) or, without it, every other column
+becomes a field of a JSON payload (template fields); at most one of deliver_at (RFC 3339 or
+epoch ms), delay_ms, or local_time + timezone (none: due now); optional id, priority, campaign.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from marshmallow import ValidationError
+
+from app.enqueue import new_message, state_row
+from app.errors import DuetimeError
+from app.ids import import_id
+from app.models import Topic
+from app.schemas.messages import MessageInSchema
+from app.timeline import MS_PER_DAY, bucket_of, campaign_spread, ttl_s
+
+TIME_COLUMNS = ("deliver_at", "delay_ms", "local_time", "timezone")
+RESERVED = {"id", "recipient", "payload", "priority", "campaign", *TIME_COLUMNS}
+_SCHEMA = MessageInSchema()
+
+
+class Reject(ValueError):
+    """A row that cannot be imported; str() is the reason written to the rejects file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportSettings:
+    """What every row of one import shares. Times in epoch ms, durations as named."""
+
+    topic: Topic
+    campaign: str | None
+    now_ms: int
+    max_payload_bytes: int
+    horizon_days: int
+    retention_days: int
+    bucket_ms: int
+
+
+def _present(raw: dict[str, Any], name: str) -> bool:
+    value = raw.get(name)
+    return value is not None and str(value).strip() != ""
+
+
+def _time_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if _present(raw, "deliver_at"):
+        text = str(raw["deliver_at"]).strip()
+        out["deliver_at"] = int(text) if text.lstrip("-").isdigit() else text
+    if _present(raw, "delay_ms"):
+        try:
+            out["delay_ms"] = int(str(raw["delay_ms"]).strip())
+        except ValueError as exc:
+            raise Reject("delay_ms: not an integer") from exc
+    for name in ("local_time", "timezone"):
+        if _present(raw, name):
+            out[name] = str(raw[name]).strip()
+    return out
+
+
+def _payload(raw: dict[str, Any]) -> Any:
+    if _present(raw, "payload"):
+        try:
+            return json.loads(str(raw["payload"]))
+        except json.JSONDecodeError as exc:
+            raise Reject(f"payload: not JSON ({exc.msg})") from exc
+    return {k: v for k, v in raw.items() if k not in RESERVED - {"recipient"} and v is not None}
+
+
+def message_fields(raw: dict[str, Any], campaign: str | None) -> dict[str, Any]:
+    """The API's message body for a file row (before the API's own validation)."""
+    if not _present(raw, "recipient"):
+        raise Reject("recipient: missing")
+    recipient = str(raw["recipient"]).strip()
+    times = _time_fields(raw)
+    campaign = campaign or (str(raw["campaign"]).strip() if _present(raw, "campaign") else None)
+    spec = json.dumps(times, sort_keys=True)
+    body: dict[str, Any] = {
+        "id": str(raw["id"]).strip() if _present(raw, "id") else import_id(campaign, recipient,
+                                                                           spec),
+        "payload": _payload(raw), **times}
+    if campaign:
+        body["campaign"] = campaign
+    if _present(raw, "priority"):
+        try:
+            body["priority"] = int(str(raw["priority"]).strip())
+        except ValueError as exc:
+            raise Reject("priority: not an integer") from exc
+    return body
+
+
+def _reason(err: ValidationError) -> str:
+    messages = err.normalized_messages()
+    return "; ".join(f"{field}: {' '.join(map(str, m if isinstance(m, list) else [m]))}"
+                     for field, m in sorted(messages.items()))
+
+
+def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
+    """One output row (the columns of the messages, payload and timeline tables), or Reject."""
+    try:
+        data = _SCHEMA.load(message_fields(raw, s.campaign))
+    except ValidationError as err:
+        raise Reject(_reason(err)) from err
+    try:
+        m = new_message(data, s.now_ms, s.max_payload_bytes, s.horizon_days)
+    except DuetimeError as err:
+        raise Reject(err.detail) from err
+    row = state_row(s.topic, m, data["id"], s.now_ms)
+    return {
+        "id": row.id, "shard": row.shard, "bucket": bucket_of(row.due_at_ms, s.bucket_ms),
+        "due_at": row.due_at_ms, "deliver_at": row.deliver_at_ms, "priority": row.priority,
+        "campaign": row.campaign, "content_hash": row.content_hash, "payload": m.payload.data,
+        "encoding": m.payload.encoding, "created_at": s.now_ms,
+        "ttl": ttl_s(row.due_at_ms, s.now_ms, s.retention_days),
+        "spread": campaign_spread(row.id),
+        "payload_ttl": ttl_s(row.due_at_ms, s.now_ms, s.retention_days,
+                             s.horizon_days * MS_PER_DAY),
+    }

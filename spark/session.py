@@ -1,0 +1,62 @@
+"""The SparkSession of duetime's jobs: the spark-cassandra-connector, its connection settings
+from app.config, and the write tuning for bulk imports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from app.config import Config
+
+ROOT = Path(__file__).resolve().parent.parent
+JARS_DIR = ROOT / "var" / "spark" / "jars"
+CASSANDRA_FORMAT = "org.apache.spark.sql.cassandra"
+
+
+def connector_jars() -> list[str]:
+    """The connector and its dependencies, fetched by `make setup` (devstack/spark-pom.xml)."""
+    jars = sorted(str(p) for p in JARS_DIR.glob("*.jar"))
+    if not jars:
+        raise SystemExit(f"no connector jars in {JARS_DIR}; run `make setup` first")
+    return jars
+
+
+def connector_conf(config: Config) -> dict[str, str]:
+    """Connection and write settings. Writes: many concurrent unlogged batches, each holding
+    rows of one Cassandra partition (the jobs sort rows by partition key first)."""
+    conf = {
+        "spark.sql.extensions": "com.datastax.spark.connector.CassandraSparkExtensions",
+        "spark.cassandra.connection.host": ",".join(config.contact_points),
+        "spark.cassandra.connection.port": str(config.cql_port),
+        "spark.cassandra.output.consistency.level": config.consistency,
+        "spark.cassandra.input.consistency.level": config.consistency,
+        "spark.cassandra.output.concurrent.writes": "32",
+        "spark.cassandra.output.batch.grouping.key": "partition",
+        "spark.cassandra.output.batch.size.rows": "auto",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "16",
+    }
+    if config.local_dc:
+        conf["spark.cassandra.connection.localDC"] = config.local_dc
+    if config.cql_username:
+        conf["spark.cassandra.auth.username"] = config.cql_username
+        conf["spark.cassandra.auth.password"] = config.cql_password or ""
+    return conf
+
+
+def build(config: Config, app_name: str) -> SparkSession:
+    """The session (the master comes from spark-submit)."""
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in connector_conf(config).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def table(spark: SparkSession, config: Config, name: str, **options: str) -> DataFrame:
+    """A DataFrame over one table of duetime's keyspace (read options as given, e.g.
+    directJoinSetting="on" so a join on the full primary key becomes key lookups)."""
+    return spark.read.format(CASSANDRA_FORMAT).options(
+        keyspace=config.keyspace, table=name, **options).load()
