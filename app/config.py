@@ -58,6 +58,7 @@ class Config:
     release_prepare_rate: int = 1000
     release_rescan_ms: int = 50
     release_sweep_ms: int = 1000
+    release_catchup_ms: int = 3_600_000
     topic_refresh_ms: int = 2000
     webhook_concurrency: int = 64
 

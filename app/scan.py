@@ -199,6 +199,43 @@ class DueScanner:
                     seen[(bucket, shard)] = counts[(bucket, shard)]
         return ScanResult(due, frontier, starts)
 
+    def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
+                   seen: dict[tuple[int, int], int], now_ms: int) -> list[Due]:
+        """Waiting messages whose pointer landed behind its shard's cursor (a writer slower or
+        with a clock further behind than the safety lag: a long bulk import, a skewed host).
+        Only (bucket, shard)s of the shards in `cursors`, from since_ms on, whose write count
+        moved since `seen` are read, so this costs one small read per sweep when nothing
+        straggles. Updates `seen`."""
+        if not cursors:
+            return []
+        bucket_ms = self.config.bucket_ms
+        buckets = list(range(bucket_of(since_ms, bucket_ms),
+                             bucket_of(max(cursors.values()), bucket_ms) + 1))
+        counts = self.timeline.write_counts(topic.uid, buckets)
+        changed = {k: n for k, n in counts.items() if k[1] in cursors and seen.get(k) != n}
+        if not changed:
+            return []
+        slots = self.timeline.slots(topic.uid, sorted({b for b, _ in changed}))
+        cap = self.config.partition_cap
+        plan = [(b, sh, part, bucket_start_ms(b, bucket_ms),
+                 min(bucket_start_ms(b + 1, bucket_ms), cursors[sh]) - 1)
+                for b, sh in sorted(changed)
+                for part in range(parts_for(slots.get(b, {}).get(sh, 0), cap))]
+        frontier = dict.fromkeys(cursors, now_ms)
+        behind, _ = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False)
+        rows = self.messages.get_many(topic.uid, [p.id for p in behind]) if behind else {}
+        found, unsettled = [], set()
+        for p in behind:
+            row = rows.get(p.id)
+            if row is not None and is_live(p, row, now_ms):
+                found.append(Due(p, row))
+            elif is_spent(p, row):
+                self.spent.add(topic.uid, p)
+            else:
+                unsettled.add((bucket_of(p.due_at_ms, bucket_ms), p.shard))
+        seen.update({k: n for k, n in changed.items() if k not in unsettled})
+        return found
+
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
               frontier: dict[int, int], skip: Callable[[PointerKey], bool]
               ) -> tuple[list[Pointer], int]:

@@ -6,6 +6,8 @@ that makes it current, so a crash between the two leaves at worst a stale pointe
 
 from __future__ import annotations
 
+import dataclasses
+
 from app.errors import LeaseLost
 from app.models import MessageState, Pointer, Topic
 from app.services import Services
@@ -40,3 +42,21 @@ def count_moves(services: Services, topic: Topic, moves: list[tuple[str, str]],
             deltas[after] = deltas.get(after, 0) + 1
     if deltas:
         services.counts.add_states(topic.uid, deltas, wait)
+
+
+def replace_ahead(services: Services, topic: Topic, rows: list[MessageState],
+                  now: int) -> list[MessageState]:
+    """Move waiting messages found behind their shard's cursor to now (pointer first, then
+    the LWT), where readers will find them; an expired lease becomes scheduled again.
+    Returns the rows moved (a row that changed meanwhile is left alone)."""
+    moved = [dataclasses.replace(r, state="scheduled", version=r.version + 1, due_at_ms=now,
+                                 lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)
+             for r in rows]
+    placed = place_then(services, topic, moved, now)
+    outcomes = services.messages.cas_many(
+        [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
+         for r in placed])
+    done = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
+    before = {r.id: r.state for r in rows}
+    count_moves(services, topic, [(before[r.id], "scheduled") for r in done])
+    return done

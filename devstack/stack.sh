@@ -25,14 +25,28 @@ setup_venv() {
   echo "creating the virtualenv in .venv"
   [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e ".[dev]"
+  "$VENV/bin/pip" install -q -e ".[dev,spark]"
   rm -f "$VENV"/.installed-*
   touch "$stamp"
+}
+
+fetch_spark_jars() {  # the spark-cassandra-connector and its dependencies, once
+  local version marker
+  version=$(sed -n 's:.*<connector.version>\(.*\)</connector.version>.*:\1:p' devstack/spark-pom.xml)
+  marker="$VAR/spark/jars/.fetched-$version"
+  [ -f "$marker" ] && return 0
+  echo "fetching spark-cassandra-connector $version with Maven"
+  rm -rf "$VAR/spark/jars"
+  mvn -B -q -f devstack/spark-pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+    -DexcludeArtifactIds=scala-library,scala-reflect,slf4j-api,commons-lang3,metrics-core \
+    -DoutputDirectory="$VAR/spark/jars"
+  touch "$marker"
 }
 
 setup() {
   need_apt java:openjdk-17-jre-headless mvn:maven curl:curl
   setup_venv
+  fetch_spark_jars
   $PY devstack/cassandra.py start dev
   "$VENV/bin/duetime" schema apply
 }

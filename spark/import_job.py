@@ -97,10 +97,11 @@ def split_duplicates(good: DataFrame) -> tuple[DataFrame, DataFrame]:
 def only_new(spark: SparkSession, config: Config, topic: Topic, good: DataFrame) -> DataFrame:
     """Rows whose id the topic does not have yet (direct join: key lookups, no table scan)."""
     keyed = good.withColumn("topic_uid", F.lit(str(topic.uid)))
+    # a plain projection of the table: anything computed on its side defeats the direct join
     present = sessions.table(spark, config, "messages", directJoinSetting="on").select(
-        "topic_uid", "id", F.lit(True).alias("present"))
+        "topic_uid", "id", F.col("state").alias("present_state"))
     return keyed.join(present, ["topic_uid", "id"], "left").filter(
-        F.col("present").isNull()).drop("present")
+        F.col("present_state").isNull()).drop("present_state")
 
 
 def reserve_slots(services: Services, topic: Topic, groups: list[tuple[int, int, int]]

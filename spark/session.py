@@ -34,6 +34,7 @@ def connector_conf(config: Config) -> dict[str, str]:
         "spark.cassandra.output.concurrent.writes": "32",
         "spark.cassandra.output.batch.grouping.key": "partition",
         "spark.cassandra.output.batch.size.rows": "auto",
+        "spark.cassandra.output.ignoreNulls": "true",  # a null would write a tombstone
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "16",
     }

@@ -15,6 +15,7 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
+from app import create_app
 from app.config import Config
 from app.services import Services
 from app.timeparse import parse_instant
@@ -183,3 +184,21 @@ def _tenant_of(services: Services, auth: dict[str, str]) -> str:
     tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
     assert tenant is not None
     return tenant
+
+
+def test_a_pointer_written_far_behind_the_cursor_is_still_delivered(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    """A producer whose clock is 5 s behind (five times the safety lag) writes pointers the
+    cursors have long passed; the releaser's catch-up moves them to now."""
+    skewed = create_app(config, clock=lambda: now_ms() - 5000)
+    try:
+        with receiving(Receiver()) as target, releaser(config, "r-behind"):
+            topic, secret = webhook_topic(client, auth, target.url)
+            time.sleep(2.0)  # the sweep moves the cursors to now - safety lag
+            late = TopicClient(skewed.test_client(), auth, name=topic.name,
+                               delivery={"mode": "webhook", "url": target.url})
+            assert late.enqueue(id="behind").status_code == 201
+            assert target.wait_for(lambda got: len(got) == 1, 15)
+            assert_on_time_and_signed(target.arrivals, secret, topic.name)
+    finally:
+        skewed.extensions["duetime"].close()

@@ -7,8 +7,9 @@ Periodic jobs (APScheduler), each one idempotent step:
   [now - RECENT_MS, now + lookahead] go into the timer heap, so a message scheduled a moment
   ahead is still released on time; a (bucket, shard) is re-read only when its write count
   moved (table bucket_writes), so frequent re-scans stay cheap;
-- sweep (release_sweep_ms): from each owned shard's stored cursor, find what the look-ahead
-  cannot (pointers written behind it), then move the cursor forward. For pull topics the sweep
+- sweep (release_sweep_ms): move stragglers (pointers written behind a cursor, found by
+  their partition's write count) to now; from each owned shard's stored cursor, put what the
+  look-ahead missed into the heap, then move the cursor forward. For pull topics the sweep
   only keeps cursors moving, so consumers' lease scans stay short.
 A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
 PushDispatcher, which leases them and POSTs each at its due time (workers/push.py).
@@ -30,6 +31,7 @@ from app.models import Topic
 from app.services import Services
 from app.store.ownership import OwnershipStore
 from app.timeline import release_slot_of
+from app.transitions import replace_ahead
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.push import PushDispatcher
 from workers.timers import Timer, TimerHeap, earliest_by_shard
@@ -52,6 +54,7 @@ class Releaser:
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._topics: dict[uuid.UUID, Topic] = {}
         self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
+        self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.holds)
         self._stop = threading.Event()
@@ -133,12 +136,13 @@ class Releaser:
         now = self.services.clock()
         cfg = self.services.config
         for topic, mine in self._owned_shards():
-            if topic.settings.delivery_mode != "webhook":
-                self._keep_pull_cursors(topic, set(mine), now)
-                continue
             stored = self.services.timeline.cursors(topic.uid)
             default = topic.created_at_ms - cfg.safety_lag_ms
             starts = {s: stored.get(s, default) for s in mine}
+            self._catch_up(topic, mine, starts, now)
+            if topic.settings.delivery_mode != "webhook":
+                self._keep_pull_cursors(topic, set(mine), now)
+                continue
             frontier = self._into_heap(topic, mine, starts, now + cfg.release_lookahead_ms)
             earliest = earliest_by_shard(self.timers.items(), topic.uid)
             moves = {}
@@ -147,6 +151,22 @@ class Releaser:
                 if through > start:
                     moves[s] = through
             self.services.scanner.advance(topic, moves)
+
+    def _catch_up(self, topic: Topic, mine: dict[int, int], cursors: dict[int, int],
+                  now: int) -> None:
+        """Move stragglers (pointers written behind the cursor) to now, where every reader
+        finds them (rule 2's trap: docs/design.md)."""
+        owned, seen = self._behind.get(topic.uid, (frozenset(), {}))
+        if owned != frozenset(mine):
+            owned, seen = frozenset(mine), {}
+            self._behind[topic.uid] = (owned, seen)
+        since = min(cursors.values()) - self.services.config.release_catchup_ms
+        found = self.services.scanner.stragglers(topic, cursors, since, seen, now)
+        if found:
+            moved = replace_ahead(self.services, topic, [d.row for d in found], now)
+            self.services.scanner.spend(topic, [d.pointer for d in found])
+            log.info("moved %d messages of topic %s found behind the cursor", len(moved),
+                     topic.name)
 
     def _keep_pull_cursors(self, topic: Topic, shards: set[int], now: int) -> None:
         """Move pull cursors over spent pointers, stopping at the first live ones: a backlog

@@ -15,6 +15,7 @@ from typing import Any
 
 from cassandra import WriteTimeout
 from cassandra.cluster import ResponseFuture
+from cassandra.query import UNSET_VALUE
 
 from app.errors import StoreUnavailable
 from app.models import MessageState, Payload
@@ -78,7 +79,9 @@ class MessageStore:
     ) -> list[tuple[bool, MessageState | None] | Exception]:
         """Insert each (state, ttl_s) IF NOT EXISTS. Per row: (True, None) when inserted,
         (False, existing row) when the id was taken, or the exception that failed it."""
-        params = [(m.topic_uid, m.id, *_column_values(m), ttl) for m, ttl in rows]
+        # unset, not null: a null in an insert writes a tombstone cell for nothing
+        params = [(m.topic_uid, m.id, *(UNSET_VALUE if v is None else v
+                                        for v in _column_values(m)), ttl) for m, ttl in rows]
         answers: list[tuple[bool, MessageState | None] | Exception] = []
         for (ok, result), (m, _) in zip(self.db.execute_many(_INSERT, params), rows, strict=True):
             if not ok:

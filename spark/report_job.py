@@ -1,0 +1,154 @@
+"""`duetime spark report`: what is coming and how delivery went, read from the live tables.
+
+For one topic (optionally one campaign): messages per state, upcoming load per minute and per
+hour, delivery lag percentiles per campaign (lag = when the message was marked delivered minus
+its deliver_at, in ms), and the attempts distribution. Each metric is written as Parquet and
+CSV under OUT/<metric>/, plus OUT/index.html with PNG charts. Prints a JSON summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from app.config import Config, load_config
+from app.services import Services
+from app.timeline import MS_PER_MINUTE
+from spark import charts
+from spark import session as sessions
+from spark.progress import Progress
+
+MS_PER_HOUR = 3_600_000
+
+
+def messages_of(spark: Any, config: Config, topic_uid: str, campaign: str | None) -> DataFrame:
+    """The topic's state rows. Their partition key is (topic_uid, id), so this is a scan of
+    the table filtered by topic: the price of analytics on the live table."""
+    df = sessions.table(spark, config, "messages").filter(F.col("topic_uid") == topic_uid)
+    if campaign:
+        df = df.filter(F.col("campaign") == campaign)
+    ms = F.unix_millis
+    return df.select("id", "state", "attempts", "campaign", ms("due_at").alias("due_at_ms"),
+                     ms("deliver_at").alias("deliver_at_ms"),
+                     ms("updated_at").alias("updated_at_ms"))
+
+
+def state_counts(df: DataFrame) -> DataFrame:
+    return df.groupBy("state").count().orderBy("state")
+
+
+def upcoming(df: DataFrame, now_ms: int, slot_ms: int) -> DataFrame:
+    """Scheduled messages per time slot from now on (slot = epoch ms // slot_ms)."""
+    return (df.filter((F.col("state") == "scheduled") & (F.col("due_at_ms") >= now_ms))
+            .groupBy((F.col("due_at_ms") / slot_ms).cast("long").alias("slot"))
+            .count().orderBy("slot"))
+
+
+def lag_per_campaign(df: DataFrame) -> DataFrame:
+    lag = F.col("updated_at_ms") - F.col("deliver_at_ms")
+    return (df.filter(F.col("state") == "delivered")
+            .withColumn("campaign", F.coalesce("campaign", F.lit("(none)")))
+            .groupBy("campaign").agg(
+                F.count("*").alias("delivered"),
+                F.percentile_approx(lag, 0.5, 10_000).alias("p50_ms"),
+                F.percentile_approx(lag, 0.9, 10_000).alias("p90_ms"),
+                F.percentile_approx(lag, 0.99, 10_000).alias("p99_ms"),
+                F.max(lag).alias("max_ms"))
+            .orderBy("campaign"))
+
+
+def attempts(df: DataFrame) -> DataFrame:
+    return df.groupBy("attempts").count().orderBy("attempts")
+
+
+def write(df: DataFrame, out: Path, name: str) -> list[dict[str, Any]]:
+    """Parquet and CSV under out/name/; the (small) result as dicts."""
+    df = df.cache()
+    df.coalesce(1).write.mode("overwrite").parquet(str(out / name / "parquet"))
+    df.coalesce(1).write.mode("overwrite").option("header", True).csv(str(out / name / "csv"))
+    return [r.asDict() for r in df.collect()]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    config = load_config()
+    services = Services(config)
+    topic = services.topics.get(args.tenant, args.topic)
+    if topic is None:
+        raise SystemExit(f"no topic {args.topic!r} for tenant {args.tenant!r}")
+    out = Path(args.out or f"reports/{args.topic}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    spark = sessions.build(config, f"duetime-report-{args.topic}")
+    now = services.clock()
+    with Progress(spark.sparkContext) as progress:
+        progress.enter(f"reading the messages of {args.topic}")
+        df = messages_of(spark, config, str(topic.uid), args.campaign).cache()
+        progress.enter("computing the report")
+        results = {
+            "states": write(state_counts(df), out, "states"),
+            "upcoming_per_minute": write(upcoming(df, now, MS_PER_MINUTE), out,
+                                         "upcoming_per_minute"),
+            "upcoming_per_hour": write(upcoming(df, now, MS_PER_HOUR), out, "upcoming_per_hour"),
+            "lag_per_campaign": write(lag_per_campaign(df), out, "lag_per_campaign"),
+            "attempts": write(attempts(df), out, "attempts"),
+        }
+        progress.enter(f"drawing {out / 'index.html'}")
+        draw(out, args, results)
+    spark.stop()
+    services.close()
+    return {"out": str(out), "states": {r["state"]: r["count"] for r in results["states"]},
+            "lag_per_campaign": results["lag_per_campaign"],
+            "attempts": {r["attempts"]: r["count"] for r in results["attempts"]},
+            "upcoming_per_hour": {r["slot"] * MS_PER_HOUR: r["count"]
+                                  for r in results["upcoming_per_hour"]}}
+
+
+def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
+    states, lag, tries = results["states"], results["lag_per_campaign"], results["attempts"]
+    images = {
+        "states": charts.bar_chart(out / "states.png", "Messages per state",
+                                   [r["state"] for r in states], [r["count"] for r in states],
+                                   "messages"),
+        "minute": charts.load_chart(out / "upcoming_minute.png", "Upcoming load per minute",
+                                    [(r["slot"], r["count"])
+                                     for r in results["upcoming_per_minute"]], MS_PER_MINUTE),
+        "hour": charts.load_chart(out / "upcoming_hour.png", "Upcoming load per hour",
+                                  [(r["slot"], r["count"])
+                                   for r in results["upcoming_per_hour"]], MS_PER_HOUR),
+        "lag": charts.lag_chart(out / "lag.png", lag) if lag else None,
+        "attempts": charts.bar_chart(out / "attempts.png", "Attempts per message",
+                                     [str(r["attempts"]) for r in tries],
+                                     [r["count"] for r in tries], "messages"),
+    }
+    title = f"duetime report: topic {args.topic}" + (
+        f", campaign {args.campaign}" if args.campaign else "")
+    charts.page(out / "index.html", title, [
+        ("Messages per state", images["states"], states),
+        ("Upcoming load per minute", images["minute"], results["upcoming_per_minute"][:120]),
+        ("Upcoming load per hour", images["hour"], results["upcoming_per_hour"]),
+        ("Delivery lag per campaign (ms)", images["lag"], lag),
+        ("Attempts distribution", images["attempts"], tries),
+    ])
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duetime spark report")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--tenant", default="dev")
+    p.add_argument("--campaign", default=None)
+    p.add_argument("--out", default=None, help="folder for the report (default reports/TOPIC)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(run(parser().parse_args(argv)), default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

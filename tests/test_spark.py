@@ -1,0 +1,128 @@
+"""Spark in local mode against the real node: bulk import with rejects and exact counts, a
+re-run that adds nothing, imported messages delivered by a releaser, and a report whose
+numbers equal the API's /stats and per-message reads."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from app.config import Config
+from app.ids import import_id
+from app.services import Services
+from tests.conftest import ROOT
+from tests.consumers import TopicClient, now_ms
+from tests.import_files import write_csv
+from tests.receiver import Receiver, receiving
+from tests.test_releaser import assert_on_time_and_signed, releaser, wait_state, webhook_topic
+
+ROWS = 100_000
+
+
+def spark_job(config: Config, *args: str) -> dict[str, Any]:
+    """Run `duetime spark ...` on the test keyspace; its JSON summary (last stdout line)."""
+    env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "spark", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "finished in" in done.stdout  # progress was shown (spark-submit merges stderr)
+    summary: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return summary
+
+
+def tenant_of(services: Services, auth: dict[str, str]) -> str:
+    tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
+    assert tenant is not None
+    return tenant
+
+
+def stats(client: FlaskClient, topic: TopicClient) -> dict[str, int]:
+    answer = client.get(topic.url("/stats"), headers=topic.headers)
+    assert answer.status_code == 200
+    counts: dict[str, int] = answer.get_json()["counts"]
+    return counts
+
+
+@pytest.fixture(scope="module")
+def big_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    path = tmp_path_factory.mktemp("import") / "sends.csv"
+    expected = write_csv(path, ROWS, now_ms() + 3_600_000, 3_600_000, bad_every=997)
+    return path, expected
+
+
+def test_import_counts_rejects_and_a_rerun_adds_nothing(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        big_file: tuple[Path, Any], tmp_path: Path) -> None:
+    path, expected = big_file
+    topic = TopicClient(client, auth)
+    tenant = tenant_of(services, auth)
+    rejects = tmp_path / "rejects"
+    first = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant", tenant,
+                      "--campaign", "bulk", "--rejects", str(rejects))
+    assert first["rows"] == ROWS
+    assert first["rejected"] == expected.invalid + expected.duplicates
+    assert first["imported"] == expected.good
+    rejected = list(csv.DictReader(next(rejects.glob("*.csv")).open(encoding="utf-8")))
+    assert len(rejected) == first["rejected"]
+    reasons = {r["reason"].split(":")[0] for r in rejected}
+    assert {"recipient", "priority", "deliver_at"} <= reasons
+    assert sum(r["reason"].startswith("duplicate of line") for r in rejected) == \
+        expected.duplicates
+    assert stats(client, topic)["scheduled"] == expected.good
+    # an imported message reads like an API one
+    spec = json.dumps({"deliver_at": int(next(csv.DictReader(path.open()))["deliver_at"])})
+    body = topic.get(import_id("bulk", "user0", spec)).get_json()
+    assert body["state"] == "scheduled" and body["campaign"] == "bulk"
+
+    again = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant", tenant,
+                      "--campaign", "bulk", "--rejects", str(tmp_path / "rejects2"))
+    assert again["imported"] == 0
+    assert again["already_present"] == expected.good
+    assert stats(client, topic)["scheduled"] == expected.good
+
+
+def test_imported_messages_are_released_and_the_report_matches_the_api(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        tmp_path: Path) -> None:
+    def script(message_id: str, before: int) -> int:
+        return 500 if message_id.endswith(("3", "7")) and before == 0 else 200
+
+    with receiving(Receiver(script)) as target, releaser(config, "r-spark"):
+        topic, secret = webhook_topic(client, auth, target.url,
+                                      retry={"backoff_seconds": 0.2, "max_backoff_seconds": 1})
+        path = tmp_path / "soon.csv"
+        # due from 25 s on: Spark's start-up and the import happen before the first is due
+        expected = write_csv(path, 300, now_ms() + 25_000, 3_000)
+        summary = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant",
+                            tenant_of(services, auth), "--campaign", "soon")
+        assert summary["imported"] == expected.good == 300
+        assert target.wait_distinct(300, 60), target.distinct()
+        assert_on_time_and_signed(target.arrivals, secret, topic.name)
+        ids = sorted({a.message_id for a in target.arrivals})
+        for message_id in ids[-5:]:
+            wait_state(topic, message_id, "delivered", 10)
+        time.sleep(1.5)  # let the last outcomes be recorded
+    report = spark_job(config, "report", "--topic", topic.name, "--tenant",
+                       tenant_of(services, auth), "--out", str(tmp_path / "report"))
+    api_counts = {s: n for s, n in stats(client, topic).items() if n}
+    assert report["states"] == api_counts == {"delivered": 300}
+    reads = [topic.get(i).get_json() for i in ids]
+    per_attempts: dict[str, int] = {}
+    for body in reads:
+        per_attempts[str(body["attempts"])] = per_attempts.get(str(body["attempts"]), 0) + 1
+    assert {str(k): v for k, v in report["attempts"].items()} == per_attempts
+    assert per_attempts.get("2", 0) > 0  # the first POSTs that got 500 were retried
+    lag = report["lag_per_campaign"][0]
+    assert lag["campaign"] == "soon" and lag["delivered"] == 300
+    assert 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"]
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "states.png" in page and (tmp_path / "report" / "lag.png").stat().st_size > 1000
