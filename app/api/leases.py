@@ -35,6 +35,7 @@ class Leases(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(LeaseRequestSchema)
     @blp.response(200, LeaseResponseSchema)
+    @blp.alt_response(409, description="A webhook topic: its messages are pushed, not leased.")
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
         """Lease up to `max` due messages, waiting up to `wait_ms` for the first. A message is
         never handed out before its deliver_at, and to one consumer at a time."""

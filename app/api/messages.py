@@ -142,9 +142,12 @@ class MessageItem(MethodView):
 
     @blp.doc(security=SECURITY)
     @blp.response(204)
-    @blp.alt_response(409, description="Already delivered, or dead.")
+    @blp.alt_response(409, description="Already delivered, dead, or being delivered to the "
+                                       "webhook (a releaser took it for its POST).")
     def delete(self, topic: str, message_id: str) -> None:
-        """Cancel a message: it will never be delivered."""
+        """Cancel a message: it will never be delivered. A webhook message is taken by its
+        releaser shortly before its deliver_at (200 ms, more ahead of a burst); from then
+        until the POST's outcome it can no longer be cancelled (409)."""
         check_message_id(message_id)
         found = get_topic(services(), tenant(), topic)
         usecases.cancel(services(), found, message_id)

@@ -31,8 +31,14 @@ class TopicPutSchema(Schema):
                           metadata={"description": "Backoff after nack/failure, s (1 and 600)."})
     shards = fields.Integer(load_default=None, validate=validate.Range(1, 256),
                             metadata={"description": "Releaser parallelism (default 16)."})
-    delivery = fields.Nested(DeliverySchema, load_default=None,
-                             metadata={"description": "pull (default) or webhook with url."})
+    delivery = fields.Nested(DeliverySchema, load_default=None, metadata={"description": (
+        "pull (default: consumers take leases) or webhook with url: at each message's "
+        "deliver_at (never before) a releaser POSTs the payload to url (application/json, or "
+        "application/octet-stream for payload_base64) with headers Duetime-Message-Id, "
+        "Duetime-Topic, Duetime-Attempt, Duetime-Deliver-At (RFC 3339) and Duetime-Signature "
+        "(lowercase hex HMAC-SHA256 of the body bytes keyed with the topic's signing_secret). "
+        "2xx within timeout_seconds = delivered; anything else is retried after the retry "
+        "backoff (exponential, equal jitter), dead after max_attempts with last_error kept.")})
 
 
 class TopicSchema(Schema):
