@@ -222,7 +222,7 @@ class DueScanner:
                 for b, sh in sorted(changed)
                 for part in range(parts_for(slots.get(b, {}).get(sh, 0), cap))]
         frontier = dict.fromkeys(cursors, now_ms)
-        behind, _ = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False)
+        behind, stopped = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False)
         rows = self.messages.get_many(topic.uid, [p.id for p in behind]) if behind else {}
         found, unsettled = [], set()
         for p in behind:
@@ -233,7 +233,8 @@ class DueScanner:
                 self.spent.add(topic.uid, p)
             else:
                 unsettled.add((bucket_of(p.due_at_ms, bucket_ms), p.shard))
-        seen.update({k: n for k, n in changed.items() if k not in unsettled})
+        read_whole = {(b, sh) for b, sh, *_ in plan[:stopped]}
+        seen.update({k: n for k, n in changed.items() if k in read_whole and k not in unsettled})
         return found
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,

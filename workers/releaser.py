@@ -41,6 +41,7 @@ MAX_TIMERS_PER_SCAN = 20_000
 MAX_SEEN = 10_000
 PULL_SWEEP_WANT = 25
 REPORT_EVERY_MS = 10_000
+CATCH_UP_EVERY_MS = 5000  # stragglers are already late; their search costs a read per topic
 log = logging.getLogger("duetime.releaser")
 
 
@@ -55,6 +56,7 @@ class Releaser:
         self._topics: dict[uuid.UUID, Topic] = {}
         self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
+        self._last_catch_up = 0
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.holds)
         self._stop = threading.Event()
@@ -135,11 +137,15 @@ class Releaser:
     def sweep(self) -> None:
         now = self.services.clock()
         cfg = self.services.config
+        catching_up = now - self._last_catch_up >= CATCH_UP_EVERY_MS
+        if catching_up:
+            self._last_catch_up = now
         for topic, mine in self._owned_shards():
             stored = self.services.timeline.cursors(topic.uid)
             default = topic.created_at_ms - cfg.safety_lag_ms
             starts = {s: stored.get(s, default) for s in mine}
-            self._catch_up(topic, mine, starts, now)
+            if catching_up:
+                self._catch_up(topic, mine, starts, now)
             if topic.settings.delivery_mode != "webhook":
                 self._keep_pull_cursors(topic, set(mine), now)
                 continue

@@ -3,8 +3,9 @@
 20,000 messages due over 20 s, 5,000 of them due within one second (the burst), POSTed by the
 stack's releaser to a local receiver. Reports lag (receive time - deliver_at) p50/p99/max,
 early (must be 0), lost, duplicates; optionally with a backlog of messages scheduled a month
-ahead loaded first (--backlog N), to show the backlog does not slow what is due now.
-Usage: python -m tests.bench.push [--messages N] [--backlog N]
+ahead in the same topic (--topic, loaded by `python -m tests.bench.spark_import --topic T`),
+to show the backlog does not slow what is due now.
+Usage: python -m tests.bench.push [--messages N] [--topic T] [--label NAME]
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ def due_offsets(count: int, seed: int = 7) -> list[int]:
 
 
 def enqueue_all(headers: dict[str, str], topic: str, dues: list[int]) -> float:
+    run = uuid.uuid4().hex[:6]  # a topic may be measured more than once
     began = time.perf_counter()
     for first in range(0, len(dues), 1000):
-        batch = [{"id": f"p{i}", "payload": {"i": i}, "deliver_at": dues[i]}
+        batch = [{"id": f"p{run}-{i}", "payload": {"i": i}, "deliver_at": dues[i]}
                  for i in range(first, min(len(dues), first + 1000))]
         answer = requests.post(f"{URL}/v1/topics/{topic}/messages:batch", headers=headers,
                                json={"messages": batch}, timeout=300)
@@ -51,9 +53,9 @@ def enqueue_all(headers: dict[str, str], topic: str, dues: list[int]) -> float:
     return len(dues) / (time.perf_counter() - began)
 
 
-def measure(headers: dict[str, str], count: int) -> dict[str, Any]:
+def measure(headers: dict[str, str], count: int, topic: str | None) -> dict[str, Any]:
     with receiving(Receiver()) as target:
-        topic = f"push{uuid.uuid4().hex[:6]}"
+        topic = topic or f"push{uuid.uuid4().hex[:6]}"
         requests.put(f"{URL}/v1/topics/{topic}", headers=headers, timeout=30, json={
             "delivery": {"mode": "webhook", "url": target.url}}).raise_for_status()
         # start far enough ahead that every message is written before the first is due
@@ -66,7 +68,8 @@ def measure(headers: dict[str, str], count: int) -> dict[str, Any]:
     lags = [a.received_ms - parse_instant(a.headers["Duetime-Deliver-At"]) for a in arrivals]
     ids = [a.message_id for a in arrivals]
     return {
-        "messages": count, "burst": min(BURST, count // 4), "enqueue_msgs_per_s": rate,
+        "topic": topic, "messages": count, "burst": min(BURST, count // 4),
+        "enqueue_msgs_per_s": rate,
         "lag_ms": {"p50": percentile(lags, 0.5), "p90": percentile(lags, 0.9),
                    "p99": percentile(lags, 0.99), "max": max(lags, default=0)},
         "early": sum(1 for lag in lags if lag < 0),
@@ -78,13 +81,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.push")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--label", default="push")
+    parser.add_argument("--topic", default=None, help="use this topic (made a webhook topic), "
+                        "e.g. one holding a backlog imported by tests.bench.spark_import")
     args = parser.parse_args(argv)
     headers = {"Authorization": f"Bearer {Path('var/dev-key').read_text().strip()}"}
-    result = measure(headers, args.messages)
+    result = measure(headers, args.messages, args.topic)
     OUT.mkdir(exist_ok=True)
     (OUT / f"{args.label}.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
-        print(f"{name:22} {json.dumps(value) if isinstance(value, dict) else round(value, 3)}")
+        print(f"{name:22} {value if isinstance(value, str | int) else json.dumps(value)}")
     return 0 if result["early"] == 0 and result["lost"] == 0 else 1
 
 
