@@ -1,6 +1,8 @@
 """Enqueue: one message or a batch, idempotent by client id.
 
-Write order per message: payload (plain insert) → state row (LWT IF NOT EXISTS) → pointer.
+Write order per message: payload (plain insert) → state row → pointer. The state row is an LWT
+IF NOT EXISTS for a client id; a server-made id cannot exist yet, so its row is a plain write
+below every LWT's write time (MessageStore.insert_fresh_many).
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
 retrying the same request re-writes the pointer (the state row is found with the same content).
 """
@@ -152,8 +154,7 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
             inserting.append(i)
         else:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
-    outcomes = services.messages.insert_many(
-        [(rows[i], ttl_s(rows[i].due_at_ms, now, cfg.retention_days)) for i in inserting])
+    outcomes = _insert(services, items, rows, inserting, now)
     created, pointers, placed_for = [], [], []
     for i, outcome in zip(inserting, outcomes, strict=True):
         row = rows[i]
@@ -171,6 +172,20 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
         if err is not None:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
     _count(services, topic, [rows[i] for i in created], now)
+
+
+def _insert(services: Services, items: Sequence[NewMessage], rows: list[MessageState],
+            indexes: list[int], now: int) -> list[tuple[bool, MessageState | None] | Exception]:
+    """State rows: IF NOT EXISTS for client ids (idempotency needs the LWT), a plain write for
+    server-made ids, which cannot exist yet. Outcomes in the order of indexes."""
+    retention = services.config.retention_days
+    client = [i for i in indexes if items[i].id is not None]
+    server = [i for i in indexes if items[i].id is None]
+    found = dict(zip(client, services.messages.insert_many(
+        [(rows[i], ttl_s(rows[i].due_at_ms, now, retention)) for i in client]), strict=True))
+    found.update(zip(server, services.messages.insert_fresh_many(
+        [(rows[i], ttl_s(rows[i].due_at_ms, now, retention)) for i in server]), strict=True))
+    return [found[i] for i in indexes]
 
 
 def _existing(found: MessageState | None, row: MessageState, now: int, pointers: list[Pointer],

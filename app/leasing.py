@@ -13,7 +13,14 @@ import random
 import time
 import uuid
 
-from app.errors import Conflict, InvalidInput, LeaseLost, NotFound
+from app.errors import (
+    Conflict,
+    DuetimeError,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    StoreUnavailable,
+)
 from app.models import MessageState, Payload, Topic
 from app.scan import Due
 from app.services import Services
@@ -98,22 +105,64 @@ def dead(row: MessageState, now: int, reason: str) -> MessageState:
                                last_error=row.last_error or reason)
 
 
-def _held(services: Services, topic: Topic, message_id: str, token: str) -> MessageState:
-    """The row, if `token` holds an unexpired lease on it; else 404 or 409."""
+def _token(token: str) -> uuid.UUID:
     try:
-        presented = uuid.UUID(token)
+        return uuid.UUID(token)
     except ValueError as exc:
         raise InvalidInput("lease_token is malformed.",
                            {"lease_token": ["Not a lease token."]}) from exc
-    row = services.messages.get(topic.uid, message_id)
+
+
+def _check_held(message_id: str, row: MessageState | None, presented: uuid.UUID,
+                now: int) -> MessageState:
+    """The row, if `presented` holds an unexpired lease on it; else 404 or 409."""
     if row is None:
         raise NotFound(f"No message {message_id!r}.")
-    now = services.clock()
     if row.state != "leased" or row.lease_token != presented or (
             row.lease_expires_at_ms or 0) <= now:
         raise LeaseLost(f"The lease on {message_id!r} is no longer held "
                         f"(message is {row.state}).")
     return row
+
+
+def _held(services: Services, topic: Topic, message_id: str, token: str) -> MessageState:
+    """The row, if `token` holds an unexpired lease on it; else 400, 404 or 409."""
+    presented = _token(token)
+    return _check_held(message_id, services.messages.get(topic.uid, message_id), presented,
+                       services.clock())
+
+
+def ack_many(services: Services, topic: Topic,
+             acks: list[tuple[str, str]]) -> list[DuetimeError | None]:
+    """Ack many (id, lease_token) pairs at once: one read for all rows, the LWTs concurrently,
+    one counter write. Per pair None (delivered, or already acked with that token) or the
+    error that pair alone answers (400, 404, 409)."""
+    rows = services.messages.get_many(topic.uid, [i for i, _ in acks])
+    now = services.clock()
+    answers: list[DuetimeError | None] = [None] * len(acks)
+    todo: list[tuple[int, MessageState]] = []
+    for index, (message_id, token) in enumerate(acks):
+        row = rows.get(message_id)
+        if row is not None and row.state == "delivered" and str(row.lease_token) == token:
+            continue
+        try:
+            held = _check_held(message_id, row, _token(token), now)
+        except DuetimeError as err:
+            answers[index] = err
+            continue
+        todo.append((index, dataclasses.replace(held, state="delivered", version=held.version + 1,
+                                                due_at_ms=now, updated_at_ms=now)))
+    outcomes = services.messages.cas_many(
+        [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
+         for _, r in todo])
+    for (index, r), ok in zip(todo, outcomes, strict=True):
+        if isinstance(ok, Exception):
+            answers[index] = StoreUnavailable(f"Cassandra unavailable: {type(ok).__name__}")
+        elif not ok:
+            answers[index] = LeaseLost(f"The lease on {r.id!r} is no longer held.")
+    delivered = sum(1 for (_, _), ok in zip(todo, outcomes, strict=True) if ok is True)
+    count_moves(services, topic, [("leased", "delivered")] * delivered)
+    return answers
 
 
 def ack(services: Services, topic: Topic, message_id: str, token: str) -> None:

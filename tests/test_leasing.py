@@ -250,3 +250,25 @@ def _partition_sizes(services: Services, topic_uid: Any, bucket: int) -> list[in
                 "AND shard = ? AND part = ?", (topic_uid, bucket, shard, part))
             sizes.append(rows[0]["n"])
     return sizes
+
+
+def test_batch_ack_answers_each_item_like_the_single_ack(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth)
+    topic.batch([{"id": f"a{i}"} for i in range(4)])
+    leased = sorted(topic.lease(10, wait_ms=2000), key=lambda m: m["id"])
+    assert [m["id"] for m in leased] == ["a0", "a1", "a2", "a3"]
+    assert topic.ack(leased[3]) == 204
+    acks = [{"id": m["id"], "lease_token": m["lease"]["token"]} for m in leased[:3]]
+    acks += [{"id": "a3", "lease_token": leased[3]["lease"]["token"]},      # acked already
+             {"id": "a0", "lease_token": leased[1]["lease"]["token"]},      # another's token
+             {"id": "ghost", "lease_token": leased[0]["lease"]["token"]},   # no such message
+             {"id": "a1", "lease_token": "not-a-token"}]
+    answer = client.post(topic.url("/acks"), json={"acks": acks}, headers=auth)
+    assert answer.status_code == 200
+    statuses = [(r["id"], r["status"]) for r in answer.get_json()["results"]]
+    assert statuses == [("a0", 204), ("a1", 204), ("a2", 204), ("a3", 204), ("a0", 409),
+                        ("ghost", 404), ("a1", 400)]
+    assert all(topic.get(f"a{i}").get_json()["state"] == "delivered" for i in range(4))
+    empty = client.post(topic.url("/acks"), json={"acks": []}, headers=auth)
+    assert empty.status_code == 400 and empty.mimetype == "application/problem+json"

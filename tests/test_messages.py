@@ -156,6 +156,21 @@ def test_cancel_then_never_delivered(client: FlaskClient, auth: dict[str, str]) 
     assert client.delete(topic.url("/messages/nope"), headers=auth).status_code == 404
 
 
+def test_server_id_rows_written_without_lwt_yield_to_every_transition(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    """Server-made ids skip the enqueue LWT (a plain write at write time 1 µs); cancel,
+    reschedule, lease and ack are LWTs and must each win over that first write."""
+    topic = TopicClient(client, auth)
+    first, second = (r["id"] for r in topic.batch([{"delay_ms": 60_000}, {"delay_ms": 200}]))
+    assert client.delete(topic.url(f"/messages/{first}"), headers=auth).status_code == 204
+    assert topic.get(first).get_json()["state"] == "cancelled"
+    [m] = topic.lease(wait_ms=3000)
+    assert m["id"] == second
+    assert topic.ack(m) == 204
+    assert topic.get(second).get_json()["state"] == "delivered"
+    assert topic.lease(wait_ms=500) == []
+
+
 def test_cancel_delivered_is_409(client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth)
     topic.enqueue(id="d1")

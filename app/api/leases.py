@@ -9,9 +9,11 @@ from flask_smorest import Blueprint
 
 from app import leasing
 from app.api.common import SECURITY, services, tenant
-from app.api.messages import payload_fields
+from app.api.messages import payload_fields, problem_body
 from app.api.validation import check_message_id
 from app.schemas.messages import (
+    AckBatchResultSchema,
+    AckBatchSchema,
     AckSchema,
     ExtendResponseSchema,
     ExtendSchema,
@@ -62,6 +64,23 @@ class Ack(MethodView):
         check_message_id(message_id)
         found = get_topic(services(), tenant(), topic)
         leasing.ack(services(), found, message_id, body["lease_token"])
+
+
+@blp.route("/acks")
+class Acks(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(AckBatchSchema)
+    @blp.response(200, AckBatchResultSchema)
+    def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
+        """Ack up to 1,000 leased messages in one call (like SQS DeleteMessageBatch): each
+        item is answered on its own, in order, as the single ack would answer it."""
+        found = get_topic(services(), tenant(), topic)
+        pairs = [(a["id"], a["lease_token"]) for a in body["acks"]]
+        answers = leasing.ack_many(services(), found, pairs)
+        return {"results": [
+            {"id": i, "status": 204} if err is None else
+            {"id": i, "status": err.status, "error": problem_body(err)}
+            for (i, _), err in zip(pairs, answers, strict=True)]}
 
 
 @blp.route("/messages/<string:message_id>/nack")

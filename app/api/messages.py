@@ -51,7 +51,7 @@ def _new(data: dict[str, Any]) -> enqueueing.NewMessage:
                                   cfg.horizon_days)
 
 
-def _problem(error: DuetimeError) -> dict[str, Any]:
+def problem_body(error: DuetimeError) -> dict[str, Any]:
     body: dict[str, Any] = {"status": error.status, "title": error.title, "detail": error.detail}
     if error.errors:
         body["errors"] = error.errors
@@ -104,12 +104,12 @@ class MessageBatch(MethodView):
         for raw, item in zip(body["messages"], parsed, strict=True):
             if isinstance(item, DuetimeError):
                 results.append({"id": raw.get("id"), "status": item.status,
-                                "error": _problem(item)})
+                                "error": problem_body(item)})
                 continue
             r = next(done)
             entry: dict[str, Any] = {"id": r.id, "status": r.status}
             if r.error is not None:
-                entry["error"] = _problem(r.error)
+                entry["error"] = problem_body(r.error)
             else:
                 entry.update(deliver_at=r.deliver_at_ms, state=r.state)
             results.append(entry)

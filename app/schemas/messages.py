@@ -131,6 +131,29 @@ class AckSchema(Schema):
     lease_token = fields.String(required=True)
 
 
+class AckItemSchema(Schema):
+    id = fields.String(required=True, validate=validate.Regexp(CLIENT_ID))
+    lease_token = fields.String(required=True)
+
+
+class AckBatchSchema(Schema):
+    acks = fields.List(fields.Nested(AckItemSchema), required=True,
+                       validate=validate.Length(1, 1000),
+                       metadata={"description": "Up to 1,000 (id, lease_token) pairs."})
+
+
+class AckResultSchema(Schema):
+    id = fields.String(required=True)
+    status = fields.Integer(required=True, metadata={
+        "description": "204 delivered (or already acked with this token), 400 malformed "
+                       "token, 404 no such message, 409 lease no longer held, 503 retry."})
+    error = fields.Dict(metadata={"description": "problem+json body of a failed item."})
+
+
+class AckBatchResultSchema(Schema):
+    results = fields.List(fields.Nested(AckResultSchema), required=True)
+
+
 class NackSchema(Schema):
     lease_token = fields.String(required=True)
     delay_ms = fields.Integer(validate=validate.Range(0, 365 * 86_400_000))

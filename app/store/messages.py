@@ -38,6 +38,11 @@ _CAS = (
     f"UPDATE {{ks}}.messages USING TTL ? SET {', '.join(f'{c} = ?' for c in _COLUMNS)} "
     "WHERE topic_uid = ? AND id = ? IF version = ?"
 )
+_INSERT_FRESH = (
+    f"INSERT INTO {{ks}}.messages (topic_uid, id, {', '.join(_COLUMNS)}) "
+    f"VALUES (?, ?, {', '.join('?' for _ in _COLUMNS)}) USING TTL ? AND TIMESTAMP {{wt}}"
+)
+FRESH_WRITETIME_US = 1
 IN_CHUNK = 100
 
 
@@ -92,6 +97,18 @@ class MessageStore:
             else:
                 answers.append((False, _row_to_state(result[0])))
         return answers
+
+    def insert_fresh_many(self, rows: Sequence[tuple[MessageState, int]]
+                          ) -> list[tuple[bool, MessageState | None] | Exception]:
+        """Insert (state, ttl_s) rows whose ids no one else can have (server-made ULIDs): a
+        plain write, no LWT. Its write time, FRESH_WRITETIME_US, is below every LWT ballot, so
+        the row's later transitions (all LWTs) always win over it; the one exception to "only
+        LWTs write this table", and safe for that reason (docs/design.md, rule 7)."""
+        params = [(m.topic_uid, m.id, *(UNSET_VALUE if v is None else v
+                                        for v in _column_values(m)), ttl) for m, ttl in rows]
+        cql = _INSERT_FRESH.replace("{wt}", str(FRESH_WRITETIME_US))
+        return [(True, None) if ok else result
+                for ok, result in self.db.execute_many(cql, params, concurrency=128)]
 
     def _resolve_insert(self, m: MessageState) -> tuple[bool, MessageState | None] | Exception:
         try:

@@ -35,7 +35,7 @@ from cassandra.policies import (
     RoundRobinPolicy,
     TokenAwarePolicy,
 )
-from cassandra.query import PreparedStatement, dict_factory
+from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
 from app.config import Config
 from app.errors import StoreUnavailable
@@ -162,6 +162,29 @@ class CassandraSession:
                 self.session(), self.prepare(cql), params_list, concurrency=concurrency,
                 raise_on_first_error=False)
         return [(ok, list(result) if ok else result) for ok, result in outcomes]
+
+    def execute_batches(self, cql: str, groups: Sequence[Sequence[Sequence[Any]]],
+                        concurrency: int = 32) -> list[tuple[bool, Any]]:
+        """One UNLOGGED batch of the statement per group of parameter tuples (callers group by
+        partition: a single-partition batch is one mutation for Cassandra and one round trip
+        for the client). Returns (success, None or exception) per group, in order."""
+        prepared = self.prepare(cql)
+        outcomes: list[tuple[bool, Any]] = []
+        for start in range(0, len(groups), concurrency):
+            futures = []
+            for group in groups[start:start + concurrency]:
+                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                for params in group:
+                    batch.add(prepared, params)
+                with translate_errors():
+                    futures.append(self.session().execute_async(batch))
+            for f in futures:
+                try:
+                    f.result()
+                    outcomes.append((True, None))
+                except Exception as exc:  # reported per group, as execute_many does
+                    outcomes.append((False, exc))
+        return outcomes
 
     def iterate(self, cql: str, params: Sequence[Any], fetch_size: int) -> Iterator[dict[str, Any]]:
         """Rows of a prepared statement, fetched page by page as the caller consumes them."""
