@@ -30,6 +30,7 @@ class Receiver:
         self.gate = gate
         self.arrivals: list[Arrival] = []
         self._seen: Counter[str] = Counter()
+        self.started = 0  # requests that reached the handler, gated or not
         self._lock = threading.Lock()
         self.url = ""
 
@@ -74,6 +75,8 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             received = time.time_ns() // 1_000_000
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with receiver._lock:
+                receiver.started += 1
             if receiver.gate is not None:
                 receiver.gate.wait(30)
             status = receiver.record(Arrival(self.headers.get("Duetime-Message-Id", ""),

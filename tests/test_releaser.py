@@ -202,3 +202,34 @@ def test_a_pointer_written_far_behind_the_cursor_is_still_delivered(
             assert_on_time_and_signed(target.arrivals, secret, topic.name)
     finally:
         skewed.extensions["duetime"].close()
+
+
+def test_stopping_finishes_the_posts_in_flight(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    """What SIGTERM does (workers.releaser.run_forever calls stop()): POSTs already sent are
+    waited for and their outcome recorded, so nothing is sent twice by the next owner."""
+    gate = threading.Event()
+    with receiving(Receiver(gate=gate)) as target:
+        services = Services(config.replace(**FAST))
+        r = Releaser(services, "r-graceful")
+        r.start()
+        topic, _ = webhook_topic(client, auth, target.url)
+        assert {x["status"] for x in topic.batch(
+            [{"id": f"g{i}", "delay_ms": 300} for i in range(5)])} == {201}
+        deadline = time.monotonic() + 10
+        while target.started < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)  # wait until the POSTs are out (held open by the gate)
+        assert target.started == 5
+        stopper = threading.Thread(target=r.stop)
+        stopper.start()
+        time.sleep(0.5)
+        assert stopper.is_alive()  # stop() waits for the POSTs in flight
+        gate.set()
+        stopper.join(30)
+        assert not stopper.is_alive()
+        services.close()
+        for i in range(5):
+            assert topic.get(f"g{i}").get_json()["state"] == "delivered"
+        with releaser(config, "r-after"):
+            time.sleep(2)  # a new owner finds nothing left to send
+        assert sorted(target.ids()) == [f"g{i}" for i in range(5)]
