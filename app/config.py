@@ -51,7 +51,7 @@ class Config:
     retention_days: int = 7
 
     release_ring: int = 0
-    release_slots: int = 64
+    release_slots: int = 32
     release_lease_ms: int = 5000
     release_lookahead_ms: int = 3000
     release_prepare_ms: int = 200

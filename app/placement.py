@@ -45,12 +45,12 @@ class PointerPlacer:
             self._ranges[key] = (first + count, first + size)
         return list(range(first, first + count))
 
-    def _mark_active(self, topic_uid: uuid.UUID, buckets: set[int]) -> None:
+    def _mark_active(self, topic_uid: uuid.UUID, buckets: set[int], now_ms: int) -> None:
         with self._lock:
             new = sorted(b for b in buckets if (topic_uid, b) not in self._active)
         if not new:
             return
-        self.store.mark_active(topic_uid, new, self.config.bucket_ms)
+        self.store.mark_active(topic_uid, new, self.config.bucket_ms, now_ms)
         with self._lock:
             if len(self._active) > _MAX_CACHED:
                 self._active.clear()
@@ -63,7 +63,7 @@ class PointerPlacer:
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, p in enumerate(pointers):
             groups[(bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard)].append(index)
-        self._mark_active(topic_uid, {bucket for bucket, _ in groups})
+        self._mark_active(topic_uid, {bucket for bucket, _ in groups}, now_ms)
         placed: list[tuple[int, int, int, Pointer, int]] = [None] * len(pointers)  # type: ignore[list-item]
         for (bucket, shard), indexes in groups.items():
             slots = self._take(topic_uid, bucket, shard, len(indexes))

@@ -209,9 +209,10 @@ class DueScanner:
         if not cursors:
             return []
         bucket_ms = self.config.bucket_ms
-        buckets = list(range(bucket_of(since_ms, bucket_ms),
-                             bucket_of(max(cursors.values()), bucket_ms) + 1))
-        counts = self.timeline.write_counts(topic.uid, buckets)
+        buckets = self.timeline.active_buckets(topic.uid, bucket_of(since_ms, bucket_ms),
+                                               bucket_of(max(cursors.values()), bucket_ms),
+                                               bucket_ms)
+        counts = self.timeline.write_counts(topic.uid, buckets) if buckets else {}
         changed = {k: n for k, n in counts.items() if k[1] in cursors and seen.get(k) != n}
         if not changed:
             return []

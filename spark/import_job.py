@@ -162,7 +162,7 @@ def count(services: Services, topic: Topic, placed: DataFrame,
     services.counts.add_states(topic.uid, {"scheduled": sum(n for _, _, n in groups)})
     services.counts.add_upcoming_per_minute(topic.uid, per_minute)
     services.timeline.mark_active(topic.uid, sorted({b for b, _, _ in groups}),
-                                  services.config.bucket_ms)
+                                  services.config.bucket_ms, services.clock())
     services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
 
 

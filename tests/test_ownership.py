@@ -22,7 +22,7 @@ from app.store.ownership import OwnershipStore
 from tests.conftest import ROOT
 from tests.receiver import Receiver, receiving
 from tests.test_releaser import assert_on_time_and_signed, webhook_topic
-from workers.ownership import SlotOwnership
+from workers.ownership import RENEW_FRACTION, SlotOwnership
 
 LEASE_MS = 2000
 SLOTS = 64
@@ -110,8 +110,8 @@ def test_three_releasers_share_slots_and_survive_a_sigkill(
         killed = time.monotonic()
         wait_owners(store, {"r2", "r3"}, 15)
         reowned_s = time.monotonic() - killed
-        # the dead owner's leases run out, then the next ownership tick (lease/5) claims them
-        assert reowned_s <= (LEASE_MS * 1.2) / 1000 + 0.5, reowned_s
+        # the dead owner's leases run out, then the next ownership tick (lease/3) claims them
+        assert reowned_s <= LEASE_MS * (1 + 1 / RENEW_FRACTION) / 1000 + 0.5, reowned_s
         assert target.wait_for(lambda got: len({a.message_id for a in got}) == 300, 30)
     assert {a.message_id for a in target.arrivals} == {f"k{i}" for i in range(300)}
     assert_on_time_and_signed(target.arrivals, secret, topic.name)

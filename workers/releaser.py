@@ -1,12 +1,13 @@
 """`duetime releaser`: walks the owned shards of the timeline and releases due messages.
 
 Periodic jobs (APScheduler), each one idempotent step:
-- ownership (every lease/5): heartbeat, renew, rebalance release slots (workers/ownership.py);
+- ownership (every lease/3): heartbeat, renew, rebalance release slots (workers/ownership.py);
 - topics (topic_refresh_ms): the topic list, so deleted topics stop and new ones start;
 - look-ahead (release_rescan_ms): for owned shards of webhook topics, pointers due in
   [now - RECENT_MS, now + lookahead] go into the timer heap, so a message scheduled a moment
-  ahead is still released on time; a (bucket, shard) is re-read only when its write count
-  moved (table bucket_writes), so frequent re-scans stay cheap;
+  ahead is still released on time; only topics listed in active_topics for the window's
+  buckets are polled, and a (bucket, shard) is re-read only when its write count moved
+  (bucket_writes), so frequent re-scans stay cheap;
 - sweep (release_sweep_ms): move stragglers (pointers written behind a cursor, found by
   their partition's write count) to now; from each owned shard's stored cursor, put what the
   look-ahead missed into the heap, then move the cursor forward. For pull topics the sweep
@@ -30,7 +31,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from app.models import Topic
 from app.services import Services
 from app.store.ownership import OwnershipStore
-from app.timeline import release_slot_of
+from app.timeline import bucket_of, release_slot_of
 from app.transitions import replace_ahead
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.push import PushDispatcher
@@ -41,6 +42,9 @@ MAX_TIMERS_PER_SCAN = 20_000
 MAX_SEEN = 10_000
 PULL_SWEEP_WANT = 25
 REPORT_EVERY_MS = 10_000
+# A sweep writes a cursor only when it moves this far: an idle topic costs a write per shard
+# every 5 s, not every second, and scans re-read at most this much of spent timeline.
+CURSOR_STEP_MS = 5000
 CATCH_UP_EVERY_MS = 5000  # stragglers are already late; their search costs a read per topic
 log = logging.getLogger("duetime.releaser")
 
@@ -112,8 +116,12 @@ class Releaser:
     def look_ahead(self) -> None:
         now = self.services.clock()
         horizon = now + self.services.config.release_lookahead_ms
+        bucket_ms = self.services.config.bucket_ms
+        # one read for all topics: only those with pointers in the window are polled
+        active = self.services.timeline.active_topics(
+            range(bucket_of(now - RECENT_MS, bucket_ms), bucket_of(horizon, bucket_ms) + 1))
         for topic, mine in self._owned_shards():
-            if topic.settings.delivery_mode == "webhook":
+            if topic.settings.delivery_mode == "webhook" and topic.uid in active:
                 self._into_heap(topic, mine, dict.fromkeys(mine, now - RECENT_MS), horizon,
                                 self._seen_for(topic, mine))
 
@@ -154,7 +162,7 @@ class Releaser:
             moves = {}
             for s, start in starts.items():
                 through = min(frontier[s], now - cfg.safety_lag_ms, earliest.get(s, frontier[s]))
-                if through > start:
+                if through >= start + CURSOR_STEP_MS:
                     moves[s] = through
             self.services.scanner.advance(topic, moves)
 
@@ -178,7 +186,9 @@ class Releaser:
         """Move pull cursors over spent pointers, stopping at the first live ones: a backlog
         nobody consumes costs a few reads per sweep, not a re-read of all of it."""
         result = self.services.scanner.scan(topic, now, PULL_SWEEP_WANT, shards)
-        self.services.scanner.advance(topic, result.moves(result.due))
+        self.services.scanner.advance(topic, {
+            s: ms for s, ms in result.moves(result.due).items()
+            if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
 
     def _dispatch_loop(self) -> None:
         while not self._stop.is_set():

@@ -90,11 +90,23 @@ class TimelineStore:
         return {(r["bucket"], r["shard"]): r["n"] for rows in self.db.results(futures)
                 for r in rows}
 
-    def mark_active(self, topic_uid: uuid.UUID, buckets: Sequence[int], bucket_ms: int) -> None:
-        """Record that these buckets hold pointers (idempotent)."""
+    def mark_active(self, topic_uid: uuid.UUID, buckets: Sequence[int], bucket_ms: int,
+                    now_ms: int) -> None:
+        """Record that these buckets hold pointers of the topic (idempotent): per topic, and
+        per bucket (active_topics, with a TTL to the bucket's end plus a day)."""
         self._check(self.db.execute_many(
             "INSERT INTO {ks}.active_buckets (topic_uid, day, bucket) VALUES (?, ?, ?)",
             [(topic_uid, b * bucket_ms // MS_PER_DAY, b) for b in buckets]))
+        self._check(self.db.execute_many(
+            "INSERT INTO {ks}.active_topics (bucket, topic_uid) VALUES (?, ?) USING TTL ?",
+            [(b, topic_uid, max(1, ((b + 1) * bucket_ms - now_ms) // 1000) + 86_400)
+             for b in buckets]))
+
+    def active_topics(self, buckets: Sequence[int]) -> set[uuid.UUID]:
+        """Topics with any pointer in these buckets."""
+        rows = self.db.execute(
+            "SELECT topic_uid FROM {ks}.active_topics WHERE bucket IN ?", (list(buckets),))
+        return {r["topic_uid"] for r in rows}
 
     def active_buckets(self, topic_uid: uuid.UUID, first: int, last: int,
                        bucket_ms: int) -> list[int]:
