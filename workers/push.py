@@ -112,6 +112,10 @@ class PushDispatcher:
             if not waiting:
                 del self._waiting[topic_uid]
 
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self.counts[name] += n
+
     def _settled(self, topic_uid: uuid.UUID, count: int) -> None:
         with self._lock:
             self._pending[topic_uid] -= count
@@ -130,7 +134,7 @@ class PushDispatcher:
             if topic is not None:
                 self.services.scanner.forget(topic, [t.due.pointer for t in keep])
         finally:
-            self.counts["prepared"] += len(armed)
+            self._count("prepared", len(armed))
             won = {a.key for a in armed}
             self.timers.done([t.key for t in chunk if t.key not in won])
             self._settled(topic_uid, len(chunk) - len(armed))
@@ -168,7 +172,7 @@ class PushDispatcher:
             error = self.poster.post(a.topic, a.row, a.payload)
         except Exception as exc:  # an outcome, whatever happened
             error = f"{type(exc).__name__}: {exc}"
-        self.counts["posted"] += 1
+        self._count("posted", 1)
         self._outcomes.put((a, error))
 
     def _forget(self, done: list[Armed]) -> None:
@@ -214,14 +218,15 @@ class PushDispatcher:
                 log.warning("could not record %d outcomes of topic %s; the leases will expire "
                             "and the messages come due again", len(failed), topic.name)
                 self.services.scanner.forget(topic, [lease_pointer(r) for r in failed])
-            self.counts["recorded"] += len(items)
+            self._count("recorded", len(items))
             self._forget([a for a, _ in items])
 
     def stats(self) -> dict[str, int]:
         """Totals since start (prepared, posted, recorded) and what is held right now."""
         with self._lock:
             pending = sum(self._pending.values())
-        return {**self.counts, "armed": self.armed.waiting(), "pending": pending,
+            totals = dict(self.counts)
+        return {**totals, "armed": self.armed.waiting(), "pending": pending,
                 "lead_ms": self.lead_ms()}
 
     def stop(self) -> None:
