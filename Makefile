@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run up down test lint typecheck openapi bench setup cluster-up cluster-down clean
+.PHONY: run up down test lint typecheck openapi bench bench-import setup cluster-up cluster-down clean
 
 run:            ## install what is missing, start everything, stay in the foreground
 	@devstack/stack.sh run
@@ -27,8 +27,12 @@ lint:
 openapi: setup  ## regenerate openapi.yaml from the marshmallow schemas
 	$(VENV)/bin/duetime openapi --output openapi.yaml
 
-bench: up       ## benchmarks against the running stack; results in bench-results/
+bench: up       ## pull and push benchmarks against the running stack; results in bench-results/
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
+	$(PY) -m tests.bench.push
+
+bench-import: up  ## Spark import of 1,000,000 rows vs HTTP batch vs raw inserts (about 10 min)
+	$(PY) -m tests.bench.spark_import
 
 cluster-up:     ## the 3-node cluster on 127.0.0.1-3 (CQL port 9043)
 	python3 devstack/cassandra.py start cluster
