@@ -74,6 +74,16 @@ def is_spent(p: Pointer, row: MessageState | None) -> bool:
     return row.version > p.version or row.state not in WAITING
 
 
+def _remember(seen: dict[tuple[int, int], int], counts: dict[tuple[int, int], int],
+              read_whole: list[tuple[int, int, int, int, int]],
+              unsettled: set[tuple[int, int]]) -> None:
+    """Record the write counts of (bucket, shard)s read whole with every pointer settled."""
+    for bucket, shard, *_ in read_whole:
+        key = (bucket, shard)
+        if key in counts and key not in unsettled:
+            seen[key] = counts[key]
+
+
 class SpentPointers:
     """Process-local LRU of pointers known to be spent, keyed (topic_uid, id, version)."""
 
@@ -139,11 +149,11 @@ class DueScanner:
                 limit = bucket_start_ms(bucket + 1, self.config.bucket_ms)
             frontier[s] = min(frontier[s], limit)
 
-    def scan(self, topic: Topic, now_ms: int, want: int,
-             shards: set[int] | None = None) -> ScanResult:
+    def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
+             stored: dict[int, int] | None = None) -> ScanResult:
         """Live pointers due by now_ms (at most about 4 x want) of the topic's shards (or of
         `shards`), and per-shard frontiers."""
-        stored = self.timeline.cursors(topic.uid)
+        stored = self.timeline.cursors(topic.uid) if stored is None else stored
         default = topic.created_at_ms - self.config.safety_lag_ms
         cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)
                    if shards is None or s in shards}
@@ -152,14 +162,7 @@ class DueScanner:
         frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
         plan = self._partitions(topic, cursors, now_ms)
         unknown, _ = self._read(topic, plan, want, frontier, lambda key: False)
-        rows = self.messages.get_many(topic.uid, [p.id for p in unknown]) if unknown else {}
-        due = []
-        for p in unknown:
-            row = rows.get(p.id)
-            if row is not None and is_live(p, row, now_ms):
-                due.append(Due(p, row))
-            elif is_spent(p, row):
-                self.spent.add(topic.uid, p)
+        due, _ = self._settle(topic, unknown, lambda p, row: is_live(p, row, now_ms))
         return ScanResult(due, frontier, cursors)
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
@@ -183,20 +186,10 @@ class DueScanner:
             plan = [e for e in plan if (e[0], e[1]) not in seen
                     or counts.get((e[0], e[1])) != seen[(e[0], e[1])]]
         fresh, stopped = self._read(topic, plan, want, frontier, pending)
-        rows = self.messages.get_many(topic.uid, [p.id for p in fresh]) if fresh else {}
-        due, unsettled = [], set()
-        for p in fresh:
-            row = rows.get(p.id)
-            if row is not None and row.version == p.version and row.state in WAITING:
-                due.append(Due(p, row))
-            elif is_spent(p, row):
-                self.spent.add(topic.uid, p)
-            else:
-                unsettled.add((bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard))
+        due, unsettled = self._settle(
+            topic, fresh, lambda p, row: row.version == p.version and row.state in WAITING)
         if seen is not None:
-            for bucket, shard, *_ in plan[:stopped]:
-                if (bucket, shard) not in unsettled and (bucket, shard) in counts:
-                    seen[(bucket, shard)] = counts[(bucket, shard)]
+            _remember(seen, counts, plan[:stopped], unsettled)
         return ScanResult(due, frontier, starts)
 
     def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
@@ -224,19 +217,26 @@ class DueScanner:
                 for part in range(parts_for(slots.get(b, {}).get(sh, 0), cap))]
         frontier = dict.fromkeys(cursors, now_ms)
         behind, stopped = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False)
-        rows = self.messages.get_many(topic.uid, [p.id for p in behind]) if behind else {}
-        found, unsettled = [], set()
-        for p in behind:
+        found, unsettled = self._settle(topic, behind, lambda p, row: is_live(p, row, now_ms))
+        _remember(seen, changed, plan[:stopped], unsettled)
+        return found
+
+    def _settle(self, topic: Topic, pointers: list[Pointer],
+                wanted: Callable[[Pointer, MessageState], bool]
+                ) -> tuple[list[Due], set[tuple[int, int]]]:
+        """Read the rows of pointers: those `wanted` as Due, spent ones remembered, and the
+        (bucket, shard)s holding a pointer whose row is still in flight (neither)."""
+        rows = self.messages.get_many(topic.uid, [p.id for p in pointers]) if pointers else {}
+        due, unsettled = [], set()
+        for p in pointers:
             row = rows.get(p.id)
-            if row is not None and is_live(p, row, now_ms):
-                found.append(Due(p, row))
+            if row is not None and wanted(p, row):
+                due.append(Due(p, row))
             elif is_spent(p, row):
                 self.spent.add(topic.uid, p)
             else:
-                unsettled.add((bucket_of(p.due_at_ms, bucket_ms), p.shard))
-        read_whole = {(b, sh) for b, sh, *_ in plan[:stopped]}
-        seen.update({k: n for k, n in changed.items() if k in read_whole and k not in unsettled})
-        return found
+                unsettled.add((bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard))
+        return due, unsettled
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
               frontier: dict[int, int], skip: Callable[[PointerKey], bool]

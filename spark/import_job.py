@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from app.config import Config, load_config
+from app.config import Config
 from app.models import Topic
 from app.services import Services
 from app.timeline import MS_PER_MINUTE
@@ -167,11 +167,7 @@ def count(services: Services, topic: Topic, placed: DataFrame,
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    config = load_config()
-    services = Services(config)
-    topic = services.topics.get(args.tenant, args.topic)
-    if topic is None:
-        raise SystemExit(f"no topic {args.topic!r} for tenant {args.tenant!r}")
+    config, services, topic = sessions.open_topic(args.tenant, args.topic)
     spark = sessions.build(config, f"duetime-import-{args.topic}")
     began = time.monotonic()
     with Progress(spark.sparkContext) as progress:

@@ -17,8 +17,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from app.config import Config, load_config
-from app.services import Services
+from app.config import Config
 from app.timeline import MS_PER_MINUTE
 from spark import charts
 from spark import session as sessions
@@ -76,11 +75,7 @@ def write(df: DataFrame, out: Path, name: str) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    config = load_config()
-    services = Services(config)
-    topic = services.topics.get(args.tenant, args.topic)
-    if topic is None:
-        raise SystemExit(f"no topic {args.topic!r} for tenant {args.tenant!r}")
+    config, services, topic = sessions.open_topic(args.tenant, args.topic)
     out = Path(args.out or f"reports/{args.topic}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     spark = sessions.build(config, f"duetime-report-{args.topic}")

@@ -7,11 +7,25 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from app.config import Config
+from app.config import Config, load_config
+from app.models import Topic
+from app.services import Services
 
 ROOT = Path(__file__).resolve().parent.parent
 JARS_DIR = ROOT / "var" / "spark" / "jars"
 CASSANDRA_FORMAT = "org.apache.spark.sql.cassandra"
+
+
+def open_topic(tenant: str, name: str) -> tuple[Config, Services, Topic]:
+    """What every job starts from: the configuration, the services, and the topic (exits with
+    a message when the tenant has no such topic)."""
+    config = load_config()
+    services = Services(config)
+    topic = services.topics.get(tenant, name)
+    if topic is None:
+        services.close()
+        raise SystemExit(f"no topic {name!r} for tenant {tenant!r}")
+    return config, services, topic
 
 
 def connector_jars() -> list[str]:

@@ -105,12 +105,12 @@ class SlotOwnership:
                 log.info("slot %d claimed epoch=%d member=%s", slot, lease.epoch, self.member)
 
     def _give_back(self, slots: list[int], why: str = "rebalance") -> None:
+        with self._lock:
+            leases = [self._held[s] for s in slots if s in self._held]
         for slot in slots:
-            with self._lock:
-                lease = self._held.get(slot)
             self._drop(slot, why)
-            if lease is not None:
-                self.store.give_back(lease, self.clock())
+        if leases:
+            self.store.give_back_all(leases, self.clock())
 
     def release_all(self) -> None:
         """Graceful stop: hand every slot back at once and leave the membership."""

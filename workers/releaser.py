@@ -155,7 +155,7 @@ class Releaser:
             if catching_up:
                 self._catch_up(topic, mine, starts, now)
             if topic.settings.delivery_mode != "webhook":
-                self._keep_pull_cursors(topic, set(mine), now)
+                self._keep_pull_cursors(topic, set(mine), stored, now)
                 continue
             frontier = self._into_heap(topic, mine, starts, now + cfg.release_lookahead_ms)
             earliest = earliest_by_shard(self.timers.items(), topic.uid)
@@ -182,10 +182,12 @@ class Releaser:
             log.info("moved %d messages of topic %s found behind the cursor", len(moved),
                      topic.name)
 
-    def _keep_pull_cursors(self, topic: Topic, shards: set[int], now: int) -> None:
-        """Move pull cursors over spent pointers, stopping at the first live ones: a backlog
-        nobody consumes costs a few reads per sweep, not a re-read of all of it."""
-        result = self.services.scanner.scan(topic, now, PULL_SWEEP_WANT, shards)
+    def _keep_pull_cursors(self, topic: Topic, shards: set[int], stored: dict[int, int],
+                           now: int) -> None:
+        """Move pull cursors (as the sweep read them) over spent pointers, stopping at the
+        first live ones: a backlog nobody consumes costs a few reads per sweep, not a re-read
+        of all of it."""
+        result = self.services.scanner.scan(topic, now, PULL_SWEEP_WANT, shards, stored)
         self.services.scanner.advance(topic, {
             s: ms for s, ms in result.moves(result.due).items()
             if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})

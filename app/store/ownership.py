@@ -3,7 +3,7 @@
 Guarantees:
 - claim succeeds for one caller per epoch: on a free row (IF NOT EXISTS) or on a row whose
   lease has expired on the claimer's clock (IF epoch = the epoch it read AND expires_at < now);
-- renew and give_back apply only for the (owner, epoch) that holds the row, so a stale owner
+- renew_all and give_back_all apply only for the (owner, epoch) that holds the row, so a stale owner
   can neither extend nor hand back an ownership that moved on;
 - an LWT that times out has an unknown outcome: the caller treats the slot as not owned.
 """
@@ -65,8 +65,9 @@ class OwnershipStore:
         return SlotLease(slot, owner, epoch, until_ms) if rows[0]["[applied]"] else None
 
     def renew_all(self, leases: list[SlotLease], until_ms: int) -> list[SlotLease | None]:
-        """Extend held leases, all at once; per lease the renewed one, or None when it is no
-        longer ours (or the outcome is unknown)."""
+        """Move the expiry of held leases to until_ms, all at once (a time in the past ends
+        them); per lease the new one, or None when it is no longer ours (or the outcome is
+        unknown)."""
         try:
             outcomes = self.db.execute_many(
                 "UPDATE {ks}.release_slots SET expires_at = ? WHERE ring = ? AND slot = ? "
@@ -79,19 +80,9 @@ class OwnershipStore:
                 if ok and result[0]["[applied]"] else None
                 for lease, (ok, result) in zip(leases, outcomes, strict=True)]
 
-    def give_back(self, lease: SlotLease, now_ms: int) -> bool:
-        """End a held lease now so another releaser may claim the slot at once."""
-        return self._set_expiry(lease, now_ms - 1) is not None
-
-    def _set_expiry(self, lease: SlotLease, until_ms: int) -> SlotLease | None:
-        try:
-            rows = self.db.execute(
-                "UPDATE {ks}.release_slots SET expires_at = ? WHERE ring = ? AND slot = ? "
-                "IF owner = ? AND epoch = ?",
-                (from_ms(until_ms), self.ring, lease.slot, lease.owner, lease.epoch))
-        except StoreUnavailable:
-            return None
-        return dataclasses.replace(lease, expires_at_ms=until_ms) if rows[0]["[applied]"] else None
+    def give_back_all(self, leases: list[SlotLease], now_ms: int) -> None:
+        """End held leases now so other releasers may claim the slots at once."""
+        self.renew_all(leases, now_ms - 1)
 
     def heartbeat(self, member: str, now_ms: int, ttl_s: int) -> None:
         """Say this releaser is alive for ttl_s more seconds."""
