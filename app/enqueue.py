@@ -2,7 +2,9 @@
 
 Write order per message: payload (plain insert) → state row → pointer. The state row is an LWT
 IF NOT EXISTS for a client id; a server-made id cannot exist yet, so its row is a plain write
-below every LWT's write time (MessageStore.insert_fresh_many).
+below every LWT's write time (MessageStore.insert_fresh_many). The server-made ids of one
+request share one home per shard (app.ids.homes_for_request), so each write and each later
+transition of those messages is one batch per shard, not one per message.
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
 retrying the same request re-writes the pointer (the state row is found with the same content).
 """
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
-from app.ids import new_message_id
+from app.ids import homes_for_request, new_message_id
 from app.models import MessageState, Payload, Pointer, Topic
 from app.services import Services
 from app.timeline import MS_PER_DAY, placement_ms, shard_of, ttl_s
@@ -111,7 +113,9 @@ def _unavailable(exc: BaseException) -> StoreUnavailable:
 def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage]) -> list[EnqueueResult]:
     """Enqueue items in order; one failed item never fails the others."""
     now = services.clock()
-    rows = [state_row(topic, m, m.id or new_message_id(now), now) for m in items]
+    homes = homes_for_request(topic.settings.shards)
+    rows = [state_row(topic, m, m.id or new_message_id(now, homes[n % len(homes)]), now)
+            for n, m in enumerate(items)]
     results: list[EnqueueResult | None] = [None] * len(items)
     first_of: dict[str, int] = {}
     todo = []

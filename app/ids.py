@@ -1,14 +1,24 @@
-"""Message ids: client-supplied ones are validated; server ones are time-ordered and unique."""
+"""Message ids: client-supplied ones are validated; server ones are time-ordered and unique.
+
+Every id also names its *home*: the state partition that holds the message's row next to the
+rows of messages likely to change together (docs/design.md, "Homes"). A server-made id embeds
+the home its enqueue request chose; any other id is hashed onto one of HASHED_HOMES.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import re
 import secrets
+import zlib
 
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_ULID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
+HOME_BITS = 20
+EMBEDDED_HOMES = 1 << HOME_BITS
+HASHED_HOMES = 256
 
 
 def _base32(value: int, length: int) -> str:
@@ -19,10 +29,42 @@ def _base32(value: int, length: int) -> str:
     return "".join(reversed(chars))
 
 
-def new_message_id(now_ms: int) -> str:
-    """A ULID: 48 bits of milliseconds then 80 random bits, 26 Crockford base-32 characters.
-    Sorts by creation time; collisions need 2^40 ids in one millisecond."""
-    return _base32(now_ms & ((1 << 48) - 1), 10) + _base32(secrets.randbits(80), 16)
+def new_message_id(now_ms: int, home: int | None = None) -> str:
+    """A ULID: 48 bits of milliseconds, then the 20-bit home (random when not given), then 60
+    random bits; 26 Crockford base-32 characters. Sorts by creation time; a collision needs
+    2^30 ids of one home in one millisecond."""
+    chosen = secrets.randbelow(EMBEDDED_HOMES) if home is None else home
+    if not 0 <= chosen < EMBEDDED_HOMES:
+        raise ValueError(f"home {chosen} is outside [0, {EMBEDDED_HOMES})")
+    return (_base32(now_ms & ((1 << 48) - 1), 10) + _base32(chosen, 4)
+            + _base32(secrets.randbits(60), 12))
+
+
+def embedded_home(message_id: str) -> int | None:
+    """The home a ULID-shaped id carries (characters 11-14), or None for any other id."""
+    if not _ULID.match(message_id):
+        return None
+    value = 0
+    for char in message_id[10:14]:
+        value = value * 32 + _CROCKFORD.index(char)
+    return value
+
+
+def home_of(message_id: str) -> int:
+    """The state partition of a message within its topic: the embedded home of a ULID-shaped
+    id, else CRC-32 of the id modulo HASHED_HOMES. Pure, and the same in every process."""
+    embedded = embedded_home(message_id)
+    if embedded is not None:
+        return embedded
+    return zlib.crc32(message_id.encode("utf-8")) % HASHED_HOMES
+
+
+def homes_for_request(shards: int) -> list[int]:
+    """One fresh home per topic shard, home % shards == shard, for the server-made ids of one
+    enqueue request: the messages of a request that share a shard share a partition, so their
+    later transitions go in one conditional batch (one Paxos round)."""
+    base = secrets.randbelow(EMBEDDED_HOMES // shards) * shards
+    return [base + shard for shard in range(shards)]
 
 
 def import_id(campaign: str | None, recipient: str, time_spec: str) -> str:

@@ -40,7 +40,7 @@ class Topic:
 
 @dataclasses.dataclass(frozen=True)
 class MessageState:
-    """The one row that is the truth of a message (table messages)."""
+    """The one row that is the truth of a message (table message_states, in its home)."""
 
     topic_uid: uuid.UUID
     id: str

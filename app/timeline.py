@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import zlib
 
+from app.ids import embedded_home
+
 MS_PER_DAY = 86_400_000
 MS_PER_MINUTE = 60_000
 CAMPAIGN_SPREAD = 32
@@ -27,8 +29,11 @@ def stable_hash(text: str) -> int:
 
 
 def shard_of(message_id: str, shards: int) -> int:
-    """The topic shard of a message: fixed for the message's life."""
-    return stable_hash(message_id) % shards
+    """The topic shard of a message, fixed for its life: its embedded home modulo shards (so a
+    home never spans shards), else a hash of the id. For hashed ids with shards dividing
+    HASHED_HOMES, home and shard agree the same way."""
+    home = embedded_home(message_id)
+    return (stable_hash(message_id) if home is None else home) % shards
 
 
 def part_of(slot: int, partition_cap: int) -> int:

@@ -48,7 +48,7 @@ PARSED = T.StructType([
     T.StructField("content_hash", T.StringType()), T.StructField("payload", T.BinaryType()),
     T.StructField("encoding", T.StringType()), T.StructField("created_at", T.LongType()),
     T.StructField("ttl", T.IntegerType()), T.StructField("payload_ttl", T.IntegerType()),
-    T.StructField("spread", T.IntegerType()),
+    T.StructField("spread", T.IntegerType()), T.StructField("home", T.IntegerType()),
 ])
 
 
@@ -72,9 +72,9 @@ def _transform(settings: ImportSettings, columns: list[str], rows: Any) -> Any:
             yield (line + 1, None, None, out["id"], out["shard"], out["bucket"], out["due_at"],
                    out["deliver_at"], out["priority"], out["campaign"], out["content_hash"],
                    out["payload"], out["encoding"], out["created_at"], out["ttl"],
-                   out["payload_ttl"], out["spread"])
+                   out["payload_ttl"], out["spread"], out["home"])
         except Reject as reason:
-            yield (line + 1, str(reason), json.dumps(raw, default=str)) + (None,) * 14
+            yield (line + 1, str(reason), json.dumps(raw, default=str)) + (None,) * 15
 
 
 def validate(spark: SparkSession, raw: DataFrame, settings: ImportSettings) -> DataFrame:
@@ -98,9 +98,9 @@ def only_new(spark: SparkSession, config: Config, topic: Topic, good: DataFrame)
     """Rows whose id the topic does not have yet (direct join: key lookups, no table scan)."""
     keyed = good.withColumn("topic_uid", F.lit(str(topic.uid)))
     # a plain projection of the table: anything computed on its side defeats the direct join
-    present = sessions.table(spark, config, "messages", directJoinSetting="on").select(
-        "topic_uid", "id", F.col("state").alias("present_state"))
-    return keyed.join(present, ["topic_uid", "id"], "left").filter(
+    present = sessions.table(spark, config, "message_states", directJoinSetting="on").select(
+        "topic_uid", "home", "id", F.col("state").alias("present_state"))
+    return keyed.join(present, ["topic_uid", "home", "id"], "left").filter(
         F.col("present_state").isNull()).drop("present_state")
 
 
@@ -132,8 +132,8 @@ def save(df: DataFrame, config: Config, table: str, **options: str) -> None:
 def load(progress: Progress, config: Config, placed: DataFrame) -> None:
     ms = F.timestamp_millis
     progress.enter("writing payloads")
-    save(placed.select("topic_uid", "id", "content_hash", "payload", "encoding",
-                       F.col("payload_ttl").alias("ttl")), config, "message_payloads", ttl="ttl")
+    save(placed.select("topic_uid", "home", "id", "content_hash", "payload", "encoding",
+                       F.col("payload_ttl").alias("ttl")), config, "message_bodies", ttl="ttl")
     progress.enter("writing timeline pointers")
     pointers = placed.select("topic_uid", "bucket", "shard", "part", ms("due_at").alias("due_at"),
                              "id", F.lit(1).alias("version"), "priority", "ttl")
@@ -141,12 +141,12 @@ def load(progress: Progress, config: Config, placed: DataFrame) -> None:
         "bucket", "shard", "part"), config, "timeline", ttl="ttl")
     progress.enter("writing message states")
     states = placed.select(
-        "topic_uid", "id", F.lit("scheduled").alias("state"), F.lit(1).alias("version"),
+        "topic_uid", "home", "id", F.lit("scheduled").alias("state"), F.lit(1).alias("version"),
         ms("due_at").alias("due_at"), ms("deliver_at").alias("deliver_at"), "priority",
         "campaign", "shard", F.lit(0).alias("attempts"), "content_hash",
         ms("created_at").alias("created_at"), ms("created_at").alias("updated_at"), "ttl",
         F.lit(IMPORT_WRITETIME_US).cast("long").alias("wt"))
-    save(states, config, "messages", ttl="ttl", writetime="wt")
+    save(states, config, "message_states", ttl="ttl", writetime="wt")
     progress.enter("writing the campaign index")
     campaigns = placed.filter(F.col("campaign").isNotNull()).select(
         "topic_uid", "campaign", "spread", "id", "ttl")

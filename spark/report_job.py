@@ -29,7 +29,7 @@ MS_PER_HOUR = 3_600_000
 def messages_of(spark: Any, config: Config, topic_uid: str, campaign: str | None) -> DataFrame:
     """The topic's state rows. Their partition key is (topic_uid, id), so this is a scan of
     the table filtered by topic: the price of analytics on the live table."""
-    df = sessions.table(spark, config, "messages").filter(F.col("topic_uid") == topic_uid)
+    df = sessions.table(spark, config, "message_states").filter(F.col("topic_uid") == topic_uid)
     if campaign:
         df = df.filter(F.col("campaign") == campaign)
     ms = F.unix_millis

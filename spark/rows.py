@@ -20,7 +20,7 @@ from marshmallow import ValidationError
 
 from app.enqueue import new_message, state_row
 from app.errors import DuetimeError
-from app.ids import import_id
+from app.ids import home_of, import_id
 from app.models import Topic
 from app.schemas.messages import MessageInSchema
 from app.timeline import MS_PER_DAY, bucket_of, campaign_spread, ttl_s
@@ -117,7 +117,8 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
         raise Reject(err.detail) from err
     row = state_row(s.topic, m, data["id"], s.now_ms)
     return {
-        "id": row.id, "shard": row.shard, "bucket": bucket_of(row.due_at_ms, s.bucket_ms),
+        "id": row.id, "home": home_of(row.id), "shard": row.shard,
+        "bucket": bucket_of(row.due_at_ms, s.bucket_ms),
         "due_at": row.due_at_ms, "deliver_at": row.deliver_at_ms, "priority": row.priority,
         "campaign": row.campaign, "content_hash": row.content_hash, "payload": m.payload.data,
         "encoding": m.payload.encoding, "created_at": s.now_ms,

@@ -6,7 +6,14 @@ import pytest
 
 from app import timeline
 from app.config import ConfigError, load_config
-from app.ids import CLIENT_ID, new_message_id
+from app.ids import (
+    CLIENT_ID,
+    EMBEDDED_HOMES,
+    HASHED_HOMES,
+    home_of,
+    homes_for_request,
+    new_message_id,
+)
 from app.timeline import fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 
@@ -86,6 +93,30 @@ def test_server_ids_are_time_ordered_and_valid() -> None:
     assert ids == sorted(ids)
     assert len(set(ids)) == 100
     assert all(CLIENT_ID.match(i) for i in ids)
+
+
+def test_server_ids_carry_their_home_and_the_home_fixes_the_shard() -> None:
+    homes = homes_for_request(16)
+    assert [h % 16 for h in homes] == list(range(16))
+    assert all(0 <= h < EMBEDDED_HOMES for h in homes)
+    for home in (0, 1, homes[5], EMBEDDED_HOMES - 1):
+        made = new_message_id(1_700_000_000_000, home)
+        assert home_of(made) == home
+        assert timeline.shard_of(made, 16) == home % 16
+        assert timeline.shard_of(made, 10) == home % 10
+    with pytest.raises(ValueError):
+        new_message_id(1_700_000_000_000, EMBEDDED_HOMES)
+
+
+def test_other_ids_hash_onto_homes_inside_their_shard() -> None:
+    ids = [f"user-{i}" for i in range(25_600)]
+    homes = [home_of(i) for i in ids]
+    assert set(homes) == set(range(HASHED_HOMES))
+    assert max(homes.count(h) for h in range(HASHED_HOMES)) < 160  # about 100 each
+    # with a power-of-two shard count a home never spans shards
+    assert all(home_of(i) % 16 == timeline.shard_of(i, 16) for i in ids)
+    assert home_of("imp-" + "a" * 32) < HASHED_HOMES
+    assert home_of("01arz3ndektsv4rrffq69g5fav") < HASHED_HOMES  # lower case: not ULID-shaped
 
 
 def test_fair_share_splits_slots_evenly_and_covers_them_all() -> None:

@@ -1,16 +1,21 @@
 """Message state rows (LWT only) and immutable payloads (plain inserts, another table).
 
-Guarantees:
+Rows live in their message's home partition ((topic_uid, home), id) (app.ids.home_of), so the
+transitions of many messages of one home go in one conditional batch: one Paxos round, each
+row with its own condition. Per row the guarantees are those of a single-row LWT:
 - insert: first writer wins (IF NOT EXISTS); a loser gets the existing row back.
 - cas: applies only if the row still has the version the caller read. Every transition bumps
   the version, so exactly one of any number of racing transitions from one version applies.
-  A CAS that times out is resolved by a SERIAL read, never assumed.
+  A conditional batch applies all its rows or none: when one row's condition fails, the rows
+  whose conditions still hold are sent again without it.
+- An LWT or batch that times out is resolved by SERIAL reads, never assumed.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from cassandra import WriteTimeout
@@ -18,6 +23,7 @@ from cassandra.cluster import ResponseFuture
 from cassandra.query import UNSET_VALUE
 
 from app.errors import StoreUnavailable
+from app.ids import home_of
 from app.models import MessageState, Payload
 from app.store.session import CassandraSession
 from app.timeline import campaign_spread
@@ -29,21 +35,57 @@ _COLUMNS = [
     "updated_at",
 ]
 _TIMES = {"due_at", "deliver_at", "lease_expires_at", "created_at", "updated_at"}
-_SELECT = f"SELECT topic_uid, id, {', '.join(_COLUMNS)} FROM {{ks}}.messages"
-_INSERT = (
-    f"INSERT INTO {{ks}}.messages (topic_uid, id, {', '.join(_COLUMNS)}) "
-    f"VALUES (?, ?, {', '.join('?' for _ in _COLUMNS)}) IF NOT EXISTS USING TTL ?"
-)
+_SELECT = f"SELECT topic_uid, id, {', '.join(_COLUMNS)} FROM {{ks}}.message_states"
+_VALUES = (f"(topic_uid, home, id, {', '.join(_COLUMNS)}) "
+           f"VALUES (?, ?, ?, {', '.join('?' for _ in _COLUMNS)})")
+_INSERT = f"INSERT INTO {{ks}}.message_states {_VALUES} IF NOT EXISTS USING TTL ?"
 _CAS = (
-    f"UPDATE {{ks}}.messages USING TTL ? SET {', '.join(f'{c} = ?' for c in _COLUMNS)} "
-    "WHERE topic_uid = ? AND id = ? IF version = ?"
-)
-_INSERT_FRESH = (
-    f"INSERT INTO {{ks}}.messages (topic_uid, id, {', '.join(_COLUMNS)}) "
-    f"VALUES (?, ?, {', '.join('?' for _ in _COLUMNS)}) USING TTL ? AND TIMESTAMP {{wt}}"
+    f"UPDATE {{ks}}.message_states USING TTL ? SET {', '.join(f'{c} = ?' for c in _COLUMNS)} "
+    "WHERE topic_uid = ? AND home = ? AND id = ? IF version = ?"
 )
 FRESH_WRITETIME_US = 1
+_INSERT_FRESH = (f"INSERT INTO {{ks}}.message_states {_VALUES} "
+                 f"USING TTL ? AND TIMESTAMP {FRESH_WRITETIME_US}")
+_PUT_PAYLOAD = (
+    "INSERT INTO {ks}.message_bodies (topic_uid, home, id, content_hash, payload, encoding, "
+    "headers) VALUES (?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+)
+_GET_PAYLOADS = (
+    "SELECT id, content_hash, payload, encoding, headers FROM {ks}.message_bodies "
+    "WHERE topic_uid = ? AND home = ? AND id IN ?"
+)
 IN_CHUNK = 100
+CONDITIONAL_BATCH = 100  # rows per Paxos round: bounds the round's read and mutation
+PLAIN_BATCH = 100
+PAYLOAD_BATCH_BYTES = 1 << 20  # well under a commit-log segment's mutation limit
+
+Home = tuple[uuid.UUID, int]
+
+
+def _home(topic_uid: uuid.UUID, message_id: str) -> Home:
+    return topic_uid, home_of(message_id)
+
+
+def _by_home(keys: Iterable[tuple[Home, int]], size: int,
+             weight: Callable[[int], int] | None = None, cap: int = 0) -> list[list[int]]:
+    """Indexes grouped by home into chunks of at most `size` (and, given weight, at most `cap`
+    total weight); order inside a home is kept."""
+    homes: dict[Home, list[int]] = defaultdict(list)
+    for home, index in keys:
+        homes[home].append(index)
+    chunks: list[list[int]] = []
+    for members in homes.values():
+        chunk: list[int] = []
+        load = 0
+        for index in members:
+            extra = weight(index) if weight else 0
+            if chunk and (len(chunk) >= size or (weight and load + extra > cap)):
+                chunks.append(chunk)
+                chunk, load = [], 0
+            chunk.append(index)
+            load += extra
+        chunks.append(chunk)
+    return chunks
 
 
 def _row_to_state(row: dict[str, Any]) -> MessageState:
@@ -79,36 +121,99 @@ class MessageStore:
     def __init__(self, db: CassandraSession) -> None:
         self.db = db
 
+    def _params(self, m: MessageState, ttl: int) -> tuple[Any, ...]:
+        # unset, not null: a null in an insert writes a tombstone cell for nothing
+        return (m.topic_uid, home_of(m.id), m.id,
+                *(UNSET_VALUE if v is None else v for v in _column_values(m)), ttl)
+
+    def _conditional(self, cql: str, entries: Sequence[tuple[Home, str, Sequence[Any]]],
+                     holds: Callable[[int, dict[str, Any] | None], bool]) -> list[Any]:
+        """Run conditional statements (home, id, params) in one batch per home chunk. Per
+        entry: True applied; the current row (or None when absent) when its own condition
+        failed; or the exception that failed its batch. holds(index, current row) says whether
+        an entry's condition still holds after its batch was refused for another row."""
+        results: list[Any] = [None] * len(entries)
+        pending = list(range(len(entries)))
+        while pending:
+            chunks, deferred = self._distinct_chunks(entries, pending)
+            outcomes = self.db.run_batches(
+                [[(cql, entries[i][2]) for i in chunk] for chunk in chunks])
+            pending = deferred
+            for chunk, (ok, rows) in zip(chunks, outcomes, strict=True):
+                pending.extend(self._settle_chunk(entries, chunk, ok, rows, holds, results))
+        return results
+
+    @staticmethod
+    def _distinct_chunks(entries: Sequence[tuple[Home, str, Sequence[Any]]],
+                         pending: list[int]) -> tuple[list[list[int]], list[int]]:
+        """Chunks for one round, each id once per round (two changes of one row in a batch
+        would share one condition read); later repeats wait for the next round."""
+        seen: set[tuple[Home, str]] = set()
+        now: list[int] = []
+        later: list[int] = []
+        for i in pending:
+            key = (entries[i][0], entries[i][1])
+            (later if key in seen else now).append(i)
+            seen.add(key)
+        return _by_home(((entries[i][0], i) for i in now), CONDITIONAL_BATCH), later
+
+    @staticmethod
+    def _settle_chunk(entries: Sequence[tuple[Home, str, Sequence[Any]]], chunk: list[int],
+                      ok: bool, rows: Any, holds: Callable[[int, dict[str, Any] | None], bool],
+                      results: list[Any]) -> list[int]:
+        """Record one batch's outcome; returns the entries to send again."""
+        if not ok:
+            for i in chunk:
+                results[i] = rows
+            return []
+        if rows[0]["[applied]"]:
+            for i in chunk:
+                results[i] = True
+            return []
+        current = {r["id"]: r for r in rows}
+        again = [i for i in chunk if holds(i, current.get(entries[i][1]))]
+        if len(again) == len(chunk):  # cannot happen if Cassandra reports as documented
+            again = []
+        for i in chunk:
+            if i not in again:
+                results[i] = current.get(entries[i][1])
+        return again
+
     def insert_many(
         self, rows: Sequence[tuple[MessageState, int]],
     ) -> list[tuple[bool, MessageState | None] | Exception]:
         """Insert each (state, ttl_s) IF NOT EXISTS. Per row: (True, None) when inserted,
         (False, existing row) when the id was taken, or the exception that failed it."""
-        # unset, not null: a null in an insert writes a tombstone cell for nothing
-        params = [(m.topic_uid, m.id, *(UNSET_VALUE if v is None else v
-                                        for v in _column_values(m)), ttl) for m, ttl in rows]
+        entries = [(_home(m.topic_uid, m.id), m.id, self._params(m, ttl)) for m, ttl in rows]
+        outcomes = self._conditional(_INSERT, entries, lambda _i, found: found is None)
         answers: list[tuple[bool, MessageState | None] | Exception] = []
-        for (ok, result), (m, _) in zip(self.db.execute_many(_INSERT, params), rows, strict=True):
-            if not ok:
-                answers.append(self._resolve_insert(m) if isinstance(result, WriteTimeout)
-                               else result)
-            elif result[0]["[applied]"]:
+        for (m, _), outcome in zip(rows, outcomes, strict=True):
+            if outcome is True:
                 answers.append((True, None))
+            elif isinstance(outcome, dict):
+                answers.append((False, _row_to_state(outcome)))
+            elif isinstance(outcome, WriteTimeout) or outcome is None:
+                answers.append(self._resolve_insert(m))
             else:
-                answers.append((False, _row_to_state(result[0])))
+                answers.append(outcome)
         return answers
 
     def insert_fresh_many(self, rows: Sequence[tuple[MessageState, int]]
                           ) -> list[tuple[bool, MessageState | None] | Exception]:
-        """Insert (state, ttl_s) rows whose ids no one else can have (server-made ULIDs): a
-        plain write, no LWT. Its write time, FRESH_WRITETIME_US, is below every LWT ballot, so
-        the row's later transitions (all LWTs) always win over it; the one exception to "only
-        LWTs write this table", and safe for that reason (docs/design.md, rule 7)."""
-        params = [(m.topic_uid, m.id, *(UNSET_VALUE if v is None else v
-                                        for v in _column_values(m)), ttl) for m, ttl in rows]
-        cql = _INSERT_FRESH.replace("{wt}", str(FRESH_WRITETIME_US))
-        return [(True, None) if ok else result
-                for ok, result in self.db.execute_many(cql, params, concurrency=128)]
+        """Insert (state, ttl_s) rows whose ids no one else can have (server-made ULIDs): plain
+        writes, one unlogged batch per home. Their write time, FRESH_WRITETIME_US, is below
+        every LWT ballot, so the rows' later transitions (all LWTs) always win over them; the
+        one exception to "only LWTs write this table", and safe for that reason
+        (docs/design.md, rule 7)."""
+        chunks = _by_home(((_home(m.topic_uid, m.id), i) for i, (m, _) in enumerate(rows)),
+                          PLAIN_BATCH)
+        outcomes = self.db.run_batches(
+            [[(_INSERT_FRESH, self._params(*rows[i])) for i in chunk] for chunk in chunks])
+        answers: list[tuple[bool, MessageState | None] | Exception] = [(True, None)] * len(rows)
+        for chunk, (ok, result) in zip(chunks, outcomes, strict=True):
+            for i in chunk:
+                answers[i] = (True, None) if ok else result
+        return answers
 
     def _resolve_insert(self, m: MessageState) -> tuple[bool, MessageState | None] | Exception:
         try:
@@ -123,36 +228,45 @@ class MessageStore:
             serial: bool = False) -> MessageState | None:
         """The row, read at the configured consistency, or at SERIAL (sees in-flight LWTs)."""
         level = self.db.config.serial_consistency_level if serial else None
-        rows = self.db.execute(_SELECT + " WHERE topic_uid = ? AND id = ?",
-                               (topic_uid, message_id), consistency=level)
+        rows = self.db.execute(_SELECT + " WHERE topic_uid = ? AND home = ? AND id = ?",
+                               (topic_uid, home_of(message_id), message_id), consistency=level)
         return _row_to_state(rows[0]) if rows else None
 
     def get_many(self, topic_uid: uuid.UUID, ids: Sequence[str]) -> dict[str, MessageState]:
-        """Rows of many ids of one topic (IN over the last partition-key column, chunked)."""
+        """Rows of many ids of one topic: one read per home (IN over its ids, chunked)."""
         unique = list(dict.fromkeys(ids))
+        chunks = _by_home(((_home(topic_uid, i), n) for n, i in enumerate(unique)), IN_CHUNK)
         futures = [
-            self.db.execute_async(_SELECT + " WHERE topic_uid = ? AND id IN ?",
-                                  (topic_uid, unique[i:i + IN_CHUNK]))
-            for i in range(0, len(unique), IN_CHUNK)
+            self.db.execute_async(_SELECT + " WHERE topic_uid = ? AND home = ? AND id IN ?",
+                                  (topic_uid, home_of(unique[c[0]]), [unique[n] for n in c]))
+            for c in chunks
         ]
         return {r["id"]: _row_to_state(r) for rows in self.db.results(futures) for r in rows}
 
     def cas_many(
         self, changes: Sequence[tuple[MessageState, int, int]],
     ) -> list[bool | Exception]:
-        """Apply each (new row, expected version, ttl_s) IF version = expected. Per change:
-        True applied, False lost the race, or the exception (outcome resolved first)."""
-        params = [(ttl, *_column_values(m), m.topic_uid, m.id, expected)
-                  for m, expected, ttl in changes]
+        """Apply each (new row, expected version, ttl_s) IF version = expected, one conditional
+        batch per home. Per change: True applied, False lost the race, or the exception
+        (outcome resolved first)."""
+        entries = [(_home(m.topic_uid, m.id), m.id,
+                    (ttl, *_column_values(m), m.topic_uid, home_of(m.id), m.id, expected))
+                   for m, expected, ttl in changes]
+
+        def holds(index: int, found: dict[str, Any] | None) -> bool:
+            return found is not None and found["version"] == changes[index][1]
+
         outcomes: list[bool | Exception] = []
-        for (ok, result), (m, _, _) in zip(self.db.execute_many(_CAS, params), changes,
-                                           strict=True):
-            if ok:
-                outcomes.append(bool(result[0]["[applied]"]))
-            elif isinstance(result, WriteTimeout):
+        for (m, _, _), outcome in zip(changes, self._conditional(_CAS, entries, holds),
+                                      strict=True):
+            if outcome is True:
+                outcomes.append(True)
+            elif isinstance(outcome, WriteTimeout):
                 outcomes.append(self._resolve_cas(m))
+            elif isinstance(outcome, Exception):
+                outcomes.append(outcome)
             else:
-                outcomes.append(result)
+                outcomes.append(False)
         return outcomes
 
     def cas(self, new: MessageState, expected_version: int, ttl_s: int) -> bool:
@@ -182,12 +296,19 @@ class MessageStore:
 
     def put_payloads(self, rows: Sequence[tuple[uuid.UUID, str, str, Payload, int]]
                      ) -> list[Exception | None]:
-        """Plain inserts of (topic_uid, id, content_hash, payload, ttl_s); None where written."""
-        params = [(t, i, h, p.data, p.encoding, p.headers or None, ttl) for t, i, h, p, ttl in rows]
-        outcomes = self.db.execute_many(
-            "INSERT INTO {ks}.message_payloads (topic_uid, id, content_hash, payload, encoding, "
-            "headers) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?", params)
-        return [None if ok else result for ok, result in outcomes]
+        """Plain inserts of (topic_uid, id, content_hash, payload, ttl_s), one unlogged batch
+        per home (at most PAYLOAD_BATCH_BYTES of payload each); None where written."""
+        chunks = _by_home(((_home(t, i), n) for n, (t, i, _, _, _) in enumerate(rows)),
+                          PLAIN_BATCH, weight=lambda n: len(rows[n][3].data),
+                          cap=PAYLOAD_BATCH_BYTES)
+        outcomes = self.db.run_batches([[
+            (_PUT_PAYLOAD, (t, home_of(i), i, h, p.data, p.encoding, p.headers or None, ttl))
+            for t, i, h, p, ttl in (rows[n] for n in chunk)] for chunk in chunks])
+        answers: list[Exception | None] = [None] * len(rows)
+        for chunk, (ok, result) in zip(chunks, outcomes, strict=True):
+            for n in chunk:
+                answers[n] = None if ok else result
+        return answers
 
     def get_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
                      ) -> dict[str, Payload]:
@@ -196,14 +317,13 @@ class MessageStore:
 
     def start_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
                        ) -> tuple[dict[str, str], list[ResponseFuture]]:
-        """Start reading payloads (to overlap with other round trips); see collect_payloads."""
+        """Start reading payloads, one read per home (to overlap with other round trips); see
+        collect_payloads."""
         wanted = dict(keys)
-        futures = [
-            self.db.execute_async(
-                "SELECT id, content_hash, payload, encoding, headers FROM {ks}.message_payloads "
-                "WHERE topic_uid = ? AND id IN ?", (topic_uid, list(wanted)[i:i + IN_CHUNK]))
-            for i in range(0, len(wanted), IN_CHUNK)
-        ]
+        ids = list(wanted)
+        chunks = _by_home(((_home(topic_uid, i), n) for n, i in enumerate(ids)), IN_CHUNK)
+        futures = [self.db.execute_async(_GET_PAYLOADS, (topic_uid, home_of(ids[c[0]]),
+                                                         [ids[n] for n in c])) for c in chunks]
         return wanted, futures
 
     def collect_payloads(self, started: tuple[dict[str, str], list[ResponseFuture]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -51,6 +52,13 @@ def translate_errors() -> Iterator[None]:
         yield
     except TRANSIENT_ERRORS as exc:
         raise StoreUnavailable(f"Cassandra unavailable: {type(exc).__name__}") from exc
+
+
+def _settled(future: ResponseFuture) -> tuple[bool, Any]:
+    try:
+        return True, list(future.result())
+    except Exception as exc:  # reported per batch, as execute_many does
+        return False, exc
 
 
 class CassandraSession:
@@ -167,23 +175,30 @@ class CassandraSession:
                         concurrency: int = 32) -> list[tuple[bool, Any]]:
         """One UNLOGGED batch of the statement per group of parameter tuples (callers group by
         partition: a single-partition batch is one mutation for Cassandra and one round trip
-        for the client). Returns (success, None or exception) per group, in order."""
-        prepared = self.prepare(cql)
+        for the client). Returns (success, rows or exception) per group, in order."""
+        return self.run_batches([[(cql, params) for params in group] for group in groups],
+                                concurrency)
+
+    def run_batches(self, batches: Sequence[Sequence[tuple[str, Sequence[Any]]]],
+                    concurrency: int = 32) -> list[tuple[bool, Any]]:
+        """Run UNLOGGED batches of (cql, params) statements, at most `concurrency` in flight.
+        A batch of conditional statements on one partition is one Paxos round whose rows say
+        whether it applied. Returns (success, rows or exception) per batch, in order; one
+        failure stops nothing."""
+        def start(batch: Sequence[tuple[str, Sequence[Any]]]) -> ResponseFuture:
+            statement = BatchStatement(batch_type=BatchType.UNLOGGED)
+            for cql, params in batch:
+                statement.add(self.prepare(cql), params)
+            with translate_errors():
+                return self.session().execute_async(statement)
+
         outcomes: list[tuple[bool, Any]] = []
-        for start in range(0, len(groups), concurrency):
-            futures = []
-            for group in groups[start:start + concurrency]:
-                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-                for params in group:
-                    batch.add(prepared, params)
-                with translate_errors():
-                    futures.append(self.session().execute_async(batch))
-            for f in futures:
-                try:
-                    f.result()
-                    outcomes.append((True, None))
-                except Exception as exc:  # reported per group, as execute_many does
-                    outcomes.append((False, exc))
+        in_flight: deque[ResponseFuture] = deque()
+        for batch in batches:
+            if len(in_flight) >= concurrency:
+                outcomes.append(_settled(in_flight.popleft()))
+            in_flight.append(start(batch))
+        outcomes.extend(_settled(f) for f in in_flight)
         return outcomes
 
     def iterate(self, cql: str, params: Sequence[Any], fetch_size: int) -> Iterator[dict[str, Any]]:

@@ -5,7 +5,7 @@ stack's releaser to a local receiver. Reports lag (receive time - deliver_at) p5
 early (must be 0), lost, duplicates; optionally with a backlog of messages scheduled a month
 ahead in the same topic (--topic, loaded by `python -m tests.bench.spark_import --topic T`),
 to show the backlog does not slow what is due now.
-Usage: python -m tests.bench.push [--messages N] [--topic T] [--label NAME]
+Usage: python -m tests.bench.push [--messages N] [--topic T] [--label NAME] [--client-ids]
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ def due_offsets(count: int, seed: int = 7) -> list[int]:
     return sorted(spread + [BURST_AT_MS + rng.randrange(1000) for _ in range(burst)])
 
 
-def enqueue_all(headers: dict[str, str], topic: str, dues: list[int]) -> float:
+def enqueue_all(headers: dict[str, str], topic: str, dues: list[int], client_ids: bool) -> float:
+    """Enqueue in batches of 1,000 with server-made ids (or client ids); msgs/s."""
     run = uuid.uuid4().hex[:6]  # a topic may be measured more than once
     began = time.perf_counter()
     for first in range(0, len(dues), 1000):
-        batch = [{"id": f"p{run}-{i}", "payload": {"i": i}, "deliver_at": dues[i]}
+        batch = [{"payload": {"i": i}, "deliver_at": dues[i]}
+                 | ({"id": f"p{run}-{i}"} if client_ids else {})
                  for i in range(first, min(len(dues), first + 1000))]
         answer = requests.post(f"{URL}/v1/topics/{topic}/messages:batch", headers=headers,
                                json={"messages": batch}, timeout=300)
@@ -53,14 +55,15 @@ def enqueue_all(headers: dict[str, str], topic: str, dues: list[int]) -> float:
     return len(dues) / (time.perf_counter() - began)
 
 
-def measure(headers: dict[str, str], count: int, topic: str | None) -> dict[str, Any]:
+def measure(headers: dict[str, str], count: int, topic: str | None,
+            client_ids: bool) -> dict[str, Any]:
     with receiving(Receiver()) as target:
         topic = topic or f"push{uuid.uuid4().hex[:6]}"
         requests.put(f"{URL}/v1/topics/{topic}", headers=headers, timeout=30, json={
             "delivery": {"mode": "webhook", "url": target.url}}).raise_for_status()
         # start far enough ahead that every message is written before the first is due
         start = now_ms() + 10_000 + count * 3
-        rate = enqueue_all(headers, topic, [start + d for d in due_offsets(count)])
+        rate = enqueue_all(headers, topic, [start + d for d in due_offsets(count)], client_ids)
         if now_ms() > start:
             raise SystemExit("enqueue took longer than the head start; lower --messages")
         target.wait_distinct(count, (start - now_ms() + SPAN_MS) / 1000 + 60)
@@ -69,6 +72,7 @@ def measure(headers: dict[str, str], count: int, topic: str | None) -> dict[str,
     ids = [a.message_id for a in arrivals]
     return {
         "topic": topic, "messages": count, "burst": min(BURST, count // 4),
+        "ids": "client" if client_ids else "server",
         "enqueue_msgs_per_s": rate,
         "lag_ms": {"p50": percentile(lags, 0.5), "p90": percentile(lags, 0.9),
                    "p99": percentile(lags, 0.99), "max": max(lags, default=0)},
@@ -83,9 +87,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--label", default="push")
     parser.add_argument("--topic", default=None, help="use this topic (made a webhook topic), "
                         "e.g. one holding a backlog imported by tests.bench.spark_import")
+    parser.add_argument("--client-ids", action="store_true",
+                        help="give every message a client id (homes by hash) instead of "
+                        "server-made ids (one home per request and shard)")
     args = parser.parse_args(argv)
     headers = {"Authorization": f"Bearer {Path('var/dev-key').read_text().strip()}"}
-    result = measure(headers, args.messages, args.topic)
+    result = measure(headers, args.messages, args.topic, args.client_ids)
     OUT.mkdir(exist_ok=True)
     (OUT / f"{args.label}.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():

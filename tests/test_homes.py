@@ -1,0 +1,126 @@
+"""Conditional batches per home, on the real node: each row of a batch gets exactly the outcome
+a single-row LWT would give it (applied, lost the race, already exists), also when batches
+race for the same rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+
+from flask.testing import FlaskClient
+
+from app.ids import home_of, homes_for_request, new_message_id
+from app.models import MessageState
+from app.services import Services
+from app.timeline import shard_of
+from tests.consumers import TopicClient
+
+TTL_S = 3600
+
+
+def _row(topic_uid: uuid.UUID, message_id: str, content: str = "c1") -> MessageState:
+    now = int(time.time() * 1000)
+    return MessageState(
+        topic_uid=topic_uid, id=message_id, state="scheduled", version=1, due_at_ms=now,
+        deliver_at_ms=now, priority=100, campaign=None, shard=0, attempts=0,
+        content_hash=content, lease_token=None, lease_expires_at_ms=None, consumer=None,
+        last_error=None, created_at_ms=now, updated_at_ms=now)
+
+
+def _one_home(services: Services, count: int) -> tuple[uuid.UUID, list[MessageState]]:
+    topic_uid = uuid.uuid4()
+    home = homes_for_request(16)[3]
+    rows = [_row(topic_uid, new_message_id(int(time.time() * 1000), home)) for _ in range(count)]
+    assert {home_of(r.id) for r in rows} == {home}
+    assert services.messages.insert_fresh_many([(r, TTL_S) for r in rows]) == [(True, None)] * count
+    return topic_uid, rows
+
+
+def _leased(row: MessageState) -> MessageState:
+    return dataclasses.replace(row, state="leased", version=row.version + 1,
+                               lease_token=uuid.uuid4())
+
+
+def test_a_stale_row_in_a_batch_loses_alone(services: Services) -> None:
+    topic_uid, rows = _one_home(services, 150)  # more than one batch of the home
+    changes = [(_leased(r), 2 if n % 7 == 0 else 1, TTL_S) for n, r in enumerate(rows)]
+    outcomes = services.messages.cas_many(changes)
+    assert outcomes == [n % 7 != 0 for n in range(len(rows))]
+    stored = services.messages.get_many(topic_uid, [r.id for r in rows])
+    assert [stored[r.id].version for r in rows] == [1 if n % 7 == 0 else 2
+                                                    for n in range(len(rows))]
+    assert all(stored[r.id].lease_token == c[0].lease_token
+               for r, c, ok in zip(rows, changes, outcomes, strict=True) if ok)
+
+
+def test_two_changes_of_one_row_in_one_call_apply_once(services: Services) -> None:
+    _, rows = _one_home(services, 3)
+    first, second = _leased(rows[0]), _leased(rows[0])
+    outcomes = services.messages.cas_many(
+        [(first, 1, TTL_S), (_leased(rows[1]), 1, TTL_S), (second, 1, TTL_S)])
+    assert outcomes == [True, True, False]
+    found = services.messages.get(rows[0].topic_uid, rows[0].id)
+    assert found is not None and found.lease_token == first.lease_token
+
+
+def test_insert_if_not_exists_in_a_batch_reports_each_existing_row(services: Services) -> None:
+    topic_uid = uuid.uuid4()
+    home = homes_for_request(16)[0]
+    ids = [new_message_id(int(time.time() * 1000), home) for _ in range(30)]
+    earlier = services.messages.insert_many([(_row(topic_uid, i, "old"), TTL_S) for i in ids[:10]])
+    assert earlier == [(True, None)] * 10
+    answers = services.messages.insert_many([(_row(topic_uid, i, "new"), TTL_S) for i in ids])
+    assert answers[10:] == [(True, None)] * 20
+    for answer in answers[:10]:
+        assert isinstance(answer, tuple) and answer[0] is False
+        assert answer[1] is not None and answer[1].content_hash == "old"
+    stored = services.messages.get_many(topic_uid, ids)
+    assert [stored[i].content_hash for i in ids] == ["old"] * 10 + ["new"] * 20
+
+
+def test_racing_batches_over_one_home_apply_each_row_once(services: Services) -> None:
+    topic_uid, rows = _one_home(services, 100)
+    racers = 8
+    barrier = threading.Barrier(racers)
+    wins: list[list[str]] = [[] for _ in range(racers)]
+    tokens: dict[tuple[int, str], uuid.UUID | None] = {}
+
+    def race(index: int) -> None:
+        mine = [_leased(r) for r in rows]
+        for m in mine:
+            tokens[(index, m.id)] = m.lease_token
+        barrier.wait()
+        outcomes = services.messages.cas_many([(m, 1, TTL_S) for m in mine])
+        wins[index] = [m.id for m, ok in zip(mine, outcomes, strict=True) if ok is True]
+        assert not [o for o in outcomes if isinstance(o, Exception)]
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [i for w in wins for i in w]
+    assert sorted(won) == sorted(r.id for r in rows)  # every row exactly once
+    stored = services.messages.get_many(topic_uid, [r.id for r in rows])
+    for index, ids in enumerate(wins):
+        assert all(stored[i].lease_token == tokens[(index, i)] for i in ids)
+
+
+def test_one_request_puts_server_ids_in_one_home_per_shard(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth, shards=16)
+    results = topic.batch([{"delay_ms": 60_000} for _ in range(1000)])
+    assert [r["status"] for r in results] == [201] * 1000
+    homes: dict[int, set[int]] = {}
+    for r in results:
+        homes.setdefault(home_of(r["id"]), set()).add(shard_of(r["id"], 16))
+    assert len(homes) == 16
+    assert all(shards == {home % 16} for home, shards in homes.items())
+    second = topic.batch([{"delay_ms": 60_000} for _ in range(10)])
+    assert not {home_of(r["id"]) for r in second} & set(homes)  # a fresh draw per request
+    sample = results[::97]
+    for r in sample:
+        body = client.get(topic.url(f"/messages/{r['id']}"), headers=auth).get_json()
+        assert body["state"] == "scheduled" and body["payload"] == {"n": 1}
