@@ -46,7 +46,7 @@ class Config:
 
     bucket_ms: int = 60_000
     partition_cap: int = 1000
-    slot_chunk: int = 64
+    slot_chunk: int = 256
     safety_lag_ms: int = 1000
     retention_days: int = 7
 

@@ -53,20 +53,38 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
 
 def _lease_once(services: Services, topic: Topic, max_messages: int, lease_s: int,
                 consumer: str | None) -> list[Leased]:
-    with services.topic_lock(topic.uid):
-        now = services.clock()
-        result = services.scanner.scan(topic, now, max_messages)
-        # Lower priority values first; ties in random order so processes spread their LWTs.
-        order = sorted(result.due, key=lambda d: (d.row.priority, random.random()))
-        taken: list[MessageState] = []
-        tried = 0
-        while len(taken) < max_messages and tried < len(order):
-            chunk = order[tried:tried + max_messages - len(taken)]
-            tried += len(chunk)
-            taken += take(services, topic, chunk, now, lease_s, consumer)
-        services.scanner.advance(topic, result.moves(order[tried:]))
+    """One pass over the topic's shards, a stripe at a time (app.shard_claims), until
+    max_messages are taken or every shard was tried."""
+    now = services.clock()
+    stored = services.timeline.cursors(topic.uid)
+    taken: list[MessageState] = []
+    tried: set[int] = set()
+    while len(taken) < max_messages and len(tried) < topic.settings.shards:
+        with services.shard_claims.claim(topic.uid, topic.settings.shards, tried,
+                                         wait=not tried) as mine:
+            if not mine:
+                break
+            tried |= mine
+            taken += _take_from(services, topic, mine, stored, now,
+                                max_messages - len(taken), lease_s, consumer)
     payloads = services.messages.get_payloads(topic.uid, [(r.id, r.content_hash) for r in taken])
     return [Leased(r, payloads[r.id]) for r in taken if r.id in payloads]
+
+
+def _take_from(services: Services, topic: Topic, shards: set[int], stored: dict[int, int],
+               now: int, want: int, lease_s: int, consumer: str | None) -> list[MessageState]:
+    """Lease up to `want` due messages of these shards; moves their cursors past what is spent."""
+    result = services.scanner.scan(topic, now, want, shards, stored)
+    # Lower priority values first; ties in random order so processes spread their LWTs.
+    order = sorted(result.due, key=lambda d: (d.row.priority, random.random()))
+    taken: list[MessageState] = []
+    tried = 0
+    while len(taken) < want and tried < len(order):
+        chunk = order[tried:tried + want - len(taken)]
+        tried += len(chunk)
+        taken += take(services, topic, chunk, now, lease_s, consumer)
+    services.scanner.advance(topic, result.moves(order[tried:]))
+    return taken
 
 
 def take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s: int,

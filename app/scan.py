@@ -25,8 +25,10 @@ WAITING = ("scheduled", "leased")
 SPENT_CACHE_SIZE = 200_000
 MAX_BUCKETS_PER_SCAN = 1440  # a day of 1-minute buckets; a far-behind cursor catches up in steps
 # Rows known to be spent are skipped without a state read but still read; the cap bounds one
-# scan's memory. Unknown pointers (capped at 4 x want) become known, so scans make progress.
+# scan's memory. Unknown pointers (capped at SCAN_SLACK x want) become known, so scans make
+# progress.
 MAX_ROWS_PER_SCAN = 50_000
+SCAN_SLACK = 2  # rows examined per row wanted: some are not due or lost to a racer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +153,8 @@ class DueScanner:
 
     def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
              stored: dict[int, int] | None = None) -> ScanResult:
-        """Live pointers due by now_ms (at most about 4 x want) of the topic's shards (or of
-        `shards`), and per-shard frontiers."""
+        """Live pointers due by now_ms (at most about SCAN_SLACK x want) of the topic's shards
+        (or of `shards`), and per-shard frontiers."""
         stored = self.timeline.cursors(topic.uid) if stored is None else stored
         default = topic.created_at_ms - self.config.safety_lag_ms
         cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)
@@ -251,7 +253,7 @@ class DueScanner:
                 key = (topic.uid, p.id, p.version)
                 if key not in self.spent and not skip(key):
                     unknown.append(p)
-                if len(unknown) >= 4 * want or read >= MAX_ROWS_PER_SCAN:
+                if len(unknown) >= SCAN_SLACK * want or read >= MAX_ROWS_PER_SCAN:
                     self._stopped_at(plan, index, p.due_at_ms, frontier)
                     return unknown, index
         return unknown, len(plan)

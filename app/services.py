@@ -5,15 +5,13 @@ Built by create_app (or the CLI / workers) once per process; nothing connects un
 
 from __future__ import annotations
 
-import threading
 import time
-import uuid
-from collections import defaultdict
 from collections.abc import Callable
 
 from app.config import Config
 from app.placement import PointerPlacer
 from app.scan import DueScanner
+from app.shard_claims import ShardClaims
 from app.store.counts import CountStore
 from app.store.keys import ApiKeyStore
 from app.store.messages import MessageStore
@@ -43,13 +41,7 @@ class Services:
         self.timeline = TimelineStore(self.db)
         self.placer = PointerPlacer(self.timeline, config)
         self.scanner = DueScanner(self.timeline, self.messages, config)
-        self._topic_locks: defaultdict[uuid.UUID, threading.Lock] = defaultdict(threading.Lock)
-        self._locks_guard = threading.Lock()
-
-    def topic_lock(self, topic_uid: uuid.UUID) -> threading.Lock:
-        """Serialises lease scans of one topic inside this process (fewer LWT races)."""
-        with self._locks_guard:
-            return self._topic_locks[topic_uid]
+        self.shard_claims = ShardClaims()
 
     def close(self) -> None:
         self.db.shutdown()
