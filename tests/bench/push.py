@@ -4,7 +4,9 @@
 stack's releaser to a local receiver. Reports lag (receive time - deliver_at) p50/p99/max,
 early (must be 0), lost, duplicates; optionally with a backlog of messages scheduled a month
 ahead in the same topic (--topic, loaded by `python -m tests.bench.spark_import --topic T`),
-to show the backlog does not slow what is due now.
+to show the backlog does not slow what is due now. In the same run, the raw POST ceiling:
+the same receiver fed by 64 urllib3 threads with no Cassandra, so the delivery rate reads as a
+ratio of what the machine's HTTP round trip allows.
 Usage: python -m tests.bench.push [--messages N] [--topic T] [--label NAME] [--client-ids]
 """
 
@@ -14,16 +16,19 @@ import argparse
 import json
 import random
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3
 
 from app.timeparse import parse_instant
 from tests.bench.run import OUT, URL, now_ms, percentile
 from tests.receiver import Receiver, receiving
+from workers.webhook import signature
 
 SPAN_MS = 20_000
 BURST = 5_000
@@ -81,6 +86,29 @@ def measure(headers: dict[str, str], count: int, topic: str | None,
     }
 
 
+def post_ceiling(count: int, threads: int) -> float:
+    """The same receiver's raw capacity on this machine: POSTs/s of `count` signed message-sized
+    bodies from `threads` keep-alive threads (urllib3, as the releaser), no Cassandra."""
+    pool = urllib3.PoolManager(maxsize=threads, retries=False)
+    body = json.dumps({"i": 1}).encode()
+    per_thread = count // threads
+    with receiving(Receiver()) as target:
+        def post(n: int) -> None:
+            for i in range(per_thread):
+                pool.request("POST", target.url, body=body, headers={
+                    "Content-Type": "application/json", "Duetime-Message-Id": f"c{n}-{i}",
+                    "Duetime-Deliver-At": "2026-01-01T00:00:00.000Z",
+                    "Duetime-Signature": signature("s" * 32, body)})
+
+        began = time.perf_counter()
+        workers = [threading.Thread(target=post, args=(n,)) for n in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return per_thread * threads / (time.perf_counter() - began)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.push")
     parser.add_argument("--messages", type=int, default=20_000)
@@ -93,6 +121,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     headers = {"Authorization": f"Bearer {Path('var/dev-key').read_text().strip()}"}
     result = measure(headers, args.messages, args.topic, args.client_ids)
+    result["raw_post_ceiling_per_s"] = post_ceiling(20_000, 64)
     OUT.mkdir(exist_ok=True)
     (OUT / f"{args.label}.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
