@@ -9,7 +9,6 @@ row's version), so a stale token never changes a message.
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 import uuid
 
@@ -75,8 +74,11 @@ def _take_from(services: Services, topic: Topic, shards: set[int], stored: dict[
                now: int, want: int, lease_s: int, consumer: str | None) -> list[MessageState]:
     """Lease up to `want` due messages of these shards; moves their cursors past what is spent."""
     result = services.scanner.scan(topic, now, want, shards, stored)
-    # Lower priority values first; ties in random order so processes spread their LWTs.
-    order = sorted(result.due, key=lambda d: (d.row.priority, random.random()))
+    # Lower priority values first, then timeline order: what is taken is then a prefix of
+    # each partition, which moves its resume point (app.scan.ResumePoints), and the oldest
+    # goes first.
+    order = sorted(result.due, key=lambda d: (d.row.priority, d.pointer.due_at_ms,
+                                             d.pointer.id))
     taken: list[MessageState] = []
     tried = 0
     while len(taken) < want and tried < len(order):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from app.config import Config
 from app.models import MessageState, Pointer, Topic
 from app.store.messages import MessageStore
-from app.store.timeline import TimelineStore
+from app.store.timeline import PointerPosition, TimelineStore
 from app.timeline import bucket_of, bucket_start_ms, parts_for
 
 PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
@@ -29,6 +29,7 @@ MAX_BUCKETS_PER_SCAN = 1440  # a day of 1-minute buckets; a far-behind cursor ca
 # progress.
 MAX_ROWS_PER_SCAN = 50_000
 SCAN_SLACK = 2  # rows examined per row wanted: some are not due or lost to a racer
+RESUME_CACHE_SIZE = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,12 +110,45 @@ class SpentPointers:
             return key in self._keys
 
 
+class ResumePoints:
+    """Per timeline partition, the last pointer of a prefix this process found all spent, due
+    before the safety lag: the next read of the partition starts after it. A cursor is a time
+    only, so without this a minute's pile-up at one millisecond (a campaign at 09:00:00.000)
+    would be re-read from its first pointer by every scan until all of it is taken.
+
+    Safe as the cursor is: nothing new lands before now - safety lag but a straggler, and the
+    catch-up finds those once the cursor passes them. Thread-safe; bounded LRU."""
+
+    def __init__(self, capacity: int = RESUME_CACHE_SIZE) -> None:
+        self.capacity = capacity
+        self._points: OrderedDict[tuple[uuid.UUID, int, int, int], PointerPosition] = (
+            OrderedDict())
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[uuid.UUID, int, int, int], from_ms: int) -> PointerPosition | None:
+        """Where to resume reading this partition, when that is beyond from_ms."""
+        with self._lock:
+            point = self._points.get(key)
+        return point if point is not None and point[0] >= from_ms else None
+
+    def advance(self, key: tuple[uuid.UUID, int, int, int], point: PointerPosition) -> None:
+        with self._lock:
+            known = self._points.get(key)
+            if known is None or point > known:
+                self._points[key] = point
+                self._points.move_to_end(key)
+                while len(self._points) > self.capacity:
+                    self._points.popitem(last=False)
+
+
 class DueScanner:
     def __init__(self, timeline: TimelineStore, messages: MessageStore, config: Config) -> None:
         self.timeline = timeline
         self.messages = messages
         self.config = config
         self.spent = SpentPointers()
+        self.resume = ResumePoints()
+        self.pointers_read = 0  # since start, for stats and tests (approximate across threads)
 
     def _partitions(self, topic: Topic, cursors: dict[int, int],
                     horizon_ms: int) -> list[tuple[int, int, int, int, int]]:
@@ -163,7 +197,8 @@ class DueScanner:
             return ScanResult([], {}, {})
         frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
         plan = self._partitions(topic, cursors, now_ms)
-        unknown, _ = self._read(topic, plan, want, frontier, lambda key: False)
+        unknown, _ = self._read(topic, plan, want, frontier, lambda key: False,
+                                now_ms - self.config.safety_lag_ms)
         due, _ = self._settle(topic, unknown, lambda p, row: is_live(p, row, now_ms))
         return ScanResult(due, frontier, cursors)
 
@@ -218,7 +253,8 @@ class DueScanner:
                 for b, sh in sorted(changed)
                 for part in range(parts_for(slots.get(b, {}).get(sh, 0), cap))]
         frontier = dict.fromkeys(cursors, now_ms)
-        behind, stopped = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False)
+        behind, stopped = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False,
+                                     now_ms - self.config.safety_lag_ms)
         found, unsettled = self._settle(topic, behind, lambda p, row: is_live(p, row, now_ms))
         _remember(seen, changed, plan[:stopped], unsettled)
         return found
@@ -241,21 +277,38 @@ class DueScanner:
         return due, unsettled
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
-              frontier: dict[int, int], skip: Callable[[PointerKey], bool]
-              ) -> tuple[list[Pointer], int]:
+              frontier: dict[int, int], skip: Callable[[PointerKey], bool],
+              settled_ms: int | None = None) -> tuple[list[Pointer], int]:
         """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
-        how many plan entries were read whole."""
+        how many plan entries were read whole. With settled_ms, each partition is read from
+        its resume point, and a spent prefix due before settled_ms moves that point."""
+        keys = [(topic.uid, b, s, part) for b, s, part, _, _ in plan]
+        after = ([self.resume.get(k, e[3]) for k, e in zip(keys, plan, strict=True)]
+                 if settled_ms is not None else None)
         unknown: list[Pointer] = []
         read = 0
-        for index, pointers in self.timeline.pointers_of(topic.uid, plan):
+        for index, pointers in self.timeline.pointers_of(topic.uid, plan, after):
+            spent_prefix: PointerPosition | None = None
+            in_prefix = settled_ms is not None
             for p in pointers:
                 read += 1
                 key = (topic.uid, p.id, p.version)
-                if key not in self.spent and not skip(key):
+                known = key in self.spent
+                if in_prefix and known and p.due_at_ms < (settled_ms or 0):
+                    spent_prefix = (p.due_at_ms, p.id, p.version)
+                else:
+                    in_prefix = False
+                if not known and not skip(key):
                     unknown.append(p)
                 if len(unknown) >= SCAN_SLACK * want or read >= MAX_ROWS_PER_SCAN:
+                    if spent_prefix:
+                        self.resume.advance(keys[index], spent_prefix)
                     self._stopped_at(plan, index, p.due_at_ms, frontier)
+                    self.pointers_read += read
                     return unknown, index
+            if spent_prefix:
+                self.resume.advance(keys[index], spent_prefix)
+        self.pointers_read += read
         return unknown, len(plan)
 
     def forget(self, topic: Topic, pointers: list[Pointer]) -> None:

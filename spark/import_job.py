@@ -4,7 +4,7 @@ extract (CSV, JSON lines or Parquet) → transform (spark.rows, the API's own ch
 bucket/shard/id code) → load (the connector). Steps:
 1. validate every row; bad rows go to the rejects file with their reason, good rows go on;
 2. drop rows whose id repeats an earlier line, and ids the topic already has (a direct join
-   on the messages table's key): a re-run or a retried task adds nothing;
+   on the message_states key): a re-run or a retried task adds nothing;
 3. reserve pointer slots per (bucket, shard) with the API's LWT (TimelineStore.reserve_slots),
    so no partition ever holds more than DUETIME_PARTITION_CAP pointers;
 4. write payloads, then pointers, then state rows (the API's order: a state row never exists

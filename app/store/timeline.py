@@ -23,6 +23,13 @@ from app.timeparse import cql_ms, from_ms
 
 CAS_ATTEMPTS = 64
 FETCH_SIZE = 500
+PointerPosition = tuple[int, str, int]  # (due_ms, id, version): a place in a partition
+_POINTER_COLUMNS = "SELECT due_at, id, version, priority FROM {ks}.timeline WHERE topic_uid = ? "
+_SLICE_FROM_TIME = (_POINTER_COLUMNS + "AND bucket = ? AND shard = ? AND part = ? "
+                    "AND due_at >= ? AND due_at <= ?")
+# one multi-column form for both bounds: CQL refuses to mix it with single-column relations
+_SLICE_AFTER = (_POINTER_COLUMNS + "AND bucket = ? AND shard = ? AND part = ? "
+                "AND (due_at, id, version) > (?, ?, ?) AND (due_at) <= (?)")
 READ_AHEAD = 32
 BATCH_ROWS = 50  # pointers per batch: under the default 5 KiB batch_size_warn_threshold
 
@@ -142,23 +149,33 @@ class TimelineStore:
                 errors[i] = None if ok else exc
         return errors
 
-    def pointers_of(self, topic_uid: uuid.UUID, plan: Sequence[tuple[int, int, int, int, int]]
+    def pointers_of(self, topic_uid: uuid.UUID, plan: Sequence[tuple[int, int, int, int, int]],
+                    after: Sequence[PointerPosition | None] | None = None,
                     ) -> Iterator[tuple[int, Iterator[Pointer]]]:
         """(index, pointers) of each (bucket, shard, part, from_ms, to_ms) of plan, in plan
-        order. First pages are requested READ_AHEAD partitions ahead of the consumer, so a
-        plan of many small partitions costs about one round trip, not one per partition."""
-        cql = ("SELECT due_at, id, version, priority FROM {ks}.timeline WHERE topic_uid = ? "
-               "AND bucket = ? AND shard = ? AND part = ? AND due_at >= ? AND due_at <= ?")
+        order; where after[index] is a (due_ms, id, version) position, only pointers beyond it
+        (and due by to_ms). First pages are requested READ_AHEAD partitions ahead of the
+        consumer, so a plan of many small partitions costs about one round trip, not one per
+        partition."""
         futures: dict[int, Any] = {}
         for index, (_, shard, _, _, _) in enumerate(plan):
             for ahead in range(index, min(len(plan), index + READ_AHEAD)):
                 if ahead not in futures:
-                    b, s, part, lo, hi = plan[ahead]
-                    futures[ahead] = self.db.execute_async(
-                        cql, (topic_uid, b, s, part, from_ms(lo), from_ms(hi)), FETCH_SIZE)
+                    futures[ahead] = self._start_slice(topic_uid, plan[ahead],
+                                                       after[ahead] if after else None)
             rows = self.db.results_iter(futures.pop(index))
             yield index, (Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"],
                                   shard) for r in rows)
+
+    def _start_slice(self, topic_uid: uuid.UUID, entry: tuple[int, int, int, int, int],
+                     after: PointerPosition | None) -> Any:
+        b, s, part, lo, hi = entry
+        if after is None:
+            return self.db.execute_async(_SLICE_FROM_TIME, (
+                topic_uid, b, s, part, from_ms(lo), from_ms(hi)), FETCH_SIZE)
+        due_ms, message_id, version = after
+        return self.db.execute_async(_SLICE_AFTER, (
+            topic_uid, b, s, part, from_ms(due_ms), message_id, version, from_ms(hi)), FETCH_SIZE)
 
     def cursors(self, topic_uid: uuid.UUID) -> dict[int, int]:
         """{shard: through_ms}: every pointer of the shard due before through_ms is spent."""

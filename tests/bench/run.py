@@ -1,14 +1,17 @@
 """`make bench`: throughput and delivery lag of the running stack, with a raw-Cassandra ceiling.
 
 Against the API at DUETIME_BENCH_URL (default http://127.0.0.1:8080, started by `make up`):
-1. enqueue N messages in batches of 1,000, due over the next few seconds;
-2. consume them with C concurrent consumers (lease max=100 with long poll, then one batch
-   ack of what was leased: POST /acks);
-3. report enqueue msgs/s, lease+ack msgs/s, lag (receive time - deliver_at) p50/p99/max,
-   early deliveries (must be 0), lost (must be 0) and duplicates;
+1. backlog: enqueue N messages in batches of 1,000, all due at once, then drain them with C
+   concurrent consumers (lease max=100 with long poll, then one batch ack: POST /acks):
+   enqueue msgs/s and lease+ack msgs/s;
+2. steady: with C consumers already polling, N messages come due at R per second; delivery
+   lag (receive time - deliver_at) p50/p99/max. A lag measured on a backlog would only
+   measure the backlog;
+3. both phases: early deliveries (must be 0), lost (must be 0), duplicates;
 4. in the same run, the raw-Cassandra ceiling: plain driver inserts of the same rows, and
    single-row LWTs, so the figures read as ratios.
-Writes bench-results/bench.json and prints a table. Usage: python -m tests.bench.run [N] [C]
+Writes bench-results/bench.json and prints a table.
+Usage: python -m tests.bench.run [N=20000] [C=8] [R=1000]
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ def percentile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else 0.0
 
 
-def enqueue(headers: dict[str, str], topic: str, count: int, spread_ms: int
+def enqueue(headers: dict[str, str], topic: str, count: int, start_due: int, spread_ms: int
             ) -> tuple[float, set[str]]:
-    """Enqueue count messages (server-made ids) in batches of 1,000; (msgs/s, the ids)."""
-    start_due = now_ms() + 2000
+    """Enqueue count messages (server-made ids) in batches of 1,000, due evenly over spread_ms
+    from start_due (epoch ms); (msgs/s, the ids)."""
     ids: set[str] = set()
     began = time.perf_counter()
     for first in range(0, count, 1000):
@@ -123,37 +126,71 @@ def raw_ceiling(count: int) -> dict[str, float]:
     return {"raw_insert_rows_per_s": inserts, "raw_lwt_per_s": lwts}
 
 
-def main(argv: list[str]) -> int:
-    count = int(argv[0]) if argv else 20_000
-    consumers = int(argv[1]) if len(argv) > 1 else 8
-    key = Path("var/dev-key").read_text().strip()
-    headers = {"Authorization": f"Bearer {key}"}
+def make_topic(headers: dict[str, str]) -> str:
     topic = f"bench{uuid.uuid4().hex[:6]}"
     requests.put(f"{URL}/v1/topics/{topic}", headers=headers, json={"lease_seconds": 60},
                  timeout=30).raise_for_status()
-    enqueue_rate, sent = enqueue(headers, topic, count, spread_ms=5000)
+    return topic
+
+
+def throughput(headers: dict[str, str], count: int, consumers: int) -> dict[str, Any]:
+    """Phase 1: count messages due at once (a backlog), then drained by the consumers."""
+    topic = make_topic(headers)
+    enqueue_rate, sent = enqueue(headers, topic, count, now_ms(), 0)
     received, elapsed = consume(headers, topic, count, consumers, deadline_s=600)
+    ids = [r["id"] for r in received if r["id"] in sent]
+    return {"enqueue_msgs_per_s": enqueue_rate,
+            "lease_ack_msgs_per_s": len(set(ids)) / elapsed,
+            "early": sum(1 for r in received if r["at"] < r["due"]),
+            "lost": len(sent - set(ids)), "duplicates": len(ids) - len(set(ids))}
+
+
+def steady_lag(headers: dict[str, str], count: int, consumers: int, rate: int) -> dict[str, Any]:
+    """Phase 2: consumers already polling; count messages come due at `rate` per second,
+    starting once they are all written. Lag = receive time - deliver_at."""
+    topic = make_topic(headers)
+    outcome: dict[str, Any] = {}
+
+    def run_consumers() -> None:
+        outcome["received"], _ = consume(headers, topic, count, consumers, deadline_s=600)
+
+    polling = threading.Thread(target=run_consumers)
+    polling.start()
+    head_start_ms = 3000 + count // 2  # room for the enqueue at >= 2,000 msgs/s
+    _, sent = enqueue(headers, topic, count, now_ms() + head_start_ms, count * 1000 // rate)
+    polling.join()
+    received = outcome["received"]
     lags = [r["at"] - r["due"] for r in received]
     ids = [r["id"] for r in received if r["id"] in sent]
-    result = {
-        "messages": count, "consumers": consumers,
-        "enqueue_msgs_per_s": enqueue_rate,
-        "lease_ack_msgs_per_s": len(set(ids)) / elapsed,
-        "lag_ms": {"p50": percentile(lags, 0.5), "p99": percentile(lags, 0.99),
-                   "max": max(lags, default=0), "mean": statistics.fmean(lags) if lags else 0},
-        "early": sum(1 for lag in lags if lag < 0),
-        "lost": len(sent - set(ids)),
-        "duplicates": len(ids) - len(set(ids)),
-        **raw_ceiling(count),
-    }
-    result["enqueue_vs_raw_insert"] = result["enqueue_msgs_per_s"] / result["raw_insert_rows_per_s"]
-    result["lease_ack_vs_raw_lwt_pairs"] = result["lease_ack_msgs_per_s"] / (
+    return {"rate_per_s": rate,
+            "lag_ms": {"p50": percentile(lags, 0.5), "p99": percentile(lags, 0.99),
+                       "max": max(lags, default=0),
+                       "mean": statistics.fmean(lags) if lags else 0},
+            "early": sum(1 for lag in lags if lag < 0),
+            "lost": len(sent - set(ids)), "duplicates": len(ids) - len(set(ids))}
+
+
+def main(argv: list[str]) -> int:
+    count = int(argv[0]) if argv else 20_000
+    consumers = int(argv[1]) if len(argv) > 1 else 8
+    rate = int(argv[2]) if len(argv) > 2 else 1000
+    headers = {"Authorization": f"Bearer {Path('var/dev-key').read_text().strip()}"}
+    result: dict[str, Any] = {"messages": count, "consumers": consumers,
+                              "backlog": throughput(headers, count, consumers),
+                              "steady": steady_lag(headers, count, consumers, rate),
+                              **raw_ceiling(count)}
+    backlog = result["backlog"]
+    result["enqueue_vs_raw_insert"] = backlog["enqueue_msgs_per_s"] / result[
+        "raw_insert_rows_per_s"]
+    result["lease_ack_vs_raw_lwt_pairs"] = backlog["lease_ack_msgs_per_s"] / (
         result["raw_lwt_per_s"] / 2)
     OUT.mkdir(exist_ok=True)
     (OUT / "bench.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
         print(f"{name:28} {json.dumps(value) if isinstance(value, dict) else round(value, 3)}")
-    return 0 if result["early"] == 0 and result["lost"] == 0 else 1
+    clean = all(result[phase][k] == 0 for phase in ("backlog", "steady")
+                for k in ("early", "lost"))
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":
