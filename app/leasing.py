@@ -26,7 +26,7 @@ from app.services import Services
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.transitions import apply_transition, count_moves, place_then
 
-POLL_INTERVAL_S = 0.05
+POLL_INTERVAL_S = 0.025
 
 
 @dataclasses.dataclass(frozen=True)

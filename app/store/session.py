@@ -7,6 +7,7 @@ with a retry hint); the next call after it is back reconnects.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import deque
@@ -94,6 +95,9 @@ class CassandraSession:
         )
         return Cluster(
             contact_points=list(cfg.contact_points), port=cfg.cql_port,
+            # the driver leaves Nagle on: a request bigger than one TCP segment (any batch)
+            # then waits for the server's delayed ACK, 40 ms, before its tail is sent
+            sockopts=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             execution_profiles={EXEC_PROFILE_DEFAULT: profile}, auth_provider=auth,
             reconnection_policy=ConstantReconnectionPolicy(RECONNECT_BACKOFF_S, None),
             protocol_version=5, connect_timeout=3, control_connection_timeout=3,

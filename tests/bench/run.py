@@ -1,9 +1,9 @@
 """`make bench`: throughput and delivery lag of the running stack, with a raw-Cassandra ceiling.
 
 Against the API at DUETIME_BENCH_URL (default http://127.0.0.1:8080, started by `make up`):
-1. backlog: enqueue N messages in batches of 1,000, all due at once, then drain them with C
-   concurrent consumers (lease max=100 with long poll, then one batch ack: POST /acks):
-   enqueue msgs/s and lease+ack msgs/s;
+1. backlog: enqueue N messages in batches of 1,000 (4 producers sending concurrently), all
+   due at once, then drain them with C concurrent consumers (lease max=100 with long poll,
+   then one batch ack: POST /acks): enqueue msgs/s and lease+ack msgs/s;
 2. steady: with C consumers already polling, N messages come due at R per second; delivery
    lag (receive time - deliver_at) p50/p99/max. A lag measured on a backlog would only
    measure the backlog;
@@ -34,6 +34,7 @@ from app.timeparse import parse_instant
 
 URL = os.environ.get("DUETIME_BENCH_URL", "http://127.0.0.1:8080")
 OUT = Path("bench-results")
+PRODUCERS = 4  # concurrent enqueue requests, as several producer processes would send
 
 
 def now_ms() -> int:
@@ -45,22 +46,37 @@ def percentile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else 0.0
 
 
-def enqueue(headers: dict[str, str], topic: str, count: int, start_due: int, spread_ms: int
-            ) -> tuple[float, set[str]]:
-    """Enqueue count messages (server-made ids) in batches of 1,000, due evenly over spread_ms
-    from start_due (epoch ms); (msgs/s, the ids)."""
+def enqueue(headers: dict[str, str], topic: str, count: int, start_due: int, spread_ms: int,
+            producers: int = PRODUCERS) -> tuple[float, set[str]]:
+    """Enqueue count messages (server-made ids) in batches of 1,000 from `producers` threads,
+    due evenly over spread_ms from start_due (epoch ms); (msgs/s, the ids)."""
     ids: set[str] = set()
+    lock = threading.Lock()
+    firsts = list(range(0, count, 1000))
+
+    def produce(mine: list[int]) -> None:
+        session = requests.Session()
+        for first in mine:
+            batch = [{"payload": {"i": i}, "deliver_at": start_due + i * spread_ms // count}
+                     for i in range(first, min(count, first + 1000))]
+            answer = session.post(f"{URL}/v1/topics/{topic}/messages:batch", headers=headers,
+                                  json={"messages": batch}, timeout=120)
+            answer.raise_for_status()
+            results = answer.json()["results"]
+            if any(r["status"] != 201 for r in results):
+                raise SystemExit(f"enqueue failed: {results[:3]}")
+            with lock:
+                ids.update(r["id"] for r in results)
+
     began = time.perf_counter()
-    for first in range(0, count, 1000):
-        batch = [{"payload": {"i": i}, "deliver_at": start_due + i * spread_ms // count}
-                 for i in range(first, min(count, first + 1000))]
-        answer = requests.post(f"{URL}/v1/topics/{topic}/messages:batch", headers=headers,
-                               json={"messages": batch}, timeout=120)
-        answer.raise_for_status()
-        bad = [r for r in answer.json()["results"] if r["status"] != 201]
-        if bad:
-            raise SystemExit(f"enqueue failed: {bad[:3]}")
-        ids.update(r["id"] for r in answer.json()["results"])
+    threads = [threading.Thread(target=produce, args=(firsts[n::producers],))
+               for n in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(ids) != count:
+        raise SystemExit(f"enqueue failed: {count - len(ids)} messages not accepted")
     return count / (time.perf_counter() - began), ids
 
 
