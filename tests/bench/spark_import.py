@@ -98,14 +98,16 @@ def main(argv: list[str]) -> int:
     http_topic = f"http{uuid.uuid4().hex[:6]}"
     requests.put(f"{URL}/v1/topics/{http_topic}", headers=headers, json={},
                  timeout=30).raise_for_status()
-    http_rate = http_enqueue(path, http_topic, args.http_sample, headers)
-    raw_rate = raw_ceiling(args.raw_sample)
+    http_rate = (http_enqueue(path, http_topic, args.http_sample, headers)
+                 if args.http_sample else 0.0)
+    raw_rate = raw_ceiling(args.raw_sample) if args.raw_sample else 0.0
     spark_rate = spark["imported"] / spark["wall_s"]
     result = {"rows": args.rows, "topic": topic, "spark": spark,
               "spark_rows_per_s": spark_rate, "http_batch_rows_per_s": http_rate,
               "http_sample": args.http_sample, "raw_insert_messages_per_s": raw_rate,
-              "raw_sample": args.raw_sample, "spark_vs_http": spark_rate / http_rate,
-              "spark_vs_raw": spark_rate / raw_rate}
+              "raw_sample": args.raw_sample,
+              "spark_vs_http": spark_rate / http_rate if http_rate else None,
+              "spark_vs_raw": spark_rate / raw_rate if raw_rate else None}
     (OUT / "spark-import.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
         print(f"{name:28} {json.dumps(value) if isinstance(value, dict) else value}")
