@@ -4,6 +4,7 @@ race for the same rows."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import threading
 import time
@@ -124,3 +125,15 @@ def test_one_request_puts_server_ids_in_one_home_per_shard(
     for r in sample:
         body = client.get(topic.url(f"/messages/{r['id']}"), headers=auth).get_json()
         assert body["state"] == "scheduled" and body["payload"] == {"n": 1}
+
+
+def test_a_home_full_of_large_payloads_is_written_in_bounded_batches(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth, shards=1)  # one shard: the whole request is one home
+    bodies = [base64.b64encode(bytes([n]) * 60_000).decode() for n in range(40)]
+    results = topic.batch([{"payload_base64": b, "delay_ms": 60_000} for b in bodies])
+    assert [r["status"] for r in results] == [201] * 40  # 2.4 MB: three batches of <= 1 MiB
+    assert len({home_of(r["id"]) for r in results}) == 1
+    for r, body in list(zip(results, bodies, strict=True))[::13]:
+        got = client.get(topic.url(f"/messages/{r['id']}"), headers=auth).get_json()
+        assert got["payload_base64"] == body
