@@ -50,12 +50,13 @@ def webhook_topic(client: FlaskClient, auth: dict[str, str], url: str,
 
 
 def assert_on_time_and_signed(arrivals: list[Arrival], secret: str, topic: str) -> None:
-    for a in arrivals:
+    for n, a in enumerate(arrivals):
         deliver_at = parse_instant(a.headers["Duetime-Deliver-At"])
         assert a.received_ms >= deliver_at, f"early by {deliver_at - a.received_ms} ms: {a}"
+        assert a.headers["Duetime-Topic"] == topic, a
         expected = hmac.new(secret.encode(), a.body, hashlib.sha256).hexdigest()
-        assert hmac.compare_digest(a.headers["Duetime-Signature"], expected)
-        assert a.headers["Duetime-Topic"] == topic
+        assert hmac.compare_digest(a.headers["Duetime-Signature"], expected), (
+            f"arrival {n} of {len(arrivals)}: bad signature: {a.headers} {a.body!r}")
 
 
 def wait_state(topic: TopicClient, message_id: str, state: str, within_s: float) -> Any:
