@@ -25,7 +25,7 @@ from cassandra.query import UNSET_VALUE
 from app.errors import StoreUnavailable
 from app.ids import home_of
 from app.models import MessageState, Payload
-from app.store.session import CassandraSession
+from app.store.session import CassandraSession, item_errors
 from app.timeline import campaign_spread
 from app.timeparse import cql_ms, from_ms
 
@@ -209,11 +209,8 @@ class MessageStore:
                           PLAIN_BATCH)
         outcomes = self.db.run_batches(
             [[(_INSERT_FRESH, self._params(*rows[i])) for i in chunk] for chunk in chunks])
-        answers: list[tuple[bool, MessageState | None] | Exception] = [(True, None)] * len(rows)
-        for chunk, (ok, result) in zip(chunks, outcomes, strict=True):
-            for i in chunk:
-                answers[i] = (True, None) if ok else result
-        return answers
+        return [(True, None) if err is None else err
+                for err in item_errors(chunks, outcomes, len(rows))]
 
     def _resolve_insert(self, m: MessageState) -> tuple[bool, MessageState | None] | Exception:
         try:
@@ -304,11 +301,7 @@ class MessageStore:
         outcomes = self.db.run_batches([[
             (_PUT_PAYLOAD, (t, home_of(i), i, h, p.data, p.encoding, p.headers or None, ttl))
             for t, i, h, p, ttl in (rows[n] for n in chunk)] for chunk in chunks])
-        answers: list[Exception | None] = [None] * len(rows)
-        for chunk, (ok, result) in zip(chunks, outcomes, strict=True):
-            for n in chunk:
-                answers[n] = None if ok else result
-        return answers
+        return item_errors(chunks, outcomes, len(rows))
 
     def get_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
                      ) -> dict[str, Payload]:

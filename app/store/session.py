@@ -62,6 +62,17 @@ def _settled(future: ResponseFuture) -> tuple[bool, Any]:
         return False, exc
 
 
+def item_errors(chunks: Sequence[Sequence[int]], outcomes: Sequence[tuple[bool, Any]],
+                count: int) -> list[Exception | None]:
+    """Per item of `count`, the error of the batch that carried it (None where it succeeded),
+    given the item indexes of each batch and run_batches' outcomes in the same order."""
+    errors: list[Exception | None] = [None] * count
+    for chunk, (ok, result) in zip(chunks, outcomes, strict=True):
+        for index in chunk:
+            errors[index] = None if ok else result
+    return errors
+
+
 class CassandraSession:
     """One driver Cluster/Session per process, with a prepared-statement cache.
 

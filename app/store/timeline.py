@@ -17,7 +17,7 @@ from typing import Any
 
 from app.errors import StoreUnavailable
 from app.models import Pointer
-from app.store.session import CassandraSession
+from app.store.session import CassandraSession, item_errors
 from app.timeline import MS_PER_DAY
 from app.timeparse import cql_ms, from_ms
 
@@ -143,11 +143,7 @@ class TimelineStore:
             "priority) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
             [[(topic_uid, b, s, part, from_ms(p.due_at_ms), p.id, p.version, p.priority, ttl)
               for b, s, part, p, ttl in (placed[i] for i in chunk)] for chunk in chunks])
-        errors: list[Exception | None] = [None] * len(placed)
-        for chunk, (ok, exc) in zip(chunks, outcomes, strict=True):
-            for i in chunk:
-                errors[i] = None if ok else exc
-        return errors
+        return item_errors(chunks, outcomes, len(placed))
 
     def pointers_of(self, topic_uid: uuid.UUID, plan: Sequence[tuple[int, int, int, int, int]],
                     after: Sequence[PointerPosition | None] | None = None,
