@@ -13,6 +13,8 @@ from typing import Any
 
 from cassandra import ConsistencyLevel
 
+from app.timeline import COUNTED_AHEAD_MS
+
 
 class ConfigError(ValueError):
     """A DUETIME_* setting is malformed; the message names the variable and what it expects."""
@@ -53,7 +55,7 @@ class Config:
     release_ring: int = 0
     release_slots: int = 32
     release_lease_ms: int = 5000
-    release_lookahead_ms: int = 3000
+    release_lookahead_ms: int = 5000
     release_prepare_ms: int = 200
     release_prepare_rate: int = 1000
     release_rescan_ms: int = 50
@@ -110,6 +112,9 @@ def _validate(config: Config) -> None:
     if config.release_lookahead_ms < config.release_prepare_ms + 2 * config.release_rescan_ms:
         raise ConfigError("DUETIME_RELEASE_LOOKAHEAD_MS must be at least "
                           "DUETIME_RELEASE_PREPARE_MS + 2 x DUETIME_RELEASE_RESCAN_MS")
+    if config.release_lookahead_ms + config.safety_lag_ms > COUNTED_AHEAD_MS:
+        raise ConfigError(f"DUETIME_RELEASE_LOOKAHEAD_MS + DUETIME_SAFETY_LAG_MS must be at "
+                          f"most {COUNTED_AHEAD_MS}")
     if not 1 <= config.min_lease_s <= config.max_lease_s:
         raise ConfigError("DUETIME_MIN_LEASE_S must be >= 1 and <= DUETIME_MAX_LEASE_S")
     if not config.keyspace.replace("_", "").isalnum():

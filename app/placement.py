@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from app.config import Config
 from app.models import Pointer
 from app.store.timeline import TimelineStore
-from app.timeline import bucket_of, part_of, ttl_s
+from app.timeline import COUNTED_AHEAD_MS, bucket_of, part_of, ttl_s
 
 _MAX_CACHED = 20_000
 
@@ -59,7 +59,8 @@ class PointerPlacer:
     def place(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer],
               now_ms: int) -> list[Exception | None]:
         """Write the pointers (due times already clamped by the caller); per pointer None when
-        written, else the exception. TTL: until due plus the retention window."""
+        written, else the exception. TTL: until due plus the retention window. Written
+        pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes."""
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, p in enumerate(pointers):
             groups[(bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard)].append(index)
@@ -73,8 +74,8 @@ class PointerPlacer:
                 placed[index] = (bucket, shard, part_of(slot, self.config.partition_cap), p, ttl)
         outcomes = self.store.write_pointers(topic_uid, placed)
         written: dict[tuple[int, int], int] = defaultdict(int)
-        for (bucket, shard, _, _, _), err in zip(placed, outcomes, strict=True):
-            if err is None:
+        for (bucket, shard, _, p, _), err in zip(placed, outcomes, strict=True):
+            if err is None and p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
                 written[(bucket, shard)] += 1
         self.store.count_writes(topic_uid, written)
         return outcomes

@@ -1,17 +1,19 @@
-"""Push delivery: due timers → prepare (lease LWT, payload) → armed heap → POST at the due time
-→ record the outcome.
+"""Push delivery: due timers → prepare (lease LWT, payload) → armed in the POST process → POST
+at the due time → record the outcome.
 
 Preparing ahead takes the Cassandra round trips (pointer write, LWT) off the delivery path, so
-a message is POSTed within milliseconds of its due time, never before it. Each topic has its
-own POST thread pool (webhook_concurrency threads) and at most PENDING_PER_TOPIC messages
-between take and outcome, so a slow or failing target holds only its own topic's messages;
-the dispatcher and the fire loop never wait on a POST. Outcomes are recorded in batches by one
-finisher thread.
+a message is POSTed within milliseconds of its due time, never before it. Every POST runs on
+the event loop of one child process (workers.post_process): a timer per armed message fires at
+its due time, then the POST waits for one of its topic's webhook_concurrency slots (lowest
+priority value first). With at most PENDING_PER_TOPIC messages of a topic between take and
+outcome, a slow or failing target holds only its own topic's messages; the dispatcher and the
+takers never wait on a POST. Outcomes are recorded in batches by one finisher thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import queue
 import random
@@ -26,13 +28,14 @@ from app.models import MessageState, Payload, Pointer, Topic
 from app.release import PushOutcome, record_outcomes, take_for_push
 from app.scan import PointerKey
 from app.services import Services
+from workers.post_process import PostJob, PostProcess, PostResult
 from workers.timers import Timer, TimerHeap
-from workers.webhook import WebhookPoster
+from workers.webhook import request_headers
 
 FINISH_BATCH = 500
-TAKE_CHUNK = 100
+TAKE_CHUNK = 500
 TAKERS = 16
-PENDING_PER_TOPIC = 5000
+PENDING_PER_TOPIC = 20_000
 POST_START_MARGIN_MS = 1000  # never start a POST that could outlive the lease
 log = logging.getLogger("duetime.releaser")
 
@@ -69,23 +72,19 @@ class PushDispatcher:
         self.topic_of = topic_of
         self.holds = holds
         self.concurrency = services.config.webhook_concurrency
-        self.armed: TimerHeap[Armed] = TimerHeap(services.clock)
-        self.poster = WebhookPoster(self.concurrency)
         self.rng = random.Random()
         self._waiting: dict[uuid.UUID, deque[Timer]] = defaultdict(deque)
         self._pending: dict[uuid.UUID, int] = defaultdict(int)
-        self._pools: dict[uuid.UUID, ThreadPoolExecutor] = {}
         self._lock = threading.Lock()
         self._takers = ThreadPoolExecutor(TAKERS, thread_name_prefix="push-taker")
         self.counts = {"prepared": 0, "posted": 0, "recorded": 0}
         self._outcomes: queue.Queue[tuple[Armed, str | None] | None] = queue.Queue()
-        self._firing = threading.Event()
-        self._firing.set()
-        self._threads = [threading.Thread(target=self._fire_loop, name="push-fire", daemon=True),
-                         threading.Thread(target=self._finish_loop, name="push-finish",
-                                          daemon=True)]
-        for t in self._threads:
-            t.start()
+        self._armed: dict[int, Armed] = {}  # sent to the POST process, result not back
+        self._refs = itertools.count()
+        self._posts = PostProcess(self._on_results, self._on_lost)
+        self._finisher = threading.Thread(target=self._finish_loop, name="push-finish",
+                                          daemon=True)
+        self._finisher.start()
 
     def lead_ms(self) -> int:
         """How long before its due time a message is prepared: the base lead, plus the time
@@ -138,7 +137,8 @@ class PushDispatcher:
             won = {a.key for a in armed}
             self.timers.done([t.key for t in chunk if t.key not in won])
             self._settled(topic_uid, len(chunk) - len(armed))
-        self.armed.add(armed)
+        if armed:
+            self._send(armed)
 
     def _take(self, topic: Topic, keep: list[Timer]) -> list[Armed]:
         ahead = self.services.config.release_lookahead_ms
@@ -147,36 +147,47 @@ class PushDispatcher:
         self.services.scanner.spend(topic, [lease_pointer(r) for r, _ in taken])
         return [Armed(by_id[r.id], topic, r, p) for r, p in taken]
 
-    def _fire_loop(self) -> None:
-        while self._firing.is_set() or self.armed.waiting():
-            for a in self.armed.pop_due():  # ahead 0: never before the due time
-                self._pool(a.topic.uid).submit(self._post, a)
-
-    def _pool(self, topic_uid: uuid.UUID) -> ThreadPoolExecutor:
+    def _send(self, armed: list[Armed]) -> None:
+        """Hand armed messages to the POST process (a missing payload is a failed POST)."""
+        jobs: list[PostJob] = []
         with self._lock:
-            pool = self._pools.get(topic_uid)
-            if pool is None:
-                pool = self._pools[topic_uid] = ThreadPoolExecutor(
-                    self.concurrency, thread_name_prefix=f"push-{str(topic_uid)[:8]}")
-            return pool
+            for a in armed:
+                if a.payload is None:
+                    self._outcomes.put((a, "payload missing"))
+                    continue
+                ref = next(self._refs)
+                self._armed[ref] = a
+                jobs.append(post_job(ref, a, self.concurrency))
+        if jobs:
+            self._posts.send(jobs)
 
-    def _post(self, a: Armed) -> None:
-        lease_left = (a.row.lease_expires_at_ms or 0) - self.services.clock()
-        if lease_left < a.topic.settings.delivery_timeout_seconds * 1000 + POST_START_MARGIN_MS:
-            # queued too long behind a slow target: let the lease expire, it comes due again
-            log.warning("not posting %s: its lease is about to expire", a.row.id)
+    def _on_results(self, results: list[PostResult]) -> None:
+        """On the POST process's reader thread: outcomes to record, or skipped POSTs (queued
+        behind a slow target until their lease nearly ran out) to let come due again."""
+        with self._lock:
+            done = [(self._armed.pop(r.ref), r) for r in results]
+        skipped = [a for a, r in done if not r.posted]
+        for a, r in done:
+            if r.posted:
+                self._outcomes.put((a, r.error))
+        self._count("posted", len(done) - len(skipped))
+        if skipped:
+            log.warning("not posting %d messages: their leases were about to expire",
+                        len(skipped))
+            self._drop(skipped)
+
+    def _on_lost(self, refs: list[int]) -> None:
+        """The POST process died holding these: their leases expire and they come due again."""
+        with self._lock:
+            lost = [self._armed.pop(ref) for ref in refs if ref in self._armed]
+        self._drop(lost)
+
+    def _drop(self, armed: list[Armed]) -> None:
+        for a in armed:
             self.services.scanner.forget(a.topic, [lease_pointer(a.row)])
-            self._forget([a])
-            return
-        try:
-            error = self.poster.post(a.topic, a.row, a.payload)
-        except Exception as exc:  # an outcome, whatever happened
-            error = f"{type(exc).__name__}: {exc}"
-        self._count("posted", 1)
-        self._outcomes.put((a, error))
+        self._forget(armed)
 
     def _forget(self, done: list[Armed]) -> None:
-        self.armed.done([a.key for a in done])
         self.timers.done([a.key for a in done])
         per_topic: dict[uuid.UUID, int] = defaultdict(int)
         for a in done:
@@ -226,22 +237,30 @@ class PushDispatcher:
         with self._lock:
             pending = sum(self._pending.values())
             totals = dict(self.counts)
-        return {**totals, "armed": self.armed.waiting(), "pending": pending,
+            armed = len(self._armed)
+        return {**totals, "armed": armed, "pending": pending,
                 "lead_ms": self.lead_ms()}
 
     def stop(self) -> None:
         """Graceful stop: prepare nothing new; POST what is armed at its time (at most the
         lead away), finish in-flight POSTs and record their outcomes."""
         self._takers.shutdown(wait=True)
-        self._firing.clear()
-        self.armed.wake()
-        self._threads[0].join()
-        with self._lock:
-            pools = list(self._pools.values())
-        for pool in pools:
-            pool.shutdown(wait=True)
+        self._posts.stop()
         self._outcomes.put(None)
-        self._threads[1].join()
+        self._finisher.join()
+
+
+def post_job(ref: int, a: Armed, concurrency: int) -> PostJob:
+    """What the POST process needs to send one armed message (payload present)."""
+    assert a.payload is not None
+    settings = a.topic.settings
+    timeout_ms = settings.delivery_timeout_seconds * 1000
+    return PostJob(
+        ref=ref, topic=str(a.topic.uid), concurrency=concurrency, due_ms=a.due_ms,
+        start_by_ms=int((a.row.lease_expires_at_ms or 0) - timeout_ms - POST_START_MARGIN_MS),
+        priority=a.priority, url=settings.delivery_url or "",
+        headers=request_headers(a.topic, a.row, a.payload), body=a.payload.data,
+        timeout_s=settings.delivery_timeout_seconds)
 
 
 def lease_pointer(row: MessageState) -> Pointer:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-
-import urllib3
+import os
+import ssl
 
 from app.models import MessageState, Payload, Topic
 from app.timeparse import format_ms
+from workers.http_client import AsyncHttpClient, HttpError
 
 CONTENT_TYPES = {"json": "application/json", "base64": "application/octet-stream"}
 
@@ -36,30 +37,22 @@ def request_headers(topic: Topic, row: MessageState, payload: Payload) -> dict[s
     }
 
 
-class WebhookPoster:
-    """POSTs through one thread-safe keep-alive pool per target host (urllib3; no proxy
-    environment lookups per request, which cost more CPU than the POST itself)."""
-
-    def __init__(self, connections_per_host: int = 64) -> None:
-        self._pool = urllib3.PoolManager(num_pools=256, maxsize=connections_per_host,
-                                         retries=False, block=False)
-
-    def post(self, topic: Topic, row: MessageState, payload: Payload | None) -> str | None:
-        """None when the target answered 2xx within the topic's timeout, else why not."""
-        if payload is None:
-            return "payload missing"
-        timeout = topic.settings.delivery_timeout_seconds
-        try:
-            answer = self._pool.request(
-                "POST", topic.settings.delivery_url or "", body=payload.data,
-                headers=request_headers(topic, row, payload), redirect=False,
-                timeout=urllib3.Timeout(total=timeout), preload_content=True)
-        except urllib3.exceptions.NewConnectionError as exc:  # before TimeoutError: a subclass
-            return f"connection failed: {exc}"
-        except urllib3.exceptions.TimeoutError:
-            return f"timeout after {timeout:g} s"
-        except urllib3.exceptions.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if 200 <= answer.status < 300:
-            return None
-        return f"HTTP {answer.status}: {answer.data[:200].decode('utf-8', 'replace')}"
+async def post_outcome(client: AsyncHttpClient, url: str, headers: dict[str, str], body: bytes,
+                       timeout_s: float) -> str | None:
+    """POST once: None when the target answered 2xx within timeout_s, else why not (kept on
+    the message as last_error)."""
+    try:
+        status, answer = await client.post(url, body, headers, timeout_s)
+    except TimeoutError:
+        return f"timeout after {timeout_s:g} s"
+    except ssl.SSLError as exc:  # before OSError: a subclass
+        return f"TLS failed: {exc.reason or exc}"
+    except OSError as exc:
+        reason = (os.strerror(exc.errno) if exc.errno and exc.errno > 0
+                  else exc.strerror or str(exc))  # name lookups have negative errnos
+        return f"connection failed: {reason}"
+    except HttpError as exc:
+        return str(exc)
+    if 200 <= status < 300:
+        return None
+    return f"HTTP {status}: {answer[:200].decode('utf-8', 'replace')}"

@@ -5,29 +5,30 @@ stack's releaser to a local receiver. Reports lag (receive time - deliver_at) p5
 early (must be 0), lost, duplicates; optionally with a backlog of messages scheduled a month
 ahead in the same topic (--topic, loaded by `python -m tests.bench.spark_import --topic T`),
 to show the backlog does not slow what is due now. In the same run, the raw POST ceiling:
-the same receiver fed by 64 urllib3 threads with no Cassandra, so the delivery rate reads as a
-ratio of what the machine's HTTP round trip allows.
+the same receiver fed by the releaser's HTTP client, 64 POSTs at a time, with no Cassandra, so
+the delivery rate reads as a ratio of what the machine's HTTP round trip allows.
 Usage: python -m tests.bench.push [--messages N] [--topic T] [--label NAME] [--client-ids]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import requests
-import urllib3
 
 from app.timeparse import parse_instant
 from tests.bench.run import OUT, URL, now_ms, percentile
 from tests.receiver import Receiver, receiving
+from workers.http_client import AsyncHttpClient
+from workers.loop import LoopThread
 from workers.webhook import signature
 
 SPAN_MS = 20_000
@@ -73,8 +74,12 @@ def measure(headers: dict[str, str], count: int, topic: str | None,
             raise SystemExit("enqueue took longer than the head start; lower --messages")
         target.wait_distinct(count, (start - now_ms() + SPAN_MS) / 1000 + 60)
         arrivals = list(target.arrivals)
-    lags = [a.received_ms - parse_instant(a.headers["Duetime-Deliver-At"]) for a in arrivals]
+    dues = [parse_instant(a.headers["Duetime-Deliver-At"]) for a in arrivals]
+    lags = [a.received_ms - due for a, due in zip(arrivals, dues, strict=True)]
     ids = [a.message_id for a in arrivals]
+    by_second: dict[int, list[int]] = {}
+    for due, lag in zip(dues, lags, strict=True):
+        by_second.setdefault((due - start) // 1000, []).append(lag)
     return {
         "topic": topic, "messages": count, "burst": min(BURST, count // 4),
         "ids": "client" if client_ids else "server",
@@ -83,30 +88,39 @@ def measure(headers: dict[str, str], count: int, topic: str | None,
                    "p99": percentile(lags, 0.99), "max": max(lags, default=0)},
         "early": sum(1 for lag in lags if lag < 0),
         "lost": count - len(set(ids)), "duplicates": len(ids) - len(set(ids)),
+        "lag_by_due_second": [
+            {"second": sec, "messages": len(v), "p50": percentile(v, 0.5),
+             "p99": percentile(v, 0.99), "max": max(v)} for sec, v in sorted(by_second.items())],
     }
 
 
-def post_ceiling(count: int, threads: int) -> float:
+def post_ceiling(count: int, concurrency: int) -> float:
     """The same receiver's raw capacity on this machine: POSTs/s of `count` signed message-sized
-    bodies from `threads` keep-alive threads (urllib3, as the releaser), no Cassandra."""
-    pool = urllib3.PoolManager(maxsize=threads, retries=False)
+    bodies, `concurrency` at a time over keep-alive connections, from the releaser's own HTTP
+    client (workers.http_client) on its own event loop; no Cassandra."""
     body = json.dumps({"i": 1}).encode()
-    per_thread = count // threads
-    with receiving(Receiver()) as target:
-        def post(n: int) -> None:
-            for i in range(per_thread):
-                pool.request("POST", target.url, body=body, headers={
-                    "Content-Type": "application/json", "Duetime-Message-Id": f"c{n}-{i}",
-                    "Duetime-Deliver-At": "2026-01-01T00:00:00.000Z",
-                    "Duetime-Signature": signature("s" * 32, body)})
+    runner = LoopThread("ceiling")
+    client = AsyncHttpClient()
 
+    async def post_all(url: str) -> None:
+        async def post(n: int) -> None:
+            for i in range(n, count, concurrency):
+                status, _ = await client.post(url, body, {
+                    "Content-Type": "application/json", "Duetime-Message-Id": f"c{i}",
+                    "Duetime-Deliver-At": "2026-01-01T00:00:00.000Z",
+                    "Duetime-Signature": signature("s" * 32, body)}, 10)
+                if status != 200:
+                    raise SystemExit(f"the receiver answered {status}")
+
+        await asyncio.gather(*(post(n) for n in range(concurrency)))
+        client.close()
+
+    with receiving(Receiver()) as target:
         began = time.perf_counter()
-        workers = [threading.Thread(target=post, args=(n,)) for n in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        return per_thread * threads / (time.perf_counter() - began)
+        runner.run(post_all(target.url))
+        elapsed = time.perf_counter() - began
+    runner.stop()
+    return count / elapsed
 
 
 def main(argv: list[str]) -> int:
@@ -125,7 +139,12 @@ def main(argv: list[str]) -> int:
     OUT.mkdir(exist_ok=True)
     (OUT / f"{args.label}.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
-        print(f"{name:22} {value if isinstance(value, str | int) else json.dumps(value)}")
+        if name != "lag_by_due_second":
+            print(f"{name:22} {value if isinstance(value, str | int) else json.dumps(value)}")
+    print("due second   messages   p50 ms   p99 ms   max ms")
+    for row in result["lag_by_due_second"]:
+        print(f"{row['second']:>10} {row['messages']:>10} {row['p50']:>8.0f} {row['p99']:>8.0f} "
+              f"{row['max']:>8}")
     return 0 if result["early"] == 0 and result["lost"] == 0 else 1
 
 
