@@ -27,6 +27,10 @@ from app.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.transitions import apply_transition, count_moves, place_then
 
 POLL_INTERVAL_S = 0.025
+# Leases write a cursor only when it moves this far: the in-process resume points
+# (app.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
+# re-reading, never a message. Writing it on every lease cost each lease a round trip.
+CURSOR_STEP_MS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,40 +56,50 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
 
 def _lease_once(services: Services, topic: Topic, max_messages: int, lease_s: int,
                 consumer: str | None) -> list[Leased]:
-    """One pass over the topic's shards, a stripe at a time (app.shard_claims), until
-    max_messages are taken or every shard was tried."""
+    """One pass over the topic's shards (app.shard_claims): first a stripe, waiting for one
+    if every shard is being scanned by another call of this process; then, if fewer than
+    max_messages were taken, every shard still free at once (one more round trip, not one
+    per stripe), until max_messages are taken or every shard was tried."""
     now = services.clock()
     stored = services.timeline.cursors(topic.uid)
-    taken: list[MessageState] = []
+    taken: list[tuple[MessageState, Payload | None]] = []
     tried: set[int] = set()
     while len(taken) < max_messages and len(tried) < topic.settings.shards:
         with services.shard_claims.claim(topic.uid, topic.settings.shards, tried,
-                                         wait=not tried) as mine:
+                                         wait=not tried, stripe=not tried) as mine:
             if not mine:
                 break
             tried |= mine
             taken += _take_from(services, topic, mine, stored, now,
                                 max_messages - len(taken), lease_s, consumer)
-    payloads = services.messages.get_payloads(topic.uid, [(r.id, r.content_hash) for r in taken])
-    return [Leased(r, payloads[r.id]) for r in taken if r.id in payloads]
+    return [Leased(r, p) for r, p in taken if p is not None]
 
 
 def _take_from(services: Services, topic: Topic, shards: set[int], stored: dict[int, int],
-               now: int, want: int, lease_s: int, consumer: str | None) -> list[MessageState]:
-    """Lease up to `want` due messages of these shards; moves their cursors past what is spent."""
+               now: int, want: int, lease_s: int, consumer: str | None
+               ) -> list[tuple[MessageState, Payload | None]]:
+    """Lease up to `want` due messages of these shards, with their payloads (None if missing);
+    moves their cursors past what is spent, in steps of at least CURSOR_STEP_MS."""
     result = services.scanner.scan(topic, now, want, shards, stored)
     # Lower priority values first, then timeline order: what is taken is then a prefix of
     # each partition, which moves its resume point (app.scan.ResumePoints), and the oldest
     # goes first.
     order = sorted(result.due, key=lambda d: (d.row.priority, d.pointer.due_at_ms,
                                              d.pointer.id))
-    taken: list[MessageState] = []
+    taken: list[tuple[MessageState, Payload | None]] = []
     tried = 0
     while len(taken) < want and tried < len(order):
         chunk = order[tried:tried + want - len(taken)]
         tried += len(chunk)
-        taken += take(services, topic, chunk, now, lease_s, consumer)
-    services.scanner.advance(topic, result.moves(order[tried:]))
+        # payloads are immutable: read them while the take runs, not after it
+        reading = services.messages.start_payloads(
+            topic.uid, [(d.row.id, d.row.content_hash) for d in chunk])
+        rows = take(services, topic, chunk, now, lease_s, consumer)
+        payloads = services.messages.collect_payloads(reading)
+        taken += [(r, payloads.get(r.id)) for r in rows]
+    moves = result.moves(order[tried:])
+    services.scanner.advance(topic, {s: ms for s, ms in moves.items()
+                                     if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
     return taken
 
 

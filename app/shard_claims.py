@@ -26,12 +26,12 @@ class ShardClaims:
 
     @contextlib.contextmanager
     def claim(self, topic_uid: uuid.UUID, shards: int, skip: set[int],
-              wait: bool) -> Iterator[set[int]]:
-        """Claim up to ceil(shards / STRIPES) shards, not in `skip`, that nobody in this process
-        is scanning, in a random order (so no shard starves). With wait, waits until one is
-        free (unless every shard is in skip); without, the claim may be empty. Released on
-        exit."""
-        want = max(1, -(-shards // STRIPES))
+              wait: bool, stripe: bool = True) -> Iterator[set[int]]:
+        """Claim up to ceil(shards / STRIPES) shards (every free one without stripe), not in
+        `skip`, that nobody in this process is scanning, in a random order (so no shard
+        starves). With wait, waits until one is free (unless every shard is in skip); without,
+        the claim may be empty. Released on exit."""
+        want = max(1, -(-shards // STRIPES)) if stripe else shards
         order = [s for s in random.sample(range(shards), shards) if s not in skip]
         with self._changed:
             while True:

@@ -180,8 +180,8 @@ def test_reschedule_racing_lease_is_moved_or_refused(app: Flask, auth: dict[str,
 def test_pointer_behind_the_cursor_is_still_found(
         config: Config, auth: dict[str, str], app: Flask) -> None:
     topic = TopicClient(app.test_client(), auth)
-    for _ in range(3):  # readers move the cursors up to now - safety lag
-        topic.lease(wait_ms=300)
+    for _ in range(3):  # readers move the cursors up to now - safety lag, in steps of 1 s
+        topic.lease(wait_ms=600)
     services: Services = app.extensions["duetime"]
     found = services.topics.get(next(iter(_tenant_of(services, auth))), topic.name)
     assert found is not None
