@@ -50,6 +50,9 @@ def raw_server(handler: Handler) -> Iterator[tuple[LoopThread, str, list[int]]]:
     finally:
         async def stop() -> None:
             server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()  # handlers still waiting on their clients
 
         runner.run(stop())
         runner.stop()
@@ -261,10 +264,15 @@ def test_a_killed_post_process_hands_back_its_jobs_and_is_replaced() -> None:
             child = posts._child
             assert child.pid is not None
             os.kill(child.pid, signal.SIGKILL)
-            assert results.wait(lambda: results.lost == [1], 10)
+            child.join(5)
+            # sent as the child is found dead: reported lost, or posted by the next child
+            posts.send([job(3, target.url, now_ms())])
+            assert results.wait(lambda: 1 in results.lost and (
+                3 in results.lost or 3 in results.got), 10), (results.lost, results.got)
             posts.send([job(2, target.url, now_ms())])
             assert results.wait(lambda: 2 in results.got, 15)
             assert posts._child.pid != child.pid
         finally:
             posts.stop()
-    assert target.ids() == ["m2"]
+    assert set(target.ids()) <= {"m2", "m3"} and "m2" in target.ids()
+    assert ("m3" in target.ids()) == (3 in results.got)

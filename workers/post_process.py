@@ -35,6 +35,7 @@ from workers.loop import PrioritySlots, new_loop
 from workers.webhook import post_outcome
 
 RESULT_FLUSH_S = 0.002  # results are sent in batches at most this old
+RESTART_MIN_S = 1.0  # a child that died sooner than this after its start is restarted after this
 log = logging.getLogger("duetime.releaser")
 
 
@@ -186,6 +187,7 @@ class PostProcess:
         self._start_child()
 
     def _start_child(self) -> None:
+        self._started = time.monotonic()
         self._conn, child_end = self._context.Pipe()
         self._child = self._context.Process(target=serve, args=(child_end,), daemon=True,
                                             name="duetime-post")
@@ -196,9 +198,12 @@ class PostProcess:
         self._reader.start()
 
     def send(self, jobs: list[PostJob]) -> None:
+        """Hand jobs to the child. If it has just died, they are held like the jobs it had:
+        the reader thread reports them all to on_lost."""
         with self._lock:
             self._held.update(j.ref for j in jobs)
-            self._conn.send(jobs)
+            with contextlib.suppress(OSError):
+                self._conn.send(jobs)
 
     def _read_loop(self, conn: Connection) -> None:
         while True:
@@ -214,15 +219,16 @@ class PostProcess:
             self.on_results(results)
 
     def _child_lost(self) -> None:
-        with self._lock:
+        self._child.join(1)
+        log.error("the POST process exited (code %s); the POSTs it held will come due again "
+                  "when their leases expire", self._child.exitcode)
+        if time.monotonic() - self._started < RESTART_MIN_S:
+            time.sleep(RESTART_MIN_S)  # a child that cannot run must not restart in a loop
+        with self._lock:  # one section: no job may go to the dead child unreported
             lost, self._held = list(self._held), set()
-            restart = not self._stopping
-        log.error("the POST process exited (code %s); %d POSTs it held will come due again "
-                  "when their leases expire", self._child.exitcode, len(lost))
-        self.on_lost(lost)
-        if restart:
-            with self._lock:
+            if not self._stopping:
                 self._start_child()
+        self.on_lost(lost)
 
     def stop(self) -> None:
         """Let the child POST what it holds (each at its due time), then stop it."""
