@@ -26,7 +26,7 @@ from app.services import Services
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.transitions import apply_transition, count_moves, place_then
 
-POLL_INTERVAL_S = 0.025
+POLL_INTERVAL_MS = 25
 # Leases write a cursor only when it moves this far: the in-process resume points
 # (app.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
 # re-reading, never a message. Writing it on every lease cost each lease a round trip.
@@ -46,12 +46,18 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
     deadline = time.monotonic() + wait_ms / 1000
+    gate = None  # the first pass is always made; repeats are shared (app.poll_gate)
     while True:
-        got = _lease_once(services, topic, max_messages, lease_s, consumer)
+        got: list[Leased] = []
+        if services.empty_passes.begin(topic.uid, services.clock(), gate):
+            got = _lease_once(services, topic, max_messages, lease_s, consumer)
+            if got:
+                services.empty_passes.found(topic.uid)
+        gate = POLL_INTERVAL_MS
         remaining = deadline - time.monotonic()
         if got or remaining <= 0:
             return got
-        time.sleep(min(POLL_INTERVAL_S, remaining))
+        time.sleep(min(POLL_INTERVAL_MS / 1000, remaining))
 
 
 def _lease_once(services: Services, topic: Topic, max_messages: int, lease_s: int,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from app.config import Config
 from app.placement import PointerPlacer
+from app.poll_gate import EmptyPasses
 from app.scan import DueScanner
 from app.shard_claims import ShardClaims
 from app.store.counts import CountStore
@@ -42,6 +43,7 @@ class Services:
         self.placer = PointerPlacer(self.timeline, config)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.shard_claims = ShardClaims()
+        self.empty_passes = EmptyPasses()
 
     def close(self) -> None:
         self.db.shutdown()

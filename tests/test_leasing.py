@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import uuid
 from typing import Any
 
 from flask import Flask
@@ -13,7 +14,9 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
+from app.models import Pointer
 from app.services import Services
+from app.timeline import COUNTED_AHEAD_MS
 from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
 
@@ -272,3 +275,19 @@ def test_batch_ack_answers_each_item_like_the_single_ack(
     assert all(topic.get(f"a{i}").get_json()["state"] == "delivered" for i in range(4))
     empty = client.post(topic.url("/acks"), json={"acks": []}, headers=auth)
     assert empty.status_code == 400 and empty.mimetype == "application/problem+json"
+
+
+def test_only_pointers_due_soon_after_their_write_move_the_write_counts(
+        services: Services) -> None:
+    """bucket_writes tells releasers' look-aheads what to re-read: a pointer due beyond
+    COUNTED_AHEAD_MS (a lease's expiry, next month's schedule) must not move it."""
+    topic = uuid.uuid4()
+    now = now_ms()
+    near, far = now + 2_000, now + COUNTED_AHEAD_MS + 60_000
+    placed = services.placer.place(topic, [Pointer(near, "near", 1, 100, 0),
+                                           Pointer(far, "far", 1, 100, 0)], now)
+    assert placed == [None, None]
+    bucket_ms = services.config.bucket_ms
+    counts = services.timeline.write_counts(topic, sorted({near // bucket_ms, far // bucket_ms}))
+    assert counts.get((near // bucket_ms, 0)) == 1
+    assert (far // bucket_ms, 0) not in counts

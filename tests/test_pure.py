@@ -17,6 +17,7 @@ from app.ids import (
     homes_for_request,
     new_message_id,
 )
+from app.poll_gate import EmptyPasses
 from app.shard_claims import ShardClaims
 from app.timeline import fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
@@ -169,3 +170,20 @@ def test_a_shard_claim_waits_for_a_release() -> None:
 def _claimed(claims: ShardClaims, topic: uuid.UUID) -> set[int]:
     with claims.claim(topic, 1, set(), wait=True) as mine:
         return set(mine)
+
+
+def test_idle_long_polls_share_one_pass_per_interval() -> None:
+    gate, topic, other = EmptyPasses(), uuid.uuid4(), uuid.uuid4()
+    assert gate.begin(topic, 1000, None)  # a call's first pass always runs
+    assert not gate.begin(topic, 1010, 25)  # a repeat within the interval is skipped
+    assert gate.begin(other, 1010, 25)  # other topics are not held up
+    assert gate.begin(topic, 1025, 25)  # one interval later a pass runs again
+    assert not gate.begin(topic, 1049, 25)
+    gate.found(topic)  # something was due: the next repeat must look for itself
+    assert gate.begin(topic, 1050, 25)
+
+
+def test_config_rejects_a_look_ahead_beyond_the_counted_writes() -> None:
+    with pytest.raises(ConfigError):
+        load_config({"DUETIME_RELEASE_LOOKAHEAD_MS": "9500"})
+    assert load_config({"DUETIME_RELEASE_LOOKAHEAD_MS": "9000"}).release_lookahead_ms == 9000
