@@ -3,8 +3,9 @@
 Write order per message: payload (plain insert) → state row → pointer. The state row is an LWT
 IF NOT EXISTS for a client id; a server-made id cannot exist yet, so its row is a plain write
 below every LWT's write time (MessageStore.insert_fresh_many). The server-made ids of one
-request share one home per shard (app.ids.homes_for_request), so each write and each later
-transition of those messages is one batch per shard, not one per message.
+request share one home per shard (app.ids.homes_for_request), each home taking a run of
+messages adjacent in due time, so each write and each later transition of those messages is
+one batch per shard, not one per message.
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
 retrying the same request re-writes the pointer (the state row is found with the same content).
 """
@@ -110,11 +111,26 @@ def _unavailable(exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"Cassandra unavailable: {type(exc).__name__}; retry the same id.")
 
 
+def home_by_due_time(items: Sequence[NewMessage], shards: int) -> list[int]:
+    """The home of each item's server-made id: one fresh home per shard for the request
+    (app.ids.homes_for_request), each given a run of items adjacent in due time. Messages
+    that come due together then share a home, so a lease or an ack of what is due now is a
+    few conditional batches, not one per shard; the request still spreads evenly over the
+    shards."""
+    homes = homes_for_request(shards)
+    run = max(1, -(-len(items) // shards))
+    by_due = sorted(range(len(items)), key=lambda n: items[n].deliver_at_ms)
+    chosen = [0] * len(items)
+    for position, n in enumerate(by_due):
+        chosen[n] = homes[position // run]
+    return chosen
+
+
 def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage]) -> list[EnqueueResult]:
     """Enqueue items in order; one failed item never fails the others."""
     now = services.clock()
-    homes = homes_for_request(topic.settings.shards)
-    rows = [state_row(topic, m, m.id or new_message_id(now, homes[n % len(homes)]), now)
+    homes = home_by_due_time(items, topic.settings.shards)
+    rows = [state_row(topic, m, m.id or new_message_id(now, homes[n]), now)
             for n, m in enumerate(items)]
     results: list[EnqueueResult | None] = [None] * len(items)
     first_of: dict[str, int] = {}

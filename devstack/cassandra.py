@@ -71,7 +71,7 @@ def _cluster_token(index: int, count: int = 3) -> str:
 
 
 NODES: dict[str, Node] = {
-    "dev": Node("dev", "127.0.0.1", 9042, 7000, 7199, 1024, "duetime-dev", "127.0.0.1:7000", 4),
+    "dev": Node("dev", "127.0.0.1", 9042, 7000, 7199, 3072, "duetime-dev", "127.0.0.1:7000", 4),
     **{
         f"c{i}": Node(
             f"c{i}", f"127.0.0.{i}", 9043, 7010, 7200 + i, 512, "duetime-cluster",
@@ -153,7 +153,9 @@ def _render_config(node: Node) -> Path:
         name=node.name, cluster_name=node.cluster_name, num_tokens=node.num_tokens,
         initial_token_line=token_line, seeds=node.seeds, ip=node.ip,
         storage_port=node.storage_port, native_port=node.native_port,
-        memtable_mb=max(64, node.heap_mb // 8),
+        # a quarter of the heap (Cassandra's default): small memtables flushed tiny SSTables
+        # whose compaction took a third of the dev node's CPU under load
+        memtable_mb=max(64, node.heap_mb // 4),
     ))
     (conf / "logback.xml").write_text((DEVSTACK / "conf" / "logback.xml").read_text())
     return conf

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import Counter
 
 import pytest
 
 from app import timeline
 from app.config import ConfigError, load_config
+from app.enqueue import NewMessage, home_by_due_time
 from app.ids import (
     CLIENT_ID,
     EMBEDDED_HOMES,
@@ -17,6 +19,7 @@ from app.ids import (
     homes_for_request,
     new_message_id,
 )
+from app.models import Payload
 from app.poll_gate import EmptyPasses
 from app.shard_claims import ShardClaims
 from app.timeline import fair_share, release_slot_of
@@ -187,3 +190,15 @@ def test_config_rejects_a_look_ahead_beyond_the_counted_writes() -> None:
     with pytest.raises(ConfigError):
         load_config({"DUETIME_RELEASE_LOOKAHEAD_MS": "9500"})
     assert load_config({"DUETIME_RELEASE_LOOKAHEAD_MS": "9000"}).release_lookahead_ms == 9000
+
+
+def test_server_ids_of_a_request_share_homes_with_the_messages_due_next_to_them() -> None:
+    payload = Payload(b"{}", "json", {})
+    dues = [5_000 - 10 * (n % 100) + n // 100 for n in range(1000)]  # not in due order
+    items = [NewMessage(None, due, 100, None, payload, "h") for due in dues]
+    homes = home_by_due_time(items, 16)
+    assert len(set(homes)) == 16 and {h % 16 for h in homes} == set(range(16))
+    by_due = [homes[n] for n in sorted(range(1000), key=lambda n: dues[n])]
+    runs = [by_due[i:i + 63] for i in range(0, 1000, 63)]
+    assert all(len(set(run)) == 1 for run in runs)  # adjacent due times, one home
+    assert max(Counter(homes).values()) == 63
