@@ -154,8 +154,9 @@ def test_outcomes_name_refusals_and_statuses() -> None:
     try:
         refused = runner.run(post_outcome(AsyncHttpClient(), "http://127.0.0.1:9/x", {}, b"", 2))
         assert refused == "connection failed: Connection refused"
-        not_http = runner.run(post_outcome(AsyncHttpClient(), "ftp://x/", {}, b"", 2))
-        assert not_http is not None and "not an http(s) URL" in not_http
+        for bad in ("ftp://x/", "http://127.0.0.1:port/x"):
+            not_http = runner.run(post_outcome(AsyncHttpClient(), bad, {}, b"", 2))
+            assert not_http is not None and "not an http(s) URL" in not_http, not_http
         with receiving(Receiver(lambda message_id, before: 503)) as target:
             answer = runner.run(post_outcome(AsyncHttpClient(), target.url,
                                              {"Duetime-Message-Id": "m1"}, b"{}", 2))

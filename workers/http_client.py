@@ -119,10 +119,13 @@ class AsyncHttpClient:
                    timeout_s: float) -> tuple[int, bytes]:
         """POST body to url; (status, up to MAX_BODY bytes of the answer's body)."""
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:  # a port that is not a number
+            port = 0
+        if parts.scheme not in ("http", "https") or not parts.hostname or not port:
             raise HttpError(f"not an http(s) URL: {url!r}")
-        default_port = 443 if parts.scheme == "https" else 80
-        origin = (parts.scheme, parts.hostname, parts.port or default_port)
+        origin = (parts.scheme, parts.hostname, port)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host = parts.netloc.rsplit("@", 1)[-1]
         request = _request_bytes(target, host, headers, body)

@@ -122,8 +122,12 @@ class _Sender:
             if _now_ms() > job.start_by_ms:
                 result = PostResult(job.ref, False, None)
             else:
-                result = PostResult(job.ref, True, await post_outcome(
-                    self.client, job.url, job.headers, job.body, job.timeout_s))
+                try:
+                    error = await post_outcome(self.client, job.url, job.headers, job.body,
+                                               job.timeout_s)
+                except Exception as exc:  # an outcome, whatever happened: never a lost job
+                    error = f"{type(exc).__name__}: {exc}"
+                result = PostResult(job.ref, True, error)
         finally:
             slots.release()
         self._report(result)
