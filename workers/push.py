@@ -165,7 +165,7 @@ class PushDispatcher:
         """On the POST process's reader thread: outcomes to record, or skipped POSTs (queued
         behind a slow target until their lease nearly ran out) to let come due again."""
         with self._lock:
-            done = [(self._armed.pop(r.ref), r) for r in results]
+            done = [(a, r) for r in results if (a := self._armed.pop(r.ref, None)) is not None]
         skipped = [a for a, r in done if not r.posted]
         for a, r in done:
             if r.posted:
