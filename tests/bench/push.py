@@ -25,6 +25,7 @@ from typing import Any
 import requests
 
 from app.timeparse import parse_instant
+from tests.bench.plot import lag_by_second
 from tests.bench.run import OUT, URL, now_ms, percentile
 from tests.receiver import Receiver, receiving
 from workers.http_client import AsyncHttpClient
@@ -141,6 +142,10 @@ def main(argv: list[str]) -> int:
     for name, value in result.items():
         if name != "lag_by_due_second":
             print(f"{name:22} {value if isinstance(value, str | int) else json.dumps(value)}")
+    chart = lag_by_second(OUT / f"{args.label}.png", f"push lag per due second: {args.label} "
+                          f"({args.messages:,} messages)", result["lag_by_due_second"])
+    if chart is not None:
+        print(f"chart                  {chart}")
     print("due second   messages   p50 ms   p99 ms   max ms")
     for row in result["lag_by_due_second"]:
         print(f"{row['second']:>10} {row['messages']:>10} {row['p50']:>8.0f} {row['p99']:>8.0f} "
