@@ -42,13 +42,18 @@ def test_three_nodes_up_normal_and_quorum_survives_one_kill(cluster: None) -> No
     assert _up_normal(status) == {"127.0.0.1", "127.0.0.2", "127.0.0.3"}, status
 
     profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy())
+    # DDL waits until every node has the new schema (the driver gives up after 10 s by
+    # default, which three JVMs on two busy cores can exceed; then the first write may reach
+    # a node that does not know the table yet).
     driver = Cluster(["127.0.0.1", "127.0.0.2"], port=9043, protocol_version=5,
-                     execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+                     execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                     max_schema_agreement_wait=120)
     session = driver.connect()
     try:
-        session.execute("CREATE KEYSPACE IF NOT EXISTS faults WITH replication = "
-                        "{'class': 'SimpleStrategy', 'replication_factor': 3}")
-        session.execute("CREATE TABLE IF NOT EXISTS faults.kv (k int PRIMARY KEY, v text)")
+        for ddl in ("CREATE KEYSPACE IF NOT EXISTS faults WITH replication = "
+                    "{'class': 'SimpleStrategy', 'replication_factor': 3}",
+                    "CREATE TABLE IF NOT EXISTS faults.kv (k int PRIMARY KEY, v text)"):
+            assert session.execute(ddl).response_future.is_schema_agreed, ddl
         devstack("kill", "c3")
         write = SimpleStatement("INSERT INTO faults.kv (k, v) VALUES (%s, %s)",
                                 consistency_level=ConsistencyLevel.QUORUM)
