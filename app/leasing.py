@@ -97,16 +97,23 @@ def _take_from(services: Services, topic: Topic, shards: set[int], stored: dict[
     while len(taken) < want and tried < len(order):
         chunk = order[tried:tried + want - len(taken)]
         tried += len(chunk)
-        # payloads are immutable: read them while the take runs, not after it
-        reading = services.messages.start_payloads(
-            topic.uid, [(d.row.id, d.row.content_hash) for d in chunk])
-        rows = take(services, topic, chunk, now, lease_s, consumer)
-        payloads = services.messages.collect_payloads(reading)
-        taken += [(r, payloads.get(r.id)) for r in rows]
+        taken += take_with_payloads(services, topic, chunk, now, lease_s, consumer)
     moves = result.moves(order[tried:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
     return taken
+
+
+def take_with_payloads(services: Services, topic: Topic, chunk: list[Due], now: int,
+                       lease_s: int, consumer: str | None, wait_counts: bool = True,
+                       ahead_ms: int = 0) -> list[tuple[MessageState, Payload | None]]:
+    """take(), with each leased row's payload (None when it is missing). Payloads are
+    immutable, so they are read while the take's round trips run, not after them."""
+    reading = services.messages.start_payloads(
+        topic.uid, [(d.row.id, d.row.content_hash) for d in chunk])
+    rows = take(services, topic, chunk, now, lease_s, consumer, wait_counts, ahead_ms)
+    payloads = services.messages.collect_payloads(reading)
+    return [(r, payloads.get(r.id)) for r in rows]
 
 
 def take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s: int,
