@@ -22,7 +22,7 @@ from typing import cast
 
 import httptools
 
-from workers.loop import LoopThread
+from tests.loop_thread import LoopThread
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,9 +16,10 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.loop_thread import LoopThread
 from tests.receiver import Receiver, receiving
 from workers.http_client import AsyncHttpClient, HttpError
-from workers.loop import LoopThread, PrioritySlots
+from workers.loop import PrioritySlots
 from workers.post_process import PostJob, PostProcess, PostResult
 from workers.webhook import post_outcome
 

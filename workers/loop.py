@@ -1,5 +1,5 @@
-"""asyncio plumbing of webhook POSTs: the event loop to use, concurrency slots handed out by
-priority, and an event loop on a thread of its own (for callers that are not async).
+"""asyncio plumbing of webhook POSTs: the event loop to use, and concurrency slots handed out
+by priority.
 
 uvloop runs the loop when it is installed (it is a dependency; the standard loop otherwise).
 """
@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 try:
     import uvloop
@@ -19,26 +17,6 @@ try:
     new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
 except ImportError:  # pragma: no cover - uvloop is a dependency; the standard loop also works
     new_loop = asyncio.new_event_loop
-
-T = TypeVar("T")
-
-
-class LoopThread:
-    """An event loop running on a daemon thread until stop()."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = new_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the loop from another thread and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
 
 
 class PrioritySlots:

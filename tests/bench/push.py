@@ -27,9 +27,9 @@ import requests
 from app.timeparse import parse_instant
 from tests.bench.plot import lag_by_second
 from tests.bench.run import OUT, URL, now_ms, percentile
+from tests.loop_thread import LoopThread
 from tests.receiver import Receiver, receiving
 from workers.http_client import AsyncHttpClient
-from workers.loop import LoopThread
 from workers.webhook import signature
 
 SPAN_MS = 20_000
