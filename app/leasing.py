@@ -20,7 +20,7 @@ from app.errors import (
     NotFound,
     StoreUnavailable,
 )
-from app.models import MessageState, Payload, Topic
+from app.models import MessageState, Payload, Pointer, Topic
 from app.scan import Due
 from app.services import Services
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
@@ -207,9 +207,18 @@ def ack_many(services: Services, topic: Topic,
             answers[index] = StoreUnavailable(f"Cassandra unavailable: {type(ok).__name__}")
         elif not ok:
             answers[index] = LeaseLost(f"The lease on {r.id!r} is no longer held.")
-    delivered = sum(1 for (_, _), ok in zip(todo, outcomes, strict=True) if ok is True)
-    count_moves(services, topic, [("leased", "delivered")] * delivered)
+    done = [r for (_, r), ok in zip(todo, outcomes, strict=True) if ok is True]
+    _spend_lease_pointers(services, topic, [rows[r.id] for r in done])
+    count_moves(services, topic, [("leased", "delivered")] * len(done))
     return answers
+
+
+def _spend_lease_pointers(services: Services, topic: Topic, held: list[MessageState]) -> None:
+    """Rows as they were leased, whose lease has just been acked, nacked or extended: their
+    lease pointer (at the lease's expiry, of that version) can never hand the message out
+    again, so this process skips it without a state read when it comes due."""
+    services.scanner.spend(topic, [Pointer(r.due_at_ms, r.id, r.version, r.priority, r.shard)
+                                   for r in held])
 
 
 def ack(services: Services, topic: Topic, message_id: str, token: str) -> None:
@@ -222,6 +231,7 @@ def ack(services: Services, topic: Topic, message_id: str, token: str) -> None:
     done = dataclasses.replace(row, state="delivered", version=row.version + 1,
                                due_at_ms=now, updated_at_ms=now)
     apply_transition(services, topic, done, moved=False)
+    _spend_lease_pointers(services, topic, [row])
     count_moves(services, topic, [("leased", "delivered")])
 
 
@@ -232,8 +242,9 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
     row = _held(services, topic, message_id, token)
     now = services.clock()
     if row.attempts >= topic.settings.max_attempts:
-        apply_transition(services, topic, dead(dataclasses.replace(row, last_error=error), now,
-                                      "max_attempts reached"), moved=False)
+        gone = dead(dataclasses.replace(row, last_error=error), now, "max_attempts reached")
+        apply_transition(services, topic, gone, moved=False)
+        _spend_lease_pointers(services, topic, [row])
         count_moves(services, topic, [("leased", "dead")])
         return
     s = topic.settings
@@ -244,6 +255,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         due_at_ms=placement_ms(now + delay, now), lease_token=None, lease_expires_at_ms=None,
         last_error=error if error is not None else row.last_error, updated_at_ms=now)
     apply_transition(services, topic, again, moved=True)
+    _spend_lease_pointers(services, topic, [row])
     count_moves(services, topic, [("leased", "scheduled")])
 
 
@@ -256,4 +268,5 @@ def extend(services: Services, topic: Topic, message_id: str, token: str,
     longer = dataclasses.replace(row, version=row.version + 1, due_at_ms=expires,
                                  lease_expires_at_ms=expires, updated_at_ms=now)
     apply_transition(services, topic, longer, moved=True)
+    _spend_lease_pointers(services, topic, [row])
     return longer

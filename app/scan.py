@@ -287,7 +287,10 @@ class DueScanner:
                  if settled_ms is not None else None)
         unknown: list[Pointer] = []
         read = 0
-        for index, pointers in self.timeline.pointers_of(topic.uid, plan, after):
+        # pages of about what the scan wants: a lease of 100 stops after ~200 unknown pointers,
+        # and every partition of the plan is read ahead at once
+        page = min(SCAN_SLACK * want, MAX_ROWS_PER_SCAN)
+        for index, pointers in self.timeline.pointers_of(topic.uid, plan, after, page):
             spent_prefix: PointerPosition | None = None
             in_prefix = settled_ms is not None
             for p in pointers:

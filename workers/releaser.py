@@ -47,6 +47,11 @@ REPORT_EVERY_MS = 10_000
 # every 5 s, not every second, and scans re-read at most this much of spent timeline.
 CURSOR_STEP_MS = 5000
 CATCH_UP_EVERY_MS = 5000  # stragglers are already late; their search costs a read per topic
+# Consumers' lease calls move a pull topic's cursors themselves; the sweep only moves those
+# left behind (nobody polled, or everything was cancelled), at most this often per topic: a
+# scan that finds a backlog nobody consumes cannot move its cursor, and repeating it every
+# sweep cost a fifth of a core with a score of drained or idle topics.
+PULL_KEEP_EVERY_MS = 10_000
 PREPARE_EVERY_MS = 100
 log = logging.getLogger("duetime.releaser")
 
@@ -63,6 +68,7 @@ class Releaser:
         self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
+        self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.holds)
         self._stop = threading.Event()
@@ -103,6 +109,7 @@ class Releaser:
         found = {t.uid: t for t in self.services.topics.all()}
         for uid in [u for u in self._topics if u not in found]:
             del self._topics[uid]
+            self._pull_kept.pop(uid, None)
         self._topics.update(found)
 
     def _owned_shards(self) -> Iterator[tuple[Topic, dict[int, int]]]:
@@ -157,7 +164,9 @@ class Releaser:
             if catching_up:
                 self._catch_up(topic, mine, starts, now)
             if topic.settings.delivery_mode != "webhook":
-                self._keep_pull_cursors(topic, set(mine), stored, now)
+                behind = {s for s, start in starts.items()
+                          if start < now - cfg.safety_lag_ms - CURSOR_STEP_MS}
+                self._keep_pull_cursors(topic, behind, stored, now)
                 continue
             frontier = self._into_heap(topic, mine, starts, now + cfg.release_lookahead_ms)
             earliest = earliest_by_shard(self.timers.items(), topic.uid)
@@ -184,12 +193,15 @@ class Releaser:
             log.info("moved %d messages of topic %s found behind the cursor", len(moved),
                      topic.name)
 
-    def _keep_pull_cursors(self, topic: Topic, shards: set[int], stored: dict[int, int],
+    def _keep_pull_cursors(self, topic: Topic, behind: set[int], stored: dict[int, int],
                            now: int) -> None:
-        """Move pull cursors (as the sweep read them) over spent pointers, stopping at the
-        first live ones: a backlog nobody consumes costs a few reads per sweep, not a re-read
-        of all of it."""
-        result = self.services.scanner.scan(topic, now, PULL_SWEEP_WANT, shards, stored)
+        """Move the pull cursors of shards left behind (as the sweep read them) over spent
+        pointers, stopping at the first live ones; at most every PULL_KEEP_EVERY_MS per
+        topic, so a backlog nobody consumes costs a few reads per interval."""
+        if not behind or now < self._pull_kept.get(topic.uid, 0) + PULL_KEEP_EVERY_MS:
+            return
+        self._pull_kept[topic.uid] = now
+        result = self.services.scanner.scan(topic, now, PULL_SWEEP_WANT, behind, stored)
         self.services.scanner.advance(topic, {
             s: ms for s, ms in result.moves(result.due).items()
             if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})

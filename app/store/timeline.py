@@ -22,7 +22,8 @@ from app.timeline import MS_PER_DAY
 from app.timeparse import cql_ms, from_ms
 
 CAS_ATTEMPTS = 64
-FETCH_SIZE = 500
+FETCH_SIZE = 500  # the largest page; callers that want fewer pointers ask for smaller pages
+MIN_PAGE = 32
 PointerPosition = tuple[int, str, int]  # (due_ms, id, version): a place in a partition
 _POINTER_COLUMNS = "SELECT due_at, id, version, priority FROM {ks}.timeline WHERE topic_uid = ? "
 _SLICE_FROM_TIME = (_POINTER_COLUMNS + "AND bucket = ? AND shard = ? AND part = ? "
@@ -147,31 +148,34 @@ class TimelineStore:
 
     def pointers_of(self, topic_uid: uuid.UUID, plan: Sequence[tuple[int, int, int, int, int]],
                     after: Sequence[PointerPosition | None] | None = None,
-                    ) -> Iterator[tuple[int, Iterator[Pointer]]]:
+                    page: int = FETCH_SIZE) -> Iterator[tuple[int, Iterator[Pointer]]]:
         """(index, pointers) of each (bucket, shard, part, from_ms, to_ms) of plan, in plan
         order; where after[index] is a (due_ms, id, version) position, only pointers beyond it
         (and due by to_ms). First pages are requested READ_AHEAD partitions ahead of the
         consumer, so a plan of many small partitions costs about one round trip, not one per
-        partition."""
+        partition. Pages hold `page` pointers (clamped to [MIN_PAGE, FETCH_SIZE]): a caller
+        that stops after a few pointers should not make every partition read ahead send
+        FETCH_SIZE of them."""
+        page = min(FETCH_SIZE, max(MIN_PAGE, page))
         futures: dict[int, Any] = {}
         for index, (_, shard, _, _, _) in enumerate(plan):
             for ahead in range(index, min(len(plan), index + READ_AHEAD)):
                 if ahead not in futures:
                     futures[ahead] = self._start_slice(topic_uid, plan[ahead],
-                                                       after[ahead] if after else None)
+                                                       after[ahead] if after else None, page)
             rows = self.db.results_iter(futures.pop(index))
             yield index, (Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"],
                                   shard) for r in rows)
 
     def _start_slice(self, topic_uid: uuid.UUID, entry: tuple[int, int, int, int, int],
-                     after: PointerPosition | None) -> Any:
+                     after: PointerPosition | None, page: int) -> Any:
         b, s, part, lo, hi = entry
         if after is None:
             return self.db.execute_async(_SLICE_FROM_TIME, (
-                topic_uid, b, s, part, from_ms(lo), from_ms(hi)), FETCH_SIZE)
+                topic_uid, b, s, part, from_ms(lo), from_ms(hi)), page)
         due_ms, message_id, version = after
         return self.db.execute_async(_SLICE_AFTER, (
-            topic_uid, b, s, part, from_ms(due_ms), message_id, version, from_ms(hi)), FETCH_SIZE)
+            topic_uid, b, s, part, from_ms(due_ms), message_id, version, from_ms(hi)), page)
 
     def cursors(self, topic_uid: uuid.UUID) -> dict[int, int]:
         """{shard: through_ms}: every pointer of the shard due before through_ms is spent."""
