@@ -9,8 +9,8 @@ row's version), so a stale token never changes a message.
 from __future__ import annotations
 
 import dataclasses
-import time
 import uuid
+from collections.abc import Sequence
 
 from app.errors import (
     Conflict,
@@ -21,16 +21,19 @@ from app.errors import (
     StoreUnavailable,
 )
 from app.models import MessageState, Payload, Pointer, Topic
+from app.poll_groups import Waiter
 from app.scan import Due
 from app.services import Services
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.transitions import apply_transition, count_moves, place_then
 
-POLL_INTERVAL_MS = 25
 # Leases write a cursor only when it moves this far: the in-process resume points
 # (app.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
 # re-reading, never a message. Writing it on every lease cost each lease a round trip.
 CURSOR_STEP_MS = 1000
+# A pass replaces messages another process took first this many times at most: two
+# processes draining one backlog otherwise traded it in ever smaller takes.
+TAKE_ROUNDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,106 +42,103 @@ class Leased:
     payload: Payload
 
 
+@dataclasses.dataclass(frozen=True)
+class Hold:
+    """The terms a message is leased on: for how long (seconds) and to whom (the consumer
+    name kept on the row)."""
+
+    lease_s: int
+    consumer: str | None
+
+
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
           lease_s: int, consumer: str | None) -> list[Leased]:
     """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll).
+    The calls of this process on one topic are served together (app.poll_groups).
     Webhook topics are delivered by the releasers only: leasing one is a 409."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
-    deadline = time.monotonic() + wait_ms / 1000
-    gate = None  # the first pass is always made; repeats are shared (app.poll_gate)
-    while True:
-        got: list[Leased] = []
-        if services.empty_passes.begin(topic.uid, services.clock(), gate):
-            got = _lease_once(services, topic, max_messages, lease_s, consumer)
-            if got:
-                services.empty_passes.found(topic.uid)
-        gate = POLL_INTERVAL_MS
-        remaining = deadline - time.monotonic()
-        if got or remaining <= 0:
-            return got
-        time.sleep(min(POLL_INTERVAL_MS / 1000, remaining))
+    return services.poll_groups.lease(topic.uid, max_messages, Hold(lease_s, consumer), wait_ms,
+                                      lambda waiters: _pass(services, topic, waiters))
 
 
-def _lease_once(services: Services, topic: Topic, max_messages: int, lease_s: int,
-                consumer: str | None) -> list[Leased]:
-    """One pass over the topic's shards (app.shard_claims): first a stripe, waiting for one
-    if every shard is being scanned by another call of this process; then, if fewer than
-    max_messages were taken, every shard still free at once (one more round trip, not one
-    per stripe), until max_messages are taken or every shard was tried."""
+def _pass(services: Services, topic: Topic,
+          waiters: Sequence[Waiter[Leased]]) -> list[list[Leased]]:
+    """One pass over every shard of the topic for these calls: the due messages are read
+    once, sorted by (priority, due time, id), and leased in the calls' order, each call up
+    to its want on its own terms; a message another process took first is replaced by the
+    next due one (in up to TAKE_ROUNDS takes). Then the cursors move past what is spent, in
+    steps of at least CURSOR_STEP_MS. Returns each call's share."""
     now = services.clock()
-    stored = services.timeline.cursors(topic.uid)
-    taken: list[tuple[MessageState, Payload | None]] = []
-    tried: set[int] = set()
-    while len(taken) < max_messages and len(tried) < topic.settings.shards:
-        with services.shard_claims.claim(topic.uid, topic.settings.shards, tried,
-                                         wait=not tried, stripe=not tried) as mine:
-            if not mine:
-                break
-            tried |= mine
-            taken += _take_from(services, topic, mine, stored, now,
-                                max_messages - len(taken), lease_s, consumer)
-    return [Leased(r, p) for r, p in taken if p is not None]
-
-
-def _take_from(services: Services, topic: Topic, shards: set[int], stored: dict[int, int],
-               now: int, want: int, lease_s: int, consumer: str | None
-               ) -> list[tuple[MessageState, Payload | None]]:
-    """Lease up to `want` due messages of these shards, with their payloads (None if missing);
-    moves their cursors past what is spent, in steps of at least CURSOR_STEP_MS."""
-    result = services.scanner.scan(topic, now, want, shards, stored)
+    result = services.scanner.scan(topic, now, sum(w.want for w in waiters))
     # Lower priority values first, then timeline order: what is taken is then a prefix of
     # each partition, which moves its resume point (app.scan.ResumePoints), and the oldest
     # goes first.
     order = sorted(result.due, key=lambda d: (d.row.priority, d.pointer.due_at_ms,
                                              d.pointer.id))
-    taken: list[tuple[MessageState, Payload | None]] = []
-    tried = 0
-    while len(taken) < want and tried < len(order):
-        chunk = order[tried:tried + want - len(taken)]
-        tried += len(chunk)
-        taken += take_with_payloads(services, topic, chunk, now, lease_s, consumer)
-    moves = result.moves(order[tried:])
+    shares: list[list[Leased]] = [[] for _ in waiters]
+    counted = [0] * len(waiters)  # leased, with or without a payload
+    used = 0
+    for _ in range(TAKE_ROUNDS):
+        chunk: list[Due] = []
+        owners: list[int] = []
+        for index, w in enumerate(waiters):
+            mine = order[used:used + w.want - counted[index]]
+            chunk += mine
+            owners += [index] * len(mine)
+            used += len(mine)
+        if not chunk:
+            break
+        owner_of = {d.row.id: owner for d, owner in zip(chunk, owners, strict=True)}
+        holds = [waiters[owner].terms for owner in owners]
+        for row, payload in take_with_payloads(services, topic, chunk, now, holds):
+            owner = owner_of[row.id]
+            counted[owner] += 1
+            if payload is not None:
+                shares[owner].append(Leased(row, payload))
+    moves = result.moves(order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
-    return taken
+    return shares
 
 
 def take_with_payloads(services: Services, topic: Topic, chunk: list[Due], now: int,
-                       lease_s: int, consumer: str | None, wait_counts: bool = True,
+                       holds: Sequence[Hold], wait_counts: bool = True,
                        ahead_ms: int = 0) -> list[tuple[MessageState, Payload | None]]:
     """take(), with each leased row's payload (None when it is missing). Payloads are
     immutable, so they are read while the take's round trips run, not after them."""
     reading = services.messages.start_payloads(
         topic.uid, [(d.row.id, d.row.content_hash) for d in chunk])
-    rows = take(services, topic, chunk, now, lease_s, consumer, wait_counts, ahead_ms)
+    rows = take(services, topic, chunk, now, holds, wait_counts, ahead_ms)
     payloads = services.messages.collect_payloads(reading)
     return [(r, payloads.get(r.id)) for r in rows]
 
 
-def take(services: Services, topic: Topic, chunk: list[Due], now: int, lease_s: int,
-         consumer: str | None, wait_counts: bool = True, ahead_ms: int = 0) -> list[MessageState]:
-    """Try to lease each due message (or make it dead past max_attempts); returns the leased.
-    Used by pull leases and by the releasers' webhook push alike. Rows not due by now +
-    ahead_ms (this server's clock) are never taken, whatever pointer led to them; a lease
-    runs lease_s from the later of now and the row's due time (a releaser prepares a push
-    up to ahead_ms before it and POSTs at the due time, never earlier)."""
-    chunk = [d for d in chunk if d.row.due_at_ms <= now + ahead_ms]
+def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Sequence[Hold],
+         wait_counts: bool = True, ahead_ms: int = 0) -> list[MessageState]:
+    """Try to lease each due message on the terms of its hold (or make it dead past
+    max_attempts); returns the leased. Used by pull leases and by the releasers' webhook push
+    alike. Rows not due by now + ahead_ms (this server's clock) are never taken, whatever
+    pointer led to them; a lease runs its lease_s from the later of now and the row's due
+    time (a releaser prepares a push up to ahead_ms before it and POSTs at the due time,
+    never earlier)."""
+    terms = [(d, hold) for d, hold in zip(chunk, holds, strict=True)
+             if d.row.due_at_ms <= now + ahead_ms]
     leasing, dying = [], []
-    for d in chunk:
+    for d, hold in terms:
         if d.row.attempts >= topic.settings.max_attempts:
             dying.append(dead(d.row, now, "max_attempts reached"))
         else:
-            expires = max(now, d.row.due_at_ms) + lease_s * 1000
+            expires = max(now, d.row.due_at_ms) + hold.lease_s * 1000
             leasing.append(dataclasses.replace(
                 d.row, state="leased", version=d.row.version + 1, due_at_ms=expires,
                 lease_token=uuid.uuid4(), lease_expires_at_ms=expires,
-                attempts=d.row.attempts + 1, consumer=consumer, updated_at_ms=now))
+                attempts=d.row.attempts + 1, consumer=hold.consumer, updated_at_ms=now))
     placed = place_then(services, topic, leasing, now)
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + dying]
     outcomes = services.messages.cas_many(changes)
-    services.scanner.spend(topic, [d.pointer for d in chunk])
+    services.scanner.spend(topic, [d.pointer for d, _ in terms])
     won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
     before = {d.row.id: d.row.state for d in chunk}
     count_moves(services, topic, [(before[r.id], r.state) for r in won], wait_counts)

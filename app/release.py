@@ -43,9 +43,9 @@ def take_for_push(services: Services, topic: Topic, due: list[Due], consumer: st
     """Lease each message due within ahead_ms for a POST at its due time (dead instead past
     max_attempts). Returns the leased rows with their payloads (None when the payload is
     missing: the POST is then a failure)."""
+    hold = leasing.Hold(push_lease_s(topic), consumer)
     return leasing.take_with_payloads(services, topic, due, services.clock(),
-                                      push_lease_s(topic), consumer, wait_counts=False,
-                                      ahead_ms=ahead_ms)
+                                      [hold] * len(due), wait_counts=False, ahead_ms=ahead_ms)
 
 
 def jittered_backoff_ms(attempt: int, topic: Topic, rng: random.Random) -> int:

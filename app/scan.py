@@ -30,6 +30,9 @@ MAX_BUCKETS_PER_SCAN = 1440  # a day of 1-minute buckets; a far-behind cursor ca
 MAX_ROWS_PER_SCAN = 50_000
 SCAN_SLACK = 2  # rows examined per row wanted: some are not due or lost to a racer
 RESUME_CACHE_SIZE = 100_000
+# Up to this many buckets a scan reads their bucket_slots rows directly (a bucket without one
+# holds no pointer) instead of first asking active_buckets which ones to read.
+DIRECT_BUCKETS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,8 +161,12 @@ class DueScanner:
         floor = min(cursors.values())
         first, last = bucket_of(floor, bucket_ms), bucket_of(horizon_ms, bucket_ms)
         first = max(first, last - MAX_BUCKETS_PER_SCAN)
-        active = self.timeline.active_buckets(topic.uid, first, last, bucket_ms)
-        slots = self.timeline.slots(topic.uid, active) if active else {}
+        if last - first < DIRECT_BUCKETS:  # their slot rows say which are active: one read
+            slots = self.timeline.slots(topic.uid, range(first, last + 1))
+            active = sorted(slots)
+        else:
+            active = self.timeline.active_buckets(topic.uid, first, last, bucket_ms)
+            slots = self.timeline.slots(topic.uid, active) if active else {}
         plan: list[tuple[int, int, int, int, int]] = []
         for bucket in active:
             end = min(bucket_start_ms(bucket + 1, bucket_ms) - 1, horizon_ms)
@@ -287,9 +294,10 @@ class DueScanner:
                  if settled_ms is not None else None)
         unknown: list[Pointer] = []
         read = 0
-        # pages of about what the scan wants: a lease of 100 stops after ~200 unknown pointers,
-        # and every partition of the plan is read ahead at once
-        page = min(SCAN_SLACK * want, MAX_ROWS_PER_SCAN)
+        # pages of about the plan's share of what the scan wants: it stops after
+        # SCAN_SLACK x want unknown pointers, and the first page of every partition (up to
+        # READ_AHEAD of them) is requested at once
+        page = -(-min(SCAN_SLACK * want, MAX_ROWS_PER_SCAN) // max(1, len(plan)))
         for index, pointers in self.timeline.pointers_of(topic.uid, plan, after, page):
             spent_prefix: PointerPosition | None = None
             in_prefix = settled_ms is not None

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from app.config import Config
+from app.host_locks import HostLocks
 from app.placement import PointerPlacer
-from app.poll_gate import EmptyPasses
+from app.poll_groups import PollGroups
 from app.scan import DueScanner
-from app.shard_claims import ShardClaims
 from app.store.counts import CountStore
 from app.store.keys import ApiKeyStore
 from app.store.messages import MessageStore
@@ -42,8 +43,7 @@ class Services:
         self.timeline = TimelineStore(self.db)
         self.placer = PointerPlacer(self.timeline, config)
         self.scanner = DueScanner(self.timeline, self.messages, config)
-        self.shard_claims = ShardClaims()
-        self.empty_passes = EmptyPasses()
+        self.poll_groups: PollGroups[Any] = PollGroups(host_lock=HostLocks().hold)
 
     def close(self) -> None:
         self.db.shutdown()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import uuid
 from collections import Counter
 
 import pytest
@@ -20,8 +18,6 @@ from app.ids import (
     new_message_id,
 )
 from app.models import Payload
-from app.poll_gate import EmptyPasses
-from app.shard_claims import ShardClaims
 from app.timeline import fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 
@@ -139,51 +135,6 @@ def test_release_slot_is_stable_and_in_range() -> None:
     slots = {release_slot_of("6f1c0b2e-0000-4000-8000-000000000000", s, 64) for s in range(16)}
     assert all(0 <= s < 64 for s in slots) and len(slots) > 1
     assert release_slot_of("t", 3, 64) == release_slot_of("t", 3, 64)
-
-
-def test_shard_claims_are_disjoint_and_released() -> None:
-    claims = ShardClaims()
-    topic = uuid.uuid4()
-    with claims.claim(topic, 16, set(), wait=True) as first:
-        assert len(first) == 4
-        with claims.claim(topic, 16, set(), wait=True) as second:
-            assert len(second) == 4 and not first & second
-            with claims.claim(topic, 16, set(range(16)) - first - second, wait=False) as none:
-                assert none == set()  # every shard it may take is busy: no wait, no shards
-        with claims.claim(uuid.uuid4(), 16, set(), wait=False) as other_topic:
-            assert len(other_topic) == 4  # topics do not block each other
-    with claims.claim(topic, 16, set(), wait=False) as again:
-        assert len(again) == 4  # all released
-
-
-def test_a_shard_claim_waits_for_a_release() -> None:
-    claims = ShardClaims()
-    topic = uuid.uuid4()
-    got: list[set[int]] = []
-    with claims.claim(topic, 1, set(), wait=True) as only:
-        waiter = threading.Thread(target=lambda: got.append(
-            _claimed(claims, topic)))
-        waiter.start()
-        waiter.join(0.2)
-        assert waiter.is_alive() and not got and only == {0}
-    waiter.join(5)
-    assert got == [{0}]
-
-
-def _claimed(claims: ShardClaims, topic: uuid.UUID) -> set[int]:
-    with claims.claim(topic, 1, set(), wait=True) as mine:
-        return set(mine)
-
-
-def test_idle_long_polls_share_one_pass_per_interval() -> None:
-    gate, topic, other = EmptyPasses(), uuid.uuid4(), uuid.uuid4()
-    assert gate.begin(topic, 1000, None)  # a call's first pass always runs
-    assert not gate.begin(topic, 1010, 25)  # a repeat within the interval is skipped
-    assert gate.begin(other, 1010, 25)  # other topics are not held up
-    assert gate.begin(topic, 1025, 25)  # one interval later a pass runs again
-    assert not gate.begin(topic, 1049, 25)
-    gate.found(topic)  # something was due: the next repeat must look for itself
-    assert gate.begin(topic, 1050, 25)
 
 
 def test_config_rejects_a_look_ahead_beyond_the_counted_writes() -> None:

@@ -17,13 +17,13 @@ from typing import Any
 
 from app.errors import StoreUnavailable
 from app.models import Pointer
-from app.store.session import CassandraSession, item_errors
+from app.store.session import CassandraSession, item_errors, translate_errors
 from app.timeline import MS_PER_DAY
 from app.timeparse import cql_ms, from_ms
 
 CAS_ATTEMPTS = 64
 FETCH_SIZE = 500  # the largest page; callers that want fewer pointers ask for smaller pages
-MIN_PAGE = 32
+MIN_PAGE = 64
 PointerPosition = tuple[int, str, int]  # (due_ms, id, version): a place in a partition
 _POINTER_COLUMNS = "SELECT due_at, id, version, priority FROM {ks}.timeline WHERE topic_uid = ? "
 _SLICE_FROM_TIME = (_POINTER_COLUMNS + "AND bucket = ? AND shard = ? AND part = ? "
@@ -153,19 +153,35 @@ class TimelineStore:
         order; where after[index] is a (due_ms, id, version) position, only pointers beyond it
         (and due by to_ms). First pages are requested READ_AHEAD partitions ahead of the
         consumer, so a plan of many small partitions costs about one round trip, not one per
-        partition. Pages hold `page` pointers (clamped to [MIN_PAGE, FETCH_SIZE]): a caller
-        that stops after a few pointers should not make every partition read ahead send
-        FETCH_SIZE of them."""
+        partition. First pages hold `page` pointers (clamped to [MIN_PAGE, FETCH_SIZE]): a
+        caller that stops after a few pointers should not make every partition read ahead
+        send FETCH_SIZE of them; a partition that fills its first page goes on in pages of
+        FETCH_SIZE."""
         page = min(FETCH_SIZE, max(MIN_PAGE, page))
         futures: dict[int, Any] = {}
-        for index, (_, shard, _, _, _) in enumerate(plan):
+        for index, entry in enumerate(plan):
             for ahead in range(index, min(len(plan), index + READ_AHEAD)):
                 if ahead not in futures:
                     futures[ahead] = self._start_slice(topic_uid, plan[ahead],
                                                        after[ahead] if after else None, page)
-            rows = self.db.results_iter(futures.pop(index))
-            yield index, (Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"],
-                                  shard) for r in rows)
+            yield index, self._slice(topic_uid, entry, futures.pop(index))
+
+    def _slice(self, topic_uid: uuid.UUID, entry: tuple[int, int, int, int, int],
+               first: Any) -> Iterator[Pointer]:
+        """The pointers of a slice whose first page `first` will bring; the rest, if any, in
+        pages of FETCH_SIZE from where that page ended."""
+        with translate_errors():
+            rows = first.result()
+        last = None
+        for r in rows.current_rows:
+            last = Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"], entry[1])
+            yield last
+        if rows.has_more_pages and last is not None:
+            rest = self._start_slice(topic_uid, entry, (last.due_at_ms, last.id, last.version),
+                                     FETCH_SIZE)
+            for r in self.db.results_iter(rest):
+                yield Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"],
+                              entry[1])
 
     def _start_slice(self, topic_uid: uuid.UUID, entry: tuple[int, int, int, int, int],
                      after: PointerPosition | None, page: int) -> Any:

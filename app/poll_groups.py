@@ -1,0 +1,170 @@
+"""Lease calls of one process on one topic are served together: one pass at a time.
+
+Every waiting call (a long poll, or a call with wait_ms 0) joins its topic's queue. Whenever
+no pass over the topic is running and one is needed, one of the waiting threads runs it for
+the queue's head (first come, first served, up to PASS_MAX messages in all) and hands each
+call its share. A pass is needed at once when a call is waiting that no pass started after
+its arrival has served yet, and otherwise every interval while calls wait.
+
+So each pass reads every shard once for all the calls it serves, in one round, instead of
+each call racing the others of its process over shards and homes; idle consumers cost one
+pass per topic and interval in each process, not one per consumer; and a call is never
+answered before a pass that started after it arrived has looked for it. With a host lock
+(app.host_locks) the passes of the processes of one host over a topic take turns as well.
+
+The passes themselves are the caller's (app.leasing); this module only orders them, so its
+guarantees are tested without Cassandra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+POLL_INTERVAL_MS = 25
+PASS_MAX = 1000  # messages one pass leases at most (the head of the queue fits within it)
+
+
+@dataclasses.dataclass(eq=False)
+class Waiter(Generic[T]):
+    """One waiting lease call: how many messages it wants and the caller's terms (lease
+    length, consumer name) for the pass to apply."""
+
+    want: int
+    terms: Any
+    deadline: float  # monotonic seconds
+    served: bool = False  # a pass that started after this call arrived has looked for it
+    in_pass: bool = False  # a pass is leasing for this call right now
+    got: list[T] | None = None
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass
+class _Group(Generic[T]):
+    queue: list[Waiter[T]] = dataclasses.field(default_factory=list)
+    running: bool = False
+    last_start: float = float("-inf")  # monotonic seconds
+
+
+Pass = Callable[[Sequence[Waiter[T]]], Sequence[list[T]]]
+
+
+def _no_host_lock(key: Hashable) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+class PollGroups(Generic[T]):
+    """Thread-safe; one per process. With host_lock (a context manager per key, held across
+    processes: app.host_locks), a pass also waits for the passes of other processes over
+    the same key, and chooses whom it serves once it has the lock."""
+
+    def __init__(self, interval_ms: int = POLL_INTERVAL_MS, pass_max: int = PASS_MAX,
+                 host_lock: Callable[[Hashable], AbstractContextManager[None]] = _no_host_lock,
+                 ) -> None:
+        self.interval_s = interval_ms / 1000
+        self.pass_max = pass_max
+        self.host_lock = host_lock
+        self._groups: dict[Hashable, _Group[T]] = {}
+        self._changed = threading.Condition()
+
+    def lease(self, key: Hashable, want: int, terms: Any, wait_ms: int,
+              run_pass: Pass[T]) -> list[T]:
+        """Wait up to wait_ms (measured from now) for the passes over `key` to find anything
+        for this call, and return what they found (at most `want`; empty once wait_ms has
+        passed, but never before one pass has looked). run_pass(waiters) leases for each
+        waiter at most its want and returns each one's share; it runs on whichever waiting
+        thread starts the pass, and an exception it raises is raised in every call it
+        served. A call never leaves while a pass is leasing for it."""
+        deadline = time.monotonic() + wait_ms / 1000
+        me: Waiter[T] = Waiter(want, terms, deadline)
+        with self._changed:
+            group = self._groups.setdefault(key, _Group())
+            group.queue.append(me)
+        while True:
+            with self._changed:
+                while True:
+                    if me.error is not None:
+                        raise me.error
+                    if me.got is not None:
+                        return me.got
+                    now = time.monotonic()
+                    if me.served and not me.in_pass and now >= deadline:
+                        self._leave(key, group, me)
+                        return []
+                    if self._pass_due(group, now):
+                        group.running = True
+                        break
+                    self._changed.wait(self._sleep_s(group, me, now, deadline))
+            self._run(key, group, me, run_pass)
+
+    def _pass_due(self, group: _Group[T], now: float) -> bool:
+        """Should a pass start now: none running, and a call no pass has served yet, or an
+        interval since the last pass began?"""
+        if group.running or not group.queue:
+            return False
+        return (any(not w.served for w in group.queue)
+                or now >= group.last_start + self.interval_s)
+
+    def _choose(self, group: _Group[T], now: float) -> list[Waiter[T]]:
+        """The calls the pass starting now serves: calls no pass has served yet first, then
+        the others still waiting, within pass_max messages (at least one call); in arrival
+        order."""
+        fresh = [w for w in group.queue if not w.served]
+        waiting = [w for w in group.queue if w.served and now < w.deadline]
+        chosen: set[int] = set()
+        total = 0
+        for w in fresh + waiting:
+            if chosen and total + w.want > self.pass_max:
+                break
+            chosen.add(id(w))
+            total += w.want
+        batch = [w for w in group.queue if id(w) in chosen]
+        for w in batch:
+            w.in_pass = True
+        group.last_start = now
+        return batch
+
+    def _sleep_s(self, group: _Group[T], me: Waiter[T], now: float, deadline: float) -> float:
+        """How long a waiter may sleep before it must look again (a notify can end it sooner)."""
+        limits = [deadline - now] if me.served and not me.in_pass else []
+        if not group.running:
+            limits.append(group.last_start + self.interval_s - now)
+        return max(0.0005, min(limits, default=1.0))
+
+    def _run(self, key: Hashable, group: _Group[T], me: Waiter[T], run_pass: Pass[T]) -> None:
+        """Run one pass (group.running is set): take the host lock, choose the calls, lease
+        for them, hand out the shares (or the error)."""
+        batch: list[Waiter[T]] = []
+        shares: Sequence[list[T]] = []
+        error: BaseException | None = None
+        try:
+            with self.host_lock(key):
+                with self._changed:
+                    batch = self._choose(group, time.monotonic())
+                shares = run_pass(batch) if batch else []
+        except BaseException as exc:  # handed to every call of the pass, re-raised there
+            error = exc
+        with self._changed:
+            group.running = False
+            if error is not None and not batch:
+                batch = [me]  # the lock itself failed: this call answers for it
+            for index, w in enumerate(batch):
+                w.served, w.in_pass = True, False
+                if error is not None:
+                    w.error = error
+                elif shares[index]:
+                    w.got = shares[index]
+                if w.error is not None or w.got is not None:
+                    self._leave(key, group, w)
+            self._changed.notify_all()
+
+    def _leave(self, key: Hashable, group: _Group[T], w: Waiter[T]) -> None:
+        group.queue.remove(w)
+        if not group.queue and not group.running and self._groups.get(key) is group:
+            del self._groups[key]

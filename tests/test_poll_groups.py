@@ -1,0 +1,188 @@
+"""How the lease calls of one process share passes over a topic (app.poll_groups).
+
+The passes here are stand-ins that record what they were asked: this tests the ordering of
+calls and passes, a concurrency rule of one process, not storage (tests/test_leasing.py runs
+the real passes against Cassandra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Hashable, Iterator, Sequence
+
+import pytest
+
+from app.poll_groups import PollGroups, Waiter
+
+
+class Passes:
+    """A pass that hands each waiter what `supply` held when the pass started (as a scan
+    reads what is due at its start), in order, then takes duration_s; records its batches
+    and start times (monotonic seconds)."""
+
+    def __init__(self, supply: list[int] | None = None, duration_s: float = 0.0) -> None:
+        self.supply = supply if supply is not None else []
+        self.duration_s = duration_s
+        self.batches: list[list[int]] = []
+        self.started: list[float] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        shares = []
+        with self.lock:
+            self.started.append(time.monotonic())
+            self.batches.append([w.terms for w in waiters])
+            for w in waiters:
+                shares.append(self.supply[:w.want])
+                del self.supply[:w.want]
+        time.sleep(self.duration_s)
+        return shares
+
+
+def _call(groups: PollGroups[int], passes: Passes, want: int, terms: int, wait_ms: int,
+          out: dict[int, list[int]], key: str = "t") -> threading.Thread:
+    thread = threading.Thread(target=lambda: out.__setitem__(
+        terms, groups.lease(key, want, terms, wait_ms, passes)))
+    thread.start()
+    return thread
+
+
+def test_calls_waiting_together_share_one_pass_in_arrival_order() -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=25)
+    passes = Passes(duration_s=0.05)
+    out: dict[int, list[int]] = {}
+    first = _call(groups, passes, 2, 0, 2000, out)  # runs the first pass (empty supply)
+    time.sleep(0.01)
+    later = [_call(groups, passes, 2, n, 2000, out) for n in (1, 2, 3)]
+    time.sleep(0.02)
+    passes.supply.extend(range(100, 108))  # due now: the next pass finds them
+    for t in [first, *later]:
+        t.join(5)
+    assert passes.batches[0] == [0]
+    assert passes.batches[1] == [0, 1, 2, 3]  # one pass for all four calls, oldest first
+    assert out == {0: [100, 101], 1: [102, 103], 2: [104, 105], 3: [106, 107]}
+
+
+def test_a_call_is_answered_only_after_a_pass_that_started_after_it_arrived() -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=25)
+    passes = Passes(duration_s=0.1)
+    out: dict[int, list[int]] = {}
+    running = _call(groups, passes, 1, 0, 0, out)
+    time.sleep(0.03)  # that call's pass is running and did not see what is due now
+    passes.supply.append(7)
+    arrived = time.monotonic()
+    late = _call(groups, passes, 1, 1, 0, out)  # wait_ms 0: one pass of its own, no more
+    running.join(5)
+    late.join(5)
+    assert out == {0: [], 1: [7]}
+    assert len(passes.started) == 2 and passes.started[1] >= arrived
+
+
+def test_idle_long_polls_cost_one_pass_per_interval_not_one_per_call() -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=25)
+    passes = Passes()
+    out: dict[int, list[int]] = {}
+    began = time.monotonic()
+    calls = [_call(groups, passes, 10, n, 300, out) for n in range(8)]
+    for t in calls:
+        t.join(5)
+    elapsed = time.monotonic() - began
+    assert out == {n: [] for n in range(8)}
+    # at most one pass per fresh call, then one pass per 25 ms for all of them (one pass
+    # per call and interval would be about 8 x 12)
+    assert len(passes.started) <= 8 + elapsed / 0.025 + 1, len(passes.started)
+    gaps = [b - a for a, b in zip(passes.started[8:], passes.started[9:], strict=False)]
+    assert all(gap >= 0.024 for gap in gaps), gaps
+
+
+def test_a_pass_never_loses_what_it_leased_for_a_call_whose_wait_ran_out() -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=25)
+    passes = Passes(supply=[1, 2, 3], duration_s=0.2)  # the pass outlasts the call's wait
+    out: dict[int, list[int]] = {}
+    _call(groups, passes, 3, 0, 10, out).join(5)
+    assert out == {0: [1, 2, 3]}
+
+
+def test_a_failed_pass_fails_every_call_it_served_and_no_other_topic() -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=25)
+    started = threading.Event()
+
+    def broken(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        started.set()
+        time.sleep(0.05)
+        raise RuntimeError("Cassandra is down")
+
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            groups.lease("t", 1, 0, 1000, broken)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    assert started.wait(5)
+    other = Passes(supply=[9])
+    assert groups.lease("other", 1, 0, 1000, other) == [9]  # not held up by "t"
+    for t in threads:
+        t.join(5)
+    assert len(errors) == 3 and {str(e) for e in errors} == {"Cassandra is down"}
+    assert groups.lease("t", 1, 0, 0, Passes(supply=[5])) == [5]  # the topic recovers
+
+
+def test_a_pass_serves_the_head_of_the_queue_within_its_cap() -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=25, pass_max=5)
+    passes = Passes(duration_s=0.05)
+    out: dict[int, list[int]] = {}
+    first = _call(groups, passes, 1, 0, 0, out)
+    time.sleep(0.01)
+    rest = [_call(groups, passes, 3, n, 0, out) for n in (1, 2, 3)]
+    for t in [first, *rest]:
+        t.join(5)
+    assert passes.batches[0] == [0]
+    assert passes.batches[1] == [1]  # 3 + 3 > 5: the next call waits for the next pass
+    assert sorted(passes.batches[2:]) == [[2], [3]]
+    assert out == {n: [] for n in range(4)}
+
+
+@pytest.mark.parametrize("wait_ms", [0, 100])
+def test_a_call_that_finds_nothing_waits_out_its_wait(wait_ms: int) -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=25)
+    began = time.monotonic()
+    assert groups.lease("t", 5, 0, wait_ms, Passes()) == []
+    assert time.monotonic() - began >= wait_ms / 1000
+
+
+def test_a_pass_waiting_for_the_host_lock_serves_the_calls_that_arrive_meanwhile() -> None:
+    held = threading.Lock()
+
+    @contextlib.contextmanager
+    def host_lock(key: Hashable) -> Iterator[None]:
+        with held:
+            yield
+
+    groups: PollGroups[int] = PollGroups(interval_ms=25, host_lock=host_lock)
+    passes = Passes(supply=[1, 2])
+    out: dict[int, list[int]] = {}
+    with held:  # another process's pass over the topic
+        first = _call(groups, passes, 1, 0, 1000, out)
+        time.sleep(0.03)
+        second = _call(groups, passes, 1, 1, 1000, out)
+        time.sleep(0.03)
+        assert passes.batches == []
+    first.join(5)
+    second.join(5)
+    assert passes.batches == [[0, 1]] and out == {0: [1], 1: [2]}
+
+
+def test_a_host_lock_that_fails_fails_the_call_that_took_it() -> None:
+    def broken(key: Hashable) -> contextlib.AbstractContextManager[None]:
+        raise OSError("no lock directory")
+
+    groups: PollGroups[int] = PollGroups(host_lock=broken)
+    with pytest.raises(OSError, match="no lock directory"):
+        groups.lease("t", 1, 0, 1000, Passes(supply=[1]))
