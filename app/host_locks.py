@@ -6,20 +6,26 @@ loss had already cost a state read, a lease pointer write and a conditional batc
 without it. Taking turns per topic removed that waste and lowered lease latency
 (docs/design.md, "Pull leases").
 
-The lock is flock(2) on one file per topic in a directory of this host: the kernel releases
-it when its holder dies, so a killed worker never leaves a topic locked. Processes on other
-hosts are not coordinated; between them the per-row LWT decides, as it always does.
+The lock is flock(2) on one file per topic in a directory of this host (one per OS user):
+the kernel releases it when its holder dies, so a killed worker never leaves a topic locked.
+Processes on other hosts are not coordinated; between them the per-row LWT decides, as it
+always does. Nothing depends on the lock for correctness, so when it cannot be taken (the
+directory is not writable) a pass runs without it, as passes of different hosts always do.
+flock(2) is not first come, first served: under constant load one process may get more turns
+than another.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import tempfile
-import uuid
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
+
+log = logging.getLogger("duetime.host_locks")
 
 
 class HostLocks:
@@ -27,15 +33,25 @@ class HostLocks:
     (threads of one process exclude each other too). Thread-safe."""
 
     def __init__(self, directory: Path | None = None) -> None:
-        self.directory = directory or Path(tempfile.gettempdir()) / "duetime-lease-passes"
+        self.directory = directory or (
+            Path(tempfile.gettempdir()) / f"duetime-lease-passes-{os.getuid()}")
+        self._warned = False
 
     @contextlib.contextmanager
-    def hold(self, key: uuid.UUID) -> Iterator[None]:
-        """Hold the key's lock on this host, waiting until it is free."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        # a descriptor of its own per hold: flock excludes open file descriptions, and the
-        # kernel drops the lock when the descriptor is closed, or its process dies
-        fd = os.open(self.directory / str(key), os.O_WRONLY | os.O_CREAT, 0o600)
+    def hold(self, key: Hashable) -> Iterator[None]:
+        """Hold the key's lock on this host, waiting until it is free (or, if the lock file
+        cannot be opened, go on without it)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            # a descriptor of its own per hold: flock excludes open file descriptions, and the
+            # kernel drops the lock when the descriptor is closed, or its process dies
+            fd = os.open(self.directory / str(key), os.O_WRONLY | os.O_CREAT, 0o600)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                log.warning("lease passes run without the host lock: %s", exc)
+            yield
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

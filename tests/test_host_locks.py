@@ -71,3 +71,12 @@ def test_threads_of_one_process_exclude_each_other(tmp_path: Path) -> None:
     for t in threads:
         t.join(10)
     assert overlaps == []
+
+
+def test_a_lock_that_cannot_be_opened_is_done_without(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    locks = HostLocks(blocker / "locks")
+    with locks.hold(uuid.uuid4()):  # no exception: the pass runs unlocked
+        pass
+    assert not (blocker / "locks").exists()
