@@ -20,7 +20,7 @@ from app.errors import (
     NotFound,
     StoreUnavailable,
 )
-from app.models import MessageState, Payload, Pointer, Topic
+from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
 from app.scan import Due
 from app.services import Services
@@ -152,12 +152,25 @@ def dead(row: MessageState, now: int, reason: str) -> MessageState:
                                last_error=row.last_error or reason)
 
 
-def _token(token: str) -> uuid.UUID:
+def token_of(row: MessageState) -> str:
+    """The lease token a consumer is given: the row's lease token and the version the row was
+    leased at, so that an ack is one conditional write with no read before it. Opaque to
+    consumers; a bare token (without the version) is accepted too."""
+    return f"{row.lease_token}.{row.version}"
+
+
+def _parsed(token: str) -> tuple[uuid.UUID, int | None]:
+    """(lease token, leased version or None) of a token from token_of; 400 if malformed."""
+    text, _, version = token.partition(".")
     try:
-        return uuid.UUID(token)
+        return uuid.UUID(text), (int(version) if version else None)
     except ValueError as exc:
         raise InvalidInput("lease_token is malformed.",
                            {"lease_token": ["Not a lease token."]}) from exc
+
+
+def _token(token: str) -> uuid.UUID:
+    return _parsed(token)[0]
 
 
 def _check_held(message_id: str, row: MessageState | None, presented: uuid.UUID,
@@ -181,19 +194,51 @@ def _held(services: Services, topic: Topic, message_id: str, token: str) -> Mess
 
 def ack_many(services: Services, topic: Topic,
              acks: list[tuple[str, str]]) -> list[DuetimeError | None]:
-    """Ack many (id, lease_token) pairs at once: one read for all rows, the LWTs concurrently,
-    one counter write. Per pair None (delivered, or already acked with that token) or the
-    error that pair alone answers (400, 404, 409)."""
-    rows = services.messages.get_many(topic.uid, [i for i, _ in acks])
+    """Ack many (id, lease_token) pairs at once. Per pair None (delivered, or already acked
+    with that token) or the error that pair alone answers (400, 404, 409, 503).
+
+    First, with no read, one conditional batch per home for the pairs whose token carries
+    its version (token_of): that applies for every lease still held as it was leased. The
+    rest (extended leases, bare tokens, and every pair that did not apply) are decided on a
+    read of their rows: a repeat ack with the token that acked is a no-op, a lost lease is
+    409, a missing message 404."""
     now = services.clock()
+    ttl = ttl_s(now, now, services.config.retention_days)
     answers: list[DuetimeError | None] = [None] * len(acks)
-    todo: list[tuple[int, MessageState]] = []
+    presented: list[tuple[int, str, uuid.UUID, int | None]] = []
     for index, (message_id, token) in enumerate(acks):
+        try:
+            presented.append((index, message_id, *_parsed(token)))
+        except DuetimeError as err:
+            answers[index] = err
+    blind = [p for p in presented if p[3] is not None]
+    applied = services.messages.deliver_many(
+        topic.uid, [(i, t, v) for _, i, t, v in blind if v is not None], now, ttl)
+    done = [(i, v) for (_, i, _, v), ok in zip(blind, applied, strict=True)
+            if ok and v is not None]
+    unsure = {p[0] for p, ok in zip(blind, applied, strict=True) if not ok}
+    done += _ack_on_read(services, topic, [p for p in presented
+                                           if p[3] is None or p[0] in unsure], answers, now)
+    services.scanner.spend_versions(topic, done)  # their lease pointers (_spend_lease_pointers)
+    count_moves(services, topic, [("leased", "delivered")] * len(done))
+    return answers
+
+
+def _ack_on_read(services: Services, topic: Topic,
+                 presented: list[tuple[int, str, uuid.UUID, int | None]],
+                 answers: list[DuetimeError | None], now: int) -> list[tuple[str, int]]:
+    """Acks decided on a read of their rows (one IN read per home, the LWTs concurrently);
+    sets each one's answer; returns the (id, leased version) of those delivered now."""
+    if not presented:
+        return []
+    rows = services.messages.get_many(topic.uid, [i for _, i, _, _ in presented])
+    todo: list[tuple[int, MessageState]] = []
+    for index, message_id, token, _ in presented:
         row = rows.get(message_id)
-        if row is not None and row.state == "delivered" and str(row.lease_token) == token:
+        if row is not None and row.state == "delivered" and row.lease_token == token:
             continue
         try:
-            held = _check_held(message_id, row, _token(token), now)
+            held = _check_held(message_id, row, token, now)
         except DuetimeError as err:
             answers[index] = err
             continue
@@ -207,32 +252,23 @@ def ack_many(services: Services, topic: Topic,
             answers[index] = StoreUnavailable(f"Cassandra unavailable: {type(ok).__name__}")
         elif not ok:
             answers[index] = LeaseLost(f"The lease on {r.id!r} is no longer held.")
-    done = [r for (_, r), ok in zip(todo, outcomes, strict=True) if ok is True]
-    _spend_lease_pointers(services, topic, [rows[r.id] for r in done])
-    count_moves(services, topic, [("leased", "delivered")] * len(done))
-    return answers
+    return [(r.id, r.version - 1) for (_, r), ok in zip(todo, outcomes, strict=True)
+            if ok is True]
 
 
 def _spend_lease_pointers(services: Services, topic: Topic, held: list[MessageState]) -> None:
     """Rows as they were leased, whose lease has just been acked, nacked or extended: their
     lease pointer (at the lease's expiry, of that version) can never hand the message out
     again, so this process skips it without a state read when it comes due."""
-    services.scanner.spend(topic, [Pointer(r.due_at_ms, r.id, r.version, r.priority, r.shard)
-                                   for r in held])
+    services.scanner.spend_versions(topic, [(r.id, r.version) for r in held])
 
 
 def ack(services: Services, topic: Topic, message_id: str, token: str) -> None:
-    """Mark delivered. Acking again with the same token after success is a no-op."""
-    row = services.messages.get(topic.uid, message_id)
-    if row is not None and row.state == "delivered" and str(row.lease_token) == token:
-        return
-    row = _held(services, topic, message_id, token)
-    now = services.clock()
-    done = dataclasses.replace(row, state="delivered", version=row.version + 1,
-                               due_at_ms=now, updated_at_ms=now)
-    apply_transition(services, topic, done, moved=False)
-    _spend_lease_pointers(services, topic, [row])
-    count_moves(services, topic, [("leased", "delivered")])
+    """Mark delivered (ack_many with one pair). Acking again with the same token after
+    success is a no-op."""
+    error = ack_many(services, topic, [(message_id, token)])[0]
+    if error is not None:
+        raise error
 
 
 def nack(services: Services, topic: Topic, message_id: str, token: str,

@@ -99,8 +99,11 @@ class SpentPointers:
         self._capacity = capacity
 
     def add(self, topic_uid: uuid.UUID, p: Pointer) -> None:
+        self.add_key((topic_uid, p.id, p.version))
+
+    def add_key(self, key: PointerKey) -> None:
         with self._lock:
-            self._keys[(topic_uid, p.id, p.version)] = None
+            self._keys[key] = None
             if len(self._keys) > self._capacity:
                 self._keys.popitem(last=False)
 
@@ -326,6 +329,12 @@ class DueScanner:
         """Make pointers examinable again (an outcome could not be recorded: look again)."""
         for p in pointers:
             self.spent.discard((topic.uid, p.id, p.version))
+
+    def spend_versions(self, topic: Topic, versions: list[tuple[str, int]]) -> None:
+        """Remember the pointers of these (message id, version)s as spent (acted on
+        elsewhere: an ack, nack or extend left the version behind)."""
+        for message_id, version in versions:
+            self.spent.add_key((topic.uid, message_id, version))
 
     def spend(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Remember pointers this process has acted on (leased, lost a race, made dead)."""

@@ -75,6 +75,29 @@ def test_stale_token_ack_never_applies(client: FlaskClient, auth: dict[str, str]
     assert bad.status_code == 400
 
 
+def test_an_ack_applies_only_to_the_lease_its_token_names(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    """Acks go to Cassandra without a read when the token carries its version; the condition
+    must still hold them to the lease: a forged token, an expired lease and a bare token
+    (without the version) are answered as before."""
+    topic = TopicClient(client, auth, lease_seconds=1)
+    for name in ("t1", "t2", "t3"):
+        topic.enqueue(id=name)
+    got = {m["id"]: m for m in topic.lease(wait_ms=2000, max_messages=3)}
+    assert set(got) == {"t1", "t2", "t3"}
+    lease_uuid, _, version = got["t1"]["lease"]["token"].partition(".")
+    forged = {"lease_token": f"{uuid.uuid4()}.{version}"}
+    assert client.post(topic.url("/messages/t1/ack"), json=forged,
+                       headers=auth).status_code == 409
+    bare = {"lease_token": lease_uuid}
+    assert client.post(topic.url("/messages/t1/ack"), json=bare, headers=auth).status_code == 204
+    assert topic.get("t1").get_json()["state"] == "delivered"
+    assert topic.ack(got["t2"]) == 204
+    time.sleep(1.2)  # t3's lease runs out; nobody has leased it again yet
+    assert topic.ack(got["t3"]) == 409
+    assert topic.get("t3").get_json()["state"] != "delivered"
+
+
 def test_expired_lease_comes_due_again_and_extend_keeps_it(
         client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth, lease_seconds=1)

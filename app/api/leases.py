@@ -49,7 +49,7 @@ class Leases(MethodView):
         return {"messages": [{
             "id": m.row.id, "deliver_at": m.row.deliver_at_ms, "priority": m.row.priority,
             "attempt": m.row.attempts, **payload_fields(m.payload),
-            "lease": {"token": str(m.row.lease_token), "expires_at": m.row.lease_expires_at_ms},
+            "lease": {"token": leasing.token_of(m.row), "expires_at": m.row.lease_expires_at_ms},
         } for m in got]}
 
 
@@ -109,4 +109,6 @@ class Extend(MethodView):
         found = get_topic(services(), tenant(), topic)
         row = leasing.extend(services(), found, message_id, body["lease_token"],
                              _lease_seconds(body, found.settings.lease_seconds))
-        return {"lease": {"token": str(row.lease_token), "expires_at": row.lease_expires_at_ms}}
+        # the same token: an extended lease is the same lease (acks with it are decided on a
+        # read, as its version moved)
+        return {"lease": {"token": body["lease_token"], "expires_at": row.lease_expires_at_ms}}

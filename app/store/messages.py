@@ -43,6 +43,14 @@ _CAS = (
     f"UPDATE {{ks}}.message_states USING TTL ? SET {', '.join(f'{c} = ?' for c in _COLUMNS)} "
     "WHERE topic_uid = ? AND home = ? AND id = ? IF version = ?"
 )
+# An ack needs no read first: the lease token carries the version it was leased at, and
+# version, token and expiry are the whole condition. Only the columns an ack changes are set;
+# the others keep their values and their (longer) TTLs.
+_DELIVER = (
+    "UPDATE {ks}.message_states USING TTL ? SET state = 'delivered', version = ?, due_at = ?, "
+    "updated_at = ? WHERE topic_uid = ? AND home = ? AND id = ? "
+    "IF version = ? AND lease_token = ? AND lease_expires_at > ?"
+)
 FRESH_WRITETIME_US = 1
 _INSERT_FRESH = (f"INSERT INTO {{ks}}.message_states {_VALUES} "
                  f"USING TTL ? AND TIMESTAMP {FRESH_WRITETIME_US}")
@@ -170,7 +178,8 @@ class MessageStore:
             for i in chunk:
                 results[i] = True
             return []
-        current = {r["id"]: r for r in rows}
+        # a refused update of a row that does not exist comes back without columns
+        current = {r["id"]: r for r in rows if r.get("id") is not None}
         again = [i for i in chunk if holds(i, current.get(entries[i][1]))]
         if len(again) == len(chunk):  # cannot happen if Cassandra reports as documented
             again = []
@@ -265,6 +274,37 @@ class MessageStore:
             else:
                 outcomes.append(False)
         return outcomes
+
+    def deliver_many(self, topic_uid: uuid.UUID,
+                     acks: Sequence[tuple[str, uuid.UUID, int]], now_ms: int,
+                     ttl_s: int) -> list[bool]:
+        """Mark delivered each (id, lease token, leased version) whose row is still at that
+        version, with that token and a lease unexpired at now_ms: one conditional batch per
+        home, no read first. True where it applied; False where it did not or the outcome
+        could not be known (the caller decides those on a fresh read of the row)."""
+        entries = [(_home(topic_uid, i), i, (ttl_s, v + 1, from_ms(now_ms), from_ms(now_ms),
+                                             topic_uid, home_of(i), i, v, token,
+                                             from_ms(now_ms)))
+                   for i, token, v in acks]
+
+        def holds(index: int, found: dict[str, Any] | None) -> bool:
+            _, token, v = acks[index]
+            return (found is not None and found["version"] == v
+                    and found["lease_token"] == token and found["lease_expires_at"] is not None
+                    and cql_ms(found["lease_expires_at"]) > now_ms)
+
+        answers = []
+        for (i, token, v), outcome in zip(acks, self._conditional(_DELIVER, entries, holds),
+                                          strict=True):
+            if isinstance(outcome, WriteTimeout):
+                try:
+                    found = self.get(topic_uid, i, serial=True)
+                except StoreUnavailable:
+                    found = None
+                outcome = (found is not None and found.state == "delivered"
+                           and found.version == v + 1 and found.lease_token == token)
+            answers.append(outcome is True)
+        return answers
 
     def cas(self, new: MessageState, expected_version: int, ttl_s: int) -> bool:
         """One conditional transition; raises StoreUnavailable when Cassandra cannot answer."""
