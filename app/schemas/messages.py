@@ -108,7 +108,9 @@ class LeaseRequestSchema(Schema):
 
 
 class LeaseSchema(Schema):
-    token = fields.String(required=True)
+    token = fields.String(required=True, metadata={
+        "description": "Opaque. Present it to ack, nack and extend; extend answers with the "
+                       "same token (it is the same lease)."})
     expires_at = Instant(required=True)
 
 
