@@ -153,17 +153,25 @@ def dead(row: MessageState, now: int, reason: str) -> MessageState:
 
 
 def token_of(row: MessageState) -> str:
-    """The lease token a consumer is given: the row's lease token and the version the row was
-    leased at, so that an ack is one conditional write with no read before it. Opaque to
-    consumers; a bare token (without the version) is accepted too."""
-    return f"{row.lease_token}.{row.version}"
+    """The lease token a consumer is given: the row's lease token, the version the row was
+    leased at and the lease's expiry (epoch ms), so that an ack is one conditional write
+    with no read before it. Opaque to consumers; a bare token (the uuid alone) is accepted
+    too."""
+    return f"{row.lease_token}.{row.version}.{row.lease_expires_at_ms}"
 
 
-def _parsed(token: str) -> tuple[uuid.UUID, int | None]:
-    """(lease token, leased version or None) of a token from token_of; 400 if malformed."""
-    text, _, version = token.partition(".")
+Presented = tuple[uuid.UUID, tuple[int, int] | None]  # lease token, (version, expiry ms)
+
+
+def _parsed(token: str) -> Presented:
+    """The parts of a token from token_of (or a bare one); 400 if malformed."""
+    text, *rest = token.split(".")
     try:
-        return uuid.UUID(text), (int(version) if version else None)
+        lease = uuid.UUID(text)
+        if not rest:
+            return lease, None
+        version, expires_ms = (int(part) for part in rest)
+        return lease, (version, expires_ms)
     except ValueError as exc:
         raise InvalidInput("lease_token is malformed.",
                            {"lease_token": ["Not a lease token."]}) from exc
@@ -203,37 +211,36 @@ def ack_many(services: Services, topic: Topic,
     read of their rows: a repeat ack with the token that acked is a no-op, a lost lease is
     409, a missing message 404."""
     now = services.clock()
-    ttl = ttl_s(now, now, services.config.retention_days)
     answers: list[DuetimeError | None] = [None] * len(acks)
-    presented: list[tuple[int, str, uuid.UUID, int | None]] = []
+    presented: list[tuple[int, str, Presented]] = []
     for index, (message_id, token) in enumerate(acks):
         try:
-            presented.append((index, message_id, *_parsed(token)))
+            presented.append((index, message_id, _parsed(token)))
         except DuetimeError as err:
             answers[index] = err
-    blind = [p for p in presented if p[3] is not None]
+    blind = [(index, i, lease, held) for index, i, (lease, held) in presented if held]
     applied = services.messages.deliver_many(
-        topic.uid, [(i, t, v) for _, i, t, v in blind if v is not None], now, ttl)
-    done = [(i, v) for (_, i, _, v), ok in zip(blind, applied, strict=True)
-            if ok and v is not None]
-    unsure = {p[0] for p, ok in zip(blind, applied, strict=True) if not ok}
-    done += _ack_on_read(services, topic, [p for p in presented
-                                           if p[3] is None or p[0] in unsure], answers, now)
+        topic.uid, [(i, lease, v, expires) for _, i, lease, (v, expires) in blind], now,
+        services.config.retention_days)
+    done = [(i, v) for (_, i, _, (v, _)), ok in zip(blind, applied, strict=True) if ok]
+    unsure = {b[0] for b, ok in zip(blind, applied, strict=True) if not ok}
+    done += _ack_on_read(services, topic, [(index, i, lease) for index, i, (lease, held)
+                                           in presented if not held or index in unsure],
+                         answers, now)
     services.scanner.spend_versions(topic, done)  # their lease pointers (_spend_lease_pointers)
     count_moves(services, topic, [("leased", "delivered")] * len(done))
     return answers
 
 
-def _ack_on_read(services: Services, topic: Topic,
-                 presented: list[tuple[int, str, uuid.UUID, int | None]],
+def _ack_on_read(services: Services, topic: Topic, presented: list[tuple[int, str, uuid.UUID]],
                  answers: list[DuetimeError | None], now: int) -> list[tuple[str, int]]:
     """Acks decided on a read of their rows (one IN read per home, the LWTs concurrently);
     sets each one's answer; returns the (id, leased version) of those delivered now."""
     if not presented:
         return []
-    rows = services.messages.get_many(topic.uid, [i for _, i, _, _ in presented])
+    rows = services.messages.get_many(topic.uid, [i for _, i, _ in presented])
     todo: list[tuple[int, MessageState]] = []
-    for index, message_id, token, _ in presented:
+    for index, message_id, token in presented:
         row = rows.get(message_id)
         if row is not None and row.state == "delivered" and row.lease_token == token:
             continue

@@ -14,6 +14,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
+from app.ids import home_of
 from app.models import Pointer
 from app.services import Services
 from app.timeline import COUNTED_AHEAD_MS
@@ -96,6 +97,33 @@ def test_an_ack_applies_only_to_the_lease_its_token_names(
     time.sleep(1.2)  # t3's lease runs out; nobody has leased it again yet
     assert topic.ack(got["t3"]) == 409
     assert topic.get("t3").get_json()["state"] != "delivered"
+
+
+def test_an_ack_without_a_read_ends_no_later_than_the_rest_of_the_row(
+        app: Flask, auth: dict[str, str]) -> None:
+    """The ack sets only the columns it changes: their TTL must end no later than the TTL of
+    the columns the lease wrote, and a row whose state columns are gone reads as missing."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth, lease_seconds=600)
+    topic.enqueue(id="ttl1")
+    [leased] = topic.lease(wait_ms=2000)
+    assert topic.ack(leased) == 204
+    tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
+    assert tenant is not None
+    found = services.topics.get(tenant, topic.name)
+    assert found is not None
+    row = services.messages.get(found.uid, "ttl1")
+    assert row is not None and row.state == "delivered"
+    [ttls] = services.db.execute(
+        "SELECT TTL(state) AS state, TTL(created_at) AS created FROM {ks}.message_states "
+        "WHERE topic_uid = ? AND home = ? AND id = ?", (found.uid, home_of("ttl1"), "ttl1"))
+    assert ttls["state"] <= ttls["created"], ttls
+    assert ttls["created"] - ttls["state"] <= 5, ttls  # the 600 s lease is in both
+    services.db.execute(
+        "UPDATE {ks}.message_states SET state = null, version = null WHERE topic_uid = ? "
+        "AND home = ? AND id = ?", (found.uid, home_of("ttl1"), "ttl1"))
+    assert services.messages.get(found.uid, "ttl1") is None
+    assert services.messages.get_many(found.uid, ["ttl1"]) == {}
 
 
 def test_expired_lease_comes_due_again_and_extend_keeps_it(

@@ -26,7 +26,7 @@ from app.errors import StoreUnavailable
 from app.ids import home_of
 from app.models import MessageState, Payload
 from app.store.session import CassandraSession, item_errors
-from app.timeline import campaign_spread
+from app.timeline import campaign_spread, ttl_s
 from app.timeparse import cql_ms, from_ms
 
 _COLUMNS = [
@@ -43,13 +43,14 @@ _CAS = (
     f"UPDATE {{ks}}.message_states USING TTL ? SET {', '.join(f'{c} = ?' for c in _COLUMNS)} "
     "WHERE topic_uid = ? AND home = ? AND id = ? IF version = ?"
 )
-# An ack needs no read first: the lease token carries the version it was leased at, and
-# version, token and expiry are the whole condition. Only the columns an ack changes are set;
-# the others keep their values and their (longer) TTLs.
+# An ack needs no read first: the lease token carries the version it was leased at (and the
+# lease's expiry), and version, token and expiry are the whole condition. Only the columns an
+# ack changes are set; the others keep their values and TTLs, so the TTL of these ends a
+# moment before theirs (deliver_many) and readers take a row without a state as gone.
 _DELIVER = (
     "UPDATE {ks}.message_states USING TTL ? SET state = 'delivered', version = ?, due_at = ?, "
     "updated_at = ? WHERE topic_uid = ? AND home = ? AND id = ? "
-    "IF version = ? AND lease_token = ? AND lease_expires_at > ?"
+    "IF version = ? AND lease_token = ? AND lease_expires_at = ?"
 )
 FRESH_WRITETIME_US = 1
 _INSERT_FRESH = (f"INSERT INTO {{ks}}.message_states {_VALUES} "
@@ -108,6 +109,13 @@ def _row_to_state(row: dict[str, Any]) -> MessageState:
         consumer=values["consumer"], last_error=values["last_error"],
         created_at_ms=values["created_at"], updated_at_ms=values["updated_at"],
     )
+
+
+def _whole(row: dict[str, Any]) -> bool:
+    """False for what is left of a row whose state columns have expired a moment before its
+    other columns (an ack without a read sets only the columns it changes, with a TTL that
+    ends no later than theirs): such a row is gone."""
+    return row["state"] is not None and row["version"] is not None
 
 
 def _column_values(m: MessageState) -> list[Any]:
@@ -236,7 +244,7 @@ class MessageStore:
         level = self.db.config.serial_consistency_level if serial else None
         rows = self.db.execute(_SELECT + " WHERE topic_uid = ? AND home = ? AND id = ?",
                                (topic_uid, home_of(message_id), message_id), consistency=level)
-        return _row_to_state(rows[0]) if rows else None
+        return _row_to_state(rows[0]) if rows and _whole(rows[0]) else None
 
     def get_many(self, topic_uid: uuid.UUID, ids: Sequence[str]) -> dict[str, MessageState]:
         """Rows of many ids of one topic: one read per home (IN over its ids, chunked)."""
@@ -247,7 +255,8 @@ class MessageStore:
                                   (topic_uid, home_of(unique[c[0]]), [unique[n] for n in c]))
             for c in chunks
         ]
-        return {r["id"]: _row_to_state(r) for rows in self.db.results(futures) for r in rows}
+        return {r["id"]: _row_to_state(r) for rows in self.db.results(futures) for r in rows
+                if _whole(r)}
 
     def cas_many(
         self, changes: Sequence[tuple[MessageState, int, int]],
@@ -276,26 +285,40 @@ class MessageStore:
         return outcomes
 
     def deliver_many(self, topic_uid: uuid.UUID,
-                     acks: Sequence[tuple[str, uuid.UUID, int]], now_ms: int,
-                     ttl_s: int) -> list[bool]:
-        """Mark delivered each (id, lease token, leased version) whose row is still at that
-        version, with that token and a lease unexpired at now_ms: one conditional batch per
-        home, no read first. True where it applied; False where it did not or the outcome
-        could not be known (the caller decides those on a fresh read of the row)."""
-        entries = [(_home(topic_uid, i), i, (ttl_s, v + 1, from_ms(now_ms), from_ms(now_ms),
-                                             topic_uid, home_of(i), i, v, token,
-                                             from_ms(now_ms)))
-                   for i, token, v in acks]
+                     acks: Sequence[tuple[str, uuid.UUID, int, int]], now_ms: int,
+                     retention_days: int) -> list[bool]:
+        """Mark delivered each (id, lease token, leased version, lease expiry ms) whose row is
+        still at that version, with that token and that expiry, when the expiry is after
+        now_ms: one conditional batch per home, no read first. True where it applied; False
+        where it did not or the outcome could not be known (the caller decides those on a
+        fresh read)."""
+        live = [n for n, a in enumerate(acks) if a[3] > now_ms]
+        answers = [False] * len(acks)
+        for n, ok in zip(live, self._deliver(topic_uid, [acks[n] for n in live], now_ms,
+                                             retention_days), strict=True):
+            answers[n] = ok
+        return answers
+
+    def _deliver(self, topic_uid: uuid.UUID, acks: Sequence[tuple[str, uuid.UUID, int, int]],
+                 now_ms: int, retention_days: int) -> list[bool]:
+        entries = []
+        for i, token, v, expires_ms in acks:
+            # the lease wrote the row's other columns to live until its expiry plus the
+            # retention window; these end up to 2 s sooner, never later (second rounding)
+            ttl = max(1, ttl_s(expires_ms, now_ms, retention_days) - 2)
+            entries.append((_home(topic_uid, i), i, (
+                ttl, v + 1, from_ms(now_ms), from_ms(now_ms), topic_uid, home_of(i), i, v,
+                token, from_ms(expires_ms))))
 
         def holds(index: int, found: dict[str, Any] | None) -> bool:
-            _, token, v = acks[index]
+            _, token, v, expires_ms = acks[index]
             return (found is not None and found["version"] == v
                     and found["lease_token"] == token and found["lease_expires_at"] is not None
-                    and cql_ms(found["lease_expires_at"]) > now_ms)
+                    and cql_ms(found["lease_expires_at"]) == expires_ms)
 
         answers = []
-        for (i, token, v), outcome in zip(acks, self._conditional(_DELIVER, entries, holds),
-                                          strict=True):
+        for (i, token, v, _), outcome in zip(acks, self._conditional(_DELIVER, entries, holds),
+                                             strict=True):
             if isinstance(outcome, WriteTimeout):
                 try:
                     found = self.get(topic_uid, i, serial=True)
