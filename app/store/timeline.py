@@ -35,6 +35,11 @@ READ_AHEAD = 32
 BATCH_ROWS = 50  # pointers per batch: under the default 5 KiB batch_size_warn_threshold
 
 
+def _pointer(row: dict[str, Any], shard: int) -> Pointer:
+    """A timeline row (as _POINTER_COLUMNS selects it) of a shard's partition."""
+    return Pointer(cql_ms(row["due_at"]), row["id"], row["version"], row["priority"], shard)
+
+
 def _chunks(items: list[int], size: int) -> list[list[int]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -174,14 +179,12 @@ class TimelineStore:
             rows = first.result()
         last = None
         for r in rows.current_rows:
-            last = Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"], entry[1])
+            last = _pointer(r, entry[1])
             yield last
         if rows.has_more_pages and last is not None:
             rest = self._start_slice(topic_uid, entry, (last.due_at_ms, last.id, last.version),
                                      FETCH_SIZE)
-            for r in self.db.results_iter(rest):
-                yield Pointer(cql_ms(r["due_at"]), r["id"], r["version"], r["priority"],
-                              entry[1])
+            yield from (_pointer(r, entry[1]) for r in self.db.results_iter(rest))
 
     def _start_slice(self, topic_uid: uuid.UUID, entry: tuple[int, int, int, int, int],
                      after: PointerPosition | None, page: int) -> Any:
