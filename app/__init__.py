@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Flask, g, request
 from flask_smorest import Api
 
-from app.api import health, leases, messages, problems, topics
+from app.api import campaigns, health, leases, messages, problems, topics
 from app.auth import Authenticator
 from app.config import Config, load_config
 from app.services import Clock, Services, system_clock_ms
@@ -56,6 +56,7 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     api.register_blueprint(topics.blp)
     api.register_blueprint(messages.blp)
     api.register_blueprint(leases.blp)
+    api.register_blueprint(campaigns.blp)
     from app.api import openapi_file
 
     openapi_file.register(app, api)

@@ -20,12 +20,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from app import campaigns
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.ids import homes_for_request, new_message_id
 from app.models import MessageState, Payload, Pointer, Topic
 from app.services import Services
 from app.timeline import MS_PER_DAY, placement_ms, shard_of, ttl_s
 from app.timeparse import TimeFormatError, parse_local_time
+from app.transitions import count_moves
 
 log = logging.getLogger(__name__)
 
@@ -163,17 +165,8 @@ def _conflict(message_id: str) -> DuetimeError:
 def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
            rows: list[MessageState], todo: list[int], results: list[EnqueueResult | None],
            now: int) -> None:
-    cfg = services.config
-    slack = cfg.horizon_days * MS_PER_DAY
-    payload_errors = services.messages.put_payloads([
-        (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
-         ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack)) for i in todo])
-    inserting = []
-    for i, err in zip(todo, payload_errors, strict=True):
-        if err is None:
-            inserting.append(i)
-        else:
-            results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
+    inserting = _stage(services, topic, items, rows, _admitted(services, topic, rows, todo,
+                                                               results), results, now)
     outcomes = _insert(services, items, rows, inserting, now)
     created, pointers, placed_for = [], [], []
     for i, outcome in zip(inserting, outcomes, strict=True):
@@ -192,6 +185,74 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
         if err is not None:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
     _count(services, topic, [rows[i] for i in created], now)
+    _cover(services, topic, rows, [i for i in placed_for if _fresh(results[i])], results)
+
+
+def _fresh(result: EnqueueResult | None) -> bool:
+    """Accepted, and still as enqueued (a retry's answer included)."""
+    return result is not None and result.status in (200, 201) and result.state == "scheduled"
+
+
+def _admitted(services: Services, topic: Topic, rows: list[MessageState], todo: list[int],
+              results: list[EnqueueResult | None]) -> list[int]:
+    """The items whose campaign this process does not know to refuse them (cancelled, or
+    being shifted): those get their 409 here, with nothing written."""
+    admitted = []
+    for i in todo:
+        refused = campaigns.refusal(services, topic, rows[i].campaign)
+        if refused is None:
+            admitted.append(i)
+        else:
+            results[i] = EnqueueResult(rows[i].id, refused.status, error=refused)
+    return admitted
+
+
+def _stage(services: Services, topic: Topic, items: Sequence[NewMessage],
+           rows: list[MessageState], todo: list[int], results: list[EnqueueResult | None],
+           now: int) -> list[int]:
+    """Payloads and campaign index entries, before any state row: a campaign operation that
+    reads the index after a message's row exists finds its entry. Returns the items whose
+    writes succeeded (the others answer 503)."""
+    cfg = services.config
+    slack = cfg.horizon_days * MS_PER_DAY
+    payload_errors = services.messages.put_payloads([
+        (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
+         ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack)) for i in todo])
+    members = [i for i in todo if rows[i].campaign]
+    index_errors = dict(zip(members, services.messages.index_campaigns(
+        topic.uid, [(rows[i].campaign or "", rows[i].id,
+                     ttl_s(rows[i].due_at_ms, now, cfg.retention_days)) for i in members]),
+        strict=True))
+    staged = []
+    for i, err in zip(todo, payload_errors, strict=True):
+        err = err or index_errors.get(i)
+        if err is None:
+            staged.append(i)
+        else:
+            results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
+    return staged
+
+
+def _cover(services: Services, topic: Topic, rows: list[MessageState], written: list[int],
+           results: list[EnqueueResult | None]) -> None:
+    """Campaign messages just written: covered by an operation that started meanwhile
+    (app.campaigns.covered), their answers changed to match."""
+    fresh = [rows[i] for i in written if rows[i].campaign]
+    if not fresh:
+        return
+    try:
+        now_rows = campaigns.covered(services, topic, fresh)
+    except StoreUnavailable as exc:
+        for i in written:
+            if rows[i].campaign:
+                results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(exc))
+        return
+    for i in written:
+        found, result = now_rows.get(rows[i].id), results[i]
+        if isinstance(found, DuetimeError):
+            results[i] = EnqueueResult(rows[i].id, found.status, error=found)
+        elif found is not None and result is not None:
+            results[i] = dataclasses.replace(result, deliver_at_ms=found.deliver_at_ms)
 
 
 def _insert(services: Services, items: Sequence[NewMessage], rows: list[MessageState],
@@ -222,15 +283,13 @@ def _existing(found: MessageState | None, row: MessageState, now: int, pointers:
 
 
 def _count(services: Services, topic: Topic, created: list[MessageState], now: int) -> None:
-    """Counters and the campaign index. The messages are already accepted: a failure here is
-    logged (stats may under-count) and never turns an accepted message into an error."""
+    """Counters of the topic and of the campaigns. The messages are already accepted: a
+    failure here is logged (stats may under-count) and never turns an accepted message into
+    an error."""
     if not created:
         return
     try:
-        services.counts.add_states(topic.uid, {"scheduled": len(created)})
+        count_moves(services, topic, [(None, "scheduled", r.campaign) for r in created])
         services.counts.add_upcoming(topic.uid, [r.due_at_ms for r in created])
-        services.messages.index_campaigns(
-            topic.uid, [(r.campaign, r.id) for r in created if r.campaign],
-            ttl_s(max(r.due_at_ms for r in created), now, services.config.retention_days))
     except StoreUnavailable as exc:
-        log.warning("stats/campaign index not updated for %d messages: %s", len(created), exc)
+        log.warning("stats not updated for %d messages: %s", len(created), exc)

@@ -24,6 +24,7 @@ from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
 from app.scan import Due
 from app.services import Services
+from app.store.campaigns import Campaign
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.transitions import apply_transition, count_moves, place_then
 
@@ -65,17 +66,22 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
 def _pass(services: Services, topic: Topic,
           waiters: Sequence[Waiter[Leased]]) -> list[list[Leased]]:
     """One pass over every shard of the topic for these calls: the due messages are read
-    once, sorted by (priority, due time, id), and leased in the calls' order, each call up
+    once, sorted by (priority, deliver_at, due time, id), and leased in the calls' order
+    (a paused campaign's are passed over), each call up
     to its want on its own terms; a message another process took first is replaced by the
     next due one (in up to TAKE_ROUNDS takes). Then the cursors move past what is spent, in
     steps of at least CURSOR_STEP_MS. Returns each call's share."""
     now = services.clock()
     result = services.scanner.scan(topic, now, sum(w.want for w in waiters))
-    # Lower priority values first, then timeline order: what is taken is then a prefix of
-    # each partition, which moves its resume point (app.scan.ResumePoints), and the oldest
-    # goes first.
-    order = sorted(result.due, key=lambda d: (d.row.priority, d.pointer.due_at_ms,
-                                             d.pointer.id))
+    # Lower priority values first, then the earliest deliver_at: messages brought back at
+    # once (a campaign resumed, a retry) go in their due order. Otherwise that is timeline
+    # order: what is taken is then a prefix of each partition, which moves its resume point
+    # (app.scan.ResumePoints).
+    paused = passed_over(services, topic, result.due)
+    services.scanner.spend(topic, [d.pointer for d in result.due if d.row.id in paused])
+    order = sorted((d for d in result.due if d.row.id not in paused),
+                   key=lambda d: (d.row.priority, d.row.deliver_at_ms, d.pointer.due_at_ms,
+                                  d.pointer.id))
     shares: list[list[Leased]] = [[] for _ in waiters]
     counted = [0] * len(waiters)  # leased, with or without a payload
     used = 0
@@ -121,13 +127,22 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     alike. Rows not due by now + ahead_ms (this server's clock) are never taken, whatever
     pointer led to them; a lease runs its lease_s from the later of now and the row's due
     time (a releaser prepares a push up to ahead_ms before it and POSTs at the due time,
-    never earlier)."""
+    never earlier). A paused campaign's messages are not taken; a cancelled campaign's are
+    cancelled instead (app.campaign_rules)."""
     terms = [(d, hold) for d, hold in zip(chunk, holds, strict=True)
              if d.row.due_at_ms <= now + ahead_ms]
-    leasing, dying = [], []
+    rules = _rules(services, topic, [d for d, _ in terms])
+    leasing, ending = [], []
     for d, hold in terms:
-        if d.row.attempts >= topic.settings.max_attempts:
-            dying.append(dead(d.row, now, "max_attempts reached"))
+        c = rules.get(d.row.campaign or "")
+        if c is not None and c.cancelled:
+            ending.append(dataclasses.replace(
+                d.row, state="cancelled", version=d.row.version + 1, lease_token=None,
+                lease_expires_at_ms=None, updated_at_ms=now, last_op=c.op_id or d.row.last_op))
+        elif c is not None and c.paused:
+            continue  # passed over; resuming brings it back (app.campaign_ops)
+        elif d.row.attempts >= topic.settings.max_attempts:
+            ending.append(dead(d.row, now, "max_attempts reached"))
         else:
             expires = max(now, d.row.due_at_ms) + hold.lease_s * 1000
             leasing.append(dataclasses.replace(
@@ -136,13 +151,29 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
                 attempts=d.row.attempts + 1, consumer=hold.consumer, updated_at_ms=now))
     placed = place_then(services, topic, leasing, now)
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
-               for r in placed + dying]
+               for r in placed + ending]
     outcomes = services.messages.cas_many(changes)
     services.scanner.spend(topic, [d.pointer for d, _ in terms])
     won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
     before = {d.row.id: d.row.state for d in chunk}
-    count_moves(services, topic, [(before[r.id], r.state) for r in won], wait_counts)
+    count_moves(services, topic, [(before[r.id], r.state, r.campaign) for r in won],
+                wait_counts)
     return [r for r in won if r.state == "leased"]
+
+
+def _rules(services: Services, topic: Topic, due: Sequence[Due]) -> dict[str, Campaign]:
+    """The controls of the campaigns among these messages (none read when none has one)."""
+    if not any(d.row.campaign for d in due):
+        return {}
+    return services.campaign_rules.of(topic.uid)
+
+
+def passed_over(services: Services, topic: Topic, due: Sequence[Due]) -> set[str]:
+    """Ids of the messages a take would pass over now: those of paused campaigns."""
+    rules = _rules(services, topic, due)
+    return {d.row.id for d in due
+            if (c := rules.get(d.row.campaign or "")) is not None and c.paused
+            and not c.cancelled}
 
 
 def dead(row: MessageState, now: int, reason: str) -> MessageState:
@@ -154,24 +185,36 @@ def dead(row: MessageState, now: int, reason: str) -> MessageState:
 
 def token_of(row: MessageState) -> str:
     """The lease token a consumer is given: the row's lease token, the version the row was
-    leased at and the lease's expiry (epoch ms), so that an ack is one conditional write
-    with no read before it. Opaque to consumers; a bare token (the uuid alone) is accepted
-    too."""
-    return f"{row.lease_token}.{row.version}.{row.lease_expires_at_ms}"
+    leased at, the lease's expiry (epoch ms) and the campaign (for its counters), so that an
+    ack is one conditional write with no read before it. Opaque to consumers; a bare token
+    (the uuid alone) is accepted too."""
+    return f"{row.lease_token}.{row.version}.{row.lease_expires_at_ms}.{row.campaign or ''}"
 
 
-Presented = tuple[uuid.UUID, tuple[int, int] | None]  # lease token, (version, expiry ms)
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """What a full token says of its lease: the version leased, its expiry (epoch ms) and
+    the message's campaign. The ack's condition checks all three."""
+
+    version: int
+    expires_ms: int
+    campaign: str | None
+
+
+Presented = tuple[uuid.UUID, Held | None]  # lease token, what a full token adds
 
 
 def _parsed(token: str) -> Presented:
-    """The parts of a token from token_of (or a bare one); 400 if malformed."""
-    text, *rest = token.split(".")
+    """The parts of a token from token_of (or a bare one); 400 if malformed. Campaign names
+    may hold dots, so the campaign is everything after the third dot. A token of the form
+    before campaigns (no campaign part) is decided on a read, as a bare one is."""
+    text, *rest = token.split(".", 3)
     try:
         lease = uuid.UUID(text)
-        if not rest:
+        version, expires_ms = (int(part) for part in rest[:2]) if rest else (0, 0)
+        if len(rest) != 3:
             return lease, None
-        version, expires_ms = (int(part) for part in rest)
-        return lease, (version, expires_ms)
+        return lease, Held(version, expires_ms, rest[2] or None)
     except ValueError as exc:
         raise InvalidInput("lease_token is malformed.",
                            {"lease_token": ["Not a lease token."]}) from exc
@@ -220,22 +263,26 @@ def ack_many(services: Services, topic: Topic,
             answers[index] = err
     blind = [(index, i, lease, held) for index, i, (lease, held) in presented if held]
     applied = services.messages.deliver_many(
-        topic.uid, [(i, lease, v, expires) for _, i, lease, (v, expires) in blind], now,
-        services.config.retention_days)
-    done = [(i, v) for (_, i, _, (v, _)), ok in zip(blind, applied, strict=True) if ok]
+        topic.uid, [(i, lease, h.version, h.expires_ms, h.campaign) for _, i, lease, h in blind],
+        now, services.config.retention_days)
+    done = [(i, h.version, h.campaign)
+            for (_, i, _, h), ok in zip(blind, applied, strict=True) if ok]
     unsure = {b[0] for b, ok in zip(blind, applied, strict=True) if not ok}
     done += _ack_on_read(services, topic, [(index, i, lease) for index, i, (lease, held)
                                            in presented if not held or index in unsure],
                          answers, now)
-    services.scanner.spend_versions(topic, done)  # their lease pointers (_spend_lease_pointers)
-    count_moves(services, topic, [("leased", "delivered")] * len(done))
+    # their lease pointers (_spend_lease_pointers)
+    services.scanner.spend_versions(topic, [(i, v) for i, v, _ in done])
+    count_moves(services, topic, [("leased", "delivered", c) for _, _, c in done])
     return answers
 
 
 def _ack_on_read(services: Services, topic: Topic, presented: list[tuple[int, str, uuid.UUID]],
-                 answers: list[DuetimeError | None], now: int) -> list[tuple[str, int]]:
+                 answers: list[DuetimeError | None], now: int
+                 ) -> list[tuple[str, int, str | None]]:
     """Acks decided on a read of their rows (one IN read per home, the LWTs concurrently);
-    sets each one's answer; returns the (id, leased version) of those delivered now."""
+    sets each one's answer; returns the (id, leased version, campaign) of those delivered
+    now."""
     if not presented:
         return []
     rows = services.messages.get_many(topic.uid, [i for _, i, _ in presented])
@@ -259,7 +306,7 @@ def _ack_on_read(services: Services, topic: Topic, presented: list[tuple[int, st
             answers[index] = StoreUnavailable(f"Cassandra unavailable: {type(ok).__name__}")
         elif not ok:
             answers[index] = LeaseLost(f"The lease on {r.id!r} is no longer held.")
-    return [(r.id, r.version - 1) for (_, r), ok in zip(todo, outcomes, strict=True)
+    return [(r.id, r.version - 1, r.campaign) for (_, r), ok in zip(todo, outcomes, strict=True)
             if ok is True]
 
 
@@ -288,7 +335,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         gone = dead(dataclasses.replace(row, last_error=error), now, "max_attempts reached")
         apply_transition(services, topic, gone, moved=False)
         _spend_lease_pointers(services, topic, [row])
-        count_moves(services, topic, [("leased", "dead")])
+        count_moves(services, topic, [("leased", "dead", row.campaign)])
         return
     s = topic.settings
     delay = delay_ms if delay_ms is not None else retry_backoff_ms(
@@ -299,7 +346,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         last_error=error if error is not None else row.last_error, updated_at_ms=now)
     apply_transition(services, topic, again, moved=True)
     _spend_lease_pointers(services, topic, [row])
-    count_moves(services, topic, [("leased", "scheduled")])
+    count_moves(services, topic, [("leased", "scheduled", row.campaign)])
 
 
 def extend(services: Services, topic: Topic, message_id: str, token: str,

@@ -51,7 +51,7 @@ def cancel(services: Services, topic: Topic, message_id: str) -> None:
             apply_transition(services, topic, gone, moved=False)
         except Conflict:
             continue  # it moved under us (leased, acked): decide again from the new row
-        count_moves(services, topic, [(row.state, "cancelled")])
+        count_moves(services, topic, [(row.state, "cancelled", row.campaign)])
         if row.state == "scheduled":
             services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
         return

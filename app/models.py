@@ -59,6 +59,7 @@ class MessageState:
     last_error: str | None
     created_at_ms: int
     updated_at_ms: int
+    last_op: uuid.UUID | None = None  # the campaign operation that last changed it
 
 
 @dataclasses.dataclass(frozen=True)

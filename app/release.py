@@ -87,6 +87,6 @@ def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome
           ttl_s(rows[i].due_at_ms, now, services.config.retention_days)) for i in todo])
     for i, ok in zip(todo, applied, strict=True):
         results[i] = ok
-    count_moves(services, topic, [("leased", rows[i].state) for i in todo if results[i] is True],
-                wait=False)
+    count_moves(services, topic, [("leased", rows[i].state, rows[i].campaign) for i in todo
+                                  if results[i] is True], wait=False)
     return results

@@ -9,14 +9,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from app.campaign_rules import CampaignRules
 from app.config import Config
 from app.host_locks import HostLocks
 from app.placement import PointerPlacer
 from app.poll_groups import PollGroups
 from app.scan import DueScanner
+from app.store.campaigns import CampaignStore
 from app.store.counts import CountStore
 from app.store.keys import ApiKeyStore
 from app.store.messages import MessageStore
+from app.store.operations import OperationStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
@@ -39,6 +42,9 @@ class Services:
         self.keys = ApiKeyStore(self.db)
         self.topics = TopicStore(self.db)
         self.counts = CountStore(self.db)
+        self.campaigns = CampaignStore(self.db)
+        self.campaign_rules = CampaignRules(self.campaigns)
+        self.operations = OperationStore(self.db)
         self.messages = MessageStore(self.db)
         self.timeline = TimelineStore(self.db)
         self.placer = PointerPlacer(self.timeline, config)

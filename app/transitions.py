@@ -7,6 +7,7 @@ that makes it current, so a crash between the two leaves at worst a stale pointe
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from app.errors import LeaseLost
 from app.models import MessageState, Pointer, Topic
@@ -32,16 +33,26 @@ def apply_transition(services: Services, topic: Topic, new: MessageState, moved:
         raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
 
 
-def count_moves(services: Services, topic: Topic, moves: list[tuple[str, str]],
+Move = tuple[str | None, str, str | None]  # (state before or None if new, after, campaign)
+
+
+def count_moves(services: Services, topic: Topic, moves: Sequence[Move],
                 wait: bool = True) -> None:
-    """Move the per-state counters by (before, after) pairs (wait=False: send only)."""
+    """Move the per-state counters of the topic and of each move's campaign by (before,
+    after, campaign) moves (wait=False: send only)."""
     deltas: dict[str, int] = {}
-    for before, after in moves:
-        if before != after:
-            deltas[before] = deltas.get(before, 0) - 1
-            deltas[after] = deltas.get(after, 0) + 1
+    per_campaign: dict[str, dict[str, int]] = {}
+    for before, after, campaign in moves:
+        if before == after:
+            continue
+        for target in [deltas] + ([per_campaign.setdefault(campaign, {})] if campaign else []):
+            if before is not None:
+                target[before] = target.get(before, 0) - 1
+            target[after] = target.get(after, 0) + 1
     if deltas:
         services.counts.add_states(topic.uid, deltas, wait)
+    if per_campaign:
+        services.campaigns.add_counts(topic.uid, per_campaign, wait)
 
 
 def replace_ahead(services: Services, topic: Topic, rows: list[MessageState],
@@ -58,5 +69,5 @@ def replace_ahead(services: Services, topic: Topic, rows: list[MessageState],
          for r in placed])
     done = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
     before = {r.id: r.state for r in rows}
-    count_moves(services, topic, [(before[r.id], "scheduled") for r in done])
+    count_moves(services, topic, [(before[r.id], "scheduled", r.campaign) for r in done])
     return done

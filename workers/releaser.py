@@ -12,6 +12,8 @@ Periodic jobs (APScheduler), each one idempotent step:
   their partition's write count) to now; from each owned shard's stored cursor, put what the
   look-ahead missed into the heap, then move the cursor forward. For pull topics the sweep
   only keeps cursors moving, so consumers' lease scans stay short.
+- operations (OPERATIONS_EVERY_MS): run pending campaign operations (workers/operations.py),
+  on a thread of their own so a long one never delays the other steps.
 A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
 PushDispatcher, which leases them and POSTs each at its due time (workers/push.py).
 """
@@ -29,11 +31,13 @@ from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from app.leasing import passed_over
 from app.models import Topic
 from app.services import Services
 from app.store.ownership import OwnershipStore
 from app.timeline import bucket_of, release_slot_of
 from app.transitions import replace_ahead
+from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.push import PushDispatcher
 from workers.timers import Timer, TimerHeap, earliest_by_shard
@@ -53,6 +57,7 @@ CATCH_UP_EVERY_MS = 5000  # stragglers are already late; their search costs a re
 # sweep cost a fifth of a core with a score of drained or idle topics.
 PULL_KEEP_EVERY_MS = 10_000
 PREPARE_EVERY_MS = 100
+OPERATIONS_EVERY_MS = 1000
 log = logging.getLogger("duetime.releaser")
 
 
@@ -72,6 +77,8 @@ class Releaser:
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.holds)
         self._stop = threading.Event()
+        self._stopping = threading.Event()  # set first: long steps end at their next check
+        self.operations = OperationRunner(services, self.member, self._stopping.is_set)
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher")
         self.scheduler = BackgroundScheduler(job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
@@ -84,7 +91,8 @@ class Releaser:
                 (self.refresh_topics, cfg.topic_refresh_ms),
                 (self.look_ahead, cfg.release_rescan_ms),
                 (self.sweep, cfg.release_sweep_ms),
-                (self.report, REPORT_EVERY_MS)]
+                (self.report, REPORT_EVERY_MS),
+                (self.run_operations, OPERATIONS_EVERY_MS)]
         for job, every_ms in jobs:
             self.scheduler.add_job(self._safely, "interval", args=[job],
                                    seconds=every_ms / 1000, id=job.__name__)
@@ -104,6 +112,9 @@ class Releaser:
         log.info("releaser %s slots=%d timers=%d waiting=%d %s", self.member,
                  len(self.ownership.owned()), len(self.timers), self.timers.waiting(),
                  " ".join(f"{k}={v}" for k, v in self.push.stats().items()))
+
+    def run_operations(self) -> None:
+        self.operations.tick()
 
     def refresh_topics(self) -> None:
         found = {t.uid: t for t in self.services.topics.all()}
@@ -187,6 +198,8 @@ class Releaser:
             self._behind[topic.uid] = (owned, seen)
         since = min(cursors.values()) - self.services.config.release_catchup_ms
         found = self.services.scanner.stragglers(topic, cursors, since, seen, now)
+        paused = passed_over(self.services, topic, found)  # resuming brings those back
+        found = [d for d in found if d.row.id not in paused]
         if found:
             moved = replace_ahead(self.services, topic, [d.row for d in found], now)
             self.services.scanner.spend(topic, [d.pointer for d in found])
@@ -221,6 +234,7 @@ class Releaser:
     def stop(self) -> None:
         """Graceful stop: no new work, finish in-flight POSTs, give the slots back at once."""
         log.info("releaser %s stopping", self.member)
+        self._stopping.set()
         self.scheduler.shutdown(wait=True)
         self._stop.set()
         self.timers.wake()

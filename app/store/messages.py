@@ -32,7 +32,7 @@ from app.timeparse import cql_ms, from_ms
 _COLUMNS = [
     "state", "version", "due_at", "deliver_at", "priority", "campaign", "shard", "attempts",
     "content_hash", "lease_token", "lease_expires_at", "consumer", "last_error", "created_at",
-    "updated_at",
+    "updated_at", "last_op",
 ]
 _TIMES = {"due_at", "deliver_at", "lease_expires_at", "created_at", "updated_at"}
 _SELECT = f"SELECT topic_uid, id, {', '.join(_COLUMNS)} FROM {{ks}}.message_states"
@@ -50,7 +50,7 @@ _CAS = (
 _DELIVER = (
     "UPDATE {ks}.message_states USING TTL ? SET state = 'delivered', version = ?, due_at = ?, "
     "updated_at = ? WHERE topic_uid = ? AND home = ? AND id = ? "
-    "IF version = ? AND lease_token = ? AND lease_expires_at = ?"
+    "IF version = ? AND lease_token = ? AND lease_expires_at = ? AND campaign = ?"
 )
 FRESH_WRITETIME_US = 1
 _INSERT_FRESH = (f"INSERT INTO {{ks}}.message_states {_VALUES} "
@@ -69,6 +69,7 @@ PLAIN_BATCH = 100
 PAYLOAD_BATCH_BYTES = 1 << 20  # well under a commit-log segment's mutation limit
 
 Home = tuple[uuid.UUID, int]
+Ack = tuple[str, uuid.UUID, int, int, str | None]  # id, token, version, expiry ms, campaign
 
 
 def _home(topic_uid: uuid.UUID, message_id: str) -> Home:
@@ -108,6 +109,7 @@ def _row_to_state(row: dict[str, Any]) -> MessageState:
         lease_token=values["lease_token"], lease_expires_at_ms=values["lease_expires_at"],
         consumer=values["consumer"], last_error=values["last_error"],
         created_at_ms=values["created_at"], updated_at_ms=values["updated_at"],
+        last_op=values["last_op"],
     )
 
 
@@ -124,6 +126,8 @@ def _column_values(m: MessageState) -> list[Any]:
         m.state, m.version, from_ms(m.due_at_ms), from_ms(m.deliver_at_ms), m.priority,
         m.campaign, m.shard, m.attempts, m.content_hash, m.lease_token, expires, m.consumer,
         m.last_error, from_ms(m.created_at_ms), from_ms(m.updated_at_ms),
+        # a transition carries last_op forward; unset, not null, keeps it without a tombstone
+        UNSET_VALUE if m.last_op is None else m.last_op,
     ]
 
 
@@ -285,13 +289,12 @@ class MessageStore:
         return outcomes
 
     def deliver_many(self, topic_uid: uuid.UUID,
-                     acks: Sequence[tuple[str, uuid.UUID, int, int]], now_ms: int,
-                     retention_days: int) -> list[bool]:
-        """Mark delivered each (id, lease token, leased version, lease expiry ms) whose row is
-        still at that version, with that token and that expiry, when the expiry is after
-        now_ms: one conditional batch per home, no read first. True where it applied; False
-        where it did not or the outcome could not be known (the caller decides those on a
-        fresh read)."""
+                     acks: Sequence[Ack], now_ms: int, retention_days: int) -> list[bool]:
+        """Mark delivered each (id, lease token, leased version, lease expiry ms, campaign)
+        whose row is still at that version, with that token, expiry and campaign, when the
+        expiry is after now_ms: one conditional batch per home, no read first. True where it
+        applied; False where it did not or the outcome could not be known (the caller decides
+        those on a fresh read)."""
         live = [n for n, a in enumerate(acks) if a[3] > now_ms]
         answers = [False] * len(acks)
         for n, ok in zip(live, self._deliver(topic_uid, [acks[n] for n in live], now_ms,
@@ -299,25 +302,26 @@ class MessageStore:
             answers[n] = ok
         return answers
 
-    def _deliver(self, topic_uid: uuid.UUID, acks: Sequence[tuple[str, uuid.UUID, int, int]],
-                 now_ms: int, retention_days: int) -> list[bool]:
+    def _deliver(self, topic_uid: uuid.UUID, acks: Sequence[Ack], now_ms: int,
+                 retention_days: int) -> list[bool]:
         entries = []
-        for i, token, v, expires_ms in acks:
+        for i, token, v, expires_ms, campaign in acks:
             # the lease wrote the row's other columns to live until its expiry plus the
             # retention window; these end up to 2 s sooner, never later (second rounding)
             ttl = max(1, ttl_s(expires_ms, now_ms, retention_days) - 2)
             entries.append((_home(topic_uid, i), i, (
                 ttl, v + 1, from_ms(now_ms), from_ms(now_ms), topic_uid, home_of(i), i, v,
-                token, from_ms(expires_ms))))
+                token, from_ms(expires_ms), campaign)))
 
         def holds(index: int, found: dict[str, Any] | None) -> bool:
-            _, token, v, expires_ms = acks[index]
+            _, token, v, expires_ms, campaign = acks[index]
             return (found is not None and found["version"] == v
                     and found["lease_token"] == token and found["lease_expires_at"] is not None
-                    and cql_ms(found["lease_expires_at"]) == expires_ms)
+                    and cql_ms(found["lease_expires_at"]) == expires_ms
+                    and found["campaign"] == campaign)
 
         answers = []
-        for (i, token, v, _), outcome in zip(acks, self._conditional(_DELIVER, entries, holds),
+        for (i, token, v, _, _), outcome in zip(acks, self._conditional(_DELIVER, entries, holds),
                                              strict=True):
             if isinstance(outcome, WriteTimeout):
                 try:
@@ -343,16 +347,15 @@ class MessageStore:
             return exc
         return found is not None and same_transition(found, intended)
 
-    def index_campaigns(self, topic_uid: uuid.UUID, members: Sequence[tuple[str, str]],
-                        ttl: int) -> None:
-        """Record (campaign, id) memberships (plain, idempotent inserts)."""
+    def index_campaigns(self, topic_uid: uuid.UUID, members: Sequence[tuple[str, str, int]]
+                        ) -> list[Exception | None]:
+        """Record (campaign, id, ttl_s) memberships (plain, idempotent inserts); per member
+        None where written, else the error."""
         outcomes = self.db.execute_many(
             "INSERT INTO {ks}.campaign_messages (topic_uid, campaign, spread, id) "
             "VALUES (?, ?, ?, ?) USING TTL ?",
-            [(topic_uid, c, campaign_spread(i), i, ttl) for c, i in members])
-        for ok, result in outcomes:
-            if not ok:
-                raise StoreUnavailable(f"Cassandra unavailable: {type(result).__name__}")
+            [(topic_uid, c, campaign_spread(i), i, ttl) for c, i, ttl in members])
+        return [None if ok else result for ok, result in outcomes]
 
     def put_payloads(self, rows: Sequence[tuple[uuid.UUID, str, str, Payload, int]]
                      ) -> list[Exception | None]:

@@ -91,10 +91,10 @@ def apply(db: CassandraSession, schema_dir: Path = SCHEMA_DIR) -> list[Migration
 
 
 def _qualify(statement: str, keyspace: str) -> str:
-    """Prefix the table of a CREATE/DROP TABLE/INDEX with the keyspace (files name no
+    """Prefix the table of a CREATE/DROP/ALTER TABLE/INDEX with the keyspace (files name no
     keyspace)."""
     return re.sub(
-        r"^((?:CREATE|DROP)\s+(?:TABLE|INDEX|TYPE|MATERIALIZED VIEW)\s+IF\s+(?:NOT\s+)?EXISTS\s+)"
-        r"(\w+)",
+        r"^((?:CREATE|DROP)\s+(?:TABLE|INDEX|TYPE|MATERIALIZED VIEW)\s+IF\s+(?:NOT\s+)?EXISTS\s+"
+        r"|ALTER\s+TABLE\s+)(\w+)",
         rf"\1{keyspace}.\2", statement, flags=re.IGNORECASE,
     )

@@ -1,0 +1,127 @@
+"""What a campaign operation does to each message: cancel, shift or resume.
+
+Each step is an LWT over the version read (rule 3); a row it changes carries last_op = the
+operation's id, and a row already carrying it is counted as changed and left alone. So an
+operation changes a message at most once however often a page is run again (a resumed run
+repeats the page after its last checkpoint; an enqueue that raced the operation covers its
+own messages), and nothing changes behind the counters' back.
+
+- cancel: a scheduled message, or one leased by a pull consumer (whose ack then answers 409),
+  becomes cancelled. One a releaser is POSTing (app.messages.being_pushed) cannot be stopped:
+  it is counted as delivering, and should that POST fail, the next take cancels it (the
+  campaign is marked cancelled before the operation starts).
+- shift: a scheduled message moves by shift_ms, never to before now (pointer first).
+- resume: a waiting message due by now moves to now, where every reader finds it again:
+  while its campaign was paused, passes left it behind their cursors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from app.errors import StoreUnavailable
+from app.messages import being_pushed
+from app.models import MessageState, Topic
+from app.services import Services
+from app.store.campaigns import Span
+from app.store.operations import Operation
+from app.timeline import placement_ms, ttl_s
+from app.transitions import count_moves, place_then
+
+ROUNDS = 5  # rows that changed under a step are read and decided again, this many times
+
+
+@dataclasses.dataclass
+class Progress:
+    """What one page came to: messages this operation changed (now or before), messages
+    found being delivered, and the deliver_at span of the page's messages after it."""
+
+    changed: int = 0
+    delivering: int = 0
+    span: Span | None = None
+
+    def cover(self, deliver_at_ms: int) -> None:
+        s = self.span
+        self.span = (deliver_at_ms, deliver_at_ms) if s is None else (
+            min(s[0], deliver_at_ms), max(s[1], deliver_at_ms))
+
+
+def _cancelled(op: Operation, row: MessageState, now: int) -> MessageState:
+    return dataclasses.replace(row, state="cancelled", version=row.version + 1, lease_token=None,
+                               lease_expires_at_ms=None, updated_at_ms=now, last_op=op.id)
+
+
+def _decide(op: Operation, row: MessageState, now: int, progress: Progress
+            ) -> MessageState | None:
+    """The row this operation makes of `row` (None: leave it), counting what it finds."""
+    if row.last_op == op.id:
+        progress.changed += 1
+        progress.cover(row.deliver_at_ms)
+        return None
+    if op.kind == "cancel":
+        if being_pushed(row, now):
+            progress.delivering += 1
+        elif row.state in ("scheduled", "leased"):
+            return _cancelled(op, row, now)
+        return None
+    if op.kind == "shift":
+        if row.state != "scheduled":
+            progress.cover(row.deliver_at_ms)
+            return None
+        deliver = max(row.deliver_at_ms + op.shift_ms, now)
+        return dataclasses.replace(row, version=row.version + 1, deliver_at_ms=deliver,
+                                   due_at_ms=placement_ms(deliver, now), updated_at_ms=now,
+                                   last_op=op.id)
+    waiting = row.state == "scheduled" or (
+        row.state == "leased" and (row.lease_expires_at_ms or 0) <= now)
+    if not waiting or row.due_at_ms > now:
+        return None
+    return dataclasses.replace(row, state="scheduled", version=row.version + 1, due_at_ms=now,
+                               lease_token=None, lease_expires_at_ms=None, updated_at_ms=now,
+                               last_op=op.id)
+
+
+def apply(services: Services, topic: Topic, op: Operation, ids: Sequence[str]) -> Progress:
+    """Apply op to the messages `ids` of its campaign (one page; missing ids are skipped: a
+    message whose row is not written yet is covered by its enqueue). Rows that changed under
+    a step are read and decided again; raises StoreUnavailable if some still could not be
+    settled, so the page is run again later."""
+    progress = Progress()
+    pending = list(ids)
+    for _ in range(ROUNDS):
+        rows = services.messages.get_many(topic.uid, pending)
+        now = services.clock()
+        changes = [(row, new) for row in rows.values()
+                   if row.campaign == op.campaign
+                   and (new := _decide(op, row, now, progress)) is not None]
+        pending = [row.id for row, new in _write(services, topic, changes, now, progress)]
+        if not pending:
+            return progress
+    raise StoreUnavailable(f"{len(pending)} messages of campaign {op.campaign!r} kept changing")
+
+
+def _write(services: Services, topic: Topic, changes: list[tuple[MessageState, MessageState]],
+           now: int, progress: Progress) -> list[tuple[MessageState, MessageState]]:
+    """Apply the changes (moved rows' pointers first); count what applied; return the
+    changes that lost to another transition."""
+    moving = [new for row, new in changes if new.due_at_ms != row.due_at_ms]
+    placed = {r.id for r in place_then(services, topic, moving, now)} if moving else set()
+    todo = [(row, new) for row, new in changes
+            if new.due_at_ms == row.due_at_ms or new.id in placed]
+    outcomes = services.messages.cas_many(
+        [(new, row.version, ttl_s(new.due_at_ms, now, services.config.retention_days))
+         for row, new in todo])
+    done = [(row, new) for (row, new), ok in zip(todo, outcomes, strict=True) if ok is True]
+    failed = [o for o in outcomes if isinstance(o, Exception)]
+    if failed or len(placed) < len(moving):
+        raise StoreUnavailable(f"Cassandra unavailable: {failed[0] if failed else 'pointers'}")
+    count_moves(services, topic, [(row.state, new.state, row.campaign) for row, new in done])
+    services.counts.add_upcoming(topic.uid, [row.due_at_ms for row, _ in done
+                                             if row.state == "scheduled"], sign=-1)
+    services.counts.add_upcoming(topic.uid, [new.due_at_ms for _, new in done
+                                             if new.state == "scheduled"])
+    for _, new in done:
+        progress.changed += 1
+        progress.cover(new.deliver_at_ms)
+    return [(row, new) for (row, new), ok in zip(todo, outcomes, strict=True) if ok is not True]

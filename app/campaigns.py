@@ -1,0 +1,217 @@
+"""Campaign use cases: view and list, pause / resume, and the cancel and shift operations.
+
+A campaign is every message of a topic carrying the same `campaign`. Its row (created with
+its first message) holds its controls and the operation running on it; its counters move
+with every transition; its bounds are the earliest and latest deliver_at of its messages.
+
+Operations run in the background (workers/operations.py). Messages enqueued while one runs are
+covered by it or refused, never half-handled: an enqueue refuses a campaign that its process
+knows is cancelled or being shifted, and after writing reads the campaign again (covered());
+an operation is marked on the campaign before it reads the campaign index, so either the
+enqueue sees the mark and applies the operation to its own messages, or its index entries
+were written before the operation began reading them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+from app import campaign_ops
+from app.campaign_rules import REFRESH_MS
+from app.errors import Conflict, DuetimeError, InvalidInput, NotFound
+from app.models import STATES, MessageState, Topic
+from app.services import Services
+from app.store.campaigns import Campaign, Span
+from app.store.operations import Operation
+from app.timeline import MS_PER_DAY
+
+RUNNING_KINDS = {"cancel": "being cancelled", "shift": "being shifted",
+                 "resume": "being resumed"}
+
+
+def get_campaign(services: Services, topic: Topic, name: str) -> Campaign:
+    """The campaign's row; 404 when no message of the topic ever carried it."""
+    found = services.campaigns.get(topic.uid, name)
+    if found is None:
+        raise NotFound(f"No campaign {name!r} on topic {topic.name!r}.")
+    return found
+
+
+def _view(services: Services, topic: Topic, c: Campaign, counts: dict[str, int]
+          ) -> dict[str, Any]:
+    first, last = services.campaigns.bounds(topic.uid, c.name, c.bounds_gen)
+    return {
+        "campaign": c.name, "counts": {s: max(0, counts.get(s, 0)) for s in STATES},
+        "first_deliver_at": first, "last_deliver_at": last, "paused": c.paused,
+        "max_per_second": c.max_per_second, "cancelled": c.cancelled,
+        "operation": c.op_id, "created_at": c.created_at_ms,
+    }
+
+
+def campaign_view(services: Services, topic: Topic, name: str) -> dict[str, Any]:
+    """Counts by state, bounds and controls: a few single-partition reads, whatever the
+    campaign's size."""
+    c = get_campaign(services, topic, name)
+    return _view(services, topic, c, services.campaigns.counts(topic.uid, [name])[name])
+
+
+def list_views(services: Services, topic: Topic) -> list[dict[str, Any]]:
+    campaigns = services.campaigns.all(topic.uid)
+    counts = services.campaigns.counts(topic.uid, [c.name for c in campaigns])
+    return [_view(services, topic, c, counts[c.name]) for c in campaigns]
+
+
+def _busy(c: Campaign) -> Conflict:
+    return Conflict(f"Campaign {c.name!r} is {RUNNING_KINDS.get(c.op_kind or '', 'busy')} "
+                    f"(operation {c.op_id}); retry once it has finished.")
+
+
+def start_operation(services: Services, topic: Topic, c: Campaign, kind: str,
+                    shift_ms: int = 0) -> Operation:
+    """Record the operation, mark it on the campaign (at most one runs; an enqueue that
+    sees the mark finds the operation recorded), then list it for the runners. It reads the
+    campaign index only after every process has seen the mark."""
+    now = services.clock()
+    op = Operation(
+        topic_uid=topic.uid, id=uuid.uuid1(), tenant=topic.tenant, topic=topic.name, kind=kind,
+        campaign=c.name, shift_ms=shift_ms,
+        new_gen=c.bounds_gen + 1 if kind == "shift" else None,
+        not_before=now + REFRESH_MS + services.config.safety_lag_ms, started_at=now)
+    services.operations.record(op)
+    other = services.campaigns.begin_op(topic.uid, c.name, op.id, kind, now)
+    if other is not None:
+        services.operations.finish(op, "failed", "another operation was running", now)
+        raise _busy(other)
+    services.operations.enlist(op)
+    services.campaign_rules.forget(topic.uid)
+    return op
+
+
+def cancel_campaign(services: Services, topic: Topic, name: str) -> Operation:
+    """Start cancelling every not-yet-delivered message of the campaign. The campaign stays
+    cancelled: later enqueues into it are refused (409). Asking again while the cancel runs
+    answers the same operation."""
+    c = get_campaign(services, topic, name)
+    if c.op_id is not None and c.op_kind == "cancel":
+        running = services.operations.get(topic.uid, c.op_id)
+        if running is not None:
+            return running
+    if c.op_id is not None:
+        raise _busy(c)
+    return start_operation(services, topic, c, "cancel")
+
+
+def shift_campaign(services: Services, topic: Topic, name: str, shift_ms: int) -> Operation:
+    """Start moving every scheduled message of the campaign by shift_ms (never to before
+    now). 400 when its latest message would pass the horizon."""
+    c = get_campaign(services, topic, name)
+    if c.cancelled:
+        raise Conflict(f"Campaign {name!r} is cancelled.")
+    if c.op_id is not None:
+        raise _busy(c)
+    _, last = services.campaigns.bounds(topic.uid, name, c.bounds_gen)
+    horizon = services.clock() + services.config.horizon_days * MS_PER_DAY
+    if last is not None and last + shift_ms > horizon:
+        raise InvalidInput("The shift would move messages beyond the horizon.", {"shift_ms": [
+            f"The campaign's last message would pass {services.config.horizon_days} days "
+            "ahead."]})
+    return start_operation(services, topic, c, "shift", shift_ms)
+
+
+def set_controls(services: Services, topic: Topic, name: str,
+                 changes: dict[str, Any]) -> dict[str, Any]:
+    """Pause or resume, and set or clear max_per_second. Resuming starts an operation that
+    brings the messages that came due while paused back to now (409 while another operation
+    runs)."""
+    c = get_campaign(services, topic, name)
+    paused = changes.get("paused", c.paused)
+    rate = changes.get("max_per_second", c.max_per_second)
+    resuming = c.paused and not paused
+    if resuming and c.op_id is not None:
+        raise _busy(c)
+    if not services.campaigns.set_controls(topic.uid, c, paused, rate, services.clock()):
+        raise Conflict(f"Campaign {name!r} changed concurrently; retry.")
+    services.campaign_rules.forget(topic.uid)
+    if resuming:
+        start_operation(services, topic, dataclasses.replace(c, paused=False), "resume")
+    return campaign_view(services, topic, name)
+
+
+def get_operation(services: Services, topic: Topic, op_id: str) -> Operation:
+    try:
+        key = uuid.UUID(op_id)
+    except ValueError as exc:
+        raise NotFound(f"No operation {op_id!r}.") from exc
+    op = services.operations.get(topic.uid, key)
+    if op is None:
+        raise NotFound(f"No operation {op_id!r}.")
+    return op
+
+
+def refusal(services: Services, topic: Topic, campaign: str | None) -> DuetimeError | None:
+    """Why this process refuses a new message of `campaign`, as far as it knows (at most
+    campaign_rules' refresh old): the campaign is cancelled, or being shifted."""
+    if campaign is None:
+        return None
+    c = services.campaign_rules.of(topic.uid).get(campaign)
+    if c is None:
+        return None
+    if c.cancelled:
+        return Conflict(f"Campaign {campaign!r} is cancelled.")
+    if c.op_kind == "shift":
+        return _busy(c)
+    return None
+
+
+def covered(services: Services, topic: Topic, rows: list[MessageState]
+            ) -> dict[str, MessageState | DuetimeError]:
+    """After new messages were written (index entries included): read each of their
+    campaigns afresh (creating a new one's row) and cover the messages by an operation
+    that started meanwhile: a cancel cancels them (their answer becomes 409), a shift moves
+    them. Then the campaigns' bounds cover them. Returns the rows (as they are now) or the
+    errors, by id."""
+    by_campaign: dict[str, list[MessageState]] = {}
+    for r in rows:
+        if r.campaign:
+            by_campaign.setdefault(r.campaign, []).append(r)
+    outcome: dict[str, MessageState | DuetimeError] = {}
+    spans: dict[tuple[str, int], Span] = {}
+    for name, members in by_campaign.items():
+        c = services.campaigns.get(topic.uid, name) or services.campaigns.create(
+            topic.uid, name, services.clock())
+        now_rows = _cover(services, topic, c, members)
+        for r in now_rows:
+            outcome[r.id] = (Conflict(f"Campaign {name!r} is cancelled.")
+                             if r.state == "cancelled" else r)
+        span = (min(r.deliver_at_ms for r in now_rows), max(r.deliver_at_ms for r in now_rows))
+        for gen in _generations(c):
+            spans[(name, gen)] = span
+    if spans:
+        services.campaigns.widen(topic.uid, spans)
+    return outcome
+
+
+def _cover(services: Services, topic: Topic, c: Campaign,
+           members: list[MessageState]) -> list[MessageState]:
+    """Apply the campaign's running cancel or shift to freshly written members (a cancelled
+    campaign's cancel may have finished: they are cancelled all the same)."""
+    op: Operation | None = None
+    if c.op_id is not None and c.op_kind in ("cancel", "shift"):
+        op = services.operations.get(topic.uid, c.op_id)  # recorded before it was marked
+    elif not c.cancelled:
+        return members
+    if op is None:
+        op = Operation(topic.uid, uuid.uuid1(), topic.tenant, topic.name, "cancel", c.name)
+    campaign_ops.apply(services, topic, op, [m.id for m in members])
+    found = services.messages.get_many(topic.uid, [m.id for m in members])
+    return [found.get(m.id, m) for m in members]
+
+
+def _generations(c: Campaign) -> list[int]:
+    """The bounds generations a new message widens: the current one, and the one a running
+    shift is filling."""
+    if c.op_kind == "shift" and c.op_id is not None:
+        return [c.bounds_gen, c.bounds_gen + 1]
+    return [c.bounds_gen]

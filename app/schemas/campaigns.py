@@ -1,0 +1,89 @@
+"""Campaign and operation schemas (API.md, Campaigns)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+
+from app.schemas.fields import Instant
+from app.schemas.topics import CountsSchema
+
+MAX_SHIFT_MS = 365 * 86_400_000
+
+
+class CampaignSchema(Schema):
+    campaign = fields.String(required=True)
+    counts = fields.Nested(CountsSchema, required=True, metadata={
+        "description": "Messages per state, kept by every transition (counters: no scan)."})
+    first_deliver_at = Instant(allow_none=True, required=True, metadata={
+        "description": "Earliest deliver_at of its messages (after shifts)."})
+    last_deliver_at = Instant(allow_none=True, required=True, metadata={
+        "description": "Latest deliver_at of its messages (after shifts)."})
+    paused = fields.Boolean(required=True)
+    max_per_second = fields.Float(allow_none=True, required=True)
+    cancelled = fields.Boolean(required=True, metadata={
+        "description": "Cancelled by DELETE: its messages are never delivered, and new "
+                       "messages of it are refused (409)."})
+    operation = fields.UUID(allow_none=True, required=True, metadata={
+        "description": "The operation running on it (cancel, shift or resume), if any."})
+    created_at = Instant(required=True)
+
+
+class CampaignListSchema(Schema):
+    campaigns = fields.List(fields.Nested(CampaignSchema), required=True)
+
+
+class CampaignPatchSchema(Schema):
+    """Either shift_ms (202, an operation), or paused and/or max_per_second (200)."""
+
+    shift_ms = fields.Integer(validate=[
+        validate.Range(-MAX_SHIFT_MS, MAX_SHIFT_MS),
+        validate.NoneOf([0], error="Must not be 0.")], metadata={
+        "description": "Move every scheduled message by this many ms (negative: earlier), "
+                       "never to before now. 400 if the campaign's last message would pass "
+                       "the horizon."})
+    paused = fields.Boolean(metadata={
+        "description": "true: its due messages are handed out neither to pull consumers nor "
+                       "to webhooks (within 1 s on every process; a webhook message already "
+                       "prepared, up to the prepare lead before its time, still goes). false: "
+                       "resume; what came due meanwhile goes out from then, earliest "
+                       "deliver_at first."})
+    max_per_second = fields.Float(allow_none=True, validate=validate.Range(
+        min=0, min_inclusive=False, max=1_000_000), metadata={
+        "description": "Delivery pace of the campaign (> 0), or null for none."})
+
+    @validates_schema
+    def _one_kind(self, data: dict[str, Any], **kwargs: Any) -> None:
+        controls = [f for f in ("paused", "max_per_second") if f in data]
+        if "shift_ms" in data and controls:
+            raise ValidationError("shift_ms goes alone, not with paused or max_per_second.",
+                                  "shift_ms")
+        if "shift_ms" not in data and not controls:
+            raise ValidationError("Give shift_ms, or paused and/or max_per_second.",
+                                  "shift_ms")
+
+
+class OperationSchema(Schema):
+    id = fields.UUID(required=True)
+    kind = fields.String(required=True, validate=validate.OneOf(["cancel", "shift", "resume"]),
+                         metadata={"description": "resume: started by un-pausing."})
+    campaign = fields.String(required=True)
+    state = fields.String(required=True,
+                          validate=validate.OneOf(["running", "succeeded", "failed"]))
+    processed = fields.Integer(required=True, metadata={
+        "description": "Messages of the campaign looked at so far."})
+    changed = fields.Integer(required=True, metadata={
+        "description": "Messages this operation cancelled or moved."})
+    delivering = fields.Integer(required=True, metadata={
+        "description": "Cancel: messages found being POSTed to the webhook, which a cancel "
+                       "can no longer stop (counted as they end: delivered, or cancelled if "
+                       "the POST fails)."})
+    shift_ms = fields.Integer(required=True)
+    started_at = Instant(required=True)
+    finished_at = Instant(allow_none=True)
+    error = fields.String(allow_none=True)
+
+
+class OperationAcceptedSchema(Schema):
+    operation = fields.Nested(OperationSchema, required=True)

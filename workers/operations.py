@@ -1,0 +1,115 @@
+"""Runs campaign operations (cancel, shift, resume) in the background, resumably.
+
+A runner claims an unfinished operation whose lease has passed (LWT), then walks the
+campaign index partition by partition in id order, PAGE ids at a time: it applies the
+operation to the page (app.campaign_ops.apply), then checkpoints the position and the counts
+with an LWT that renews its lease. Memory is one page, whatever the campaign's size. If the
+runner dies, another claims the operation once the lease has passed and starts after the last
+checkpoint; the page it repeats is changed at most once per message (last_op), and its counts
+are those of the checkpoint plus the page's. A runner whose checkpoint fails has lost the
+operation and stops at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from app import campaign_ops
+from app.errors import DuetimeError
+from app.models import Topic
+from app.services import Services
+from app.store.operations import Operation
+from app.timeline import CAMPAIGN_SPREAD
+
+PAGE = 500
+LEASE_MS = 10_000
+log = logging.getLogger("duetime.operations")
+
+
+class LostOperation(Exception):
+    """Another runner took the operation over (this one's lease had passed)."""
+
+
+class OperationRunner:
+    """Runs pending operations one at a time. tick() runs every pending operation it can
+    claim to its end (a releaser calls it on a thread of its own)."""
+
+    def __init__(self, services: Services, member: str,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.services = services
+        self.member = member
+        self.stopping = stopping
+        self._lock = threading.Lock()
+
+    def tick(self) -> int:
+        """Claim and run what is pending; returns how many operations it finished."""
+        if not self._lock.acquire(blocking=False):
+            return 0  # the previous tick is still running one
+        try:
+            finished = 0
+            for topic_uid, op_id in self.services.operations.pending():
+                if self.stopping():
+                    break
+                op = self.services.operations.get(topic_uid, op_id)
+                if op is None or op.state != "running":
+                    self.services.operations.unlist(op_id)
+                elif op.lease_until < self.services.clock():
+                    finished += self._claim_and_run(op)
+            return finished
+        finally:
+            self._lock.release()
+
+    def _claim_and_run(self, op: Operation) -> int:
+        now = self.services.clock()
+        if not self.services.operations.claim(op, self.member, now + LEASE_MS, now):
+            return 0
+        op = dataclasses.replace(op, owner=self.member)
+        topic = self.services.topics.get(op.tenant, op.topic)
+        if topic is None or topic.uid != op.topic_uid:
+            return int(self.services.operations.finish(op, "failed", "the topic was deleted",
+                                                       now))
+        try:
+            return int(self.run(topic, op))
+        except LostOperation:
+            log.warning("operation %s was taken over by another runner", op.id)
+        except DuetimeError as exc:  # Cassandra unavailable: the next tick resumes it
+            log.warning("operation %s paused: %s", op.id, exc.detail)
+        return 0
+
+    def run(self, topic: Topic, op: Operation) -> bool:
+        """Run a claimed operation from its checkpoint to its end (False: stopped early)."""
+        wait_ms = op.not_before - self.services.clock()
+        if wait_ms > 0:  # every process has seen the campaign's mark by then
+            time.sleep(wait_ms / 1000)
+        while op.spread < CAMPAIGN_SPREAD:
+            if self.stopping():
+                return False
+            op = self._page(topic, op)
+        now = self.services.clock()
+        self.services.campaigns.end_op(topic.uid, op.campaign, op.id, op.new_gen, now)
+        self.services.campaign_rules.forget(topic.uid)
+        finished = self.services.operations.finish(op, "succeeded", None, now)
+        log.info("operation %s (%s of campaign %s) finished: %d processed, %d changed", op.id,
+                 op.kind, op.campaign, op.processed, op.changed)
+        return finished
+
+    def _page(self, topic: Topic, op: Operation) -> Operation:
+        """One page of the index applied and checkpointed; the operation as it is after it."""
+        ids = self.services.campaigns.members(topic.uid, op.campaign, op.spread, op.after_id,
+                                              PAGE)
+        if ids:
+            done = campaign_ops.apply(self.services, topic, op, ids)
+            if op.new_gen is not None and done.span is not None:
+                self.services.campaigns.widen(topic.uid, {(op.campaign, op.new_gen): done.span})
+            op = dataclasses.replace(
+                op, processed=op.processed + len(ids), changed=op.changed + done.changed,
+                delivering=op.delivering + done.delivering, after_id=ids[-1])
+        if len(ids) < PAGE:
+            op = dataclasses.replace(op, spread=op.spread + 1, after_id="")
+        if not self.services.operations.checkpoint(op, self.services.clock() + LEASE_MS):
+            raise LostOperation(str(op.id))
+        return op
