@@ -127,12 +127,15 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     alike. Rows not due by now + ahead_ms (this server's clock) are never taken, whatever
     pointer led to them; a lease runs its lease_s from the later of now and the row's due
     time (a releaser prepares a push up to ahead_ms before it and POSTs at the due time,
-    never earlier). A paused campaign's messages are not taken; a cancelled campaign's are
-    cancelled instead (app.campaign_rules)."""
+    never earlier). The campaign's controls apply (app.campaign_rules): a paused campaign's
+    messages are not taken, a cancelled campaign's are cancelled instead, and a paced
+    campaign's are taken in the order and at the rate of their delivery slots (_pace)."""
     terms = [(d, hold) for d, hold in zip(chunk, holds, strict=True)
              if d.row.due_at_ms <= now + ahead_ms]
     rules = _rules(services, topic, [d for d, _ in terms])
-    leasing, ending = [], []
+    going: list[tuple[Due, Hold]] = []
+    ending: list[MessageState] = []
+    pacing: dict[str, list[tuple[Due, Hold]]] = {}
     for d, hold in terms:
         c = rules.get(d.row.campaign or "")
         if c is not None and c.cancelled:
@@ -143,22 +146,70 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
             continue  # passed over; resuming brings it back (app.campaign_ops)
         elif d.row.attempts >= topic.settings.max_attempts:
             ending.append(dead(d.row, now, "max_attempts reached"))
+        elif c is not None and c.max_per_second and not d.row.paced:
+            pacing.setdefault(c.name, []).append((d, hold))
         else:
-            expires = max(now, d.row.due_at_ms) + hold.lease_s * 1000
-            leasing.append(dataclasses.replace(
-                d.row, state="leased", version=d.row.version + 1, due_at_ms=expires,
-                lease_token=uuid.uuid4(), lease_expires_at_ms=expires,
-                attempts=d.row.attempts + 1, consumer=hold.consumer, updated_at_ms=now))
-    placed = place_then(services, topic, leasing, now)
+            going.append((d, hold))
+    now_due, moving = _pace(services, topic, pacing, rules, now)
+    leasing = [_leased(d.row, hold, now) for d, hold in going + now_due]
+    placed = place_then(services, topic, leasing + moving, now)
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + ending]
     outcomes = services.messages.cas_many(changes)
     services.scanner.spend(topic, [d.pointer for d, _ in terms])
     won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
-    before = {d.row.id: d.row.state for d in chunk}
-    count_moves(services, topic, [(before[r.id], r.state, r.campaign) for r in won],
+    rows = {d.row.id: d.row for d in chunk}
+    count_moves(services, topic, [(rows[r.id].state, r.state, r.campaign) for r in won],
                 wait_counts)
+    _count_slots(services, topic, [(rows[r.id], r) for r in won
+                                   if r.paced and r.state == "scheduled"])
     return [r for r in won if r.state == "leased"]
+
+
+def _leased(row: MessageState, hold: Hold, now: int) -> MessageState:
+    expires = max(now, row.due_at_ms) + hold.lease_s * 1000
+    return dataclasses.replace(
+        row, state="leased", version=row.version + 1, due_at_ms=expires,
+        lease_token=uuid.uuid4(), lease_expires_at_ms=expires, attempts=row.attempts + 1,
+        consumer=hold.consumer, updated_at_ms=now, paced=False)
+
+
+def _pace(services: Services, topic: Topic, pacing: dict[str, list[tuple[Due, Hold]]],
+          rules: dict[str, Campaign], now: int
+          ) -> tuple[list[tuple[Due, Hold]], list[MessageState]]:
+    """Per paced campaign, reserve one delivery slot for each of these messages, in due
+    order, from the slots all processes share (CampaignStore.reserve_slots). A message whose
+    slot has come is taken now; the others move to their slot (pointer first), where they
+    are taken as they come due, without being paced again. Returns (taken now, moved)."""
+    now_due: list[tuple[Due, Hold]] = []
+    moving: list[MessageState] = []
+    for name, items in pacing.items():
+        rate = rules[name].max_per_second or 1.0
+        items.sort(key=lambda item: (item[0].row.deliver_at_ms, item[0].row.id))
+        # a releaser takes a push up to its lead before the due time: no slot may come
+        # before the message's own due time (never early)
+        earliest = max(now, min(d.row.due_at_ms for d, _ in items))
+        first_us = services.campaigns.reserve_slots(topic.uid, name, len(items), rate,
+                                                    earliest)
+        for index, (d, hold) in enumerate(items):
+            slot_ms = max((first_us + round(index * 1_000_000 / rate)) // 1000,
+                          d.row.due_at_ms)
+            if slot_ms <= now:
+                now_due.append((d, hold))
+                continue
+            moving.append(dataclasses.replace(
+                d.row, state="scheduled", version=d.row.version + 1, due_at_ms=slot_ms,
+                lease_token=None, lease_expires_at_ms=None, updated_at_ms=now, paced=True))
+    return now_due, moving
+
+
+def _count_slots(services: Services, topic: Topic,
+                 moved: list[tuple[MessageState, MessageState]]) -> None:
+    """The upcoming-load counters of messages moved to their delivery slots."""
+    if moved:
+        services.counts.add_upcoming(topic.uid, [old.due_at_ms for old, _ in moved
+                                                 if old.state == "scheduled"], sign=-1)
+        services.counts.add_upcoming(topic.uid, [new.due_at_ms for _, new in moved])
 
 
 def _rules(services: Services, topic: Topic, due: Sequence[Due]) -> dict[str, Campaign]:

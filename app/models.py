@@ -60,6 +60,7 @@ class MessageState:
     created_at_ms: int
     updated_at_ms: int
     last_op: uuid.UUID | None = None  # the campaign operation that last changed it
+    paced: bool = False  # moved to its delivery slot by its campaign's pacing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,7 @@ _FIRST = ("UPDATE {ks}.campaign_bounds USING TIMESTAMP ? SET first_deliver_at = 
 _LAST = ("UPDATE {ks}.campaign_bounds USING TIMESTAMP ? SET last_deliver_at = ? "
          "WHERE topic_uid = ? AND campaign = ? AND gen = ?")
 
+RESERVE_TRIES = 20  # LWT rounds a slot reservation may lose to other processes
 Span = tuple[int, int]  # (earliest, latest) deliver_at, epoch ms
 
 
@@ -161,6 +162,29 @@ class CampaignStore:
             "SELECT id FROM {ks}.campaign_messages WHERE topic_uid = ? AND campaign = ? "
             "AND spread = ? AND id > ? LIMIT ?", (topic_uid, name, spread, after_id, limit))
         return [r["id"] for r in rows]
+
+    def reserve_slots(self, topic_uid: uuid.UUID, name: str, count: int, rate: float,
+                      now_ms: int) -> int:
+        """Reserve `count` consecutive delivery slots of a campaign paced at `rate` messages
+        per second, the first at the later of now and its next free slot; returns the first
+        slot's time in epoch microseconds (slot i is at first + i * 1e6 / rate). Slots are
+        never handed out twice: each reservation is an LWT over the value read."""
+        known: int | None = None
+        for _ in range(RESERVE_TRIES):
+            start = max(known or 0, now_ms * 1000)
+            end = start + round(count * 1_000_000 / rate)
+            if known is None:
+                rows = self.db.execute(
+                    "INSERT INTO {ks}.campaign_pace (topic_uid, campaign, next_us) "
+                    "VALUES (?, ?, ?) IF NOT EXISTS", (topic_uid, name, end))
+            else:
+                rows = self.db.execute(
+                    "UPDATE {ks}.campaign_pace SET next_us = ? WHERE topic_uid = ? AND "
+                    "campaign = ? IF next_us = ?", (end, topic_uid, name, known))
+            if rows[0]["[applied]"]:
+                return start
+            known = rows[0]["next_us"]
+        raise StoreUnavailable(f"Pacing slots of campaign {name!r} are contended; retry.")
 
     def add_counts(self, topic_uid: uuid.UUID, deltas: Mapping[str, Mapping[str, int]],
                    wait: bool = True) -> None:

@@ -32,7 +32,7 @@ from app.timeparse import cql_ms, from_ms
 _COLUMNS = [
     "state", "version", "due_at", "deliver_at", "priority", "campaign", "shard", "attempts",
     "content_hash", "lease_token", "lease_expires_at", "consumer", "last_error", "created_at",
-    "updated_at", "last_op",
+    "updated_at", "last_op", "paced",
 ]
 _TIMES = {"due_at", "deliver_at", "lease_expires_at", "created_at", "updated_at"}
 _SELECT = f"SELECT topic_uid, id, {', '.join(_COLUMNS)} FROM {{ks}}.message_states"
@@ -109,7 +109,7 @@ def _row_to_state(row: dict[str, Any]) -> MessageState:
         lease_token=values["lease_token"], lease_expires_at_ms=values["lease_expires_at"],
         consumer=values["consumer"], last_error=values["last_error"],
         created_at_ms=values["created_at"], updated_at_ms=values["updated_at"],
-        last_op=values["last_op"],
+        last_op=values["last_op"], paced=bool(values["paced"]),
     )
 
 
@@ -127,7 +127,7 @@ def _column_values(m: MessageState) -> list[Any]:
         m.campaign, m.shard, m.attempts, m.content_hash, m.lease_token, expires, m.consumer,
         m.last_error, from_ms(m.created_at_ms), from_ms(m.updated_at_ms),
         # a transition carries last_op forward; unset, not null, keeps it without a tombstone
-        UNSET_VALUE if m.last_op is None else m.last_op,
+        UNSET_VALUE if m.last_op is None else m.last_op, m.paced,
     ]
 
 

@@ -1,0 +1,112 @@
+"""Pacing (max_per_second) on the real node: pull consumers of two API processes and a
+webhook releaser hold a campaign to its rate, in due order, never early; the campaign's
+counts follow."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+from flask import Flask
+from flask.testing import FlaskClient
+
+from app import create_app
+from app.config import Config
+from tests.campaign_helpers import campaign
+from tests.consumers import TopicClient, now_ms
+from tests.receiver import Receiver, receiving
+from tests.test_releaser import assert_on_time_and_signed, releaser, webhook_topic
+
+RATE = 30.0
+PASS_SLACK_S = 0.15  # the longest a pass or a POST batch may trail its slots here
+
+
+def _rate_of(times_ms: list[int]) -> float:
+    """Messages per second over the span of the deliveries (first to last)."""
+    times = sorted(times_ms)
+    return (len(times) - 1) * 1000 / (times[-1] - times[0])
+
+
+def _ahead_of_schedule(times_ms: list[int], rate: float) -> float:
+    """How many deliveries the busiest moment had beyond the schedule of the rate (one at
+    the first delivery, then one every 1/rate s): slots are 1/rate apart and none is handed
+    out before its time, so only what one pass takes at once (slots come due meanwhile,
+    PASS_SLACK_S) may stand above it, never a growing excess."""
+    times = sorted(times_ms)
+    return max(k - rate * (t - times[0]) / 1000 for k, t in enumerate(times))
+
+
+def _pace(topic: TopicClient, name: str, rate: float | None) -> dict[str, Any]:
+    answer = topic.client.patch(topic.url(f"/campaigns/{name}"), headers=topic.headers,
+                                json={"max_per_second": rate})
+    assert answer.status_code == 200, answer.get_json()
+    body: dict[str, Any] = answer.get_json()
+    return body
+
+
+def test_pull_consumers_of_two_processes_share_one_rate(
+        app: Flask, config: Config, auth: dict[str, str]) -> None:
+    other_app = create_app(config)  # a second API process: its own campaign view and passes
+    topic = TopicClient(app.test_client(), auth)
+    start = now_ms() + 2000
+    ids = [r["id"] for r in topic.batch(
+        [{"campaign": "paced", "deliver_at": start + i} for i in range(150)])]
+    topic.batch([{"campaign": "unpaced", "deliver_at": start} for _ in range(100)])
+    assert _pace(topic, "paced", RATE)["max_per_second"] == RATE
+    received: dict[str, dict[str, Any]] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def consume(client: FlaskClient) -> None:
+        mine = TopicClient(client, auth, name=topic.name)
+        while not stop.is_set():
+            for m in mine.lease(20, wait_ms=100):  # checks: never before deliver_at
+                assert mine.ack(m) == 204
+                with lock:
+                    received[m["id"]] = m
+
+    consumers = [threading.Thread(target=consume, args=(a.test_client(),))
+                 for a in (app, app, other_app, other_app)]
+    for c in consumers:
+        c.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(received) < 250 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for c in consumers:
+            c.join()
+        other_app.extensions["duetime"].close()
+    assert len(received) == 250
+    paced = [received[i]["received_at"] for i in ids]
+    assert abs(_rate_of(paced) - RATE) <= RATE * 0.1, _rate_of(paced)
+    assert _ahead_of_schedule(paced, RATE) <= 1 + RATE * PASS_SLACK_S
+    unpaced = [m["received_at"] for i, m in received.items() if i not in set(ids)]
+    assert max(unpaced) - start < 2000  # pacing one campaign holds back no other
+    # in due order: slots go in deliver_at order, so a message comes after one due later
+    # than it only within what one pass hands out at once (a lease of 20)
+    position = {i: n for n, i in enumerate(ids)}
+    handed = sorted(ids, key=lambda i: received[i]["received_at"])
+    assert all(position[a] <= position[b] + 20 for a, b in itertools.pairwise(handed))
+    assert campaign(topic, "paced")["counts"]["delivered"] == 150
+
+
+def test_a_paced_webhook_campaign_is_posted_at_its_rate(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    with receiving(Receiver()) as target, releaser(config, "r-paced"):
+        topic, secret = webhook_topic(client, auth, target.url)
+        start = now_ms() + 2500
+        topic.batch([{"campaign": "drip", "deliver_at": start} for _ in range(60)])
+        _pace(topic, "drip", 20.0)
+        deadline = time.monotonic() + 30
+        while len(target.arrivals) < 60 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert len(target.arrivals) == 60
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
+    times = [a.received_ms for a in target.arrivals]
+    assert abs(_rate_of(times) - 20.0) <= 2.0, _rate_of(times)
+    assert _ahead_of_schedule(times, 20.0) <= 1 + 20.0 * PASS_SLACK_S
+    assert campaign(topic, "drip")["counts"]["delivered"] == 60
