@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Flask, g, request
 from flask_smorest import Api
 
-from app.api import campaigns, health, leases, messages, problems, topics
+from app.api import problems
 from app.auth import Authenticator
 from app.config import Config, load_config
 from app.services import Clock, Services, system_clock_ms
@@ -51,15 +51,14 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     _smorest_settings(app, config)
     services = Services(config, clock)
     app.extensions["duetime"] = services
-    api = Api(app)
-    api.register_blueprint(health.blp)
-    api.register_blueprint(topics.blp)
-    api.register_blueprint(messages.blp)
-    api.register_blueprint(leases.blp)
-    api.register_blueprint(campaigns.blp)
-    from app.api import openapi_file
+    smorest = Api(app)
+    # imported here, not at module level: names bound there are attributes of the package
+    # and would shadow the use-case modules app.topics, app.messages and app.campaigns
+    from app.api import campaigns, health, leases, messages, openapi_file, topics
 
-    openapi_file.register(app, api)
+    for module in (health, topics, messages, leases, campaigns):
+        smorest.register_blueprint(module.blp)
+    openapi_file.register(app, smorest)
     problems.register(app)
     _authenticate(app, Authenticator(services.keys))
     return app

@@ -215,3 +215,37 @@ def _generations(c: Campaign) -> list[int]:
     if c.op_kind == "shift" and c.op_id is not None:
         return [c.bounds_gen, c.bounds_gen + 1]
     return [c.bounds_gen]
+
+
+def refuse_import(services: Services, topic: Topic, names: list[str]) -> None:
+    """Before a bulk import writes anything: 409 if one of its campaigns is cancelled or
+    being cancelled or shifted (an import has no check after writing, as an enqueue has)."""
+    for name in names:
+        c = services.campaigns.get(topic.uid, name)
+        if c is not None and (c.cancelled or c.op_kind in ("cancel", "shift")):
+            raise Conflict(f"Campaign {name!r} is "
+                           f"{'cancelled' if c.cancelled else RUNNING_KINDS[c.op_kind or '']}"
+                           "; nothing was imported.")
+
+
+def record_import(services: Services, topic: Topic,
+                  added: dict[str, tuple[int, int, int]]) -> list[str]:
+    """After a bulk import: each campaign's row, bounds and counters for the messages it
+    added ({campaign: (count, earliest deliver_at, latest deliver_at)}). Returns warnings
+    for campaigns an operation started on while the import ran (their new messages are not
+    covered by it; a cancelled campaign's are cancelled when they come due)."""
+    warnings = []
+    spans: dict[tuple[str, int], Span] = {}
+    for name, (_, first, last) in added.items():
+        c = services.campaigns.get(topic.uid, name) or services.campaigns.create(
+            topic.uid, name, services.clock())
+        if c.op_kind in ("cancel", "shift"):
+            warnings.append(f"campaign {name!r} began an operation ({c.op_kind}) during the "
+                            "import")
+        for gen in _generations(c):
+            spans[(name, gen)] = (first, last)
+    if spans:
+        services.campaigns.widen(topic.uid, spans)
+    services.campaigns.add_counts(topic.uid, {name: {"scheduled": count}
+                                              for name, (count, _, _) in added.items()})
+    return warnings

@@ -59,6 +59,39 @@ def lag_chart(path: Path, rows: list[dict[str, Any]]) -> str:
     return _save(fig, path)
 
 
+FUNNEL_PANELS = 4  # the largest campaigns get a panel each
+FUNNEL_LINES = {"entered": "#3b73b9", "delivered": "#2e8b57", "dead": "#b22222",
+                "cancelled": "#999999"}
+
+
+def funnel_chart(path: Path, rows: list[dict[str, Any]], slot_ms: int) -> str | None:
+    """Per campaign (the largest FUNNEL_PANELS), cumulative messages entered and ended
+    delivered, dead or cancelled over time: the gap between the first line and the others
+    is what is still scheduled or leased."""
+    per_campaign: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        per_campaign.setdefault(r["campaign"], []).append(r)
+    largest = sorted(per_campaign, key=lambda c: -sum(r["entered"] for r in per_campaign[c]))
+    if not largest:
+        return None
+    shown = largest[:FUNNEL_PANELS]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 2.6 * len(shown)), squeeze=False)
+    for ax, name in zip(axes[:, 0], shown, strict=True):
+        points = sorted(per_campaign[name], key=lambda r: r["slot"])
+        xs = [dt.datetime.fromtimestamp(r["slot"] * slot_ms / 1000, dt.UTC) for r in points]
+        for key, color in FUNNEL_LINES.items():
+            running, ys = 0, []
+            for r in points:
+                running += r[key]
+                ys.append(running)
+            ax.step(xs, ys, where="post", label=key, color=color)
+        ax.set_title(f"Campaign {name}")
+        ax.set_ylabel("messages")
+        ax.legend(loc="upper left", fontsize="small")
+    fig.autofmt_xdate()
+    return _save(fig, path)
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "<p>(none)</p>"

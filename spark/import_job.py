@@ -28,7 +28,9 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from app import campaigns
 from app.config import Config
+from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
 from app.timeline import MS_PER_MINUTE
@@ -153,9 +155,16 @@ def load(progress: Progress, config: Config, placed: DataFrame) -> None:
     save(campaigns, config, "campaign_messages", ttl="ttl")
 
 
+def campaign_names(new: DataFrame) -> list[str]:
+    """The campaigns the rows to import carry (a handful: collected on the driver)."""
+    return sorted(r["campaign"] for r in new.select("campaign").distinct().collect()
+                  if r["campaign"] is not None)
+
+
 def count(services: Services, topic: Topic, placed: DataFrame,
-          groups: list[tuple[int, int, int]]) -> None:
-    """Counters and activity markers the API keeps, for the rows this run added."""
+          groups: list[tuple[int, int, int]]) -> list[str]:
+    """Counters and activity markers the API keeps, and the campaigns' rows, bounds and
+    counters, for the rows this run added; returns warnings (app.campaigns.record_import)."""
     per_minute = {r["minute"]: r["n"] for r in placed.groupBy(
         (F.col("due_at") / MS_PER_MINUTE).cast("long").alias("minute")).count()
         .withColumnRenamed("count", "n").collect()}
@@ -164,6 +173,11 @@ def count(services: Services, topic: Topic, placed: DataFrame,
     services.timeline.mark_active(topic.uid, sorted({b for b, _, _ in groups}),
                                   services.config.bucket_ms, services.clock())
     services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
+    added = {r["campaign"]: (r["n"], r["first"], r["last"]) for r in placed.filter(
+        F.col("campaign").isNotNull()).groupBy("campaign").agg(
+        F.count("*").alias("n"), F.min("deliver_at").alias("first"),
+        F.max("deliver_at").alias("last")).collect()}
+    return campaigns.record_import(services, topic, added)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -178,13 +192,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         good, dups = split_duplicates(parsed.filter(F.col("reason").isNull()))
         progress.enter("looking up ids the topic already has")
         new = only_new(spark, config, topic, good).persist()
+        campaigns.refuse_import(services, topic, campaign_names(new))
         groups = [(r["bucket"], r["shard"], r["count"])
                   for r in new.groupBy("bucket", "shard").count().collect()]
         progress.enter(f"reserving pointer slots for {len(groups)} (bucket, shard) groups")
         placed = with_parts(spark, new, reserve_slots(services, topic, groups),
                             config.partition_cap).persist()
         load(progress, config, placed)
-        count(services, topic, placed, groups)
+        warnings = count(services, topic, placed, groups)
         progress.enter(f"writing rejects to {args.rejects}")
         rejects = parsed.filter(F.col("reason").isNotNull()).select("line", "reason", "raw") \
             .unionByName(dups).orderBy("line")
@@ -194,7 +209,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     elapsed = time.monotonic() - began
     summary = {**totals, "already_present": totals["rows"] - totals["rejected"]
                - totals["imported"], "seconds": round(elapsed, 2),
-               "rows_per_s": round(totals["rows"] / elapsed, 1), "rejects": args.rejects}
+               "rows_per_s": round(totals["rows"] / elapsed, 1), "rejects": args.rejects,
+               "warnings": warnings}
     spark.stop()
     services.close()
     return summary
@@ -214,7 +230,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     args.rejects = args.rejects or args.file.rstrip("/") + ".rejects"
-    print(json.dumps(run(args)))
+    try:
+        summary = run(args)
+    except DuetimeError as exc:  # a campaign refuses the import: nothing was written
+        print(f"import refused: {exc.detail}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary))
     return 0
 
 

@@ -2,8 +2,10 @@
 
 For one topic (optionally one campaign): messages per state, upcoming load per minute and per
 hour, delivery lag percentiles per campaign (lag = when the message was marked delivered minus
-its deliver_at, in ms), and the attempts distribution. Each metric is written as Parquet and
-CSV under OUT/<metric>/, plus OUT/index.html with PNG charts. Prints a JSON summary last.
+its deliver_at, in ms), the attempts distribution, and the campaign funnel (per campaign and
+minute: messages that entered, and that ended delivered, dead or cancelled). Each metric is
+written as Parquet and CSV under OUT/<metric>/, plus OUT/index.html with PNG charts. Prints a
+JSON summary last.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def messages_of(spark: Any, config: Config, topic_uid: str, campaign: str | None
     ms = F.unix_millis
     return df.select("id", "state", "attempts", "campaign", ms("due_at").alias("due_at_ms"),
                      ms("deliver_at").alias("deliver_at_ms"),
+                     ms("created_at").alias("created_at_ms"),
                      ms("updated_at").alias("updated_at_ms"))
 
 
@@ -60,6 +63,23 @@ def lag_per_campaign(df: DataFrame) -> DataFrame:
                 F.percentile_approx(lag, 0.99, 10_000).alias("p99_ms"),
                 F.max(lag).alias("max_ms"))
             .orderBy("campaign"))
+
+
+FINAL_STATES = ("delivered", "dead", "cancelled")
+
+
+def funnel(df: DataFrame, slot_ms: int) -> DataFrame:
+    """Per campaign and time slot (epoch ms // slot_ms): messages that entered (created) and
+    that ended in each final state then (their last update: a final state is never left)."""
+    named = df.withColumn("campaign", F.coalesce("campaign", F.lit("(none)")))
+    entered = named.groupBy("campaign", (F.col("created_at_ms") / slot_ms).cast("long")
+                            .alias("slot")).agg(F.count("*").alias("entered"))
+    ended = (named.filter(F.col("state").isin(*FINAL_STATES))
+             .groupBy("campaign", (F.col("updated_at_ms") / slot_ms).cast("long").alias("slot"))
+             .pivot("state", list(FINAL_STATES)).count())
+    return (entered.join(ended, ["campaign", "slot"], "full").na.fill(0)
+            .select("campaign", "slot", "entered", *FINAL_STATES)
+            .orderBy("campaign", "slot"))
 
 
 def attempts(df: DataFrame) -> DataFrame:
@@ -91,6 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "upcoming_per_hour": write(upcoming(df, now, MS_PER_HOUR), out, "upcoming_per_hour"),
             "lag_per_campaign": write(lag_per_campaign(df), out, "lag_per_campaign"),
             "attempts": write(attempts(df), out, "attempts"),
+            "funnel": write(funnel(df, MS_PER_MINUTE), out, "funnel"),
         }
         progress.enter(f"drawing {out / 'index.html'}")
         draw(out, args, results)
@@ -100,7 +121,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lag_per_campaign": results["lag_per_campaign"],
             "attempts": {r["attempts"]: r["count"] for r in results["attempts"]},
             "upcoming_per_hour": {r["slot"] * MS_PER_HOUR: r["count"]
-                                  for r in results["upcoming_per_hour"]}}
+                                  for r in results["upcoming_per_hour"]},
+            "funnel": funnel_totals(results["funnel"])}
+
+
+def funnel_totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per campaign, the funnel summed over time."""
+    totals: dict[str, dict[str, int]] = {}
+    for r in rows:
+        mine = totals.setdefault(r["campaign"], dict.fromkeys(("entered", *FINAL_STATES), 0))
+        for key in mine:
+            mine[key] += r[key]
+    return totals
 
 
 def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
@@ -119,6 +151,7 @@ def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, 
         "attempts": charts.bar_chart(out / "attempts.png", "Attempts per message",
                                      [str(r["attempts"]) for r in tries],
                                      [r["count"] for r in tries], "messages"),
+        "funnel": charts.funnel_chart(out / "funnel.png", results["funnel"], MS_PER_MINUTE),
     }
     title = f"duetime report: topic {args.topic}" + (
         f", campaign {args.campaign}" if args.campaign else "")
@@ -128,6 +161,7 @@ def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, 
         ("Upcoming load per hour", images["hour"], results["upcoming_per_hour"]),
         ("Delivery lag per campaign (ms)", images["lag"], lag),
         ("Attempts distribution", images["attempts"], tries),
+        ("Campaign funnel (per minute)", images["funnel"], results["funnel"][:200]),
     ])
 
 

@@ -19,6 +19,7 @@ from flask.testing import FlaskClient
 from app.config import Config
 from app.ids import import_id
 from app.services import Services
+from app.timeparse import parse_instant
 from tests.conftest import ROOT
 from tests.consumers import TopicClient, now_ms
 from tests.import_files import write_csv
@@ -83,11 +84,37 @@ def test_import_counts_rejects_and_a_rerun_adds_nothing(
     body = topic.get(import_id("bulk", "user0", spec)).get_json()
     assert body["state"] == "scheduled" and body["campaign"] == "bulk"
 
+    rows = list(csv.DictReader(path.open(encoding="utf-8")))  # first and last rows are valid
+    view = client.get(topic.url("/campaigns/bulk"), headers=auth).get_json()
+    assert view["counts"]["scheduled"] == expected.good
+    assert parse_instant(view["first_deliver_at"]) == int(rows[0]["deliver_at"])
+    assert parse_instant(view["last_deliver_at"]) == int(rows[-1]["deliver_at"])
+
     again = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant", tenant,
                       "--campaign", "bulk", "--rejects", str(tmp_path / "rejects2"))
     assert again["imported"] == 0
     assert again["already_present"] == expected.good
     assert stats(client, topic)["scheduled"] == expected.good
+    view = client.get(topic.url("/campaigns/bulk"), headers=auth).get_json()
+    assert view["counts"]["scheduled"] == expected.good  # the re-run counted nothing
+
+
+def test_an_import_into_a_cancelled_campaign_is_refused_whole(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        tmp_path: Path) -> None:
+    topic = TopicClient(client, auth)
+    topic.enqueue(campaign="stopped", deliver_at=now_ms() + 3_600_000)
+    assert client.delete(topic.url("/campaigns/stopped"), headers=auth).status_code == 202
+    path = tmp_path / "late.csv"
+    write_csv(path, 50, now_ms() + 3_600_000, 60_000)
+    env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace}
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "spark", "import", str(path), "--topic", topic.name,
+         "--tenant", tenant_of(services, auth), "--campaign", "stopped"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert "import refused: Campaign 'stopped' is cancelled" in done.stdout + done.stderr
+    assert stats(client, topic)["scheduled"] == 1  # nothing was written
 
 
 def test_imported_messages_are_released_and_the_report_matches_the_api(
@@ -124,5 +151,8 @@ def test_imported_messages_are_released_and_the_report_matches_the_api(
     lag = report["lag_per_campaign"][0]
     assert lag["campaign"] == "soon" and lag["delivered"] == 300
     assert 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"]
+    assert report["funnel"] == {"soon": {"entered": 300, "delivered": 300, "dead": 0,
+                                         "cancelled": 0}}
     page = (tmp_path / "report" / "index.html").read_text()
     assert "states.png" in page and (tmp_path / "report" / "lag.png").stat().st_size > 1000
+    assert "funnel.png" in page and (tmp_path / "report" / "funnel.png").stat().st_size > 1000
