@@ -78,13 +78,17 @@ def funnel_chart(path: Path, rows: list[dict[str, Any]], slot_ms: int) -> str | 
     fig, axes = plt.subplots(len(shown), 1, figsize=(9, 2.6 * len(shown)), squeeze=False)
     for ax, name in zip(axes[:, 0], shown, strict=True):
         points = sorted(per_campaign[name], key=lambda r: r["slot"])
-        xs = [dt.datetime.fromtimestamp(r["slot"] * slot_ms / 1000, dt.UTC) for r in points]
+        # from a slot before the first (nothing yet) to a slot after the last (all of it), so
+        # a campaign that fits in one minute still shows its rise
+        slots = [points[0]["slot"] - 1] + [r["slot"] for r in points] + [points[-1]["slot"] + 1]
+        xs = [dt.datetime.fromtimestamp(slot * slot_ms / 1000, dt.UTC) for slot in slots]
         for key, color in FUNNEL_LINES.items():
-            running, ys = 0, []
+            running, ys = 0, [0]
             for r in points:
                 running += r[key]
                 ys.append(running)
-            ax.step(xs, ys, where="post", label=key, color=color)
+            ax.step(xs, [*ys, running], where="post", label=key, color=color, marker=".")
+        ax.set_xlim(xs[0], xs[-1])
         ax.set_title(f"Campaign {name}")
         ax.set_ylabel("messages")
         ax.legend(loc="upper left", fontsize="small")
