@@ -15,7 +15,6 @@ from flask.testing import FlaskClient
 
 from app.models import MessageState
 from app.services import Services
-from app.timeline import CAMPAIGN_SPREAD
 from tests.consumers import TopicClient
 from workers.operations import OperationRunner
 
@@ -23,11 +22,11 @@ from workers.operations import OperationRunner
 def rows_of(services: Services, topic_uid: uuid.UUID, campaign: str) -> list[MessageState]:
     """Every message row of a campaign, through its index (the truth the counters track)."""
     rows: list[MessageState] = []
-    for spread in range(CAMPAIGN_SPREAD):
-        after = ""
-        while ids := services.campaigns.members(topic_uid, campaign, spread, after, 1000):
-            rows.extend(services.messages.get_many(topic_uid, ids).values())
-            after = ids[-1]
+    after, finished = "", False
+    while not finished:
+        ids, finished = services.campaigns.members_after(topic_uid, campaign, after, 1000)
+        rows.extend(services.messages.get_many(topic_uid, ids).values())
+        after = ids[-1] if ids else after
     return rows
 
 

@@ -1,9 +1,11 @@
 """Runs campaign operations (cancel, shift, resume) in the background, resumably.
 
 A runner claims an unfinished operation whose lease has passed (LWT), then walks the
-campaign index partition by partition in id order, PAGE ids at a time: it applies the
-operation to the page (app.campaign_ops.apply), then checkpoints the position and the counts
-with an LWT that renews its lease. Memory is one page, whatever the campaign's size. If the
+campaign index in id order, all its partitions at once (up to PER_SPREAD ids of each a page,
+so a page holds the messages of a home together and they change in one Paxos round): it
+applies the operation to the page (app.campaign_ops.apply), then checkpoints the position
+(the last id done) and the counts with an LWT that renews its lease. Memory is one page,
+whatever the campaign's size. If the
 runner dies, another claims the operation once the lease has passed and starts after the last
 checkpoint; the page it repeats is changed at most once per message (last_op), and its counts
 are those of the checkpoint plus the page's. A runner whose checkpoint fails has lost the
@@ -23,9 +25,8 @@ from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
 from app.store.operations import Operation
-from app.timeline import CAMPAIGN_SPREAD
 
-PAGE = 500
+PER_SPREAD = 250  # ids of each index partition a page reads: at most 8,000 ids a page
 LEASE_MS = 10_000
 log = logging.getLogger("duetime.operations")
 
@@ -85,7 +86,7 @@ class OperationRunner:
         wait_ms = op.not_before - self.services.clock()
         if wait_ms > 0:  # every process has seen the campaign's mark by then
             time.sleep(wait_ms / 1000)
-        while op.spread < CAMPAIGN_SPREAD:
+        while not op.walked:
             if self.stopping():
                 return False
             op = self._page(topic, op)
@@ -99,8 +100,8 @@ class OperationRunner:
 
     def _page(self, topic: Topic, op: Operation) -> Operation:
         """One page of the index applied and checkpointed; the operation as it is after it."""
-        ids = self.services.campaigns.members(topic.uid, op.campaign, op.spread, op.after_id,
-                                              PAGE)
+        ids, finished = self.services.campaigns.members_after(topic.uid, op.campaign,
+                                                              op.after_id, PER_SPREAD)
         if ids:
             done = campaign_ops.apply(self.services, topic, op, ids)
             if op.new_gen is not None and done.span is not None:
@@ -108,8 +109,8 @@ class OperationRunner:
             op = dataclasses.replace(
                 op, processed=op.processed + len(ids), changed=op.changed + done.changed,
                 delivering=op.delivering + done.delivering, after_id=ids[-1])
-        if len(ids) < PAGE:
-            op = dataclasses.replace(op, spread=op.spread + 1, after_id="")
+        if finished:
+            op = dataclasses.replace(op, walked=True)
         if not self.services.operations.checkpoint(op, self.services.clock() + LEASE_MS):
             raise LostOperation(str(op.id))
         return op

@@ -20,6 +20,7 @@ from typing import Any
 
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
+from app.timeline import CAMPAIGN_SPREAD
 from app.timeparse import cql_ms, from_ms
 
 log = logging.getLogger("duetime.counts")
@@ -154,14 +155,23 @@ class CampaignStore:
         first, last = rows[0]["first_deliver_at"], rows[0]["last_deliver_at"]
         return (cql_ms(first) if first else None, cql_ms(last) if last else None)
 
-    def members(self, topic_uid: uuid.UUID, name: str, spread: int, after_id: str,
-                limit: int) -> list[str]:
-        """Up to `limit` ids of the campaign index partition `spread`, after after_id, in id
-        order (the index partitions are app.timeline.CAMPAIGN_SPREAD per campaign)."""
-        rows = self.db.execute(
+    def members_after(self, topic_uid: uuid.UUID, name: str, after_id: str,
+                      per_spread: int) -> tuple[list[str], bool]:
+        """The campaign's next ids after after_id, in id order, read from every index
+        partition at once (up to per_spread each), with no gap: an id is returned only if
+        every partition has been read past it. Returns (ids, finished): finished when no
+        partition had more. A home's messages have adjacent ids (one request made them), so
+        a page holds them together whatever partitions the index spread them over."""
+        futures = [self.db.execute_async(
             "SELECT id FROM {ks}.campaign_messages WHERE topic_uid = ? AND campaign = ? "
-            "AND spread = ? AND id > ? LIMIT ?", (topic_uid, name, spread, after_id, limit))
-        return [r["id"] for r in rows]
+            "AND spread = ? AND id > ? LIMIT ?", (topic_uid, name, spread, after_id,
+                                                  per_spread))
+            for spread in range(CAMPAIGN_SPREAD)]
+        pages = [[r["id"] for r in rows] for rows in self.db.results(futures)]
+        full = [page[-1] for page in pages if len(page) == per_spread]
+        bound = min(full) if full else None
+        ids = sorted(i for page in pages for i in page if bound is None or i <= bound)
+        return ids, not full
 
     def reserve_slots(self, topic_uid: uuid.UUID, name: str, count: int, rate: float,
                       now_ms: int) -> int:

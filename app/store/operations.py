@@ -23,7 +23,7 @@ from app.timeparse import cql_ms, from_ms
 
 PENDING_PART = 0  # all unfinished operations share one small partition
 _COLUMNS = ("topic_uid", "id", "tenant", "topic", "kind", "campaign", "state", "shift_ms",
-            "processed", "changed", "delivering", "new_gen", "spread", "after_id", "not_before",
+            "processed", "changed", "delivering", "new_gen", "walked", "after_id", "not_before",
             "owner", "lease_until", "started_at", "finished_at", "error")
 _TIMES = {"not_before", "lease_until", "started_at", "finished_at"}
 
@@ -32,8 +32,8 @@ _TIMES = {"not_before", "lease_until", "started_at", "finished_at"}
 class Operation:
     """One cancel, shift or resume of a campaign. Times epoch ms; shift_ms a duration in ms.
     Progress: processed members of the campaign index, changed messages, delivering (being
-    delivered when a cancel reached them). Position: the index partition (spread) and the
-    last id of it done (after_id)."""
+    delivered when a cancel reached them). Position: the last id of the campaign index done
+    (after_id), and whether the walk of the index is over (walked)."""
 
     topic_uid: uuid.UUID
     id: uuid.UUID
@@ -47,7 +47,7 @@ class Operation:
     changed: int = 0
     delivering: int = 0
     new_gen: int | None = None
-    spread: int = 0
+    walked: bool = False
     after_id: str = ""
     not_before: int = 0
     owner: str | None = None
@@ -60,9 +60,9 @@ class Operation:
 def _operation(row: dict[str, Any]) -> Operation:
     values: dict[str, Any] = {
         c: (cql_ms(row[c]) if c in _TIMES and row[c] is not None else row[c]) for c in _COLUMNS}
-    for name in ("processed", "changed", "delivering", "shift_ms", "spread", "not_before",
-                 "lease_until"):
+    for name in ("processed", "changed", "delivering", "shift_ms", "not_before", "lease_until"):
         values[name] = values[name] or 0
+    values["walked"] = bool(values["walked"])
     values["after_id"] = values["after_id"] or ""
     return Operation(**values)
 
@@ -110,10 +110,10 @@ class OperationStore:
         """Store op's progress and position and renew its runner's lease; False when op.owner
         no longer holds it."""
         rows = self.db.execute(
-            "UPDATE {ks}.operations SET processed = ?, changed = ?, delivering = ?, spread = ?, "
+            "UPDATE {ks}.operations SET processed = ?, changed = ?, delivering = ?, walked = ?, "
             "after_id = ?, lease_until = ? WHERE topic_uid = ? AND id = ? "
             "IF owner = ? AND state = 'running'",
-            (op.processed, op.changed, op.delivering, op.spread, op.after_id,
+            (op.processed, op.changed, op.delivering, op.walked, op.after_id,
              from_ms(lease_until_ms), op.topic_uid, op.id, op.owner))
         return bool(rows[0]["[applied]"])
 
