@@ -63,6 +63,8 @@ _GET_PAYLOADS = (
     "SELECT id, content_hash, payload, encoding, headers FROM {ks}.message_bodies "
     "WHERE topic_uid = ? AND home = ? AND id IN ?"
 )
+_INDEX = ("INSERT INTO {ks}.campaign_messages (topic_uid, campaign, spread, id) "
+          "VALUES (?, ?, ?, ?) USING TTL ?")
 IN_CHUNK = 100
 CONDITIONAL_BATCH = 100  # rows per Paxos round: bounds the round's read and mutation
 PLAIN_BATCH = 100
@@ -349,13 +351,18 @@ class MessageStore:
 
     def index_campaigns(self, topic_uid: uuid.UUID, members: Sequence[tuple[str, str, int]]
                         ) -> list[Exception | None]:
-        """Record (campaign, id, ttl_s) memberships (plain, idempotent inserts); per member
-        None where written, else the error."""
-        outcomes = self.db.execute_many(
-            "INSERT INTO {ks}.campaign_messages (topic_uid, campaign, spread, id) "
-            "VALUES (?, ?, ?, ?) USING TTL ?",
-            [(topic_uid, c, campaign_spread(i), i, ttl) for c, i, ttl in members])
-        return [None if ok else result for ok, result in outcomes]
+        """Record (campaign, id, ttl_s) memberships (plain, idempotent inserts), one unlogged
+        batch per index partition; per member None where written, else the error."""
+        partitions: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for n, (campaign, message_id, _) in enumerate(members):
+            partitions[(campaign, campaign_spread(message_id))].append(n)
+        chunks = [chunk[i:i + PLAIN_BATCH] for chunk in partitions.values()
+                  for i in range(0, len(chunk), PLAIN_BATCH)]
+        outcomes = self.db.run_batches([[(_INDEX, (topic_uid, members[n][0],
+                                                   campaign_spread(members[n][1]),
+                                                   members[n][1], members[n][2]))
+                                         for n in chunk] for chunk in chunks])
+        return item_errors(chunks, outcomes, len(members))
 
     def put_payloads(self, rows: Sequence[tuple[uuid.UUID, str, str, Payload, int]]
                      ) -> list[Exception | None]:

@@ -47,9 +47,10 @@ def percentile(values: list[int], q: float) -> float:
 
 
 def enqueue(headers: dict[str, str], topic: str, count: int, start_due: int, spread_ms: int,
-            producers: int = PRODUCERS) -> tuple[float, set[str]]:
+            producers: int = PRODUCERS, **fields: Any) -> tuple[float, set[str]]:
     """Enqueue count messages (server-made ids) in batches of 1,000 from `producers` threads,
-    due evenly over spread_ms from start_due (epoch ms); (msgs/s, the ids)."""
+    due evenly over spread_ms from start_due (epoch ms), each with `fields` (a campaign, say);
+    (msgs/s, the ids)."""
     ids: set[str] = set()
     lock = threading.Lock()
     firsts = list(range(0, count, 1000))
@@ -57,8 +58,8 @@ def enqueue(headers: dict[str, str], topic: str, count: int, start_due: int, spr
     def produce(mine: list[int]) -> None:
         session = requests.Session()
         for first in mine:
-            batch = [{"payload": {"i": i}, "deliver_at": start_due + i * spread_ms // count}
-                     for i in range(first, min(count, first + 1000))]
+            batch = [{"payload": {"i": i}, "deliver_at": start_due + i * spread_ms // count,
+                      **fields} for i in range(first, min(count, first + 1000))]
             answer = session.post(f"{URL}/v1/topics/{topic}/messages:batch", headers=headers,
                                   json={"messages": batch}, timeout=120)
             answer.raise_for_status()
