@@ -24,9 +24,10 @@ from app import campaigns
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.ids import homes_for_request, new_message_id
 from app.models import MessageState, Payload, Pointer, Topic
+from app.quiet_hours import QuietHours
 from app.services import Services
 from app.timeline import MS_PER_DAY, placement_ms, shard_of, ttl_s
-from app.timeparse import TimeFormatError, parse_local_time
+from app.timeparse import TimeFormatError, parse_local_time, zone
 from app.transitions import count_moves
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,18 @@ def _payload(data: dict[str, Any], max_bytes: int) -> Payload:
 
 
 def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
-                horizon_days: int) -> NewMessage:
-    """Turn one schema-validated message dict into a NewMessage (raises 400/413 errors)."""
+                horizon_days: int, quiet: QuietHours | None = None) -> NewMessage:
+    """Turn one schema-validated message dict into a NewMessage (raises 400/413 errors).
+    With the topic's quiet hours, a message due inside them is placed at their end (unless
+    it says quiet_hours: false), in its own timezone when it names one."""
     deliver = _deliver_at(data, now_ms)
+    try:
+        if "timezone" in data:
+            zone(data["timezone"])
+        if quiet is not None and data.get("quiet_hours", True):
+            deliver = quiet.place(deliver, data.get("timezone"))
+    except TimeFormatError as exc:
+        raise InvalidInput(str(exc), {"timezone": [str(exc)]}) from exc
     if deliver > now_ms + horizon_days * MS_PER_DAY:
         field = next((f for f in ("deliver_at", "delay_ms", "local_time") if f in data), "time")
         raise InvalidInput(f"The delivery time is more than {horizon_days} days ahead.",

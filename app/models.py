@@ -23,6 +23,9 @@ class TopicSettings:
     delivery_mode: str = "pull"
     delivery_url: str | None = None
     delivery_timeout_seconds: float = 10.0
+    quiet_start: str | None = None  # quiet hours "HH:MM" to "HH:MM" in quiet_timezone
+    quiet_end: str | None = None
+    quiet_timezone: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

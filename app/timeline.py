@@ -11,6 +11,7 @@ from app.ids import embedded_home
 
 MS_PER_DAY = 86_400_000
 MS_PER_MINUTE = 60_000
+MS_PER_HOUR = 3_600_000
 CAMPAIGN_SPREAD = 32
 # Pointer writes due further than this after their write time are not counted in
 # bucket_writes. The counts tell a releaser's look-ahead to re-read part of its window

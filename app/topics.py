@@ -10,9 +10,8 @@ from typing import Any
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
 from app.services import Services
-from app.timeline import MS_PER_MINUTE
+from app.timeline import MS_PER_HOUR, MS_PER_MINUTE
 
-UPCOMING_WINDOWS = 60  # one window per minute for the hour ahead
 RETRIES_ON_RACE = 3
 
 
@@ -72,16 +71,25 @@ def delete_topic(services: Services, tenant: str, name: str) -> None:
         raise NotFound(f"No topic {name!r}.")
 
 
-def topic_stats(services: Services, topic: Topic) -> dict[str, Any]:
-    """Counts per state, and scheduled messages per minute for the hour ahead."""
+WINDOWS = {"minute": (MS_PER_MINUTE, 60), "hour": (MS_PER_HOUR, 168)}  # width, how many
+
+
+def topic_stats(services: Services, topic: Topic, window: str = "minute") -> dict[str, Any]:
+    """Counts per state, and scheduled messages per window ahead: per minute for the next
+    hour, or per hour for the next 7 days (counters moved by every enqueue, cancel, move and
+    import; no read of the timeline)."""
     counts = services.counts.states(topic.uid)
+    width, how_many = WINDOWS[window]
     now = services.clock()
-    start = now - now % MS_PER_MINUTE
-    end = start + UPCOMING_WINDOWS * MS_PER_MINUTE
-    per_minute = services.counts.upcoming(topic.uid, start, end)
+    start = now - now % width
+    end = start + how_many * width
+    if window == "minute":
+        per_slot = services.counts.upcoming(topic.uid, start, end)
+    else:
+        per_slot = services.counts.upcoming_hours(topic.uid, start, end)
     upcoming = [
-        {"from_": start + i * MS_PER_MINUTE, "to": start + (i + 1) * MS_PER_MINUTE,
-         "count": max(0, per_minute.get(start // MS_PER_MINUTE + i, 0))}
-        for i in range(UPCOMING_WINDOWS)
+        {"from_": start + i * width, "to": start + (i + 1) * width,
+         "count": max(0, per_slot.get(start // width + i, 0))}
+        for i in range(how_many)
     ]
     return {"counts": {s: max(0, counts.get(s, 0)) for s in STATES}, "upcoming": upcoming}

@@ -20,12 +20,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from app.config import Config
-from app.timeline import MS_PER_MINUTE
+from app.timeline import MS_PER_HOUR, MS_PER_MINUTE
 from spark import charts
 from spark import session as sessions
 from spark.progress import Progress
-
-MS_PER_HOUR = 3_600_000
 
 
 def messages_of(spark: Any, config: Config, topic_uid: str, campaign: str | None) -> DataFrame:

@@ -18,6 +18,7 @@ from typing import Any
 
 from marshmallow import ValidationError
 
+from app import quiet_hours
 from app.enqueue import new_message, state_row
 from app.errors import DuetimeError
 from app.ids import home_of, import_id
@@ -112,7 +113,8 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
     except ValidationError as err:
         raise Reject(_reason(err)) from err
     try:
-        m = new_message(data, s.now_ms, s.max_payload_bytes, s.horizon_days)
+        m = new_message(data, s.now_ms, s.max_payload_bytes, s.horizon_days,
+                        quiet_hours.of_topic(s.topic.settings))
     except DuetimeError as err:
         raise Reject(err.detail) from err
     row = state_row(s.topic, m, data["id"], s.now_ms)

@@ -10,10 +10,12 @@ from marshmallow import ValidationError
 
 from app import enqueue as enqueueing
 from app import messages as usecases
+from app import quiet_hours
 from app.api.common import SECURITY, services, tenant
 from app.api.validation import check_message_id
 from app.errors import DuetimeError, InvalidInput, PayloadTooLarge
 from app.models import MessageState, Payload, Topic
+from app.quiet_hours import QuietHours
 from app.schemas.messages import (
     BatchInSchema,
     BatchOutSchema,
@@ -45,10 +47,10 @@ def message_view(topic: Topic, row: MessageState, payload: Payload | None) -> di
     }
 
 
-def _new(data: dict[str, Any]) -> enqueueing.NewMessage:
+def _new(data: dict[str, Any], quiet: QuietHours | None) -> enqueueing.NewMessage:
     cfg = services().config
     return enqueueing.new_message(data, services().clock(), cfg.max_payload_bytes,
-                                  cfg.horizon_days)
+                                  cfg.horizon_days, quiet)
 
 
 def problem_body(error: DuetimeError) -> dict[str, Any]:
@@ -69,7 +71,8 @@ class MessageCollection(MethodView):
     def post(self, body: dict[str, Any], topic: str) -> tuple[dict[str, Any], int]:
         """Put one message on the timeline."""
         found = get_topic(services(), tenant(), topic)
-        result = enqueueing.enqueue(services(), found, [_new(body)])[0]
+        result = enqueueing.enqueue(services(), found,
+                                    [_new(body, quiet_hours.of_topic(found.settings))])[0]
         if result.error is not None:
             raise result.error
         return {"id": result.id, "deliver_at": result.deliver_at_ms,
@@ -81,9 +84,10 @@ class MessageCollection(MethodView):
 _ITEM_SCHEMA = MessageInSchema()
 
 
-def _batch_item(raw: dict[str, Any]) -> enqueueing.NewMessage | DuetimeError:
+def _batch_item(raw: dict[str, Any], quiet: QuietHours | None
+                ) -> enqueueing.NewMessage | DuetimeError:
     try:
-        return _new(_ITEM_SCHEMA.load(raw))
+        return _new(_ITEM_SCHEMA.load(raw), quiet)
     except ValidationError as exc:
         return InvalidInput("The message has invalid fields.", exc.normalized_messages())
     except DuetimeError as exc:
@@ -102,7 +106,8 @@ class MessageBatch(MethodView):
         if len(body["messages"]) > limit:
             raise PayloadTooLarge(f"{len(body['messages'])} messages; a batch holds {limit}.")
         found = get_topic(services(), tenant(), topic)
-        parsed = [_batch_item(raw) for raw in body["messages"]]
+        quiet = quiet_hours.of_topic(found.settings)
+        parsed = [_batch_item(raw, quiet) for raw in body["messages"]]
         good = [p for p in parsed if isinstance(p, enqueueing.NewMessage)]
         done = iter(enqueueing.enqueue(services(), found, good))
         results = []

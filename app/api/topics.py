@@ -11,7 +11,13 @@ from app import topics as usecases
 from app.api.common import SECURITY, services, tenant
 from app.api.validation import check_name
 from app.models import Topic
-from app.schemas.topics import TopicListSchema, TopicPutSchema, TopicSchema, TopicStatsSchema
+from app.schemas.topics import (
+    StatsQuerySchema,
+    TopicListSchema,
+    TopicPutSchema,
+    TopicSchema,
+    TopicStatsSchema,
+)
 
 blp = Blueprint("topics", __name__, url_prefix="/v1/topics",
                 description="Topics: a tenant's timelines of messages.")
@@ -33,6 +39,8 @@ def topic_view(topic: Topic) -> dict[str, Any]:
         "delivery": {"mode": s.delivery_mode, "url": s.delivery_url,
                      "timeout_seconds": s.delivery_timeout_seconds},
         "signing_secret": topic.signing_secret,
+        "quiet_hours": None if s.quiet_start is None else {
+            "start": s.quiet_start, "end": s.quiet_end, "timezone": s.quiet_timezone},
         "created_at": topic.created_at_ms, "updated_at": topic.updated_at_ms,
     }
 
@@ -45,6 +53,10 @@ def _changes(body: dict[str, Any]) -> dict[str, Any]:
             value = (body.get(group) or {}).get(name)
             if value is not None:
                 changes[_NESTED_FIELD.get((group, name), name)] = value
+    if "quiet_hours" in body:  # given as null: removed
+        quiet = body["quiet_hours"] or {}
+        changes.update(quiet_start=quiet.get("start"), quiet_end=quiet.get("end"),
+                       quiet_timezone=quiet.get("timezone"))
     return changes
 
 
@@ -86,8 +98,10 @@ class TopicItem(MethodView):
 @blp.route("/<string:topic>/stats")
 class TopicStats(MethodView):
     @blp.doc(security=SECURITY)
+    @blp.arguments(StatsQuerySchema, location="query")
     @blp.response(200, TopicStatsSchema)
-    def get(self, topic: str) -> dict[str, Any]:
-        """Counts per state and the scheduled load per minute for the hour ahead."""
+    def get(self, query: dict[str, Any], topic: str) -> dict[str, Any]:
+        """Counts per state and the scheduled load ahead: per minute for the next hour, or
+        with window=hour per hour for the next 7 days."""
         found = usecases.get_topic(services(), tenant(), topic)
-        return usecases.topic_stats(services(), found)
+        return usecases.topic_stats(services(), found, query["window"])

@@ -16,7 +16,8 @@ class MessageInSchema(Schema):
     """One message. Give at most one of deliver_at, delay_ms or local_time (+ timezone); none
     means due now. Give payload (any JSON) or payload_base64 (binary). local_time is a wall
     time without offset in `timezone`: a time in a DST gap moves forward by the gap's length,
-    a time in a DST fold takes its first occurrence."""
+    a time in a DST fold takes its first occurrence. `timezone` alone (with another time or
+    none) names the recipient's zone for the topic's quiet hours."""
 
     id = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
         "description": "Client id (idempotency key); generated (time-ordered) if absent."})
@@ -24,6 +25,10 @@ class MessageInSchema(Schema):
     delay_ms = fields.Integer(validate=validate.Range(min=0))
     local_time = fields.String(metadata={"example": "2026-12-01T09:00:00"})
     timezone = fields.String(metadata={"example": "Europe/Bucharest"})
+    quiet_hours = fields.Boolean(metadata={
+        "description": "false: the topic's quiet hours do not apply (a transactional send). "
+                       "Otherwise a message due inside them is placed at their end, in its "
+                       "own timezone if it has one; its deliver_at shows where."})
     payload = fields.Raw(allow_none=True, metadata={"description": "Any JSON value."})
     payload_base64 = fields.String()
     priority = fields.Integer(load_default=100, validate=validate.Range(0, 65535),
@@ -38,8 +43,8 @@ class MessageInSchema(Schema):
         given = [f for f in _TIME_FIELDS if f in data]
         if len(given) > 1:
             raise ValidationError(f"Give at most one of {', '.join(_TIME_FIELDS)}.", given[1])
-        if ("local_time" in data) != ("timezone" in data):
-            raise ValidationError("local_time and timezone go together.", "timezone")
+        if "local_time" in data and "timezone" not in data:
+            raise ValidationError("local_time needs a timezone.", "timezone")
         if ("payload" in data) == ("payload_base64" in data):
             raise ValidationError("Give exactly one of payload or payload_base64.", "payload")
 

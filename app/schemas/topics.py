@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
-from marshmallow import Schema, fields, validate
+from typing import Any
 
+from marshmallow import Schema, ValidationError, fields, validate, validates
+
+from app.quiet_hours import HH_MM
 from app.schemas.fields import Instant
+from app.timeparse import TimeFormatError, zone
+
+
+class QuietHoursSchema(Schema):
+    """A daily window [start, end) in which no message of the topic is due: one that would be
+    is placed at `end` (the next one on that wall clock). It wraps midnight when end <= start.
+    The wall clock is the message's own `timezone` when it has one, else this `timezone`. An
+    end that falls in a DST gap moves forward by the gap's length; one that exists twice
+    takes its first occurrence."""
+
+    start = fields.String(required=True, validate=validate.Regexp(HH_MM, error="Must be HH:MM."),
+                          metadata={"example": "21:00"})
+    end = fields.String(required=True, validate=validate.Regexp(HH_MM, error="Must be HH:MM."),
+                        metadata={"example": "08:00"})
+    timezone = fields.String(load_default="UTC", metadata={"example": "Europe/Bucharest"})
+
+    @validates("timezone")
+    def _known_zone(self, value: str, **kwargs: Any) -> None:
+        try:
+            zone(value)
+        except TimeFormatError as exc:
+            raise ValidationError(str(exc)) from exc
 
 
 class RetrySchema(Schema):
@@ -39,6 +64,10 @@ class TopicPutSchema(Schema):
         "(lowercase hex HMAC-SHA256 of the body bytes keyed with the topic's signing_secret). "
         "2xx within timeout_seconds = delivered; anything else is retried after the retry "
         "backoff (exponential, equal jitter), dead after max_attempts with last_error kept.")})
+    quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, metadata={
+        "description": "Quiet hours; null removes them. Applied when a message is enqueued "
+                       "or imported (a message with quiet_hours: false is exempt), not when "
+                       "it is rescheduled or its campaign shifted."})
 
 
 class TopicSchema(Schema):
@@ -50,6 +79,7 @@ class TopicSchema(Schema):
     delivery = fields.Nested(DeliverySchema, required=True)
     signing_secret = fields.String(
         required=True, metadata={"description": "HMAC-SHA256 key of Duetime-Signature."})
+    quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, required=True)
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
 
@@ -72,7 +102,14 @@ class WindowSchema(Schema):
     count = fields.Integer(required=True)
 
 
+class StatsQuerySchema(Schema):
+    window = fields.String(load_default="minute", validate=validate.OneOf(["minute", "hour"]),
+                           metadata={"description": "minute: the next hour per minute; hour: "
+                                     "the next 7 days per hour."})
+
+
 class TopicStatsSchema(Schema):
     counts = fields.Nested(CountsSchema, required=True)
     upcoming = fields.List(fields.Nested(WindowSchema), required=True, metadata={
-        "description": "Scheduled messages per minute for the hour ahead."})
+        "description": "Scheduled messages per window ahead (see `window`): 60 minutes from "
+                       "the current one, or 168 hours from the current one."})

@@ -1,4 +1,5 @@
-"""Counters behind /stats: messages per state, and scheduled messages per minute ahead.
+"""Counters behind /stats: messages per state, and scheduled messages per minute and per hour
+ahead.
 
 Guarantee: a counter moves once per *applied* transition (the caller knows from the LWT
 result). Counter writes are not idempotent, so they are never retried; a counter write that
@@ -13,12 +14,15 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from app.store.session import CassandraSession
-from app.timeline import MS_PER_DAY, MS_PER_MINUTE
+from app.timeline import MS_PER_DAY, MS_PER_HOUR, MS_PER_MINUTE
 
 log = logging.getLogger("duetime.counts")
 _STATE = "UPDATE {ks}.state_counts SET n = n + ? WHERE topic_uid = ? AND state = ?"
 _UPCOMING = ("UPDATE {ks}.upcoming_counts SET n = n + ? "
              "WHERE topic_uid = ? AND day = ? AND minute = ?")
+_UPCOMING_HOUR = ("UPDATE {ks}.upcoming_hours SET n = n + ? "
+                  "WHERE topic_uid = ? AND week = ? AND hour = ?")
+HOURS_PER_WEEK = 168
 
 
 class CountStore:
@@ -42,12 +46,18 @@ class CountStore:
 
     def add_upcoming_per_minute(self, topic_uid: uuid.UUID, per_minute: Mapping[int, int],
                                 sign: int = 1) -> None:
-        """Count scheduled messages given as {epoch minute: how many}."""
+        """Count scheduled messages given as {epoch minute: how many}, per minute and per hour
+        (the two always move together)."""
+        per_hour: Counter[int] = Counter()
+        for minute, n in per_minute.items():
+            per_hour[minute // 60] += n
         futures = [
             self.db.execute_async(
                 _UPCOMING, (sign * n, topic_uid, minute * MS_PER_MINUTE // MS_PER_DAY, minute))
             for minute, n in per_minute.items()
-        ]
+        ] + [self.db.execute_async(_UPCOMING_HOUR, (sign * n, topic_uid, hour // HOURS_PER_WEEK,
+                                                    hour))
+             for hour, n in per_hour.items()]
         self.db.results(futures)
 
     def states(self, topic_uid: uuid.UUID) -> dict[str, int]:
@@ -65,3 +75,14 @@ class CountStore:
             for day in range(from_ms // MS_PER_DAY, (to_ms - 1) // MS_PER_DAY + 1)
         ]
         return {r["minute"]: r["n"] for rows in self.db.results(futures) for r in rows if r["n"]}
+
+    def upcoming_hours(self, topic_uid: uuid.UUID, from_ms: int, to_ms: int) -> dict[int, int]:
+        """Scheduled messages per hour (epoch hour → count) in [from_ms, to_ms)."""
+        first, last = from_ms // MS_PER_HOUR, (to_ms - 1) // MS_PER_HOUR
+        futures = [
+            self.db.execute_async(
+                "SELECT hour, n FROM {ks}.upcoming_hours WHERE topic_uid = ? AND week = ? "
+                "AND hour >= ? AND hour <= ?", (topic_uid, week, first, last))
+            for week in range(first // HOURS_PER_WEEK, last // HOURS_PER_WEEK + 1)
+        ]
+        return {r["hour"]: r["n"] for rows in self.db.results(futures) for r in rows if r["n"]}
