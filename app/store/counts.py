@@ -8,6 +8,7 @@ times out may leave a count off by one, which is why these feed dashboards, not 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections import Counter
@@ -23,6 +24,20 @@ _UPCOMING = ("UPDATE {ks}.upcoming_counts SET n = n + ? "
 _UPCOMING_HOUR = ("UPDATE {ks}.upcoming_hours SET n = n + ? "
                   "WHERE topic_uid = ? AND week = ? AND hour = ?")
 HOURS_PER_WEEK = 168
+
+
+@dataclasses.dataclass(frozen=True)
+class _SlotTable:
+    """A counter table of time slots (minutes or hours), per_partition slots a partition."""
+
+    select: str
+    per_partition: int
+
+
+_MINUTES = _SlotTable("SELECT minute AS slot, n FROM {ks}.upcoming_counts WHERE topic_uid = ? "
+                      "AND day = ? AND minute >= ? AND minute <= ?", MS_PER_DAY // MS_PER_MINUTE)
+_HOURS = _SlotTable("SELECT hour AS slot, n FROM {ks}.upcoming_hours WHERE topic_uid = ? "
+                    "AND week = ? AND hour >= ? AND hour <= ?", HOURS_PER_WEEK)
 
 
 class CountStore:
@@ -67,22 +82,18 @@ class CountStore:
 
     def upcoming(self, topic_uid: uuid.UUID, from_ms: int, to_ms: int) -> dict[int, int]:
         """Scheduled messages per minute (epoch minute → count) in [from_ms, to_ms)."""
-        first, last = from_ms // MS_PER_MINUTE, (to_ms - 1) // MS_PER_MINUTE
-        futures = [
-            self.db.execute_async(
-                "SELECT minute, n FROM {ks}.upcoming_counts WHERE topic_uid = ? AND day = ? "
-                "AND minute >= ? AND minute <= ?", (topic_uid, day, first, last))
-            for day in range(from_ms // MS_PER_DAY, (to_ms - 1) // MS_PER_DAY + 1)
-        ]
-        return {r["minute"]: r["n"] for rows in self.db.results(futures) for r in rows if r["n"]}
+        return self._slots(_MINUTES, topic_uid, from_ms // MS_PER_MINUTE,
+                           (to_ms - 1) // MS_PER_MINUTE)
 
     def upcoming_hours(self, topic_uid: uuid.UUID, from_ms: int, to_ms: int) -> dict[int, int]:
         """Scheduled messages per hour (epoch hour → count) in [from_ms, to_ms)."""
-        first, last = from_ms // MS_PER_HOUR, (to_ms - 1) // MS_PER_HOUR
-        futures = [
-            self.db.execute_async(
-                "SELECT hour, n FROM {ks}.upcoming_hours WHERE topic_uid = ? AND week = ? "
-                "AND hour >= ? AND hour <= ?", (topic_uid, week, first, last))
-            for week in range(first // HOURS_PER_WEEK, last // HOURS_PER_WEEK + 1)
-        ]
-        return {r["hour"]: r["n"] for rows in self.db.results(futures) for r in rows if r["n"]}
+        return self._slots(_HOURS, topic_uid, from_ms // MS_PER_HOUR, (to_ms - 1) // MS_PER_HOUR)
+
+    def _slots(self, table: _SlotTable, topic_uid: uuid.UUID, first: int, last: int
+               ) -> dict[int, int]:
+        """Counts of slots first..last (inclusive) of a slot counter table, one read per
+        partition they span."""
+        futures = [self.db.execute_async(table.select, (topic_uid, part, first, last))
+                   for part in range(first // table.per_partition,
+                                     last // table.per_partition + 1)]
+        return {r["slot"]: r["n"] for rows in self.db.results(futures) for r in rows if r["n"]}
