@@ -11,7 +11,7 @@ run:            ## install what is missing, start everything, stay in the foregr
 up:             ## same as run, but return once ready and leave it in the background
 	@devstack/stack.sh up
 
-down:           ## stop the API and every local Cassandra node
+down:           ## stop every stack's API and releaser and every local Cassandra node
 	@devstack/stack.sh down
 
 setup:          ## venv, Cassandra, schema
@@ -42,4 +42,4 @@ cluster-down:
 	python3 devstack/cassandra.py stop cluster
 
 clean: down
-	rm -rf var/cassandra/dev var/cassandra/c1 var/cassandra/c2 var/cassandra/c3 var/log
+	rm -rf var/cassandra/dev var/cassandra/c1 var/cassandra/c2 var/cassandra/c3 var/cassandra/solo var/log

@@ -7,6 +7,8 @@ Nodes:
   dev        one node on 127.0.0.1:9042 (storage 7000, JMX 7199), heap 1 GiB
   c1, c2, c3 a 3-node cluster on 127.0.0.1/.2/.3, CQL port 9043, storage 7010,
              JMX 7201/7202/7203, heap 512 MiB each (ccm's layout: a folder per node)
+  solo       one node on 127.0.0.1:9044 (storage 7020, JMX 7210), heap 512 MiB: the tests
+             that stop a node stop this one, never the dev node a user's stack runs on
 
 Everything lives under var/: jars in var/cassandra/lib (fetched by Maven from Maven Central,
 see devstack/pom.xml), per-node config, data and pid under var/cassandra/<node>, logs under
@@ -79,6 +81,8 @@ NODES: dict[str, Node] = {
         )
         for i in (1, 2, 3)
     },
+    "solo": Node("solo", "127.0.0.1", 9044, 7020, 7210, 512, "duetime-solo", "127.0.0.1:7020",
+                 4),
 }
 
 # Cassandra 5.0's conf/jvm-server.options and conf/jvm17-server.options (GC, JPMS, Netty),

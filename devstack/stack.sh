@@ -7,6 +7,12 @@ ROOT=$(pwd)
 VENV="$ROOT/.venv"
 VAR="$ROOT/var"
 PORT="${DUETIME_HTTP_PORT:-8080}"
+KEYSPACE="${DUETIME_KEYSPACE:-duetime}"
+# one stack per port: its own pid files, so a second stack (the tests') never touches the first
+API_PID="$VAR/run/api-$PORT.pid"
+RELEASER_PID="$VAR/run/releaser-$PORT.pid"
+# the dev key of the default keyspace is var/dev-key; another keyspace's has its own file
+if [ "$KEYSPACE" = duetime ]; then KEYFILE="$VAR/dev-key"; else KEYFILE="$VAR/dev-key-$KEYSPACE"; fi
 PY=python3
 mkdir -p "$VAR/run" "$VAR/log"
 
@@ -51,8 +57,8 @@ setup() {
   "$VENV/bin/duetime" schema apply
 }
 
-dev_key() {  # reuse var/dev-key while it still authenticates, else make a new one
-  local keyfile="$VAR/dev-key"
+dev_key() {  # reuse the key file while it still authenticates, else make a new one
+  local keyfile="$KEYFILE"
   if [ -s "$keyfile" ] && "$VENV/bin/python" - "$(cat "$keyfile")" <<'PYEOF'
 import sys
 from app.config import load_config
@@ -82,15 +88,15 @@ banner() {
 }
 
 start_api_background() {
-  if [ -f "$VAR/run/api.pid" ] && kill -0 "$(cat "$VAR/run/api.pid")" 2>/dev/null; then return; fi
-  "$VENV/bin/gunicorn" -c app/gunicorn_conf.py --daemon --pid "$VAR/run/api.pid" \
+  if [ -f "$API_PID" ] && kill -0 "$(cat "$API_PID")" 2>/dev/null; then return; fi
+  "$VENV/bin/gunicorn" -c app/gunicorn_conf.py --daemon --pid "$API_PID" \
     --error-logfile "$VAR/log/api.log" app.wsgi:app
 }
 
 start_releaser_background() {
-  if [ -f "$VAR/run/releaser.pid" ] && kill -0 "$(cat "$VAR/run/releaser.pid")" 2>/dev/null; then return; fi
+  if [ -f "$RELEASER_PID" ] && kill -0 "$(cat "$RELEASER_PID")" 2>/dev/null; then return; fi
   nohup "$VENV/bin/duetime" releaser --member "$(hostname)-dev" >>"$VAR/log/releaser.log" 2>&1 &
-  echo $! > "$VAR/run/releaser.pid"
+  echo $! > "$RELEASER_PID"
 }
 
 stop_pidfile() {
@@ -128,8 +134,8 @@ case "${1:-}" in
   setup) setup ;;
   run) run ;;
   up) setup; start_api_background; start_releaser_background; wait_ready; banner ;;
-  down) stop_pidfile "$VAR/run/releaser.pid"; stop_pidfile "$VAR/run/api.pid"
-        $PY devstack/cassandra.py stop dev cluster ;;
+  down) for pidfile in "$VAR"/run/releaser*.pid "$VAR"/run/api*.pid; do stop_pidfile "$pidfile"; done
+        $PY devstack/cassandra.py stop dev cluster solo ;;
   key) dev_key ;;
   *) echo "usage: $0 setup|run|up|down|key" >&2; exit 2 ;;
 esac

@@ -46,7 +46,7 @@ def config() -> Iterator[Config]:
 
 
 def _drop_keyspace(cfg: Config, within_s: float = 60.0) -> None:
-    """Drop the run's keyspace; the outage test may have just restarted the node, so wait."""
+    """Drop the run's keyspace (waiting for a node that has just been restarted)."""
     deadline = time.monotonic() + within_s
     while True:
         db = CassandraSession(cfg)

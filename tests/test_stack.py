@@ -1,5 +1,8 @@
 """`make up` brings the API and a releaser up in the background: /readyz answers 200 and a
-webhook message sent through the API is pushed by that releaser. Both stop again."""
+webhook message sent through the API is pushed by that releaser. Both stop again.
+
+The stack under test runs on its own port and on the test run's keyspace, so a user's own
+stack (`make up` on 8080) keeps running untouched: its processes, pid files and dev key."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from app.config import load_config
+from app.config import Config
 from app.services import Services
 from tests.receiver import Receiver, receiving
 
@@ -27,8 +30,10 @@ def call(method: str, path: str, key: str, body: dict[str, Any]) -> Any:
         return json.loads(answer.read() or b"null")
 
 
-def test_make_up_serves_the_api_and_runs_a_releaser() -> None:
-    env = {**os.environ, "DUETIME_HTTP_PORT": PORT}
+def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
+    env = {**os.environ, "DUETIME_HTTP_PORT": PORT, "DUETIME_KEYSPACE": config.keyspace}
+    users_key = ROOT / "var" / "dev-key"
+    before = users_key.read_text() if users_key.exists() else None
     up = subprocess.run(["make", "up"], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -37,7 +42,7 @@ def test_make_up_serves_the_api_and_runs_a_releaser() -> None:
         assert "dev API key" in up.stdout
         with urllib.request.urlopen(f"{BASE}/readyz", timeout=5) as answer:
             assert answer.status == 200
-        services = Services(load_config())  # the stack's own keyspace
+        services = Services(config)  # the stack's keyspace
         key = services.keys.create("stacktest")
         services.close()
         with receiving(Receiver()) as target:
@@ -49,8 +54,10 @@ def test_make_up_serves_the_api_and_runs_a_releaser() -> None:
             assert target.arrivals[0].message_id == sent["id"]
             assert json.loads(target.arrivals[0].body) == {"hello": "stack"}
     finally:
-        for name in ("releaser.pid", "api.pid"):
+        for name in (f"releaser-{PORT}.pid", f"api-{PORT}.pid"):  # this stack's, no other
             pidfile = ROOT / "var" / "run" / name
             if pidfile.exists():
                 os.kill(int(pidfile.read_text()), 15)
                 pidfile.unlink()
+        (ROOT / "var" / f"dev-key-{config.keyspace}").unlink(missing_ok=True)
+    assert (users_key.read_text() if users_key.exists() else None) == before

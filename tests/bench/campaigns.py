@@ -16,6 +16,7 @@ Writes bench-results/campaigns.json and prints a table. Usage: python -m tests.b
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -109,7 +110,8 @@ def paced(headers: dict[str, str], rate: float = 100.0, count: int = 600) -> dic
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 1_000_000
     headers = {"Authorization": f"Bearer {(ROOT / 'var/dev-key').read_text().strip()}"}
-    pid = int((ROOT / "var/run/releaser.pid").read_text())
+    port = os.environ.get("DUETIME_HTTP_PORT", "8080")
+    pid = int((ROOT / f"var/run/releaser-{port}.pid").read_text())
     topic = make_topic(headers)
     enqueue_rate, _ = enqueue(headers, topic, count, now_ms() + HOUR_MS, HOUR_MS,
                               campaign="big")
