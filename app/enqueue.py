@@ -225,14 +225,13 @@ def _stage(services: Services, topic: Topic, items: Sequence[NewMessage],
     writes succeeded (the others answer 503)."""
     cfg = services.config
     slack = cfg.horizon_days * MS_PER_DAY
-    payload_errors = services.messages.put_payloads([
-        (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
-         ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack)) for i in todo])
     members = [i for i in todo if rows[i].campaign]
-    index_errors = dict(zip(members, services.messages.index_campaigns(
-        topic.uid, [(rows[i].campaign or "", rows[i].id,
-                     ttl_s(rows[i].due_at_ms, now, cfg.retention_days)) for i in members]),
-        strict=True))
+    payload_errors, member_errors = services.messages.stage(topic.uid, [
+        (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
+         ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack)) for i in todo], [
+        (rows[i].campaign or "", rows[i].id, ttl_s(rows[i].due_at_ms, now, cfg.retention_days))
+        for i in members])
+    index_errors = dict(zip(members, member_errors, strict=True))
     staged = []
     for i, err in zip(todo, payload_errors, strict=True):
         err = err or index_errors.get(i)

@@ -100,6 +100,30 @@ def _by_home(keys: Iterable[tuple[Home, int]], size: int,
     return chunks
 
 
+PayloadRow = tuple[uuid.UUID, str, str, Payload, int]  # topic_uid, id, content hash, body, ttl_s
+Batch = list[tuple[str, Sequence[Any]]]
+
+
+def _payload_batches(rows: Sequence[PayloadRow]) -> tuple[list[list[int]], list[Batch]]:
+    chunks = _by_home(((_home(t, i), n) for n, (t, i, _, _, _) in enumerate(rows)),
+                      PLAIN_BATCH, weight=lambda n: len(rows[n][3].data), cap=PAYLOAD_BATCH_BYTES)
+    return chunks, [[
+        (_PUT_PAYLOAD, (t, home_of(i), i, h, p.data, p.encoding, p.headers or None, ttl))
+        for t, i, h, p, ttl in (rows[n] for n in chunk)] for chunk in chunks]
+
+
+def _member_batches(topic_uid: uuid.UUID, members: Sequence[tuple[str, str, int]]
+                    ) -> tuple[list[list[int]], list[Batch]]:
+    partitions: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for n, (campaign, message_id, _) in enumerate(members):
+        partitions[(campaign, campaign_spread(message_id))].append(n)
+    chunks = [chunk[i:i + PLAIN_BATCH] for chunk in partitions.values()
+              for i in range(0, len(chunk), PLAIN_BATCH)]
+    return chunks, [[(_INDEX, (topic_uid, members[n][0], campaign_spread(members[n][1]),
+                               members[n][1], members[n][2])) for n in chunk]
+                    for chunk in chunks]
+
+
 def _row_to_state(row: dict[str, Any]) -> MessageState:
     values: dict[str, Any] = {
         c: (cql_ms(row[c]) if c in _TIMES and row[c] is not None else row[c]) for c in _COLUMNS}
@@ -349,32 +373,20 @@ class MessageStore:
             return exc
         return found is not None and same_transition(found, intended)
 
-    def index_campaigns(self, topic_uid: uuid.UUID, members: Sequence[tuple[str, str, int]]
-                        ) -> list[Exception | None]:
-        """Record (campaign, id, ttl_s) memberships (plain, idempotent inserts), one unlogged
-        batch per index partition; per member None where written, else the error."""
-        partitions: dict[tuple[str, int], list[int]] = defaultdict(list)
-        for n, (campaign, message_id, _) in enumerate(members):
-            partitions[(campaign, campaign_spread(message_id))].append(n)
-        chunks = [chunk[i:i + PLAIN_BATCH] for chunk in partitions.values()
-                  for i in range(0, len(chunk), PLAIN_BATCH)]
-        outcomes = self.db.run_batches([[(_INDEX, (topic_uid, members[n][0],
-                                                   campaign_spread(members[n][1]),
-                                                   members[n][1], members[n][2]))
-                                         for n in chunk] for chunk in chunks])
-        return item_errors(chunks, outcomes, len(members))
-
-    def put_payloads(self, rows: Sequence[tuple[uuid.UUID, str, str, Payload, int]]
-                     ) -> list[Exception | None]:
-        """Plain inserts of (topic_uid, id, content_hash, payload, ttl_s), one unlogged batch
-        per home (at most PAYLOAD_BATCH_BYTES of payload each); None where written."""
-        chunks = _by_home(((_home(t, i), n) for n, (t, i, _, _, _) in enumerate(rows)),
-                          PLAIN_BATCH, weight=lambda n: len(rows[n][3].data),
-                          cap=PAYLOAD_BATCH_BYTES)
-        outcomes = self.db.run_batches([[
-            (_PUT_PAYLOAD, (t, home_of(i), i, h, p.data, p.encoding, p.headers or None, ttl))
-            for t, i, h, p, ttl in (rows[n] for n in chunk)] for chunk in chunks])
-        return item_errors(chunks, outcomes, len(rows))
+    def stage(self, topic_uid: uuid.UUID, payloads: Sequence[PayloadRow],
+              members: Sequence[tuple[str, str, int]]
+              ) -> tuple[list[Exception | None], list[Exception | None]]:
+        """What an enqueue writes before its state rows, in one round of batches: payloads
+        (topic_uid, id, content_hash, payload, ttl_s), one unlogged batch per home (at most
+        PAYLOAD_BATCH_BYTES of payload each), and campaign memberships (campaign, id, ttl_s),
+        one unlogged batch per index partition; all plain, idempotent inserts. Per payload
+        and per member: None where written, else the error."""
+        payload_chunks, payload_batches = _payload_batches(payloads)
+        member_chunks, member_batches = _member_batches(topic_uid, members)
+        outcomes = self.db.run_batches(payload_batches + member_batches)
+        split = len(payload_batches)
+        return (item_errors(payload_chunks, outcomes[:split], len(payloads)),
+                item_errors(member_chunks, outcomes[split:], len(members)))
 
     def get_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
                      ) -> dict[str, Payload]:
