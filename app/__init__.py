@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Flask, g, request
 from flask_smorest import Api
 
-from app.api import problems
+from app.api import docs_assets, problems
 from app.auth import Authenticator
 from app.config import Config, load_config
 from app.services import Clock, Services, system_clock_ms
@@ -26,7 +26,7 @@ def _smorest_settings(app: Flask, config: Config) -> None:
         OPENAPI_URL_PREFIX="/",
         OPENAPI_JSON_PATH="openapi.json",
         OPENAPI_SWAGGER_UI_PATH="/docs",
-        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        OPENAPI_SWAGGER_UI_URL=docs_assets.ASSETS_URL,
         MAX_CONTENT_LENGTH=config.max_batch * (config.max_payload_bytes + 4096) + 65536,
         API_SPEC_OPTIONS={
             "info": {"description": "Messages delivered at their moment. See README.md."},
@@ -59,6 +59,7 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     for module in (health, topics, messages, leases, campaigns):
         smorest.register_blueprint(module.blp)
     openapi_file.register(app, smorest)
+    docs_assets.register(app)
     problems.register(app)
-    _authenticate(app, Authenticator(services.keys))
+    _authenticate(app, Authenticator(services.keys, config.key_cache_s))
     return app

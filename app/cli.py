@@ -2,6 +2,8 @@
 
   duetime schema apply | status
   duetime keys create --tenant NAME [--name LABEL]   (prints the new key as its last line)
+  duetime keys list [--tenant NAME]                  (key ids, never keys)
+  duetime keys revoke --key-id ID                    (an id from list, or the key itself)
   duetime openapi [--output PATH]
   duetime releaser [--member NAME]   (runs until SIGTERM/SIGINT, then stops gracefully)
   duetime spark import FILE --topic T [--tenant T] [--campaign C] [--rejects DIR] [--master URL]
@@ -20,6 +22,8 @@ from app.errors import StoreUnavailable
 from app.ids import NAME
 from app.services import Services
 from app.store import migrations
+from app.store.keys import KEY_ID_CHARS, KeyNotFound, hash_key
+from app.timeparse import format_ms
 
 
 def _schema(services: Services, args: argparse.Namespace) -> int:
@@ -37,11 +41,26 @@ def _schema(services: Services, args: argparse.Namespace) -> int:
 
 
 def _keys(services: Services, args: argparse.Namespace) -> int:
-    if not NAME.match(args.tenant):
-        print(f"tenant must match {NAME.pattern}", file=sys.stderr)
+    if args.action == "list":
+        print(f"{'key id':16}  {'tenant':20}  {'created':24}  name")
+        for k in services.keys.all(args.tenant):
+            print(f"{k.key_id:16}  {k.tenant:20}  {format_ms(k.created_at_ms):24}  {k.name}")
+        return 0
+    if args.action == "revoke":
+        try:
+            gone = services.keys.revoke(args.key_id or "")
+        except KeyNotFound as exc:
+            print(f"not revoked: {exc}", file=sys.stderr)
+            return 1
+        print(f"revoked key {gone.key_id} of tenant {gone.tenant}; processes that used it stop "
+              f"accepting it within {services.config.key_cache_s:g} s")
+        return 0
+    if not args.tenant or not NAME.match(args.tenant):
+        print(f"--tenant must match {NAME.pattern}", file=sys.stderr)
         return 2
     key = services.keys.create(args.tenant, args.name or "")
-    print(f"created a key for tenant {args.tenant}; it is shown only once:")
+    print(f"created key {hash_key(key)[:KEY_ID_CHARS]} for tenant {args.tenant}; "
+          "it is shown only once:")
     print(key)
     return 0
 
@@ -67,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="apply or inspect CQL migrations")
     schema.add_argument("action", choices=["apply", "status"])
     keys = sub.add_parser("keys", help="manage API keys")
-    keys.add_argument("action", choices=["create"])
-    keys.add_argument("--tenant", required=True)
+    keys.add_argument("action", choices=["create", "list", "revoke"])
+    keys.add_argument("--tenant", default=None, help="create: required; list: only its keys")
     keys.add_argument("--name", default="")
+    keys.add_argument("--key-id", default=None, help="revoke: a key id from list, or the key")
     openapi = sub.add_parser("openapi", help="write the OpenAPI document generated from code")
     openapi.add_argument("--output", default="openapi.yaml")
     releaser = sub.add_parser("releaser", help="release due messages of the owned shards")

@@ -43,6 +43,7 @@ class Config:
     max_wait_ms: int = 30_000
     min_lease_s: int = 1
     max_lease_s: int = 12 * 3600
+    key_cache_s: float = 30.0
     rate_limit_per_s: float = 0.0
     rate_burst: int = 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from flask import Flask
@@ -23,7 +24,16 @@ def test_served_openapi_is_the_generated_one(app: Flask) -> None:
     assert served.get_data(as_text=True) == (ROOT / "openapi.yaml").read_text()
 
 
-def test_docs_page_served(app: Flask) -> None:
-    page = app.test_client().get("/docs")
+def test_docs_page_served_with_nothing_from_the_internet(app: Flask) -> None:
+    client = app.test_client()
+    page = client.get("/docs")
     assert page.status_code == 200
-    assert b"swagger" in page.data.lower()
+    html = page.get_data(as_text=True)
+    assert "swagger" in html.lower()
+    sources = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert sources and all(s.startswith("/docs/assets/") for s in sources), sources
+    for source in sources:  # the script and the stylesheet, served by the app itself
+        asset = client.get(source)
+        assert asset.status_code == 200 and len(asset.data) > 1000, source
+    assert client.get("/openapi.json").status_code == 200  # what the page loads
+    assert client.get("/docs/assets/../../setup.cfg").status_code == 404
