@@ -14,6 +14,7 @@ from typing import Any
 from cassandra import ConsistencyLevel
 
 from app.timeline import COUNTED_AHEAD_MS
+from app.webhook_targets import parse_allow
 
 
 class ConfigError(ValueError):
@@ -64,6 +65,7 @@ class Config:
     release_catchup_ms: int = 3_600_000
     topic_refresh_ms: int = 2000
     webhook_concurrency: int = 64
+    webhook_allow: str = ""  # networks webhooks may reach although not public (comma list)
 
     @property
     def consistency_level(self) -> int:
@@ -118,6 +120,14 @@ def _validate(config: Config) -> None:
                           f"most {COUNTED_AHEAD_MS}")
     if not 1 <= config.min_lease_s <= config.max_lease_s:
         raise ConfigError("DUETIME_MIN_LEASE_S must be >= 1 and <= DUETIME_MAX_LEASE_S")
+    _validate_texts(config)
+
+
+def _validate_texts(config: Config) -> None:
+    try:
+        parse_allow(config.webhook_allow)
+    except ValueError as exc:
+        raise ConfigError(f"DUETIME_WEBHOOK_ALLOW: {exc}") from exc
     if not config.keyspace.replace("_", "").isalnum():
         raise ConfigError("DUETIME_KEYSPACE must be letters, digits and underscores")
 

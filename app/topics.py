@@ -11,6 +11,7 @@ from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
 from app.services import Services
 from app.timeline import MS_PER_HOUR, MS_PER_MINUTE
+from app.webhook_targets import Network, parse_allow, url_refusal
 
 RETRIES_ON_RACE = 3
 
@@ -23,10 +24,14 @@ def get_topic(services: Services, tenant: str, name: str) -> Topic:
     return topic
 
 
-def _validated(settings: TopicSettings) -> TopicSettings:
+def _validated(settings: TopicSettings, allow: tuple[Network, ...]) -> TopicSettings:
     if settings.delivery_mode == "webhook" and not settings.delivery_url:
         raise InvalidInput("A webhook topic needs delivery.url.",
                            {"delivery": {"url": ["Required for mode webhook."]}})
+    refused = settings.delivery_url and url_refusal(settings.delivery_url, allow)
+    if refused:
+        raise InvalidInput("Webhooks may not reach that address.",
+                           {"delivery": {"url": [f"Refused: {refused}."]}})
     if settings.max_backoff_seconds < settings.backoff_seconds:
         raise InvalidInput("retry.max_backoff_seconds is below retry.backoff_seconds.",
                            {"retry": {"max_backoff_seconds": ["Must be >= backoff_seconds."]}})
@@ -40,16 +45,17 @@ def put_topic(services: Services, tenant: str, name: str,
 
     Changing `shards` is refused with Conflict while the topic holds scheduled or leased
     messages: their pointers live in the old shard layout."""
+    allow = parse_allow(services.config.webhook_allow)
     for _ in range(RETRIES_ON_RACE):
         now = services.clock()
         current = services.topics.get(tenant, name)
         if current is None:
-            settings = _validated(dataclasses.replace(TopicSettings(), **changes))
+            settings = _validated(dataclasses.replace(TopicSettings(), **changes), allow)
             topic = Topic(tenant, name, uuid.uuid4(), settings, secrets.token_hex(32), now, now)
             if services.topics.create(topic):
                 return topic, True
             continue
-        settings = _validated(dataclasses.replace(current.settings, **changes))
+        settings = _validated(dataclasses.replace(current.settings, **changes), allow)
         if settings.shards != current.settings.shards and _live_messages(services, current):
             raise Conflict("Cannot change shards of a topic with scheduled or leased messages.")
         topic = dataclasses.replace(current, settings=settings, updated_at_ms=now)

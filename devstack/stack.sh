@@ -14,6 +14,8 @@ RELEASER_PID="$VAR/run/releaser-$PORT.pid"
 # the dev key of the default keyspace is var/dev-key; another keyspace's has its own file
 if [ "$KEYSPACE" = duetime ]; then KEYFILE="$VAR/dev-key"; else KEYFILE="$VAR/dev-key-$KEYSPACE"; fi
 PY=python3
+# a local stack POSTs to local receivers; production refuses non-public targets by default
+export DUETIME_WEBHOOK_ALLOW="${DUETIME_WEBHOOK_ALLOW-127.0.0.0/8,::1}"
 mkdir -p "$VAR/run" "$VAR/log"
 
 need_apt() {  # install Debian packages whose command is missing

@@ -16,14 +16,17 @@ from contextlib import contextmanager
 
 import pytest
 
+from app.webhook_targets import parse_allow
 from tests.loop_thread import LoopThread
 from tests.receiver import Receiver, receiving
-from workers.http_client import AsyncHttpClient, HttpError
+from workers.http_client import AsyncHttpClient, HttpError, RefusedTarget
 from workers.loop import PrioritySlots
 from workers.post_process import PostJob, PostProcess, PostResult
 from workers.webhook import post_outcome
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+LOOPBACK_TEXT = "127.0.0.0/8,::1"  # these servers listen on loopback
+LOOPBACK = parse_allow(LOOPBACK_TEXT)
 
 
 @contextmanager
@@ -81,7 +84,7 @@ def test_chunked_answers_are_read_whole_and_the_connection_is_reused() -> None:
             await writer.drain()
 
     with raw_server(chunked) as (runner, url, accepted):
-        client = AsyncHttpClient()
+        client = AsyncHttpClient(LOOPBACK)
         assert [post(runner, client, url) for _ in range(3)] == [(202, b"abcde")] * 3
         assert len(accepted) == 1
 
@@ -93,7 +96,7 @@ def test_an_answer_ended_by_closing_the_connection_counts() -> None:
         await writer.drain()
 
     with raw_server(closing) as (runner, url, accepted):
-        client = AsyncHttpClient()
+        client = AsyncHttpClient(LOOPBACK)
         assert post(runner, client, url) == (500, b"broken")
         assert post(runner, client, url) == (500, b"broken")
         assert len(accepted) == 2  # not kept: the server closed it
@@ -108,7 +111,7 @@ def test_a_connection_the_server_dropped_while_idle_is_replaced() -> None:
         # keep-alive was promised, but the server drops the connection without a word
 
     with raw_server(one_per_connection) as (runner, url, accepted):
-        client = AsyncHttpClient()
+        client = AsyncHttpClient(LOOPBACK)
         assert post(runner, client, url) == (200, b"ok")
         time.sleep(0.05)
         assert post(runner, client, url) == (200, b"ok")
@@ -123,7 +126,7 @@ def test_a_reused_connection_closed_before_any_answer_is_retried_once_on_a_new_o
         await read_request(reader)  # the second request on this connection: hang up on it
 
     with raw_server(answers_once) as (runner, url, accepted):
-        client = AsyncHttpClient()
+        client = AsyncHttpClient(LOOPBACK)
         assert post(runner, client, url) == (200, b"ok")
         assert post(runner, client, url) == (200, b"ok")
         assert len(accepted) == 2
@@ -142,24 +145,25 @@ def test_a_silent_target_times_out_and_garbage_is_an_error() -> None:
     with raw_server(silent) as (runner, url, _):
         began = time.monotonic()
         with pytest.raises(TimeoutError):
-            post(runner, AsyncHttpClient(), url, timeout_s=0.3)
+            post(runner, AsyncHttpClient(LOOPBACK), url, timeout_s=0.3)
         assert 0.3 <= time.monotonic() - began < 2
-        outcome = runner.run(post_outcome(AsyncHttpClient(), url, {}, b"x", 0.2))
+        outcome = runner.run(post_outcome(AsyncHttpClient(LOOPBACK), url, {}, b"x", 0.2))
         assert outcome == "timeout after 0.2 s"
     with raw_server(garbage) as (runner, url, _), pytest.raises(HttpError):
-        post(runner, AsyncHttpClient(), url)
+        post(runner, AsyncHttpClient(LOOPBACK), url)
 
 
 def test_outcomes_name_refusals_and_statuses() -> None:
     runner = LoopThread("outcomes")
     try:
-        refused = runner.run(post_outcome(AsyncHttpClient(), "http://127.0.0.1:9/x", {}, b"", 2))
+        refused = runner.run(post_outcome(AsyncHttpClient(LOOPBACK), "http://127.0.0.1:9/x",
+                                          {}, b"", 2))
         assert refused == "connection failed: Connection refused"
         for bad in ("ftp://x/", "http://127.0.0.1:port/x"):
-            not_http = runner.run(post_outcome(AsyncHttpClient(), bad, {}, b"", 2))
+            not_http = runner.run(post_outcome(AsyncHttpClient(LOOPBACK), bad, {}, b"", 2))
             assert not_http is not None and "not an http(s) URL" in not_http, not_http
         with receiving(Receiver(lambda message_id, before: 503)) as target:
-            answer = runner.run(post_outcome(AsyncHttpClient(), target.url,
+            answer = runner.run(post_outcome(AsyncHttpClient(LOOPBACK), target.url,
                                              {"Duetime-Message-Id": "m1"}, b"{}", 2))
             assert answer == "HTTP 503: ok"
             assert target.ids() == ["m1"]
@@ -229,7 +233,7 @@ def now_ms() -> int:
 def test_the_post_process_sends_at_the_due_time_never_before() -> None:
     results = Results()
     with receiving(Receiver()) as target:
-        posts = PostProcess(results.add, results.add_lost)
+        posts = PostProcess(results.add, results.add_lost, LOOPBACK_TEXT)
         try:
             due = now_ms() + 1500  # the child may still be starting: plenty of room
             posts.send([job(i, target.url, due + 10 * i) for i in range(20)])
@@ -248,7 +252,7 @@ def test_the_post_process_sends_at_the_due_time_never_before() -> None:
 def test_stop_waits_for_jobs_due_later() -> None:
     results = Results()
     with receiving(Receiver()) as target:
-        posts = PostProcess(results.add, results.add_lost)
+        posts = PostProcess(results.add, results.add_lost, LOOPBACK_TEXT)
         due = now_ms() + 1500
         posts.send([job(1, target.url, due)])
         posts.stop()
@@ -260,7 +264,7 @@ def test_stop_waits_for_jobs_due_later() -> None:
 def test_a_killed_post_process_hands_back_its_jobs_and_is_replaced() -> None:
     results = Results()
     with receiving(Receiver()) as target:
-        posts = PostProcess(results.add, results.add_lost)
+        posts = PostProcess(results.add, results.add_lost, LOOPBACK_TEXT)
         try:
             posts.send([job(1, target.url, now_ms() + 60_000)])
             child = posts._child
@@ -278,3 +282,18 @@ def test_a_killed_post_process_hands_back_its_jobs_and_is_replaced() -> None:
             posts.stop()
     assert set(target.ids()) <= {"m2", "m3"} and "m2" in target.ids()
     assert ("m3" in target.ids()) == (3 in results.got)
+
+
+def test_a_target_on_a_refused_address_is_never_connected_to() -> None:
+    """Without an allow list, a name resolving to loopback is refused before connecting (the
+    server sees no connection), and the POST's outcome says why."""
+    async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise AssertionError("connected")
+
+    with raw_server(never) as (runner, url, accepted):
+        named = url.replace("127.0.0.1", "localhost")
+        with pytest.raises(RefusedTarget, match="loopback"):
+            post(runner, AsyncHttpClient(), named)
+        outcome = runner.run(post_outcome(AsyncHttpClient(), url, {}, b"x", 1.0))
+        assert outcome is not None and "refused" in outcome and "loopback" in outcome
+        assert accepted == []

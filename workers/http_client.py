@@ -8,11 +8,15 @@ parser sends the same POSTs for a fraction of the CPU.
 Guarantees: a request either returns (status, first MAX_BODY bytes of the body) or raises
 (OSError for connection failures, TimeoutError past `timeout_s`, HttpError for a malformed or
 cut-off answer). Redirects are not followed. TLS (https) uses the default certificate checks.
+Every address a target's name resolves to is checked before connecting (app.webhook_targets:
+no loopback, private, link-local ... address unless allowed), and the connection goes to the
+address checked, so a name cannot resolve elsewhere in between (DNS rebinding).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections import defaultdict
 from typing import cast
@@ -20,12 +24,18 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from app.webhook_targets import Network, refusal
+
 MAX_BODY = 1024  # bytes of an answer's body kept (it only goes into last_error)
 IDLE_PER_ORIGIN = 256  # idle keep-alive connections kept per origin; more are closed
 
 
 class HttpError(Exception):
     """The target's answer was not a well-formed HTTP/1.1 response."""
+
+
+class RefusedTarget(OSError):
+    """The target's name resolves to an address webhooks may not reach."""
 
 
 Origin = tuple[str, str, int]  # scheme, host, port
@@ -111,9 +121,10 @@ class AsyncHttpClient:
     from its loop only. The caller bounds concurrency (connections open = requests in flight).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, allow: tuple[Network, ...] = ()) -> None:
         self._idle: dict[Origin, list[_Connection]] = defaultdict(list)
         self._tls = ssl.create_default_context()
+        self.allow = allow  # networks allowed although not public (DUETIME_WEBHOOK_ALLOW)
 
     async def post(self, url: str, body: bytes, headers: dict[str, str],
                    timeout_s: float) -> tuple[int, bytes]:
@@ -151,8 +162,16 @@ class AsyncHttpClient:
 
     async def _connect(self, origin: Origin) -> _Connection:
         scheme, host, port = origin
-        _, conn = await asyncio.get_running_loop().create_connection(
-            _Connection, host, port, ssl=self._tls if scheme == "https" else None)
+        loop = asyncio.get_running_loop()
+        found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        for *_, sockaddr in found:
+            reason = refusal(str(sockaddr[0]), self.allow)
+            if reason is not None:
+                raise RefusedTarget(f"webhook target refused: {host} resolves to {reason}")
+        tls = scheme == "https"
+        _, conn = await loop.create_connection(
+            _Connection, str(found[0][4][0]), port, ssl=self._tls if tls else None,
+            server_hostname=host if tls else None)
         return conn
 
     async def _exchange(self, origin: Origin, conn: _Connection,

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from app.webhook_targets import parse_allow
 from workers.http_client import AsyncHttpClient
 from workers.loop import PrioritySlots, new_loop
 from workers.webhook import post_outcome
@@ -72,11 +73,11 @@ class _Sender:
     (-1, then an 8-byte length, past 2 GiB), then the pickle."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, allow: str) -> None:
         self.reader = reader
         self.writer = writer
         self.loop = loop
-        self.client = AsyncHttpClient()
+        self.client = AsyncHttpClient(parse_allow(allow))
         self.slots: dict[str, PrioritySlots] = {}
         self.jobs = 0  # received, result not yet sent
         self.finishing = False
@@ -159,8 +160,9 @@ class _Sender:
         self.loop.stop()
 
 
-def serve(conn: Connection) -> None:
-    """The child's main: run the sender until the parent asks it to finish (or is gone)."""
+def serve(conn: Connection, allow: str = "") -> None:
+    """The child's main: run the sender until the parent asks it to finish (or is gone).
+    allow: the networks webhooks may reach although not public (DUETIME_WEBHOOK_ALLOW)."""
     loop = new_loop()
     asyncio.set_event_loop(loop)
     sock = socket.socket(fileno=os.dup(conn.fileno()))
@@ -168,7 +170,7 @@ def serve(conn: Connection) -> None:
 
     async def start() -> None:
         reader, writer = await asyncio.open_connection(sock=sock)
-        sender = _Sender(reader, writer, loop)
+        sender = _Sender(reader, writer, loop, allow)
         sender._keep(loop.create_task(sender.receive()))
 
     loop.run_until_complete(start())
@@ -181,9 +183,10 @@ class PostProcess:
     and a new child is started."""
 
     def __init__(self, on_results: Callable[[list[PostResult]], None],
-                 on_lost: Callable[[list[int]], None]) -> None:
+                 on_lost: Callable[[list[int]], None], allow: str = "") -> None:
         self.on_results = on_results
         self.on_lost = on_lost
+        self.allow = allow
         self._lock = threading.Lock()
         self._held: set[int] = set()
         self._stopping = False
@@ -193,8 +196,8 @@ class PostProcess:
     def _start_child(self) -> None:
         self._started = time.monotonic()
         self._conn, child_end = self._context.Pipe()
-        self._child = self._context.Process(target=serve, args=(child_end,), daemon=True,
-                                            name="duetime-post")
+        self._child = self._context.Process(target=serve, args=(child_end, self.allow),
+                                            daemon=True, name="duetime-post")
         self._child.start()
         child_end.close()
         self._reader = threading.Thread(target=self._read_loop, args=(self._conn,),

@@ -81,7 +81,8 @@ class PushDispatcher:
         self._outcomes: queue.Queue[tuple[Armed, str | None] | None] = queue.Queue()
         self._armed: dict[int, Armed] = {}  # sent to the POST process, result not back
         self._refs = itertools.count()
-        self._posts = PostProcess(self._on_results, self._on_lost)
+        self._posts = PostProcess(self._on_results, self._on_lost,
+                                  services.config.webhook_allow)
         self._finisher = threading.Thread(target=self._finish_loop, name="push-finish",
                                           daemon=True)
         self._finisher.start()
