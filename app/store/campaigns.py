@@ -67,16 +67,6 @@ def _campaign(row: dict[str, Any]) -> Campaign:
         updated_at_ms=cql_ms(row["updated_at"]) if row["updated_at"] else 0)
 
 
-def merge_spans(spans: Mapping[str, Span], more: Mapping[str, Span]) -> dict[str, Span]:
-    """Per campaign, the span covering both."""
-    merged = dict(spans)
-    for name, (first, last) in more.items():
-        known = merged.get(name)
-        merged[name] = (first, last) if known is None else (min(known[0], first),
-                                                            max(known[1], last))
-    return merged
-
-
 class CampaignStore:
     def __init__(self, db: CassandraSession) -> None:
         self.db = db
