@@ -53,10 +53,19 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     app.extensions["duetime"] = services
     smorest = Api(app)
     # imported here, not at module level: names bound there are attributes of the package
-    # and would shadow the use-case modules app.topics, app.messages and app.campaigns
-    from app.api import campaigns, health, leases, messages, openapi_file, topics
+    # and would shadow the use-case modules app.topics, app.messages, app.campaigns and
+    # app.schedules
+    from app.api import (
+        campaigns,
+        health,
+        leases,
+        messages,
+        openapi_file,
+        schedules,
+        topics,
+    )
 
-    for module in (health, topics, messages, leases, campaigns):
+    for module in (health, topics, messages, leases, campaigns, schedules):
         smorest.register_blueprint(module.blp)
     openapi_file.register(app, smorest)
     docs_assets.register(app)

@@ -69,7 +69,9 @@ def _deliver_at(data: dict[str, Any], now_ms: int) -> int:
     return now_ms
 
 
-def _payload(data: dict[str, Any], max_bytes: int) -> Payload:
+def payload_of(data: dict[str, Any], max_bytes: int) -> Payload:
+    """The body of a message or a schedule: `payload` (JSON) or `payload_base64`, with
+    `headers`; 413 over max_bytes, 400 for bad base64."""
     headers = dict(data.get("headers") or {})
     if "payload_base64" in data:
         try:
@@ -106,7 +108,7 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
     content = {k: v for k, v in data.items() if k != "id"}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
     return NewMessage(data.get("id"), deliver, int(data.get("priority", 100)),
-                      data.get("campaign"), _payload(data, max_payload_bytes), digest[:32])
+                      data.get("campaign"), payload_of(data, max_payload_bytes), digest[:32])
 
 
 def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:

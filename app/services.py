@@ -20,6 +20,7 @@ from app.store.counts import CountStore
 from app.store.keys import ApiKeyStore
 from app.store.messages import MessageStore
 from app.store.operations import OperationStore
+from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
@@ -45,6 +46,7 @@ class Services:
         self.campaigns = CampaignStore(self.db)
         self.campaign_rules = CampaignRules(self.campaigns)
         self.operations = OperationStore(self.db)
+        self.schedules = ScheduleStore(self.db)
         self.messages = MessageStore(self.db)
         self.timeline = TimelineStore(self.db)
         self.placer = PointerPlacer(self.timeline, config)

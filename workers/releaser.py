@@ -12,6 +12,8 @@ Periodic jobs (APScheduler), each one idempotent step:
   their partition's write count) to now; from each owned shard's stored cursor, put what the
   look-ahead missed into the heap, then move the cursor forward. For pull topics the sweep
   only keeps cursors moving, so consumers' lease scans stay short.
+- schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
+  (workers/schedules.py);
 - operations (OPERATIONS_EVERY_MS): run pending campaign operations (workers/operations.py),
   on a thread of their own so a long one never delays the other steps.
 A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
@@ -40,6 +42,7 @@ from app.transitions import replace_ahead
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.push import PushDispatcher
+from workers.schedules import ScheduleRunner
 from workers.timers import Timer, TimerHeap, earliest_by_shard
 
 RECENT_MS = 250  # pointers written this far behind now are still caught by the look-ahead
@@ -58,6 +61,7 @@ CATCH_UP_EVERY_MS = 5000  # stragglers are already late; their search costs a re
 PULL_KEEP_EVERY_MS = 10_000
 PREPARE_EVERY_MS = 100
 OPERATIONS_EVERY_MS = 1000
+SCHEDULES_EVERY_MS = 500
 log = logging.getLogger("duetime.releaser")
 
 
@@ -79,6 +83,7 @@ class Releaser:
         self._stop = threading.Event()
         self._stopping = threading.Event()  # set first: long steps end at their next check
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
+        self.schedules = ScheduleRunner(services, self.ownership.owned, self._topics.get)
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher")
         self.scheduler = BackgroundScheduler(job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
@@ -92,7 +97,8 @@ class Releaser:
                 (self.look_ahead, cfg.release_rescan_ms),
                 (self.sweep, cfg.release_sweep_ms),
                 (self.report, REPORT_EVERY_MS),
-                (self.run_operations, OPERATIONS_EVERY_MS)]
+                (self.run_operations, OPERATIONS_EVERY_MS),
+                (self.produce_fires, SCHEDULES_EVERY_MS)]
         for job, every_ms in jobs:
             self.scheduler.add_job(self._safely, "interval", args=[job],
                                    seconds=every_ms / 1000, id=job.__name__)
@@ -115,6 +121,9 @@ class Releaser:
 
     def run_operations(self) -> None:
         self.operations.tick()
+
+    def produce_fires(self) -> None:
+        self.schedules.tick()
 
     def refresh_topics(self) -> None:
         found = {t.uid: t for t in self.services.topics.all()}

@@ -1,0 +1,260 @@
+"""Recurring schedules: each fire is an ordinary message `{name}:{fire time in epoch ms}`,
+due at the fire time (placed at the end of the topic's quiet hours, in the schedule's zone,
+if it falls inside them), produced AHEAD_MS before it by the releaser owning the schedule's
+slot (produce()).
+
+A fire is produced exactly once however many releasers run: its id is deterministic
+(IF NOT EXISTS), and the schedule's cursor next_fire moves only by LWT from the value read.
+Fires whose time passed while nothing produced them (an outage longer than AHEAD_MS, less
+MISFIRE_GRACE_MS) follow the schedule's misfire rule: fire_once produces the latest of them
+only, skip none. Each fire is also listed in the campaign index under the name `~{name}`
+(which no campaign can have), before it is enqueued, so a replace or a delete finds the fires
+produced and not yet handed out: a replace rewrites those that are still fires of the new
+schedule and cancels the others, a delete cancels them all. A releaser whose cursor move
+fails because the schedule was replaced or deleted meanwhile does the same for what it had
+just produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import uuid
+from typing import Any
+
+from app import quiet_hours
+from app.cron import Cron, CronError
+from app.enqueue import EnqueueResult, NewMessage, enqueue, payload_of
+from app.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
+from app.messages import cancel
+from app.models import MessageState, Payload, Topic
+from app.services import Services
+from app.store.schedules import Schedule
+from app.timeline import placement_ms, stable_hash, ttl_s
+from app.timeparse import TimeFormatError
+from app.transitions import place_then
+
+AHEAD_MS = 2000  # fires are produced this long before their time
+MISFIRE_GRACE_MS = 1000  # a fire this late is still produced; later ones are misfires
+MAX_FIRES_PER_PRODUCE = 10_000  # fires looked at in one step after a long outage
+NEXT_FIRE_TIMES = 5
+PAGE = 500
+
+
+def fire_id(name: str, fire_ms: int) -> str:
+    return f"{name}:{fire_ms}"
+
+
+def fires_index(name: str) -> str:
+    """The campaign-index name under which a schedule's fires are listed."""
+    return f"~{name}"
+
+
+def slot_of(topic_uid: uuid.UUID, name: str, slots: int) -> int:
+    """The release slot whose owner produces this schedule's fires."""
+    return stable_hash(f"{topic_uid}:schedule:{name}") % slots
+
+
+def _cron(data: dict[str, Any]) -> Cron:
+    try:
+        return Cron(data["cron"], data["timezone"])
+    except CronError as exc:
+        raise InvalidInput(f"Invalid cron: {exc}", {"cron": [str(exc)]}) from exc
+    except TimeFormatError as exc:
+        raise InvalidInput(str(exc), {"timezone": [str(exc)]}) from exc
+
+
+def _first_fire(cron: Cron, s: Schedule, from_ms: int) -> int | None:
+    """The first fire at or after from_ms (and start_at), unless past end_at."""
+    fire = cron.next_after(max(from_ms, s.start_at or from_ms) - 1)
+    return None if fire is None or (s.end_at is not None and fire > s.end_at) else fire
+
+
+def _body(services: Services, topic: Topic, name: str, data: dict[str, Any],
+          now: int) -> Schedule:
+    start, end = data.get("start_at"), data.get("end_at")
+    if start is not None and end is not None and end <= start:
+        raise InvalidInput("end_at is not after start_at.", {"end_at": ["Must be after start_at."]})
+    payload = payload_of(data, services.config.max_payload_bytes)
+    return Schedule(topic.uid, name, data["cron"], data["timezone"], payload.data,
+                    payload.encoding, data.get("priority", 100), data.get("campaign"), start,
+                    end, data.get("misfire", "fire_once"), 1, None, now, now)
+
+
+def put_schedule(services: Services, topic: Topic, name: str,
+                 data: dict[str, Any]) -> tuple[Schedule, bool]:
+    """Create or replace a schedule; (the schedule, created). A replace rewrites the fires
+    already produced and not handed out (409 if that would move them to another campaign)."""
+    cron = _cron(data)
+    for _ in range(3):
+        now = services.clock()
+        new = _body(services, topic, name, data, now)
+        current = services.schedules.get(topic.uid, name)
+        if current is None:
+            made = dataclasses.replace(new, next_fire=_first_fire(cron, new, now))
+            if services.schedules.create(made):
+                _list(services, made)
+                return made, True
+            continue
+        kept = rewrite_fires(services, topic, current, new)
+        made = dataclasses.replace(new, version=current.version + 1,
+                                   created_at=current.created_at,
+                                   next_fire=_first_fire(cron, new, max(now, kept + 1)))
+        if services.schedules.replace(made, current.version):
+            _list(services, made)
+            return made, False
+    raise Conflict(f"Schedule {name!r} changed concurrently; retry.")
+
+
+def _list(services: Services, s: Schedule) -> None:
+    services.schedules.list_in_slot(slot_of(s.topic_uid, s.name, services.config.release_slots),
+                                    s)
+
+
+def get_schedule(services: Services, topic: Topic, name: str) -> Schedule:
+    found = services.schedules.get(topic.uid, name)
+    if found is None:
+        raise NotFound(f"No schedule {name!r} on topic {topic.name!r}.")
+    return found
+
+
+def delete_schedule(services: Services, topic: Topic, name: str) -> None:
+    """No further fire; the fires produced and not yet handed out are cancelled."""
+    s = get_schedule(services, topic, name)
+    if not services.schedules.delete(s):
+        raise Conflict(f"Schedule {name!r} changed concurrently; retry.")
+    services.schedules.unlist(slot_of(s.topic_uid, s.name, services.config.release_slots),
+                              s.topic_uid, s.name)
+    _cancel(services, topic, _pending(services, topic, s.name))
+
+
+def _pending(services: Services, topic: Topic, name: str) -> list[MessageState]:
+    """The schedule's fires produced and not handed out yet (scheduled), by fire time."""
+    found: list[MessageState] = []
+    after, finished = "", False
+    while not finished:
+        ids, finished = services.campaigns.members_after(topic.uid, fires_index(name), after,
+                                                         PAGE)
+        found += [r for r in services.messages.get_many(topic.uid, ids).values()
+                  if r.state == "scheduled"]
+        after = ids[-1] if ids else after
+    return sorted(found, key=lambda r: _fire_time(r.id))
+
+
+def _fire_time(message_id: str) -> int:
+    return int(message_id.rsplit(":", 1)[1])
+
+
+def _cancel(services: Services, topic: Topic, rows: list[MessageState]) -> None:
+    for row in rows:
+        # one handed out meanwhile, or gone, is no longer a pending fire
+        with contextlib.suppress(Conflict, NotFound):
+            cancel(services, topic, row.id)
+
+
+def rewrite_fires(services: Services, topic: Topic, old: Schedule, new: Schedule) -> int:
+    """Give the pending fires of `old` the content of `new` where their time is still a
+    fire of `new`; cancel the others. Returns the latest fire time kept (0 if none)."""
+    pending = _pending(services, topic, old.name)
+    if pending and new.campaign != old.campaign:
+        raise Conflict(f"Schedule {old.name!r} has fires waiting in campaign {old.campaign!r}; "
+                       "delete it to change its campaign.")
+    cron = Cron(new.cron, new.timezone)
+    keep = [r for r in pending if _first_fire(cron, new, _fire_time(r.id)) == _fire_time(r.id)]
+    _cancel(services, topic, [r for r in pending if r not in keep])
+    if keep:
+        _rewrite(services, topic, new, keep)
+    return max((_fire_time(r.id) for r in keep), default=0)
+
+
+def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageState]) -> None:
+    now = services.clock()
+    quiet = quiet_hours.of_topic(topic.settings)
+    changed = []
+    for row in rows:
+        m = fire_message(s, _fire_time(row.id), quiet)
+        changed.append(dataclasses.replace(
+            row, version=row.version + 1, content_hash=m.content_hash, priority=m.priority,
+            deliver_at_ms=m.deliver_at_ms, due_at_ms=placement_ms(m.deliver_at_ms, now),
+            updated_at_ms=now))
+    retention = services.config.retention_days
+    services.messages.stage(topic.uid, [
+        (topic.uid, r.id, r.content_hash, Payload(s.payload, s.encoding, {}),
+         ttl_s(r.due_at_ms, now, retention, services.config.horizon_days * 86_400_000))
+        for r in changed], [])
+    placed = place_then(services, topic, changed, now)
+    services.messages.cas_many([(r, r.version - 1, ttl_s(r.due_at_ms, now, retention))
+                                for r in placed])
+
+
+def fire_message(s: Schedule, fire_ms: int, quiet: quiet_hours.QuietHours | None) -> NewMessage:
+    """The message of one fire: the same for every releaser that makes it."""
+    deliver = quiet.place(fire_ms, s.timezone) if quiet is not None else fire_ms
+    digest = hashlib.sha256(repr((s.payload, s.encoding, s.priority, s.campaign,
+                                  deliver)).encode()).hexdigest()[:32]
+    return NewMessage(fire_id(s.name, fire_ms), deliver, s.priority, s.campaign,
+                      Payload(s.payload, s.encoding, {}), digest)
+
+
+def plan(fires: list[int], now: int, misfire: str) -> list[int]:
+    """Which fires to produce now: all that are not misfires (MISFIRE_GRACE_MS late at
+    most), and with fire_once the latest misfire, once, for all of them."""
+    missed = [f for f in fires if f < now - MISFIRE_GRACE_MS]
+    due = [f for f in fires if f >= now - MISFIRE_GRACE_MS]
+    return ([missed[-1]] if missed and misfire == "fire_once" else []) + due
+
+
+def produce(services: Services, topic: Topic, s: Schedule) -> Schedule | None:
+    """Produce the fires of s due within AHEAD_MS (and its misfires), then move its cursor
+    past them. Returns the schedule as it is now (None once deleted)."""
+    now = services.clock()
+    cron = Cron(s.cron, s.timezone)
+    fires: list[int] = []
+    fire = s.next_fire
+    while (fire is not None and fire <= now + AHEAD_MS and len(fires) < MAX_FIRES_PER_PRODUCE
+           and (s.end_at is None or fire <= s.end_at)):
+        fires.append(fire)
+        fire = cron.next_after(fire)
+    next_fire = None if fire is None or (s.end_at is not None and fire > s.end_at) else fire
+    made = plan(fires, now, s.misfire)
+    results = _enqueue_fires(services, topic, s, made)
+    if any(r.status >= 500 for r in results):
+        raise StoreUnavailable(f"fires of schedule {s.name!r} not produced; retried next tick")
+    if services.schedules.advance(s, next_fire):
+        return dataclasses.replace(s, next_fire=next_fire)
+    fresh = services.schedules.get(s.topic_uid, s.name)
+    if fresh is None:  # deleted while producing: what was just made must not fire
+        _cancel(services, topic, _pending(services, topic, s.name))
+    elif fresh.version != s.version:  # replaced meanwhile: its fires take the new content
+        rewrite_fires(services, topic, s, fresh)
+    return fresh
+
+
+def _enqueue_fires(services: Services, topic: Topic, s: Schedule,
+                   fires: list[int]) -> list[EnqueueResult]:
+    if not fires:
+        return []
+    now = services.clock()
+    quiet = quiet_hours.of_topic(topic.settings)
+    messages = [fire_message(s, f, quiet) for f in fires]
+    errors = services.messages.stage(topic.uid, [], [
+        (fires_index(s.name), m.id or "", ttl_s(m.deliver_at_ms, now,
+                                                 services.config.retention_days))
+        for m in messages])[1]
+    if any(errors):
+        raise StoreUnavailable(f"fires of schedule {s.name!r} not listed; retried next tick")
+    return enqueue(services, topic, messages)
+
+
+def next_fire_times(s: Schedule, now: int, count: int = NEXT_FIRE_TIMES) -> list[int]:
+    """The next fires from now (within start_at and end_at)."""
+    cron = Cron(s.cron, s.timezone)
+    times: list[int] = []
+    fire = _first_fire(cron, s, now)
+    while fire is not None and len(times) < count:
+        times.append(fire)
+        following = cron.next_after(fire)
+        fire = None if following is None or (s.end_at is not None and following > s.end_at) \
+            else following
+    return times

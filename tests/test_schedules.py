@@ -1,0 +1,187 @@
+"""Recurring schedules on the real node: bad input, views, every fire exactly once with three
+releasers, both misfire rules after all releasers were stopped for 10 s, a replace rewriting
+the fires produced, and a delete after which nothing fires. Times are read from the fires
+themselves (ids `{name}:{fire ms}`)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Flask
+from flask.testing import FlaskClient
+
+from app.config import Config
+from app.models import MessageState
+from app.quiet_hours import QuietHours
+from app.schedules import MISFIRE_GRACE_MS, fire_message, fires_index
+from app.services import Services
+from app.store.schedules import Schedule
+from app.timeparse import format_ms, parse_instant, parse_local_time
+from tests.campaign_helpers import topic_uid
+from tests.consumers import TopicClient, now_ms
+from tests.test_releaser import releaser
+
+EVERY_2S = "*/2 * * * * *"
+
+
+def _problem(answer: Any, field: str) -> None:
+    assert answer.status_code == 400, answer.get_json()
+    assert answer.mimetype == "application/problem+json"
+    assert field in answer.get_json()["errors"], answer.get_json()
+
+
+def fires(services: Services, auth: dict[str, str], topic: TopicClient,
+          name: str) -> dict[int, MessageState]:
+    """Every fire of a schedule produced so far, by fire time."""
+    uid = topic_uid(services, auth, topic.name)
+    found: dict[int, MessageState] = {}
+    after, finished = "", False
+    while not finished:
+        ids, finished = services.campaigns.members_after(uid, fires_index(name), after, 500)
+        for row in services.messages.get_many(uid, ids).values():
+            found[int(row.id.rsplit(":", 1)[1])] = row
+        after = ids[-1] if ids else after
+    return found
+
+
+@contextlib.contextmanager
+def releasers(config: Config, *names: str) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(releaser(config, name))
+        yield
+
+
+def test_bad_schedules_are_problems_naming_the_field(client: FlaskClient,
+                                                     auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth)
+    url = topic.url("/schedules/daily")
+    _problem(client.put(url, headers=auth, json={"cron": "61 * * * *", "payload": 1}), "cron")
+    _problem(client.put(url, headers=auth, json={"cron": "* * *", "payload": 1}), "cron")
+    _problem(client.put(url, headers=auth, json={"cron": "0 9 * * *", "payload": 1,
+                                                 "timezone": "Mars/Base"}), "timezone")
+    _problem(client.put(url, headers=auth, json={
+        "cron": "0 9 * * *", "payload": 1, "start_at": "2027-01-02T00:00:00Z",
+        "end_at": "2027-01-01T00:00:00Z"}), "end_at")
+    _problem(client.put(url, headers=auth, json={"cron": "0 9 * * *", "payload": 1,
+                                                 "misfire": "sometimes"}), "misfire")
+    _problem(client.put(url, headers=auth, json={"cron": "0 9 * * *"}), "payload")
+    _problem(client.put(topic.url("/schedules/Bad!"), headers=auth,
+                        json={"cron": "0 9 * * *", "payload": 1}), "schedule")
+    assert client.get(url, headers=auth).status_code == 404
+    assert client.delete(url, headers=auth).status_code == 404
+
+
+def test_a_schedule_shows_its_next_fire_times(client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth)
+    url = topic.url("/schedules/mornings")
+    body = {"cron": "0 9 * * MON-FRI", "timezone": "Europe/Bucharest", "payload": {"n": 1},
+            "campaign": "digest"}
+    made = client.put(url, headers=auth, json=body)
+    assert made.status_code == 201, made.get_json()
+    times = [parse_instant(t) for t in made.get_json()["next_fire_times"]]
+    assert len(times) == 5 and times == sorted(times) and times[0] > now_ms()
+    for t in times:
+        local = time.gmtime(t / 1000 + (3 if time.gmtime(t / 1000).tm_mon in range(4, 11)
+                                        else 2) * 3600)
+        assert (local.tm_hour, local.tm_min, local.tm_wday < 5) == (9, 0, True)
+    assert client.put(url, headers=auth, json=body).status_code == 200  # replaced
+    assert client.get(url, headers=auth).get_json()["payload"] == {"n": 1}
+    listed = client.get(topic.url("/schedules"), headers=auth).get_json()["schedules"]
+    assert [s["name"] for s in listed] == ["mornings"]
+
+
+def test_every_fire_exactly_once_with_three_releasers(
+        app: Flask, config: Config, auth: dict[str, str]) -> None:
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth, lease_seconds=300)
+    assert topic.client.put(topic.url("/schedules/tick"), headers=auth, json={
+        "cron": EVERY_2S, "payload": {"tick": True}}).status_code == 201
+    with releasers(config, "s1", "s2", "s3"):
+        delivered = topic.drain(6, within_s=20)  # checks: never before deliver_at
+        time.sleep(2)
+    assert client_delete(topic, "tick") == 204
+    made = fires(services, auth, topic, "tick")
+    times = sorted(made)
+    assert len(times) >= 6 and all(b - a == 2000 for a, b in itertools.pairwise(times))
+    assert {f"tick:{t}" for t in times} >= delivered
+    for t, row in made.items():
+        assert row.deliver_at_ms == t  # deliver_at is the fire time
+
+
+def client_delete(topic: TopicClient, name: str) -> int:
+    return topic.client.delete(topic.url(f"/schedules/{name}"),
+                               headers=topic.headers).status_code
+
+
+def test_misfires_after_all_releasers_stopped_for_ten_seconds(
+        app: Flask, config: Config, auth: dict[str, str]) -> None:
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    for name, rule in (("once", "fire_once"), ("skip", "skip")):
+        assert topic.client.put(topic.url(f"/schedules/{name}"), headers=topic.headers, json={
+            "cron": EVERY_2S, "payload": name, "misfire": rule}).status_code == 201
+    with releasers(config, "m1"):
+        time.sleep(5)
+    time.sleep(10)  # no releaser at all
+    with releasers(config, "m2"):
+        time.sleep(5)
+    for name in ("once", "skip"):
+        made = fires(services, auth, topic, name)
+        times = sorted(made)
+        # fires made after their own time (past the grace): misfires the rule let through
+        late = [t for t, row in made.items() if row.created_at_ms > t + MISFIRE_GRACE_MS]
+        large = [n for n, (a, b) in enumerate(itertools.pairwise(times)) if b - a > 2000]
+        assert len(large) == 1, times  # the outage, and only there
+        if name == "once":  # one late fire for all those missed, just before the rest
+            assert len(late) == 1 and late[0] == times[large[0] + 1], (late, times)
+        else:
+            assert late == [], (late, times)
+            assert times[large[0] + 1] - times[large[0]] >= 6000, times
+        assert client_delete(topic, name) == 204
+
+
+def test_a_replace_rewrites_waiting_fires_and_a_delete_stops_them(
+        app: Flask, config: Config, auth: dict[str, str]) -> None:
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)  # nobody consumes: fires wait
+    url = topic.url("/schedules/beat")
+    assert topic.client.put(url, headers=auth, json={"cron": EVERY_2S,
+                                                     "payload": "old"}).status_code == 201
+    with releasers(config, "d1"):
+        time.sleep(5)
+        replaced = topic.client.put(url, headers=auth, json={"cron": EVERY_2S,
+                                                             "payload": "new"})
+        assert replaced.status_code == 200
+        waiting = [t for t, r in fires(services, auth, topic, "beat").items()
+                   if r.state == "scheduled"]
+        assert waiting
+        for t in waiting:  # the fires produced before the replace carry the new payload
+            assert topic.get(f"beat:{t}").get_json()["payload"] == "new"
+        time.sleep(3)
+        assert client_delete(topic, "beat") == 204
+        deleted = now_ms()
+        time.sleep(4)
+    after = fires(services, auth, topic, "beat")
+    assert all(r.state == "cancelled" for r in after.values()), {
+        t: r.state for t, r in after.items()}
+    assert max(after) <= deleted + 2000  # nothing produced after the delete
+    assert topic.client.get(url, headers=auth).status_code == 404
+    assert format_ms(deleted)  # (the time, for a failure message)
+
+
+def test_a_fire_inside_quiet_hours_is_placed_at_their_end_in_the_schedules_zone() -> None:
+    night = QuietHours.parse("21:00", "08:00", "UTC")
+    s = Schedule(uuid.uuid4(), "late", "0 22 * * *", "Europe/Bucharest", b"1", "json", 100,
+                 None, None, None, "fire_once", 1, None, 0, 0)
+    fire = parse_local_time("2027-01-05T22:00:00", "Europe/Bucharest")
+    m = fire_message(s, fire, night)
+    assert m.id == f"late:{fire}"  # the id names the fire time
+    assert m.deliver_at_ms == parse_local_time("2027-01-06T08:00:00", "Europe/Bucharest")
+    assert fire_message(s, fire, None).deliver_at_ms == fire
+    assert m.content_hash == fire_message(s, fire, night).content_hash  # same for everyone
