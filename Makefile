@@ -27,10 +27,11 @@ lint:
 openapi: setup  ## regenerate openapi.yaml from the marshmallow schemas
 	$(VENV)/bin/duetime openapi --output openapi.yaml
 
-bench: up       ## pull, push and campaign benchmarks against the running stack; results in bench-results/
+bench: up       ## pull, push, campaign and schedule benchmarks against the running stack; results in bench-results/
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
 	$(PY) -m tests.bench.push
 	$(PY) -m tests.bench.campaigns $(BENCH_CAMPAIGN_ARGS)
+	$(PY) -m tests.bench.schedules $(BENCH_SCHEDULE_ARGS)
 
 bench-import: up  ## Spark import of 1,000,000 rows vs HTTP batch vs raw inserts (about 10 min)
 	$(PY) -m tests.bench.spark_import

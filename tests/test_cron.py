@@ -1,5 +1,6 @@
-"""Cron fire times, pure: 5 and 6 fields, time zones, both DST changes (the rule of
-app.cron, checked against APScheduler's own zone handling), bad expressions."""
+"""Cron fire times and misfires, pure (the clock injected): 5 and 6 fields, time zones, both
+DST changes (the rule of app.cron, checked against APScheduler's own zone handling), the
+misfire rules, bad expressions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from apscheduler.triggers.cron import CronTrigger
 
 from app.cron import Cron, CronError
+from app.schedules import plan
 from app.timeparse import parse_instant, parse_local_time
 
 
@@ -96,3 +98,21 @@ def test_every_thirty_minutes_through_the_fold_never_goes_back() -> None:
 def test_bad_expressions_are_refused(expression: str, tz: str) -> None:
     with pytest.raises(CronError):
         Cron(expression, tz)
+
+
+def test_a_daily_0230_on_the_fall_back_day_fires_once() -> None:
+    # New York 2026-11-01: 02:00 EDT -> 01:00 EST; 02:30 EST exists once that night
+    fires = take(Cron("30 2 * * *", "America/New_York"),
+                 local("2026-10-31T12:00:00", "America/New_York"), 2)
+    assert fires == [parse_instant("2026-11-01T07:30:00Z"),
+                     local("2026-11-02T02:30:00", "America/New_York")]
+
+
+@pytest.mark.parametrize(("misfire", "made"), [
+    ("fire_once", [8_000, 10_000, 12_000, 14_000]), ("skip", [10_000, 12_000, 14_000])])
+def test_misfires_with_an_injected_clock(misfire: str, made: list[int]) -> None:
+    # fires every 2 s from 2 s on; now = 11 s: those before 10 s (the 1 s grace) were missed
+    fires = [2_000, 4_000, 6_000, 8_000, 10_000, 12_000, 14_000]
+    assert plan(fires, 11_000, misfire) == made
+    assert plan(fires[4:], 11_000, misfire) == fires[4:]  # none missed: all of them
+    assert plan([], 11_000, misfire) == []
