@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import uuid
 from typing import Any
 
 from app import quiet_hours
@@ -31,7 +30,7 @@ from app.messages import cancel
 from app.models import MessageState, Payload, Topic
 from app.services import Services
 from app.store.schedules import Schedule
-from app.timeline import placement_ms, stable_hash, ttl_s
+from app.timeline import placement_ms, schedule_slot_of, ttl_s
 from app.timeparse import TimeFormatError
 from app.transitions import place_then
 
@@ -49,11 +48,6 @@ def fire_id(name: str, fire_ms: int) -> str:
 def fires_index(name: str) -> str:
     """The campaign-index name under which a schedule's fires are listed."""
     return f"~{name}"
-
-
-def slot_of(topic_uid: uuid.UUID, name: str, slots: int) -> int:
-    """The release slot whose owner produces this schedule's fires."""
-    return stable_hash(f"{topic_uid}:schedule:{name}") % slots
 
 
 def _cron(data: dict[str, Any]) -> Cron:
@@ -107,9 +101,12 @@ def put_schedule(services: Services, topic: Topic, name: str,
     raise Conflict(f"Schedule {name!r} changed concurrently; retry.")
 
 
+def _slot(services: Services, s: Schedule) -> int:
+    return schedule_slot_of(str(s.topic_uid), s.name, services.config.release_slots)
+
+
 def _list(services: Services, s: Schedule) -> None:
-    services.schedules.list_in_slot(slot_of(s.topic_uid, s.name, services.config.release_slots),
-                                    s)
+    services.schedules.list_in_slot(_slot(services, s), s)
 
 
 def get_schedule(services: Services, topic: Topic, name: str) -> Schedule:
@@ -124,8 +121,7 @@ def delete_schedule(services: Services, topic: Topic, name: str) -> None:
     s = get_schedule(services, topic, name)
     if not services.schedules.delete(s):
         raise Conflict(f"Schedule {name!r} changed concurrently; retry.")
-    services.schedules.unlist(slot_of(s.topic_uid, s.name, services.config.release_slots),
-                              s.topic_uid, s.name)
+    services.schedules.unlist(_slot(services, s), s.topic_uid, s.name)
     _cancel(services, topic, _pending(services, topic, s.name))
 
 

@@ -86,6 +86,11 @@ def release_slot_of(topic_uid: str, shard: int, slots: int) -> int:
     return stable_hash(f"{topic_uid}:{shard}") % slots
 
 
+def schedule_slot_of(topic_uid: str, name: str, slots: int) -> int:
+    """The release slot whose owner produces a schedule's fires."""
+    return stable_hash(f"{topic_uid}:schedule:{name}") % slots
+
+
 def fair_share(members: list[str], me: str, slots: int) -> int:
     """How many of `slots` the releaser `me` should own among `members` (sorted, including
     me): an even split, the first members taking one extra when it does not divide."""

@@ -10,7 +10,7 @@ from typing import Any
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
 from app.services import Services
-from app.timeline import MS_PER_HOUR, MS_PER_MINUTE
+from app.timeline import MS_PER_HOUR, MS_PER_MINUTE, schedule_slot_of
 from app.webhook_targets import Network, parse_allow, url_refusal
 
 RETRIES_ON_RACE = 3
@@ -71,10 +71,14 @@ def _live_messages(services: Services, topic: Topic) -> int:
 
 def delete_topic(services: Services, tenant: str, name: str) -> None:
     """Remove the topic. Its messages are never delivered afterwards: every reader finds
-    messages through the topic's uid, which no longer resolves."""
+    messages through the topic's uid, which no longer resolves; its schedules fire no more."""
     topic = get_topic(services, tenant, name)
     if not services.topics.delete(tenant, name, topic.uid):
         raise NotFound(f"No topic {name!r}.")
+    for s in services.schedules.all(topic.uid):  # no releaser looks at them again
+        services.schedules.unlist(schedule_slot_of(str(topic.uid), s.name,
+                                                   services.config.release_slots),
+                                  topic.uid, s.name)
 
 
 WINDOWS = {"minute": (MS_PER_MINUTE, 60), "hour": (MS_PER_HOUR, 168)}  # width, how many

@@ -185,3 +185,19 @@ def test_a_fire_inside_quiet_hours_is_placed_at_their_end_in_the_schedules_zone(
     assert m.deliver_at_ms == parse_local_time("2027-01-06T08:00:00", "Europe/Bucharest")
     assert fire_message(s, fire, None).deliver_at_ms == fire
     assert m.content_hash == fire_message(s, fire, night).content_hash  # same for everyone
+
+
+def test_deleting_a_topic_unlists_its_schedules(app: Flask, auth: dict[str, str]) -> None:
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    assert topic.client.put(topic.url("/schedules/orphan"), headers=auth, json={
+        "cron": "0 9 * * *", "payload": 1}).status_code == 201
+    uid = topic_uid(services, auth, topic.name)
+    every_slot = list(range(services.config.release_slots))
+
+    def listed() -> bool:
+        return (uid, "orphan") in {(t, n) for t, n, _ in services.schedules.in_slots(every_slot)}
+
+    assert listed()
+    assert topic.client.delete(topic.url(), headers=auth).status_code == 204
+    assert not listed()  # no releaser reads it again

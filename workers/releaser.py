@@ -245,6 +245,7 @@ class Releaser:
         log.info("releaser %s stopping", self.member)
         self._stopping.set()
         self.scheduler.shutdown(wait=True)
+        self.schedules.stop()
         self._stop.set()
         self.timers.wake()
         self._dispatcher.join()

@@ -115,8 +115,7 @@ def main(argv: list[str]) -> int:
     (OUT / "schedules.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
         print(f"{name:26} {json.dumps(value) if isinstance(value, dict) else value}")
-    for n in range(count):  # leave the stack as it was
-        requests.delete(f"{URL}/v1/topics/{topic}/schedules/s{n}", headers=headers, timeout=60)
+    requests.delete(f"{URL}/v1/topics/{topic}", headers=headers, timeout=60)  # and schedules
     return 0 if len(made) == count else 1
 
 
