@@ -6,7 +6,15 @@ from typing import Any
 
 from marshmallow import ValidationError, fields
 
-from app.timeparse import TimeFormatError, format_ms, parse_instant
+from app.timeparse import TimeFormatError, format_ms, parse_instant, zone
+
+
+def known_zone(value: str) -> None:
+    """A marshmallow validator: an IANA time zone this machine knows (tzdata)."""
+    try:
+        zone(value)
+    except TimeFormatError as exc:
+        raise ValidationError(str(exc)) from exc
 
 
 class Instant(fields.Field):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import Schema, ValidationError, fields, validate, validates, validates_schema
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.ids import NAME
-from app.schemas.fields import Instant
-from app.timeparse import TimeFormatError, zone
+from app.schemas.fields import Instant, known_zone
 
 
 class SchedulePutSchema(Schema):
@@ -24,7 +23,8 @@ class SchedulePutSchema(Schema):
     (cancels those that are no longer fires; 409 if that would change their campaign)."""
 
     cron = fields.String(required=True, metadata={"example": "0 9 * * MON-FRI"})
-    timezone = fields.String(load_default="UTC", metadata={"example": "Europe/Bucharest"})
+    timezone = fields.String(load_default="UTC", validate=known_zone,
+                             metadata={"example": "Europe/Bucharest"})
     payload = fields.Raw(allow_none=True, metadata={"description": "Any JSON value."})
     payload_base64 = fields.String()
     priority = fields.Integer(load_default=100, validate=validate.Range(0, 65535))
@@ -33,13 +33,6 @@ class SchedulePutSchema(Schema):
     end_at = Instant(metadata={"description": "No fire after it; after start_at."})
     misfire = fields.String(load_default="fire_once",
                             validate=validate.OneOf(["fire_once", "skip"]))
-
-    @validates("timezone")
-    def _known_zone(self, value: str, **kwargs: Any) -> None:
-        try:
-            zone(value)
-        except TimeFormatError as exc:
-            raise ValidationError(str(exc)) from exc
 
     @validates_schema
     def _one_payload(self, data: dict[str, Any], **kwargs: Any) -> None:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from marshmallow import Schema, ValidationError, fields, validate, validates
+from marshmallow import Schema, fields, validate
 
 from app.quiet_hours import HH_MM
-from app.schemas.fields import Instant
-from app.timeparse import TimeFormatError, zone
+from app.schemas.fields import Instant, known_zone
 
 
 class QuietHoursSchema(Schema):
@@ -22,14 +19,8 @@ class QuietHoursSchema(Schema):
                           metadata={"example": "21:00"})
     end = fields.String(required=True, validate=validate.Regexp(HH_MM, error="Must be HH:MM."),
                         metadata={"example": "08:00"})
-    timezone = fields.String(load_default="UTC", metadata={"example": "Europe/Bucharest"})
-
-    @validates("timezone")
-    def _known_zone(self, value: str, **kwargs: Any) -> None:
-        try:
-            zone(value)
-        except TimeFormatError as exc:
-            raise ValidationError(str(exc)) from exc
+    timezone = fields.String(load_default="UTC", validate=known_zone,
+                             metadata={"example": "Europe/Bucharest"})
 
 
 class RetrySchema(Schema):
