@@ -177,20 +177,31 @@ def covered(services: Services, topic: Topic, rows: list[MessageState]
         if r.campaign:
             by_campaign.setdefault(r.campaign, []).append(r)
     outcome: dict[str, MessageState | DuetimeError] = {}
-    spans: dict[tuple[str, int], Span] = {}
+    spans: list[tuple[Campaign, Span]] = []
     for name, members in by_campaign.items():
-        c = services.campaigns.get(topic.uid, name) or services.campaigns.create(
-            topic.uid, name, services.clock())
+        c = _read_or_create(services, topic, name)
         now_rows = _cover(services, topic, c, members)
         for r in now_rows:
             outcome[r.id] = (Conflict(f"Campaign {name!r} is cancelled.")
                              if r.state == "cancelled" else r)
-        span = (min(r.deliver_at_ms for r in now_rows), max(r.deliver_at_ms for r in now_rows))
-        for gen in _generations(c):
-            spans[(name, gen)] = span
-    if spans:
-        services.campaigns.widen(topic.uid, spans)
+        spans.append((c, (min(r.deliver_at_ms for r in now_rows),
+                          max(r.deliver_at_ms for r in now_rows))))
+    _widen(services, topic, spans)
     return outcome
+
+
+def _read_or_create(services: Services, topic: Topic, name: str) -> Campaign:
+    """The campaign's row as it is now (made, if this is its first message)."""
+    return services.campaigns.get(topic.uid, name) or services.campaigns.create(
+        topic.uid, name, services.clock())
+
+
+def _widen(services: Services, topic: Topic, spans: list[tuple[Campaign, Span]]) -> None:
+    """Widen each campaign's bounds to cover its span: the generation in force, and the one
+    a running shift is filling."""
+    widened = {(c.name, gen): span for c, span in spans for gen in _generations(c)}
+    if widened:
+        services.campaigns.widen(topic.uid, widened)
 
 
 def _cover(services: Services, topic: Topic, c: Campaign,
@@ -235,17 +246,14 @@ def record_import(services: Services, topic: Topic,
     for campaigns an operation started on while the import ran (their new messages are not
     covered by it; a cancelled campaign's are cancelled when they come due)."""
     warnings = []
-    spans: dict[tuple[str, int], Span] = {}
+    spans: list[tuple[Campaign, Span]] = []
     for name, (_, first, last) in added.items():
-        c = services.campaigns.get(topic.uid, name) or services.campaigns.create(
-            topic.uid, name, services.clock())
+        c = _read_or_create(services, topic, name)
         if c.op_kind in ("cancel", "shift"):
             warnings.append(f"campaign {name!r} began an operation ({c.op_kind}) during the "
                             "import")
-        for gen in _generations(c):
-            spans[(name, gen)] = (first, last)
-    if spans:
-        services.campaigns.widen(topic.uid, spans)
+        spans.append((c, (first, last)))
+    _widen(services, topic, spans)
     services.campaigns.add_counts(topic.uid, {name: {"scheduled": count}
                                               for name, (count, _, _) in added.items()})
     return warnings
