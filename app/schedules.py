@@ -59,10 +59,14 @@ def _cron(data: dict[str, Any]) -> Cron:
         raise InvalidInput(str(exc), {"timezone": [str(exc)]}) from exc
 
 
+def _before_end(s: Schedule, fire: int | None) -> int | None:
+    """The fire, unless there is none or it comes after the schedule's end_at."""
+    return None if fire is None or (s.end_at is not None and fire > s.end_at) else fire
+
+
 def _first_fire(cron: Cron, s: Schedule, from_ms: int) -> int | None:
     """The first fire at or after from_ms (and start_at), unless past end_at."""
-    fire = cron.next_after(max(from_ms, s.start_at or from_ms) - 1)
-    return None if fire is None or (s.end_at is not None and fire > s.end_at) else fire
+    return _before_end(s, cron.next_after(max(from_ms, s.start_at or from_ms) - 1))
 
 
 def _body(services: Services, topic: Topic, name: str, data: dict[str, Any],
@@ -91,11 +95,16 @@ def put_schedule(services: Services, topic: Topic, name: str,
                 _list(services, made)
                 return made, True
             continue
-        kept = rewrite_fires(services, topic, current, new)
+        if new.campaign != current.campaign and _pending(services, topic, name):
+            raise Conflict(f"Schedule {name!r} has fires waiting in campaign "
+                           f"{current.campaign!r}; delete it to change its campaign.")
         made = dataclasses.replace(new, version=current.version + 1,
                                    created_at=current.created_at,
-                                   next_fire=_first_fire(cron, new, max(now, kept + 1)))
+                                   next_fire=_first_fire(cron, new, now))
         if services.schedules.replace(made, current.version):
+            # after the LWT, not before: a fire a releaser lists and makes under the old
+            # version is then either found here or refused its cursor move (it rewrites it)
+            rewrite_fires(services, topic, current, made)
             _list(services, made)
             return made, False
     raise Conflict(f"Schedule {name!r} changed concurrently; retry.")
@@ -149,19 +158,18 @@ def _cancel(services: Services, topic: Topic, rows: list[MessageState]) -> None:
             cancel(services, topic, row.id)
 
 
-def rewrite_fires(services: Services, topic: Topic, old: Schedule, new: Schedule) -> int:
+def rewrite_fires(services: Services, topic: Topic, old: Schedule, new: Schedule) -> None:
     """Give the pending fires of `old` the content of `new` where their time is still a
-    fire of `new`; cancel the others. Returns the latest fire time kept (0 if none)."""
+    fire of `new` (and their campaign is `new`'s); cancel the others. The releasers make the
+    fires of `new` from its next_fire on: one already rewritten here is found with the same
+    content (IF NOT EXISTS), so none is made twice."""
     pending = _pending(services, topic, old.name)
-    if pending and new.campaign != old.campaign:
-        raise Conflict(f"Schedule {old.name!r} has fires waiting in campaign {old.campaign!r}; "
-                       "delete it to change its campaign.")
     cron = Cron(new.cron, new.timezone)
-    keep = [r for r in pending if _first_fire(cron, new, _fire_time(r.id)) == _fire_time(r.id)]
+    keep = [r for r in pending if r.campaign == new.campaign
+            and _first_fire(cron, new, _fire_time(r.id)) == _fire_time(r.id)]
     _cancel(services, topic, [r for r in pending if r not in keep])
     if keep:
         _rewrite(services, topic, new, keep)
-    return max((_fire_time(r.id) for r in keep), default=0)
 
 
 def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageState]) -> None:
@@ -207,12 +215,11 @@ def produce(services: Services, topic: Topic, s: Schedule) -> Schedule | None:
     now = services.clock()
     cron = Cron(s.cron, s.timezone)
     fires: list[int] = []
-    fire = s.next_fire
-    while (fire is not None and fire <= now + AHEAD_MS and len(fires) < MAX_FIRES_PER_PRODUCE
-           and (s.end_at is None or fire <= s.end_at)):
+    fire = _before_end(s, s.next_fire)
+    while fire is not None and fire <= now + AHEAD_MS and len(fires) < MAX_FIRES_PER_PRODUCE:
         fires.append(fire)
-        fire = cron.next_after(fire)
-    next_fire = None if fire is None or (s.end_at is not None and fire > s.end_at) else fire
+        fire = _before_end(s, cron.next_after(fire))
+    next_fire = fire
     made = plan(fires, now, s.misfire)
     results = _enqueue_fires(services, topic, s, made)
     if any(r.status >= 500 for r in results):
@@ -250,7 +257,5 @@ def next_fire_times(s: Schedule, now: int, count: int = NEXT_FIRE_TIMES) -> list
     fire = _first_fire(cron, s, now)
     while fire is not None and len(times) < count:
         times.append(fire)
-        following = cron.next_after(fire)
-        fire = None if following is None or (s.end_at is not None and following > s.end_at) \
-            else following
+        fire = _before_end(s, cron.next_after(fire))
     return times
