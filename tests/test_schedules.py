@@ -6,6 +6,7 @@ themselves (ids `{name}:{fire ms}`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import time
 import uuid
@@ -18,13 +19,15 @@ from flask.testing import FlaskClient
 from app.config import Config
 from app.models import MessageState
 from app.quiet_hours import QuietHours
-from app.schedules import MISFIRE_GRACE_MS, fire_message, fires_index
+from app.schedules import MISFIRE_GRACE_MS, fire_message, fires_index, produce
 from app.services import Services
 from app.store.schedules import Schedule
+from app.timeline import schedule_slot_of
 from app.timeparse import format_ms, parse_instant, parse_local_time
 from tests.campaign_helpers import topic_uid
 from tests.consumers import TopicClient, now_ms
 from tests.test_releaser import releaser
+from workers.schedules import ScheduleRunner
 
 EVERY_2S = "*/2 * * * * *"
 
@@ -196,8 +199,77 @@ def test_deleting_a_topic_unlists_its_schedules(app: Flask, auth: dict[str, str]
     every_slot = list(range(services.config.release_slots))
 
     def listed() -> bool:
-        return (uid, "orphan") in {(t, n) for t, n, _ in services.schedules.in_slots(every_slot)}
+        return (uid, "orphan") in {(t, n) for _, t, n, _ in services.schedules.in_slots(every_slot)}
 
     assert listed()
     assert topic.client.delete(topic.url(), headers=auth).status_code == 204
     assert not listed()  # no releaser reads it again
+
+
+def test_many_schedules_of_a_topic_are_produced_together_and_a_replace_among_them_is_mended(
+        app: Flask, auth: dict[str, str]) -> None:
+    """produce() of 150 schedules: one of them replaced after it was read, so the conditional
+    batch holding its cursor is refused whole; every other cursor still moves (one at a time),
+    and the replaced one's fire carries the new payload."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    names = [f"b{n}" for n in range(150)]
+    for name in names:
+        assert topic.client.put(topic.url(f"/schedules/{name}"), headers=auth, json={
+            "cron": "0 0 1 1 *", "timezone": "UTC", "payload": name}).status_code == 201
+    uid = topic_uid(services, auth, topic.name)
+    read = services.schedules.get_many(uid, names)
+    assert sorted(read) == sorted(names)
+    soon = (now_ms() // 1000 + 2) * 1000  # a whole second, one to two seconds away
+    due = [dataclasses.replace(s, next_fire=soon) for s in read.values()]
+    for s in due:  # as if the cursors had come due: a fire at `soon` each
+        assert services.schedules.advance(read[s.name], soon)
+    assert topic.client.put(topic.url("/schedules/b7"), headers=auth, json={
+        "cron": "* * * * * *", "timezone": "UTC", "payload": "new"}).status_code == 200
+    found = services.topics.get(services.keys.tenant_of(auth["Authorization"].split()[1]) or "",
+                                topic.name)
+    assert found is not None
+    after = produce(services, found, due)
+    now = services.schedules.get_many(uid, names)
+    for s, answer in zip(due, after, strict=True):
+        assert answer is not None and now[s.name].next_fire == answer.next_fire, s.name
+        assert answer.version == (2 if s.name == "b7" else 1)
+        assert s.name == "b7" or answer.next_fire != soon, s.name  # moved past its fire
+    made = {name: fires(services, auth, topic, name) for name in names}
+    assert all(list(f) == [soon] for f in made.values()), made
+    assert topic.get(f"b7:{soon}").get_json()["payload"] == "new"  # rewritten after the LWT
+    assert topic.get(f"b8:{soon}").get_json()["payload"] == "b8"
+
+
+def test_a_runner_reads_a_slot_listing_again_only_when_its_mark_moved(
+        app: Flask, auth: dict[str, str]) -> None:
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    every_slot = frozenset(range(services.config.release_slots))
+    runner = ScheduleRunner(services, lambda: every_slot, lambda _uid: None)
+    reads: list[list[int]] = []
+    in_slots = services.schedules.in_slots
+
+    def counting(slots: list[int]) -> list[tuple[int, uuid.UUID, str, int]]:
+        reads.append(slots)
+        return in_slots(slots)
+
+    services.schedules.in_slots = counting  # type: ignore[method-assign]
+    try:
+        runner.tick()
+        assert reads and sorted(reads[0]) == sorted(every_slot)  # all new to it
+        runner.tick()
+        assert len(reads) == 1  # nothing changed: no listing read
+        assert topic.client.put(topic.url("/schedules/marked"), headers=auth, json={
+            "cron": "0 9 * * *", "payload": 1}).status_code == 201
+        runner.tick()
+        uid = topic_uid(services, auth, topic.name)
+        slot = schedule_slot_of(str(uid), "marked", services.config.release_slots)
+        assert len(reads) == 2 and slot in reads[1]  # its slot, and others changed meanwhile
+        assert (uid, "marked") in runner._known
+        assert client_delete(topic, "marked") == 204
+        runner.tick()
+        assert (uid, "marked") not in runner._known
+    finally:
+        del services.schedules.in_slots
+        runner.stop()

@@ -1,15 +1,19 @@
 """Produces the fires of the schedules whose release slot this releaser owns.
 
-Every tick it reads the schedule lists of its owned slots (one small read per slot) and
-re-reads a schedule only when its version moved or its next fire is within
-app.schedules.AHEAD_MS; then it produces what is due (app.schedules.produce). Exactly once
-holds whoever runs it: fires have deterministic ids and the cursor moves by LWT.
+What it costs when nothing fires: every tick one read of the slots' marks
+(app.store.schedules.ScheduleStore.marks); a slot's listing is read again only when its mark
+moved, when the slot became ours, or every RELIST_MS as a safety net; a schedule's row only
+when its listed version moved. Schedules are kept in memory with their cursor, so a tick
+walks them without a round trip and produces those due within app.schedules.AHEAD_MS
+together, per topic, in steps of PRODUCE_STEP (app.schedules.produce). Exactly once holds
+whoever runs it: fires have deterministic ids and cursors move by LWT from the value read.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,9 +21,12 @@ from app import schedules
 from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
+from app.store.schedules import Schedule
 
 log = logging.getLogger("duetime.schedules")
-PRODUCERS = 16  # schedules produced at once: each step is a few round trips
+PRODUCERS = 4  # steps produced at once: each is a few batched round trips
+PRODUCE_STEP = 1000  # schedules of one topic produced by one step
+RELIST_MS = 60_000  # owned slots' listings are read again at least this often
 
 Key = tuple[uuid.UUID, str]
 
@@ -30,39 +37,75 @@ class ScheduleRunner:
         self.services = services
         self.owned = owned
         self.topic_of = topic_of
-        self._known: dict[Key, tuple[int, int | None]] = {}  # version, next fire
+        self._listed: dict[int, dict[Key, int]] = {}  # slot -> schedule -> version listed
+        self._marks: dict[int, uuid.UUID | None] = {}  # slot -> mark when last listed
+        self._listed_at = 0
+        self._known: dict[Key, Schedule] = {}  # as last read or produced
         self._pool = ThreadPoolExecutor(PRODUCERS, thread_name_prefix="schedule")
 
     def tick(self) -> None:
-        listed = self.services.schedules.in_slots(sorted(self.owned()))
-        now = self.services.clock()
-        todo = []
-        for topic_uid, name, version in listed:
-            known = self._known.get((topic_uid, name))
-            if known is None or known[0] != version or (
-                    known[1] is not None and known[1] - schedules.AHEAD_MS <= now):
-                todo.append((topic_uid, name))
-        list(self._pool.map(self._safe_step, todo))  # a minute's fires are made together
-        listed_keys = {(t, n) for t, n, _ in listed}
-        for key in [k for k in self._known if k not in listed_keys]:
+        self._refresh_listing()
+        listed = {key: version for slot in self._listed.values()
+                  for key, version in slot.items()}
+        for key in [k for k in self._known if k not in listed]:
             del self._known[key]  # deleted, or its slot is no longer ours
+        stale = [key for key, version in listed.items()
+                 if key not in self._known or self._known[key].version != version]
+        self._read(stale)
+        now = self.services.clock()
+        due: dict[uuid.UUID, list[Schedule]] = defaultdict(list)
+        for key, s in self._known.items():
+            if s.next_fire is not None and s.next_fire - schedules.AHEAD_MS <= now:
+                due[key[0]].append(s)
+        steps = [(topic_uid, found[n:n + PRODUCE_STEP]) for topic_uid, found in due.items()
+                 for n in range(0, len(found), PRODUCE_STEP)]
+        list(self._pool.map(self._safe_produce, steps))  # a minute's fires are made together
 
     def stop(self) -> None:
         """After the last tick: end the producer threads."""
         self._pool.shutdown(wait=True)
 
-    def _safe_step(self, key: Key) -> None:
-        try:
-            self._step(*key)
-        except DuetimeError as exc:  # log and continue: the next tick tries again
-            log.warning("schedule %s of topic %s: %s", key[1], key[0], exc.detail)
+    def _refresh_listing(self) -> None:
+        owned = sorted(self.owned())
+        now = self.services.clock()
+        marks = self.services.schedules.marks()
+        if now - self._listed_at >= RELIST_MS:
+            self._marks, self._listed_at = {}, now
+        changed = [slot for slot in owned
+                   if slot not in self._marks or self._marks[slot] != marks.get(slot)]
+        for slot in [s for s in self._listed if s not in owned]:
+            del self._listed[slot]
+            self._marks.pop(slot, None)
+        if changed:
+            found: dict[int, dict[Key, int]] = {slot: {} for slot in changed}
+            for slot, topic_uid, name, version in self.services.schedules.in_slots(changed):
+                found[slot][(topic_uid, name)] = version
+            for slot in changed:  # the mark read before the listing: a later move re-reads
+                self._listed[slot], self._marks[slot] = found[slot], marks.get(slot)
 
-    def _step(self, topic_uid: uuid.UUID, name: str) -> None:
-        s = self.services.schedules.get(topic_uid, name)
-        topic = self.topic_of(topic_uid)
-        if s is None or topic is None:
-            return  # deleted (its listing goes next), or a topic not known here yet
-        if s.next_fire is not None and s.next_fire - schedules.AHEAD_MS <= self.services.clock():
-            s = schedules.produce(self.services, topic, s)
-        if s is not None:
-            self._known[(topic_uid, name)] = (s.version, s.next_fire)
+    def _read(self, keys: list[Key]) -> None:
+        by_topic: dict[uuid.UUID, list[str]] = defaultdict(list)
+        for topic_uid, name in keys:
+            by_topic[topic_uid].append(name)
+        for topic_uid, names in by_topic.items():
+            found = self.services.schedules.get_many(topic_uid, names)
+            for name in names:
+                if name in found:
+                    self._known[(topic_uid, name)] = found[name]
+                else:  # deleted; its listing goes at the next mark
+                    self._known.pop((topic_uid, name), None)
+
+    def _safe_produce(self, step: tuple[uuid.UUID, list[Schedule]]) -> None:
+        topic_uid, due = step
+        try:
+            topic = self.topic_of(topic_uid)
+            if topic is None:
+                return  # a topic not known here yet: the next tick tries again
+            for s, now in zip(due, schedules.produce(self.services, topic, due), strict=True):
+                key = (topic_uid, s.name)
+                if now is None:
+                    self._known.pop(key, None)
+                else:
+                    self._known[key] = now
+        except DuetimeError as exc:  # log and continue: the next tick tries again
+            log.warning("schedules of topic %s: %s", topic_uid, exc.detail)

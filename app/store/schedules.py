@@ -16,6 +16,10 @@ from app.timeparse import cql_ms, from_ms
 _COLUMNS = ("name", "cron", "timezone", "payload", "encoding", "priority", "campaign",
             "start_at", "end_at", "misfire", "version", "next_fire", "created_at", "updated_at")
 _TIMES = {"start_at", "end_at", "next_fire", "created_at", "updated_at"}
+_ADVANCE = ("UPDATE {ks}.schedules SET next_fire = ? WHERE topic_uid = ? AND name = ? "
+            "IF version = ? AND next_fire = ?")
+ADVANCE_BATCH = 100  # cursors moved by one conditional batch (one Paxos round)
+NAMES_PER_READ = 100  # schedules read by one IN query
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,15 @@ class ScheduleStore:
                                "WHERE topic_uid = ? AND name = ?", (topic_uid, name))
         return _schedule(topic_uid, rows[0]) if rows else None
 
+    def get_many(self, topic_uid: uuid.UUID, names: list[str]) -> dict[str, Schedule]:
+        """The schedules of these names that exist (IN reads of NAMES_PER_READ, in parallel)."""
+        futures = [self.db.execute_async(
+            f"SELECT {', '.join(_COLUMNS)} FROM {{ks}}.schedules "
+            "WHERE topic_uid = ? AND name IN ?", (topic_uid, names[n:n + NAMES_PER_READ]))
+            for n in range(0, len(names), NAMES_PER_READ)]
+        return {r["name"]: _schedule(topic_uid, r) for rows in self.db.results(futures)
+                for r in rows}
+
     def all(self, topic_uid: uuid.UUID) -> list[Schedule]:
         rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM {{ks}}.schedules "
                                "WHERE topic_uid = ?", (topic_uid,))
@@ -83,12 +96,28 @@ class ScheduleStore:
 
     def advance(self, s: Schedule, next_fire: int | None) -> bool:
         """Move the cursor from s.next_fire to next_fire, if nothing changed the row."""
-        rows = self.db.execute(
-            "UPDATE {ks}.schedules SET next_fire = ? WHERE topic_uid = ? AND name = ? "
-            "IF version = ? AND next_fire = ?",
-            (None if next_fire is None else from_ms(next_fire), s.topic_uid, s.name, s.version,
-             None if s.next_fire is None else from_ms(s.next_fire)))
+        rows = self.db.execute(_ADVANCE, self._advance_params(s, next_fire))
         return bool(rows[0]["[applied]"])
+
+    def advance_many(self, moves: list[tuple[Schedule, int | None]]) -> list[bool]:
+        """advance() for schedules of one topic: one conditional batch (its partition) per
+        ADVANCE_BATCH; a batch refused as a whole (one schedule changed meanwhile) is retried
+        one schedule at a time, so each answer is that schedule's own."""
+        chunks = [moves[n:n + ADVANCE_BATCH] for n in range(0, len(moves), ADVANCE_BATCH)]
+        outcomes = self.db.run_batches([[(_ADVANCE, self._advance_params(s, nf))
+                                          for s, nf in chunk] for chunk in chunks])
+        answers: list[bool] = []
+        for chunk, (ok, rows) in zip(chunks, outcomes, strict=True):
+            if ok and rows[0]["[applied]"]:
+                answers += [True] * len(chunk)
+            else:
+                answers += [self.advance(s, nf) for s, nf in chunk]
+        return answers
+
+    @staticmethod
+    def _advance_params(s: Schedule, next_fire: int | None) -> tuple[Any, ...]:
+        return (None if next_fire is None else from_ms(next_fire), s.topic_uid, s.name,
+                s.version, None if s.next_fire is None else from_ms(s.next_fire))
 
     def delete(self, s: Schedule) -> bool:
         rows = self.db.execute("DELETE FROM {ks}.schedules WHERE topic_uid = ? AND name = ? "
@@ -96,17 +125,31 @@ class ScheduleStore:
         return bool(rows[0]["[applied]"])
 
     def list_in_slot(self, slot: int, s: Schedule) -> None:
+        """List (or re-list with its new version) s in its slot, then move the slot's mark."""
         self.db.execute("INSERT INTO {ks}.schedule_slots (slot, topic_uid, name, version) "
                         "VALUES (?, ?, ?, ?)", (slot, s.topic_uid, s.name, s.version))
+        self._mark(slot)
 
     def unlist(self, slot: int, topic_uid: uuid.UUID, name: str) -> None:
         self.db.execute("DELETE FROM {ks}.schedule_slots WHERE slot = ? AND topic_uid = ? "
                         "AND name = ?", (slot, topic_uid, name))
+        self._mark(slot)
 
-    def in_slots(self, slots: list[int]) -> list[tuple[uuid.UUID, str, int]]:
-        """(topic_uid, name, version) of the schedules of these slots (a read per slot)."""
+    def _mark(self, slot: int) -> None:
+        # after the listing's write: a reader that sees the new mark then reads the new list
+        self.db.execute("UPDATE {ks}.schedule_marks SET changed = now() WHERE part = 0 "
+                        "AND slot = ?", (slot,))
+
+    def marks(self) -> dict[int, uuid.UUID]:
+        """Each slot's last listing change (slots never changed are absent): one read."""
+        rows = self.db.execute("SELECT slot, changed FROM {ks}.schedule_marks WHERE part = 0")
+        return {r["slot"]: r["changed"] for r in rows}
+
+    def in_slots(self, slots: list[int]) -> list[tuple[int, uuid.UUID, str, int]]:
+        """(slot, topic_uid, name, version) of the schedules of these slots (a read each)."""
         futures = [self.db.execute_async(
             "SELECT topic_uid, name, version FROM {ks}.schedule_slots WHERE slot = ?", (slot,))
             for slot in slots]
-        return [(r["topic_uid"], r["name"], r["version"]) for rows in self.db.results(futures)
+        return [(slot, r["topic_uid"], r["name"], r["version"])
+                for slot, rows in zip(slots, self.db.results(futures), strict=True)
                 for r in rows]
