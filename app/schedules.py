@@ -211,20 +211,22 @@ def plan(fires: list[int], now: int, misfire: str) -> list[int]:
     return ([missed[-1]] if missed and misfire == "fire_once" else []) + due
 
 
-def _fires(s: Schedule, now: int) -> tuple[list[int], int | None]:
+def _fires(s: Schedule, now: int, ahead_ms: int) -> tuple[list[int], int | None]:
     """(the fires of s to produce now, its cursor after them)."""
     cron = Cron(s.cron, s.timezone)
     fires: list[int] = []
     fire = _before_end(s, s.next_fire)
-    while fire is not None and fire <= now + AHEAD_MS and len(fires) < MAX_FIRES_PER_PRODUCE:
+    while fire is not None and fire <= now + ahead_ms and len(fires) < MAX_FIRES_PER_PRODUCE:
         fires.append(fire)
         fire = _before_end(s, cron.next_after(fire))
     return plan(fires, now, s.misfire), fire
 
 
-def produce(services: Services, topic: Topic, due: list[Schedule]) -> list[Schedule | None]:
-    """Produce the fires of these schedules of one topic due within AHEAD_MS (and their
-    misfires), then move their cursors past them: one enqueue for all their fires and one
+def produce(services: Services, topic: Topic, due: list[Schedule],
+            ahead_ms: int = AHEAD_MS) -> list[Schedule | None]:
+    """Produce the fires of these schedules of one topic due within ahead_ms (at least
+    AHEAD_MS; the runner gives more when many fires come at once) and their misfires, then
+    move their cursors past them: one enqueue for all their fires and one
     conditional batch per ADVANCE_BATCH cursors (a topic's schedules share a partition), so
     a minute of 10,000 schedules costs a few hundred round trips, not 10,000 of each.
 
@@ -232,7 +234,7 @@ def produce(services: Services, topic: Topic, due: list[Schedule]) -> list[Sched
     when its fires could not all be written, so the next tick makes them again (IF NOT
     EXISTS: none twice)."""
     now = services.clock()
-    planned = [(s, *_fires(s, now)) for s in due]
+    planned = [(s, *_fires(s, now, max(ahead_ms, AHEAD_MS))) for s in due]
     failed = _enqueue_fires(services, topic, [(s, fires) for s, fires, _ in planned])
     moving = [(s, next_fire) for s, _, next_fire in planned if s.name not in failed]
     moved = dict(zip((s.name for s, _ in moving), services.schedules.advance_many(moving),

@@ -273,3 +273,23 @@ def test_a_runner_reads_a_slot_listing_again_only_when_its_mark_moved(
     finally:
         del services.schedules.in_slots
         runner.stop()
+
+
+def test_a_crowd_of_fires_starts_being_made_early_enough_to_be_on_time(app: Flask) -> None:
+    """The k-th of the fires close together starts AHEAD_MS + k / rate before its time."""
+    services: Services = app.extensions["duetime"]
+    runner = ScheduleRunner(services, frozenset, lambda _uid: None)
+    fire, uid = 10_000_000, uuid.uuid4()
+    try:
+        for n in range(1000):
+            runner._known[(uid, f"c{n}")] = Schedule(
+                uid, f"c{n}", "* * * * *", "UTC", b"1", "json", 100, None, None, None,
+                "fire_once", 1, fire, 0, 0)
+        runner.rate = 1000.0  # fires per second
+        assert runner.due(fire - 3001) == []
+        assert len(runner.due(fire - 2500)) == 501  # the 500th on, by time
+        assert len(runner.due(fire - 2000)) == 1000
+        runner._known = {(uid, "c0"): runner._known[(uid, "c0")]}
+        assert runner.due(fire - 2002) == [] and len(runner.due(fire - 2001)) == 1
+    finally:
+        runner.stop()

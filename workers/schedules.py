@@ -5,13 +5,16 @@ What it costs when nothing fires: every tick one read of the slots' marks
 moved, when the slot became ours, or every RELIST_MS as a safety net; a schedule's row only
 when its listed version moved. Schedules are kept in memory with their cursor, so a tick
 walks them without a round trip and produces those due within app.schedules.AHEAD_MS
-together, per topic, in steps of PRODUCE_STEP (app.schedules.produce). Exactly once holds
-whoever runs it: fires have deterministic ids and cursors move by LWT from the value read.
+together, per topic, in steps of PRODUCE_STEP (app.schedules.produce); when many fires come
+close together it starts earlier, by what it takes to make them (ScheduleRunner.due).
+Exactly once holds whoever runs it: fires have deterministic ids and cursors move by LWT
+from the value read.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,6 +30,8 @@ log = logging.getLogger("duetime.schedules")
 PRODUCERS = 4  # steps produced at once: each is a few batched round trips
 PRODUCE_STEP = 1000  # schedules of one topic produced by one step
 RELIST_MS = 60_000  # owned slots' listings are read again at least this often
+MAX_LEAD_MS = 30_000  # how far ahead a crowd of fires may start being made
+MIN_RATE = 100.0  # fires/s assumed at worst when planning a crowd's lead
 
 Key = tuple[uuid.UUID, str]
 
@@ -42,6 +47,7 @@ class ScheduleRunner:
         self._listed_at = 0
         self._known: dict[Key, Schedule] = {}  # as last read or produced
         self._pool = ThreadPoolExecutor(PRODUCERS, thread_name_prefix="schedule")
+        self.rate = 1000.0  # fires/s this runner makes (measured on crowds)
 
     def tick(self) -> None:
         self._refresh_listing()
@@ -54,12 +60,26 @@ class ScheduleRunner:
         self._read(stale)
         now = self.services.clock()
         due: dict[uuid.UUID, list[Schedule]] = defaultdict(list)
-        for key, s in self._known.items():
-            if s.next_fire is not None and s.next_fire - schedules.AHEAD_MS <= now:
-                due[key[0]].append(s)
+        for s in self.due(now):
+            due[s.topic_uid].append(s)
         steps = [(topic_uid, found[n:n + PRODUCE_STEP]) for topic_uid, found in due.items()
                  for n in range(0, len(found), PRODUCE_STEP)]
-        list(self._pool.map(self._safe_produce, steps))  # a minute's fires are made together
+        began = time.monotonic()
+        made = sum(self._pool.map(self._safe_produce, steps))  # made together
+        if made >= PRODUCE_STEP:  # a rate measured on a handful would be mostly latency
+            rate = made / max(time.monotonic() - began, 1e-3)
+            self.rate = max(MIN_RATE, (self.rate + rate) / 2)
+
+    def due(self, now: int) -> list[Schedule]:
+        """The schedules to produce now: those whose next fire is within AHEAD_MS, and
+        earlier ones when many fires come close together: the k-th fire (by time) within
+        MAX_LEAD_MS starts AHEAD_MS + k / rate before its time, so the fires of a busy
+        minute are made before it, not after (rate: fires per second this runner made)."""
+        near = sorted((s for s in self._known.values()
+                       if s.next_fire is not None and s.next_fire <= now + MAX_LEAD_MS),
+                      key=lambda s: s.next_fire or 0)
+        return [s for k, s in enumerate(near, start=1)
+                if (s.next_fire or 0) - schedules.AHEAD_MS - 1000 * k / self.rate <= now]
 
     def stop(self) -> None:
         """After the last tick: end the producer threads."""
@@ -95,17 +115,22 @@ class ScheduleRunner:
                 else:  # deleted; its listing goes at the next mark
                     self._known.pop((topic_uid, name), None)
 
-    def _safe_produce(self, step: tuple[uuid.UUID, list[Schedule]]) -> None:
+    def _safe_produce(self, step: tuple[uuid.UUID, list[Schedule]]) -> int:
+        """Produce one step; returns how many schedules it moved on."""
         topic_uid, due = step
+        ahead = max((s.next_fire or 0) for s in due) - self.services.clock()
         try:
             topic = self.topic_of(topic_uid)
             if topic is None:
-                return  # a topic not known here yet: the next tick tries again
-            for s, now in zip(due, schedules.produce(self.services, topic, due), strict=True):
-                key = (topic_uid, s.name)
-                if now is None:
-                    self._known.pop(key, None)
-                else:
-                    self._known[key] = now
+                return 0  # a topic not known here yet: the next tick tries again
+            after = schedules.produce(self.services, topic, due, ahead)
         except DuetimeError as exc:  # log and continue: the next tick tries again
             log.warning("schedules of topic %s: %s", topic_uid, exc.detail)
+            return 0
+        for s, now in zip(due, after, strict=True):
+            key = (topic_uid, s.name)
+            if now is None:
+                self._known.pop(key, None)
+            else:
+                self._known[key] = now
+        return sum(1 for s, now in zip(due, after, strict=True) if now != s)
