@@ -32,6 +32,7 @@ PRODUCE_STEP = 1000  # schedules of one topic produced by one step
 RELIST_MS = 60_000  # owned slots' listings are read again at least this often
 MAX_LEAD_MS = 30_000  # how far ahead a crowd of fires may start being made
 MIN_RATE = 100.0  # fires/s assumed at worst when planning a crowd's lead
+PLAN_MARGIN = 2.0  # a crowd is planned at half the rate measured: rates vary tick to tick
 
 Key = tuple[uuid.UUID, str]
 
@@ -48,16 +49,20 @@ class ScheduleRunner:
         self._known: dict[Key, Schedule] = {}  # as last read or produced
         self._pool = ThreadPoolExecutor(PRODUCERS, thread_name_prefix="schedule")
         self.rate = 1000.0  # fires/s this runner makes (measured on crowds)
+        self._stale: set[Key] = set()  # listed at a version not read yet
 
     def tick(self) -> None:
-        self._refresh_listing()
-        listed = {key: version for slot in self._listed.values()
-                  for key, version in slot.items()}
-        for key in [k for k in self._known if k not in listed]:
-            del self._known[key]  # deleted, or its slot is no longer ours
-        stale = [key for key, version in listed.items()
-                 if key not in self._known or self._known[key].version != version]
-        self._read(stale)
+        if self._refresh_listing():
+            listed = {key: version for slot in self._listed.values()
+                      for key, version in slot.items()}
+            for key in [k for k in self._known if k not in listed]:
+                del self._known[key]  # deleted, or its slot is no longer ours
+            self._stale = {key for key, version in listed.items()
+                           if key not in self._known or self._known[key].version != version}
+        if self._stale:
+            reading = sorted(self._stale)
+            self._read(reading)
+            self._stale.difference_update(reading)
         now = self.services.clock()
         due: dict[uuid.UUID, list[Schedule]] = defaultdict(list)
         for s in self.due(now):
@@ -73,19 +78,22 @@ class ScheduleRunner:
     def due(self, now: int) -> list[Schedule]:
         """The schedules to produce now: those whose next fire is within AHEAD_MS, and
         earlier ones when many fires come close together: the k-th fire (by time) within
-        MAX_LEAD_MS starts AHEAD_MS + k / rate before its time, so the fires of a busy
-        minute are made before it, not after (rate: fires per second this runner made)."""
+        MAX_LEAD_MS starts AHEAD_MS + k / (rate / PLAN_MARGIN) before its time, so the fires
+        of a busy minute are made before it, not after (rate: fires per second this runner
+        made)."""
         near = sorted((s for s in self._known.values()
                        if s.next_fire is not None and s.next_fire <= now + MAX_LEAD_MS),
                       key=lambda s: s.next_fire or 0)
+        rate = self.rate / PLAN_MARGIN
         return [s for k, s in enumerate(near, start=1)
-                if (s.next_fire or 0) - schedules.AHEAD_MS - 1000 * k / self.rate <= now]
+                if (s.next_fire or 0) - schedules.AHEAD_MS - 1000 * k / rate <= now]
 
     def stop(self) -> None:
         """After the last tick: end the producer threads."""
         self._pool.shutdown(wait=True)
 
-    def _refresh_listing(self) -> None:
+    def _refresh_listing(self) -> bool:
+        """Read the listings of owned slots that changed; True when any listing did."""
         owned = sorted(self.owned())
         now = self.services.clock()
         marks = self.services.schedules.marks()
@@ -93,7 +101,8 @@ class ScheduleRunner:
             self._marks, self._listed_at = {}, now
         changed = [slot for slot in owned
                    if slot not in self._marks or self._marks[slot] != marks.get(slot)]
-        for slot in [s for s in self._listed if s not in owned]:
+        gone = [s for s in self._listed if s not in owned]
+        for slot in gone:
             del self._listed[slot]
             self._marks.pop(slot, None)
         if changed:
@@ -102,6 +111,7 @@ class ScheduleRunner:
                 found[slot][(topic_uid, name)] = version
             for slot in changed:  # the mark read before the listing: a later move re-reads
                 self._listed[slot], self._marks[slot] = found[slot], marks.get(slot)
+        return bool(changed or gone)
 
     def _read(self, keys: list[Key]) -> None:
         by_topic: dict[uuid.UUID, list[str]] = defaultdict(list)

@@ -3,7 +3,8 @@
 Against the running stack (`make up`: the API and one releaser, which produces the fires):
 1. create N schedules `* * * * *` (8 threads);
 2. idle cost: the releaser's CPU (utime + stime from /proc) over 30 s between two minutes,
-   while nothing is due (the schedules are read, not produced);
+   while nothing is due (the schedules are held, not produced), and the same before they
+   were created (the difference is what they cost);
 3. one minute's fires: how late each was made (its row's created_at minus its fire time;
    fires are made 2 s ahead when on time, so on time is negative), p50/p99/max, and the
    fires made per second over the production's span;
@@ -88,6 +89,7 @@ def main(argv: list[str]) -> int:
     port = os.environ.get("DUETIME_HTTP_PORT", "8080")
     pid = int((ROOT / f"var/run/releaser-{port}.pid").read_text())
     topic = make_topic(headers)
+    baseline = idle_cost(pid)
     created_s = create(headers, topic, count)
     cores = idle_cost(pid)
     minute = (now_ms() // 60_000 + 1) * 60_000
@@ -104,7 +106,7 @@ def main(argv: list[str]) -> int:
     ceiling = raw_ceiling(5000)["raw_lwt_per_s"]
     result: dict[str, Any] = {
         "schedules": count, "create_s": round(created_s, 1),
-        "idle_releaser_cores": round(cores, 3),
+        "idle_releaser_cores": round(cores, 3), "idle_releaser_cores_before": round(baseline, 3),
         "fires_made": len(made),
         "fire_made_late_ms": {"p50": percentile(late, 0.5), "p99": percentile(late, 0.99),
                               "max": max(late, default=0)},
