@@ -26,7 +26,7 @@ from app.ids import homes_for_request, new_message_id
 from app.models import MessageState, Payload, Pointer, Topic
 from app.quiet_hours import QuietHours
 from app.services import Services
-from app.timeline import MS_PER_DAY, placement_ms, shard_of, ttl_s
+from app.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
 from app.timeparse import TimeFormatError, parse_local_time, zone
 from app.transitions import count_moves
 
@@ -43,6 +43,7 @@ class NewMessage:
     campaign: str | None
     payload: Payload
     content_hash: str
+    group: str | None = None  # fair-delivery group (app.fairness)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,8 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
     content = {k: v for k, v in data.items() if k != "id"}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
     return NewMessage(data.get("id"), deliver, int(data.get("priority", 100)),
-                      data.get("campaign"), payload_of(data, max_payload_bytes), digest[:32])
+                      data.get("campaign"), payload_of(data, max_payload_bytes), digest[:32],
+                      data.get("group"))
 
 
 def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:
@@ -118,7 +120,7 @@ def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> Mess
         due_at_ms=placement_ms(m.deliver_at_ms, now_ms), deliver_at_ms=m.deliver_at_ms,
         priority=m.priority, campaign=m.campaign, shard=shard_of(message_id, topic.settings.shards),
         attempts=0, content_hash=m.content_hash, lease_token=None, lease_expires_at_ms=None,
-        consumer=None, last_error=None, created_at_ms=now_ms, updated_at_ms=now_ms)
+        consumer=None, last_error=None, created_at_ms=now_ms, updated_at_ms=now_ms, group=m.group)
 
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:
@@ -187,7 +189,7 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
             results[i] = EnqueueResult(row.id, 503, error=_unavailable(outcome))
         elif outcome[0]:
             created.append(i)
-            pointers.append(Pointer(row.due_at_ms, row.id, 1, row.priority, row.shard))
+            pointers.append(pointer_of(row, version=1))
             placed_for.append(i)
             results[i] = EnqueueResult(row.id, 201, row.deliver_at_ms, "scheduled")
         else:
@@ -287,8 +289,7 @@ def _existing(found: MessageState | None, row: MessageState, now: int, pointers:
     if found is None or found.content_hash != row.content_hash:
         return EnqueueResult(row.id, 409, error=_conflict(row.id))
     if found.state == "scheduled" and found.version == 1:
-        pointers.append(Pointer(placement_ms(found.due_at_ms, now), found.id, 1,
-                                found.priority, found.shard))
+        pointers.append(pointer_of(found, placement_ms(found.due_at_ms, now), 1))
         placed_for.append(index)
     return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
 

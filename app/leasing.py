@@ -20,6 +20,7 @@ from app.errors import (
     NotFound,
     StoreUnavailable,
 )
+from app.fairness import fair_order
 from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
 from app.scan import Due
@@ -66,22 +67,21 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
 def _pass(services: Services, topic: Topic,
           waiters: Sequence[Waiter[Leased]]) -> list[list[Leased]]:
     """One pass over every shard of the topic for these calls: the due messages are read
-    once, sorted by (priority, deliver_at, due time, id), and leased in the calls' order
+    once, put in fair order (app.fairness.fair_order), and leased in the calls' order
     (a paused campaign's are passed over), each call up
     to its want on its own terms; a message another process took first is replaced by the
     next due one (in up to TAKE_ROUNDS takes). Then the cursors move past what is spent, in
     steps of at least CURSOR_STEP_MS. Returns each call's share."""
     now = services.clock()
     result = services.scanner.scan(topic, now, sum(w.want for w in waiters))
-    # Lower priority values first, then the earliest deliver_at: messages brought back at
-    # once (a campaign resumed, a retry) go in their due order. Otherwise that is timeline
-    # order: what is taken is then a prefix of each partition, which moves its resume point
+    # Lower priority values first, then round-robin across groups (app.fairness), each in
+    # the order of deliver_at: messages brought back at once (a campaign resumed, a retry)
+    # go in their due order. Otherwise that is timeline order within each lane: what is
+    # taken is then a prefix of each partition, which moves its resume point
     # (app.scan.ResumePoints).
     paused = passed_over(services, topic, result.due)
     services.scanner.spend(topic, [d.pointer for d in result.due if d.row.id in paused])
-    order = sorted((d for d in result.due if d.row.id not in paused),
-                   key=lambda d: (d.row.priority, d.row.deliver_at_ms, d.pointer.due_at_ms,
-                                  d.pointer.id))
+    order = fair_order([d for d in result.due if d.row.id not in paused])
     shares: list[list[Leased]] = [[] for _ in waiters]
     counted = [0] * len(waiters)  # leased, with or without a payload
     used = 0

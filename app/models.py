@@ -64,6 +64,7 @@ class MessageState:
     updated_at_ms: int
     last_op: uuid.UUID | None = None  # the campaign operation that last changed it
     paced: bool = False  # moved to its delivery slot by its campaign's pacing
+    group: str | None = None  # fair-delivery group (app.timeline.lane_of)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,3 +90,4 @@ class Pointer:
     version: int
     priority: int
     shard: int
+    lane: int = 0  # fair-delivery lane (app.timeline.lane_of)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from app.config import Config
 from app.models import Pointer
 from app.store.timeline import TimelineStore
-from app.timeline import COUNTED_AHEAD_MS, bucket_of, part_of, ttl_s
+from app.timeline import COUNTED_AHEAD_MS, bucket_of, lane_part, ttl_s
 
 _MAX_CACHED = 20_000
 
@@ -29,6 +29,7 @@ class PointerPlacer:
         self._lock = threading.Lock()
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
+        self._lanes: set[tuple[uuid.UUID, int, int, int]] = set()  # lane partitions recorded
 
     def _take(self, topic_uid: uuid.UUID, bucket: int, shard: int, count: int) -> list[int]:
         key = (topic_uid, bucket, shard)
@@ -56,6 +57,28 @@ class PointerPlacer:
                 self._active.clear()
             self._active.update((topic_uid, b) for b in new)
 
+    def _record_lanes(self, topic_uid: uuid.UUID, placed: list[tuple[int, int, int, Pointer, int]],
+                      now_ms: int) -> dict[tuple[int, int, int], Exception]:
+        """Record the lane partitions (lanes 1..) this process has not recorded yet; returns
+        those whose record failed (their pointers count as not written: a reader would not
+        find them)."""
+        with self._lock:
+            new = sorted({(b, s, part) for b, s, part, p, _ in placed
+                          if p.lane and (topic_uid, b, s, part) not in self._lanes})
+        if not new:
+            return {}
+        retention = self.config.retention_days
+        ends = [(b + 1) * self.config.bucket_ms for b, _, _ in new]
+        errors = self.store.record_lanes(topic_uid, [
+            (b, s, part, ttl_s(end, now_ms, retention)) for (b, s, part), end in
+            zip(new, ends, strict=True)])
+        with self._lock:
+            if len(self._lanes) > _MAX_CACHED:
+                self._lanes.clear()
+            self._lanes.update((topic_uid, *key) for key, err in zip(new, errors, strict=True)
+                               if err is None)
+        return {key: err for key, err in zip(new, errors, strict=True) if err is not None}
+
     def place(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer],
               now_ms: int) -> list[Exception | None]:
         """Write the pointers (due times already clamped by the caller); per pointer None when
@@ -71,8 +94,12 @@ class PointerPlacer:
             for index, slot in zip(indexes, slots, strict=True):
                 p = pointers[index]
                 ttl = ttl_s(p.due_at_ms, now_ms, self.config.retention_days)
-                placed[index] = (bucket, shard, part_of(slot, self.config.partition_cap), p, ttl)
+                placed[index] = (bucket, shard,
+                                 lane_part(p.lane, slot, self.config.partition_cap), p, ttl)
+        unrecorded = self._record_lanes(topic_uid, placed, now_ms)
         outcomes = self.store.write_pointers(topic_uid, placed)
+        outcomes = [unrecorded.get((b, s, part), err)
+                    for (b, s, part, _, _), err in zip(placed, outcomes, strict=True)]
         written: dict[tuple[int, int], int] = defaultdict(int)
         for (bucket, shard, _, p, _), err in zip(placed, outcomes, strict=True):
             if err is None and p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:

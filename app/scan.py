@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterator
 
 from app.config import Config
 from app.models import MessageState, Pointer, Topic
 from app.store.messages import MessageStore
 from app.store.timeline import PointerPosition, TimelineStore
-from app.timeline import bucket_of, bucket_start_ms, parts_for
+from app.timeline import LANE_STRIDE, bucket_of, bucket_start_ms
 
 PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
 WAITING = ("scheduled", "leased")
@@ -81,13 +81,96 @@ def is_spent(p: Pointer, row: MessageState | None) -> bool:
 
 
 def _remember(seen: dict[tuple[int, int], int], counts: dict[tuple[int, int], int],
-              read_whole: list[tuple[int, int, int, int, int]],
+              plan: list[tuple[int, int, int, int, int]], whole: set[int],
               unsettled: set[tuple[int, int]]) -> None:
-    """Record the write counts of (bucket, shard)s read whole with every pointer settled."""
-    for bucket, shard, *_ in read_whole:
+    """Record the write counts of (bucket, shard)s read whole (every part of them) with
+    every pointer settled."""
+    partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
+    for bucket, shard, *_ in plan:
         key = (bucket, shard)
-        if key in counts and key not in unsettled:
+        if key in counts and key not in unsettled and key not in partly:
             seen[key] = counts[key]
+
+
+@dataclasses.dataclass
+class _Partition:
+    """How far a scan read one plan entry: the due time of the last pointer read, whether it
+    was read to its end, and the spent prefix seen so far (for its resume point)."""
+
+    last: int | None = None
+    whole: bool = False
+    in_prefix: bool = True
+    spent_prefix: PointerPosition | None = None
+
+
+class _LaneReader:
+    """The entries of one lane, read in plan order, pointer by pointer, resumable."""
+
+    def __init__(self, indexes: list[int],
+                 pages: Iterator[tuple[int, Iterator[Pointer]]]) -> None:
+        self.indexes = indexes
+        self.pages = pages
+        self.current: tuple[int, Iterator[Pointer]] | None = None
+        self.done = False
+
+    def next(self) -> tuple[int, Pointer | None] | None:
+        """(plan index, its next pointer, or None when that entry just ended); None at the
+        lane's end."""
+        while not self.done:
+            if self.current is None:
+                found = next(self.pages, None)
+                if found is None:
+                    self.done = True
+                    return None
+                self.current = (self.indexes[found[0]], found[1])
+            index, pointers = self.current
+            p = next(pointers, None)
+            if p is None:
+                self.current = None
+            return index, p
+        return None
+
+
+class _Reads:
+    """The pointers one scan collects across its lanes, within its caps."""
+
+    def __init__(self, scanner: DueScanner, topic: Topic, quota: int,
+                 skip: Callable[[PointerKey], bool], settled_ms: int | None) -> None:
+        self.spent = scanner.spent
+        self.topic_uid = topic.uid
+        self.quota = quota
+        self.skip = skip
+        self.settled_ms = settled_ms
+        self.unknown: list[Pointer] = []
+        self.read = 0
+        self.progress: dict[int, _Partition] = {}
+
+    def full(self) -> bool:
+        return len(self.unknown) >= self.quota or self.read >= MAX_ROWS_PER_SCAN
+
+    def run(self, reader: _LaneReader, more: int) -> None:
+        """Read on in this lane until it gave `more` unknown pointers, its end or a cap."""
+        until = len(self.unknown) + more
+        while len(self.unknown) < until and not self.full():
+            step = reader.next()
+            if step is None:
+                return
+            index, p = step
+            state = self.progress.setdefault(
+                index, _Partition(in_prefix=self.settled_ms is not None))
+            if p is None:
+                state.whole = True
+                continue
+            self.read += 1
+            state.last = p.due_at_ms
+            key = (self.topic_uid, p.id, p.version)
+            known = key in self.spent
+            if state.in_prefix and known and p.due_at_ms < (self.settled_ms or 0):
+                state.spent_prefix = (p.due_at_ms, p.id, p.version)
+            else:
+                state.in_prefix = False
+            if not known and not self.skip(key):
+                self.unknown.append(p)
 
 
 class SpentPointers:
@@ -164,36 +247,21 @@ class DueScanner:
         floor = min(cursors.values())
         first, last = bucket_of(floor, bucket_ms), bucket_of(horizon_ms, bucket_ms)
         first = max(first, last - MAX_BUCKETS_PER_SCAN)
+        cap = self.config.partition_cap
         if last - first < DIRECT_BUCKETS:  # their slot rows say which are active: one read
-            slots = self.timeline.slots(topic.uid, range(first, last + 1))
-            active = sorted(slots)
+            parts = self.timeline.parts(topic.uid, range(first, last + 1), cap)
+            active = sorted(parts)
         else:
             active = self.timeline.active_buckets(topic.uid, first, last, bucket_ms)
-            slots = self.timeline.slots(topic.uid, active) if active else {}
+            parts = self.timeline.parts(topic.uid, active, cap) if active else {}
         plan: list[tuple[int, int, int, int, int]] = []
         for bucket in active:
             end = min(bucket_start_ms(bucket + 1, bucket_ms) - 1, horizon_ms)
-            for shard, next_slot in sorted(slots.get(bucket, {}).items()):
+            for shard, found in sorted(parts.get(bucket, {}).items()):
                 start = cursors.get(shard, end + 1)
                 if start <= end:
-                    plan.extend((bucket, shard, part, start, end) for part in
-                                range(parts_for(next_slot, self.config.partition_cap)))
+                    plan.extend((bucket, shard, part, start, end) for part in sorted(found))
         return plan
-
-    def _stopped_at(self, plan: list[tuple[int, int, int, int, int]], index: int,
-                    last_due_ms: int, frontier: dict[int, int]) -> None:
-        """The scan stopped inside plan[index] after a pointer due at last_due_ms: no shard's
-        cursor may pass what this scan did not read."""
-        bucket, shard = plan[index][0], plan[index][1]
-        unread = {(b, s) for b, s, *_ in plan[index + 1:]}
-        for s in frontier:
-            if (bucket, s) in unread:  # parts of one (bucket, shard) overlap in time
-                limit = bucket_start_ms(bucket, self.config.bucket_ms)
-            elif s == shard:  # its earlier parts were read whole; this one up to last_due_ms
-                limit = last_due_ms
-            else:
-                limit = bucket_start_ms(bucket + 1, self.config.bucket_ms)
-            frontier[s] = min(frontier[s], limit)
 
     def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
              stored: dict[int, int] | None = None) -> ScanResult:
@@ -232,11 +300,11 @@ class DueScanner:
             counts = self.timeline.write_counts(topic.uid, sorted({e[0] for e in plan}))
             plan = [e for e in plan if (e[0], e[1]) not in seen
                     or counts.get((e[0], e[1])) != seen[(e[0], e[1])]]
-        fresh, stopped = self._read(topic, plan, want, frontier, pending)
+        fresh, whole = self._read(topic, plan, want, frontier, pending)
         due, unsettled = self._settle(
             topic, fresh, lambda p, row: row.version == p.version and row.state in WAITING)
         if seen is not None:
-            _remember(seen, counts, plan[:stopped], unsettled)
+            _remember(seen, counts, plan, whole, unsettled)
         return ScanResult(due, frontier, starts)
 
     def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
@@ -256,17 +324,16 @@ class DueScanner:
         changed = {k: n for k, n in counts.items() if k[1] in cursors and seen.get(k) != n}
         if not changed:
             return []
-        slots = self.timeline.slots(topic.uid, sorted({b for b, _ in changed}))
-        cap = self.config.partition_cap
+        parts = self.timeline.parts(topic.uid, sorted({b for b, _ in changed}),
+                                    self.config.partition_cap)
         plan = [(b, sh, part, bucket_start_ms(b, bucket_ms),
                  min(bucket_start_ms(b + 1, bucket_ms), cursors[sh]) - 1)
-                for b, sh in sorted(changed)
-                for part in range(parts_for(slots.get(b, {}).get(sh, 0), cap))]
+                for b, sh in sorted(changed) for part in sorted(parts.get(b, {}).get(sh, []))]
         frontier = dict.fromkeys(cursors, now_ms)
-        behind, stopped = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False,
+        behind, whole = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False,
                                      now_ms - self.config.safety_lag_ms)
         found, unsettled = self._settle(topic, behind, lambda p, row: is_live(p, row, now_ms))
-        _remember(seen, changed, plan[:stopped], unsettled)
+        _remember(seen, changed, plan, whole, unsettled)
         return found
 
     def _settle(self, topic: Topic, pointers: list[Pointer],
@@ -288,42 +355,54 @@ class DueScanner:
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
               frontier: dict[int, int], skip: Callable[[PointerKey], bool],
-              settled_ms: int | None = None) -> tuple[list[Pointer], int]:
+              settled_ms: int | None = None) -> tuple[list[Pointer], set[int]]:
         """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
-        how many plan entries were read whole. With settled_ms, each partition is read from
-        its resume point, and a spent prefix due before settled_ms moves that point."""
+        the plan entries read whole. Lowers `frontier` so that no shard's cursor may pass
+        what was not read. With settled_ms, each partition is read from its resume point, and
+        a spent prefix due before settled_ms moves that point.
+
+        Each fair-delivery lane (app.timeline.lane_of) is read on its own, in plan order:
+        first every lane up to its share of the scan's quota, then the lanes with more, in
+        turn, up to the quota; so a lane with a backlog cannot keep the others' due messages
+        out of the scan. With one lane this is the plain read in timeline order."""
         keys = [(topic.uid, b, s, part) for b, s, part, _, _ in plan]
         after = ([self.resume.get(k, e[3]) for k, e in zip(keys, plan, strict=True)]
                  if settled_ms is not None else None)
-        unknown: list[Pointer] = []
-        read = 0
-        # pages of about the plan's share of what the scan wants: it stops after
-        # SCAN_SLACK x want unknown pointers, and the first page of every partition (up to
-        # READ_AHEAD of them) is requested at once
-        page = -(-min(SCAN_SLACK * want, MAX_ROWS_PER_SCAN) // max(1, len(plan)))
-        for index, pointers in self.timeline.pointers_of(topic.uid, plan, after, page):
-            spent_prefix: PointerPosition | None = None
-            in_prefix = settled_ms is not None
-            for p in pointers:
-                read += 1
-                key = (topic.uid, p.id, p.version)
-                known = key in self.spent
-                if in_prefix and known and p.due_at_ms < (settled_ms or 0):
-                    spent_prefix = (p.due_at_ms, p.id, p.version)
-                else:
-                    in_prefix = False
-                if not known and not skip(key):
-                    unknown.append(p)
-                if len(unknown) >= SCAN_SLACK * want or read >= MAX_ROWS_PER_SCAN:
-                    if spent_prefix:
-                        self.resume.advance(keys[index], spent_prefix)
-                    self._stopped_at(plan, index, p.due_at_ms, frontier)
-                    self.pointers_read += read
-                    return unknown, index
-            if spent_prefix:
-                self.resume.advance(keys[index], spent_prefix)
-        self.pointers_read += read
-        return unknown, len(plan)
+        quota = min(SCAN_SLACK * want, MAX_ROWS_PER_SCAN)
+        lanes: dict[int, list[int]] = defaultdict(list)
+        for index, entry in enumerate(plan):
+            lanes[entry[2] // LANE_STRIDE].append(index)
+        reads = _Reads(self, topic, quota, skip, settled_ms)
+        # pages of about the plan's share of what the scan wants; the first page of every
+        # partition of a lane (up to READ_AHEAD of them) is requested at once
+        page = -(-quota // max(1, len(plan)))
+        readers = []
+        for indexes in lanes.values():
+            lane_after = [after[i] for i in indexes] if after is not None else None
+            pages = self.timeline.pointers_of(topic.uid, [plan[i] for i in indexes],
+                                              lane_after, page)
+            readers.append(_LaneReader(indexes, pages))
+        share = -(-quota // len(readers)) if readers else 0
+        for reader in readers:
+            reads.run(reader, share)
+        for reader in readers:
+            reads.run(reader, quota)
+        for index, state in reads.progress.items():
+            if state.spent_prefix:
+                self.resume.advance(keys[index], state.spent_prefix)
+        self.pointers_read += reads.read
+        whole = {i for i, state in reads.progress.items() if state.whole}
+        bucket_ms = self.config.bucket_ms
+        for index, (bucket, shard, _, _, _) in enumerate(plan):
+            if shard not in frontier or index in whole:
+                continue
+            partly = reads.progress.get(index)
+            # a partition not read at all holds nothing before its bucket; one read in part,
+            # nothing unread before the last pointer read
+            limit = bucket_start_ms(bucket, bucket_ms) if partly is None or partly.last is None \
+                else partly.last
+            frontier[shard] = min(frontier[shard], limit)
+        return reads.unknown, whole
 
     def forget(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Make pointers examinable again (an outcome could not be recorded: look again)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import zlib
 
 from app.ids import embedded_home
+from app.models import MessageState, Pointer
 
 MS_PER_DAY = 86_400_000
 MS_PER_MINUTE = 60_000
@@ -46,6 +47,33 @@ def shard_of(message_id: str, shards: int) -> int:
 def part_of(slot: int, partition_cap: int) -> int:
     """The partition (part) of a pointer slot; every part holds at most partition_cap slots."""
     return slot // partition_cap
+
+
+LANES = 1024  # lane 0: messages with neither group nor campaign; 1..1023: hashed groups
+LANE_STRIDE = 1_000_000  # parts of lane L are L * LANE_STRIDE + (slot // partition_cap)
+
+
+def lane_of(group: str | None, campaign: str | None) -> int:
+    """The timeline lane of a message's fair-delivery group (its `group`, else its campaign):
+    every lane has partitions of its own, so a pass reads the head of each lane and one
+    group's backlog cannot hide another's messages. Groups share a lane only when their
+    hashes collide (1 in 1,023 for two groups)."""
+    key = group or campaign
+    return 0 if key is None else 1 + stable_hash(key) % (LANES - 1)
+
+
+def pointer_of(row: MessageState, due_at_ms: int | None = None,
+               version: int | None = None) -> Pointer:
+    """The timeline pointer of a row (at its due time and version unless given), in its
+    fair-delivery lane."""
+    return Pointer(row.due_at_ms if due_at_ms is None else due_at_ms, row.id,
+                   row.version if version is None else version, row.priority, row.shard,
+                   lane_of(row.group, row.campaign))
+
+
+def lane_part(lane: int, slot: int, partition_cap: int) -> int:
+    """The part (partition) of a pointer slot in a lane."""
+    return lane * LANE_STRIDE + part_of(slot, partition_cap)
 
 
 def parts_for(next_slot: int, partition_cap: int) -> int:

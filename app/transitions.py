@@ -10,15 +10,15 @@ import dataclasses
 from collections.abc import Sequence
 
 from app.errors import LeaseLost
-from app.models import MessageState, Pointer, Topic
+from app.models import MessageState, Topic
 from app.services import Services
-from app.timeline import ttl_s
+from app.timeline import pointer_of, ttl_s
 
 
 def place_then(services: Services, topic: Topic, rows: list[MessageState],
                 now: int) -> list[MessageState]:
     """Write each row's next pointer; returns the rows whose pointer is durable."""
-    pointers = [Pointer(r.due_at_ms, r.id, r.version, r.priority, r.shard) for r in rows]
+    pointers = [pointer_of(r) for r in rows]
     errors = services.placer.place(topic.uid, pointers, now)
     return [r for r, err in zip(rows, errors, strict=True) if err is None]
 

@@ -33,7 +33,7 @@ from app.config import Config
 from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
-from app.timeline import MS_PER_MINUTE
+from app.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE
 from spark import session as sessions
 from spark.progress import Progress
 from spark.rows import ImportSettings, Reject, to_message
@@ -123,7 +123,15 @@ def with_parts(spark: SparkSession, new: DataFrame, firsts: list[tuple[int, int,
     order = Window.partitionBy("bucket", "shard").orderBy("id")
     return (new.join(F.broadcast(slots), ["bucket", "shard"])
             .withColumn("slot", F.col("first_slot") + F.row_number().over(order) - 1)
-            .withColumn("part", (F.col("slot") / partition_cap).cast("int")))
+            .withColumn("part", lane(F.col("campaign")) * LANE_STRIDE
+                        + (F.col("slot") / partition_cap).cast("int")))
+
+
+def lane(campaign: Any) -> Any:
+    """app.timeline.lane_of of a message whose group is its campaign (imports carry no
+    group): Spark's crc32 is the same CRC-32 as app.timeline.stable_hash."""
+    return (F.when(campaign.isNull(), F.lit(0))
+            .otherwise(F.lit(1) + F.crc32(campaign) % (LANES - 1)).cast("int"))
 
 
 def save(df: DataFrame, config: Config, table: str, **options: str) -> None:
@@ -136,6 +144,10 @@ def load(progress: Progress, config: Config, placed: DataFrame) -> None:
     progress.enter("writing payloads")
     save(placed.select("topic_uid", "home", "id", "content_hash", "payload", "encoding",
                        F.col("payload_ttl").alias("ttl")), config, "message_bodies", ttl="ttl")
+    progress.enter("recording lanes")
+    lanes = placed.filter(F.col("part") >= LANE_STRIDE).groupBy(
+        "topic_uid", "bucket", "shard", "part").agg(F.max("ttl").alias("ttl"))
+    save(lanes, config, "bucket_lanes", ttl="ttl")  # before their pointers: readers' way in
     progress.enter("writing timeline pointers")
     pointers = placed.select("topic_uid", "bucket", "shard", "part", ms("due_at").alias("due_at"),
                              "id", F.lit(1).alias("version"), "priority", "ttl")

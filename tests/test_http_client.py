@@ -198,10 +198,39 @@ def test_priority_slots_go_to_the_lowest_priority_value_first() -> None:
     assert order == ["early-low", "late-low", "high"]
 
 
+def test_priority_slots_take_turns_across_groups_behind_a_backlog() -> None:
+    order: list[str] = []
+
+    async def scenario() -> None:
+        slots = PrioritySlots(1)
+        await slots.acquire(100, 0)  # held: everyone else queues
+
+        async def wait(name: str, group: str, due_ms: int) -> None:
+            await slots.acquire(100, due_ms, group)
+            order.append(name)
+            slots.release()
+
+        tasks = [asyncio.ensure_future(wait(f"big{n}", "big", n)) for n in range(50)]
+        await asyncio.sleep(0.01)
+        tasks += [asyncio.ensure_future(wait(f"small{n}", "small", 100 + n)) for n in range(3)]
+        await asyncio.sleep(0.01)
+        slots.release()
+        await asyncio.gather(*tasks)
+
+    runner = LoopThread("fair-slots")
+    try:
+        runner.run(scenario())
+    finally:
+        runner.stop()
+    # the backlog's first, then turns: small goes at once, not after the 50
+    assert order[:7] == ["big0", "small0", "big1", "small1", "big2", "small2", "big3"], order
+    assert order[7:] == [f"big{n}" for n in range(4, 50)]
+
+
 def job(ref: int, url: str, due_ms: int, start_by_ms: int | None = None) -> PostJob:
     return PostJob(ref=ref, topic="t", concurrency=4, due_ms=due_ms,
                    start_by_ms=start_by_ms if start_by_ms is not None else due_ms + 60_000,
-                   priority=100, url=url, headers={"Duetime-Message-Id": f"m{ref}"},
+                   priority=100, group=None, url=url, headers={"Duetime-Message-Id": f"m{ref}"},
                    body=b"{}", timeout_s=5)
 
 

@@ -9,6 +9,7 @@ import pytest
 from app import timeline
 from app.config import ConfigError, load_config
 from app.enqueue import NewMessage, home_by_due_time
+from app.fairness import FairQueue
 from app.ids import (
     CLIENT_ID,
     EMBEDDED_HOMES,
@@ -153,3 +154,16 @@ def test_server_ids_of_a_request_share_homes_with_the_messages_due_next_to_them(
     runs = [by_due[i:i + 63] for i in range(0, 1000, 63)]
     assert all(len(set(run)) == 1 for run in runs)  # adjacent due times, one home
     assert max(Counter(homes).values()) == 63
+
+
+def test_a_fair_queue_takes_turns_across_groups_after_priority() -> None:
+    queue: FairQueue[str] = FairQueue()
+    for n in range(5):
+        queue.push(f"a{n}", "a", order=n)
+    queue.push("b0", "b", order=100)
+    queue.push("urgent", None, priority=1)
+    queue.push("first", "a", order=-1)  # each group in its own order
+    assert [queue.pop() for _ in range(3)] == ["first", "b0", "a0"]
+    queue.push("c0", "c")  # a late group joins the round being served, not round 0
+    assert [queue.pop() for _ in range(len(queue))] == [
+        "c0", "a1", "a2", "a3", "a4", "urgent"]

@@ -1,5 +1,5 @@
 """asyncio plumbing of webhook POSTs: the event loop to use, and concurrency slots handed out
-by priority.
+by priority, then in turns across fair-delivery groups.
 
 uvloop runs the loop when it is installed (it is a dependency; the standard loop otherwise).
 """
@@ -7,9 +7,9 @@ uvloop runs the loop when it is installed (it is a dependency; the standard loop
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 from collections.abc import Callable
+
+from app.fairness import FairQueue
 
 try:
     import uvloop
@@ -20,20 +20,20 @@ except ImportError:  # pragma: no cover - uvloop is a dependency; the standard l
 
 
 class PrioritySlots:
-    """At most `size` holders at a time; waiters get a slot lowest (priority, due_ms) first,
+    """At most `size` holders at a time; waiters get a slot lowest priority first, then
+    taking turns across fair-delivery groups (app.fairness.FairQueue), then lowest due_ms,
     then in arrival order. Loop thread only."""
 
     def __init__(self, size: int) -> None:
         self.free = size
-        self._waiting: list[tuple[int, int, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
+        self._waiting: FairQueue[asyncio.Future[None]] = FairQueue()
 
-    async def acquire(self, priority: int, due_ms: int) -> None:
+    async def acquire(self, priority: int, due_ms: int, group: str | None = None) -> None:
         if self.free > 0 and not self._waiting:
             self.free -= 1
             return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (priority, due_ms, next(self._seq), turn))
+        self._waiting.push(turn, group, priority, due_ms)
         try:
             await turn  # release() handed its slot over: `free` was not given back
         except asyncio.CancelledError:
@@ -43,7 +43,7 @@ class PrioritySlots:
 
     def release(self) -> None:
         while self._waiting:
-            turn = heapq.heappop(self._waiting)[3]
+            turn = self._waiting.pop()
             if not turn.done():  # a cancelled waiter is skipped
                 turn.set_result(None)
                 return

@@ -50,6 +50,7 @@ class PostJob:
     due_ms: int  # epoch ms; never sent before
     start_by_ms: int  # epoch ms; not started after (the lease would expire mid-POST)
     priority: int  # lower first among jobs waiting for a slot
+    group: str | None  # fair-delivery group: groups take turns for slots (app.fairness)
     url: str
     headers: dict[str, str]
     body: bytes
@@ -118,7 +119,7 @@ class _Sender:
         slots = self.slots.get(job.topic)
         if slots is None:
             slots = self.slots[job.topic] = PrioritySlots(job.concurrency)
-        await slots.acquire(job.priority, job.due_ms)
+        await slots.acquire(job.priority, job.due_ms, job.group)
         try:
             if _now_ms() > job.start_by_ms:
                 result = PostResult(job.ref, False, None)

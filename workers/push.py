@@ -19,15 +19,17 @@ import queue
 import random
 import threading
 import uuid
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from app.fairness import FairQueue
 from app.messages import RELEASER_PREFIX
 from app.models import MessageState, Payload, Pointer, Topic
 from app.release import PushOutcome, record_outcomes, take_for_push
 from app.scan import PointerKey
 from app.services import Services
+from app.timeline import pointer_of
 from workers.post_process import PostJob, PostProcess, PostResult
 from workers.timers import Timer, TimerHeap
 from workers.webhook import request_headers
@@ -73,7 +75,8 @@ class PushDispatcher:
         self.holds = holds
         self.concurrency = services.config.webhook_concurrency
         self.rng = random.Random()
-        self._waiting: dict[uuid.UUID, deque[Timer]] = defaultdict(deque)
+        # per topic, due timers waiting for room among its PENDING_PER_TOPIC (groups take turns)
+        self._waiting: dict[uuid.UUID, FairQueue[Timer]] = defaultdict(FairQueue)
         self._pending: dict[uuid.UUID, int] = defaultdict(int)
         self._lock = threading.Lock()
         self._takers = ThreadPoolExecutor(TAKERS, thread_name_prefix="push-taker")
@@ -99,12 +102,13 @@ class PushDispatcher:
     def submit(self, due: list[Timer]) -> None:
         """Queue due timers per topic, then prepare what each topic's room allows."""
         for t in due:
-            self._waiting[t.topic_uid].append(t)
+            row = t.due.row
+            self._waiting[t.topic_uid].push(t, row.group or row.campaign, row.priority, t.due_ms)
         for topic_uid, waiting in list(self._waiting.items()):
             while waiting:
                 with self._lock:
                     room = PENDING_PER_TOPIC - self._pending[topic_uid]
-                    chunk = [waiting.popleft() for _ in range(min(room, TAKE_CHUNK, len(waiting)))]
+                    chunk = [waiting.pop() for _ in range(min(room, TAKE_CHUNK, len(waiting)))]
                     self._pending[topic_uid] += len(chunk)
                 if not chunk:
                     break
@@ -259,11 +263,11 @@ def post_job(ref: int, a: Armed, concurrency: int) -> PostJob:
     return PostJob(
         ref=ref, topic=str(a.topic.uid), concurrency=concurrency, due_ms=a.due_ms,
         start_by_ms=int((a.row.lease_expires_at_ms or 0) - timeout_ms - POST_START_MARGIN_MS),
-        priority=a.priority, url=settings.delivery_url or "",
+        priority=a.priority, group=a.row.group or a.row.campaign, url=settings.delivery_url or "",
         headers=request_headers(a.topic, a.row, a.payload), body=a.payload.data,
         timeout_s=settings.delivery_timeout_seconds)
 
 
 def lease_pointer(row: MessageState) -> Pointer:
     """The pointer a push lease wrote at its expiry (version of the leased row)."""
-    return Pointer(row.due_at_ms, row.id, row.version, row.priority, row.shard)
+    return pointer_of(row)

@@ -41,7 +41,8 @@ def payload_fields(payload: Payload | None) -> dict[str, Any]:
 def message_view(topic: Topic, row: MessageState, payload: Payload | None) -> dict[str, Any]:
     return {
         "id": row.id, "topic": topic.name, "state": row.state, "deliver_at": row.deliver_at_ms,
-        "priority": row.priority, "campaign": row.campaign, "attempts": row.attempts,
+        "priority": row.priority, "campaign": row.campaign, "group": row.group,
+        "attempts": row.attempts,
         "created_at": row.created_at_ms, "updated_at": row.updated_at_ms,
         "last_error": row.last_error, **payload_fields(payload),
     }

@@ -32,7 +32,7 @@ from app.timeparse import cql_ms, from_ms
 _COLUMNS = [
     "state", "version", "due_at", "deliver_at", "priority", "campaign", "shard", "attempts",
     "content_hash", "lease_token", "lease_expires_at", "consumer", "last_error", "created_at",
-    "updated_at", "last_op", "paced",
+    "updated_at", "last_op", "paced", "delivery_group",
 ]
 _TIMES = {"due_at", "deliver_at", "lease_expires_at", "created_at", "updated_at"}
 _SELECT = f"SELECT topic_uid, id, {', '.join(_COLUMNS)} FROM {{ks}}.message_states"
@@ -135,7 +135,7 @@ def _row_to_state(row: dict[str, Any]) -> MessageState:
         lease_token=values["lease_token"], lease_expires_at_ms=values["lease_expires_at"],
         consumer=values["consumer"], last_error=values["last_error"],
         created_at_ms=values["created_at"], updated_at_ms=values["updated_at"],
-        last_op=values["last_op"], paced=bool(values["paced"]),
+        last_op=values["last_op"], paced=bool(values["paced"]), group=values["delivery_group"],
     )
 
 
@@ -154,6 +154,7 @@ def _column_values(m: MessageState) -> list[Any]:
         m.last_error, from_ms(m.created_at_ms), from_ms(m.updated_at_ms),
         # a transition carries last_op forward; unset, not null, keeps it without a tombstone
         UNSET_VALUE if m.last_op is None else m.last_op, m.paced,
+        UNSET_VALUE if m.group is None else m.group,
     ]
 
 

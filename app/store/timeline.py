@@ -18,7 +18,7 @@ from typing import Any
 from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.session import CassandraSession, item_errors, translate_errors
-from app.timeline import MS_PER_DAY
+from app.timeline import LANE_STRIDE, MS_PER_DAY, parts_for
 from app.timeparse import cql_ms, from_ms
 
 CAS_ATTEMPTS = 64
@@ -35,9 +35,10 @@ READ_AHEAD = 32
 BATCH_ROWS = 50  # pointers per batch: under the default 5 KiB batch_size_warn_threshold
 
 
-def _pointer(row: dict[str, Any], shard: int) -> Pointer:
+def _pointer(row: dict[str, Any], shard: int, part: int) -> Pointer:
     """A timeline row (as _POINTER_COLUMNS selects it) of a shard's partition."""
-    return Pointer(cql_ms(row["due_at"]), row["id"], row["version"], row["priority"], shard)
+    return Pointer(cql_ms(row["due_at"]), row["id"], row["version"], row["priority"], shard,
+                   part // LANE_STRIDE)
 
 
 def _chunks(items: list[int], size: int) -> list[list[int]]:
@@ -82,6 +83,36 @@ class TimelineStore:
             for r in rows:
                 found.setdefault(r["bucket"], {})[r["shard"]] = r["next_slot"]
         return found
+
+    def parts(self, topic_uid: uuid.UUID, buckets: Sequence[int], partition_cap: int
+              ) -> dict[int, dict[int, list[int]]]:
+        """{bucket: {shard: parts holding pointers}} for the given buckets: lane 0's from
+        bucket_slots, the other lanes' from bucket_lanes (both read at once)."""
+        chunks = [list(buckets[i:i + 100]) for i in range(0, len(buckets), 100)]
+        slot_reads = [self.db.execute_async(
+            "SELECT bucket, shard, next_slot FROM {ks}.bucket_slots WHERE topic_uid = ? "
+            "AND bucket IN ?", (topic_uid, chunk)) for chunk in chunks]
+        lane_reads = [self.db.execute_async(
+            "SELECT bucket, shard, part FROM {ks}.bucket_lanes WHERE topic_uid = ? "
+            "AND bucket IN ?", (topic_uid, chunk)) for chunk in chunks]
+        found: dict[int, dict[int, list[int]]] = {}
+        for rows in self.db.results(slot_reads):
+            for r in rows:
+                found.setdefault(r["bucket"], {}).setdefault(r["shard"], []).extend(
+                    range(parts_for(r["next_slot"], partition_cap)))
+        for rows in self.db.results(lane_reads):
+            for r in rows:
+                found.setdefault(r["bucket"], {}).setdefault(r["shard"], []).append(r["part"])
+        return found
+
+    def record_lanes(self, topic_uid: uuid.UUID, parts: Sequence[tuple[int, int, int, int]]
+                     ) -> list[Exception | None]:
+        """Record (bucket, shard, part, ttl_s)s of lanes 1..1023 before pointers go into them
+        (a reader finds a lane's partitions only through these rows). None where written."""
+        outcomes = self.db.execute_many(
+            "INSERT INTO {ks}.bucket_lanes (topic_uid, bucket, shard, part) VALUES (?, ?, ?, ?) "
+            "USING TTL ?", [(topic_uid, b, s, part, ttl) for b, s, part, ttl in parts])
+        return [None if ok else err for ok, err in outcomes]
 
     def count_writes(self, topic_uid: uuid.UUID, written: dict[tuple[int, int], int]) -> None:
         """Bump the write counts of (bucket, shard)s after their pointers are durable.
@@ -179,12 +210,12 @@ class TimelineStore:
             rows = first.result()
         last = None
         for r in rows.current_rows:
-            last = _pointer(r, entry[1])
+            last = _pointer(r, entry[1], entry[2])
             yield last
         if rows.has_more_pages and last is not None:
             rest = self._start_slice(topic_uid, entry, (last.due_at_ms, last.id, last.version),
                                      FETCH_SIZE)
-            yield from (_pointer(r, entry[1]) for r in self.db.results_iter(rest))
+            yield from (_pointer(r, entry[1], entry[2]) for r in self.db.results_iter(rest))
 
     def _start_slice(self, topic_uid: uuid.UUID, entry: tuple[int, int, int, int, int],
                      after: PointerPosition | None, page: int) -> Any:

@@ -1,0 +1,89 @@
+"""Fair delivery across groups: the order in which a pass hands out what it found due.
+
+A message's fair-delivery group is its `group`, else its campaign (messages with neither
+form one group). Within each priority value, the passes go round-robin across groups: the
+first due message of every group, then the second of every group, and so on, each group in
+(deliver_at, due time, id) order. What a pass finds due holds the head of every group's lane
+(app.timeline.lane_of: each lane has timeline partitions of its own), so a group with a
+backlog of 50,000 takes one turn in each round, not the whole pass.
+
+Webhook delivery takes turns the same way where it waits (FairQueue): for a slot of the
+topic's POST concurrency, and for room among the messages a releaser prepares per topic.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:  # the POST process imports FairQueue without the storage modules
+    from app.scan import Due
+
+T = TypeVar("T")
+MAX_TRACKED_GROUPS = 10_000  # then the groups with no turn ahead are forgotten
+
+
+def group_of(d: Due) -> str | None:
+    """A due message's fair-delivery group: its `group`, else its campaign."""
+    return d.row.group or d.row.campaign
+
+
+def fair_order(due: Sequence[Due]) -> list[Due]:
+    """due ordered by (priority, turn within its group, deliver_at, due time, id)."""
+    ordered = sorted(due, key=lambda d: (d.row.priority, d.row.deliver_at_ms,
+                                         d.pointer.due_at_ms, d.pointer.id))
+    turns: dict[tuple[int, str | None], int] = defaultdict(int)
+    ranked = []
+    for position, d in enumerate(ordered):
+        group = (d.row.priority, group_of(d))
+        ranked.append((d.row.priority, turns[group], position, d))
+        turns[group] += 1
+    return [d for *_, d in sorted(ranked, key=lambda r: r[:3])]
+
+
+class FairQueue(Generic[T]):
+    """A queue that hands out the lowest priority value first, then takes turns across
+    groups (one item of each group with items, then the next of each, ...), each group in
+    (order, arrival) order. A group that arrives late, or comes back, joins at the round
+    being served, so a group with a backlog of thousands takes one turn in each round.
+    Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[int, str | None], list[tuple[int, int, T]]] = {}
+        self._turns: list[tuple[int, int, int, int, tuple[int, str | None]]] = []  # heads
+        self._seq = itertools.count()
+        self._last: dict[tuple[int, str | None], int] = {}  # a group's last turn
+        self._serving: dict[int, int] = {}  # per priority, the turn handed out last
+        self._size = 0
+
+    def push(self, item: T, group: str | None, priority: int = 0, order: int = 0) -> None:
+        key = (priority, group)
+        items = self._groups.get(key)
+        if items is None:  # the group joins the rounds: at the round being served
+            items = self._groups[key] = []
+            turn = max(self._last.get(key, -1) + 1, self._serving.get(priority, 0))
+            heapq.heappush(self._turns, (priority, turn, order, next(self._seq), key))
+            if len(self._last) > MAX_TRACKED_GROUPS:  # groups at or behind the round: as new
+                self._last = {k: t for k, t in self._last.items()
+                              if t >= self._serving.get(k[0], 0)}
+        heapq.heappush(items, (order, next(self._seq), item))
+        self._size += 1
+
+    def pop(self) -> T:
+        priority, turn, _, _, key = heapq.heappop(self._turns)
+        items = self._groups[key]
+        _, _, item = heapq.heappop(items)
+        self._serving[priority] = turn
+        self._last[key] = turn
+        if items:
+            heapq.heappush(self._turns, (priority, turn + 1, items[0][0], next(self._seq), key))
+        else:
+            del self._groups[key]
+        self._size -= 1
+        return item
+
+    def __len__(self) -> int:
+        return self._size
