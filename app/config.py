@@ -63,7 +63,7 @@ class Config:
     release_rescan_ms: int = 50
     release_sweep_ms: int = 1000
     release_catchup_ms: int = 3_600_000
-    topic_refresh_ms: int = 2000
+    topic_refresh_ms: int = 60_000
     webhook_concurrency: int = 64
     webhook_allow: str = ""  # networks webhooks may reach although not public (comma list)
 

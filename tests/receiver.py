@@ -31,6 +31,7 @@ class Arrival:
     received_ms: int
     headers: dict[str, str]
     body: bytes
+    path: str = ""
 
 
 class Receiver:
@@ -87,6 +88,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.headers: dict[str, str] = {}
         self.body = bytearray()
+        self.path = ""
         self.answered: asyncio.Future[None] | None = None  # the previous request's answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,6 +104,10 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.headers = {}
         self.body = bytearray()
+        self.path = ""
+
+    def on_url(self, url: bytes) -> None:
+        self.path += url.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1")] = value.decode("latin-1")
@@ -112,7 +118,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         received = time.time_ns() // 1_000_000
         arrival = Arrival(self.headers.get("Duetime-Message-Id", ""), received, self.headers,
-                          bytes(self.body))
+                          bytes(self.body), self.path)
         with self.receiver._lock:
             self.receiver.started += 1
         if self.receiver.gate is None and self.answered is None:

@@ -23,14 +23,16 @@ from tests.consumers import TopicClient, now_ms
 from tests.receiver import Arrival, Receiver, receiving
 from workers.releaser import Releaser
 
+# topics are learned through topic_changes (every 100 ms), not by re-reading them all
 FAST = {"release_lease_ms": 2000, "release_rescan_ms": 50, "release_sweep_ms": 300,
-        "topic_refresh_ms": 200}
+        "topic_refresh_ms": 600_000}
 
 
 @contextmanager
-def releaser(config: Config, member: str) -> Iterator[Releaser]:
-    """An in-process releaser on the test keyspace, stopped gracefully afterwards."""
-    services = Services(config.replace(**FAST))
+def releaser(config: Config, member: str, **settings: Any) -> Iterator[Releaser]:
+    """An in-process releaser on the test keyspace (FAST, then `settings`), stopped
+    gracefully afterwards."""
+    services = Services(config.replace(**{**FAST, **settings}))
     r = Releaser(services, member)
     r.start()
     try:
@@ -239,3 +241,26 @@ def test_stopping_finishes_the_posts_in_flight(
         with releaser(config, "r-after"):
             time.sleep(2)  # a new owner finds nothing left to send
         assert sorted(target.ids()) == [f"g{i}" for i in range(5)]
+
+
+def test_a_webhook_topic_created_a_moment_ago_is_delivered_on_time(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    """The releaser read every topic before this one existed and will not read them all
+    again for ten minutes (FAST): it learns of the new topic, and of a change of its
+    target, from topic_changes."""
+    with receiving(Receiver()) as target, releaser(config, "r-new-topic"):
+        time.sleep(0.5)
+        topic, _ = webhook_topic(client, auth, target.url)
+        assert topic.enqueue(id="first", delay_ms=200).status_code == 201
+        assert target.wait_for(lambda got: len(got) >= 1, 10)
+        moved = client.put(topic.url(), headers=auth, json={"delivery": {
+            "mode": "webhook", "url": target.url.rstrip("/") + "/moved", "timeout_seconds": 5}})
+        assert moved.status_code == 200, moved.get_json()
+        time.sleep(0.5)
+        assert topic.enqueue(id="second", delay_ms=200).status_code == 201
+        assert target.wait_for(lambda got: len(got) >= 2, 10)
+    first, second = target.arrivals[:2]
+    lag = first.received_ms - parse_instant(first.headers["Duetime-Deliver-At"])
+    assert 0 <= lag < 1000, lag  # not the ten minutes of a full re-read
+    assert second.message_id == "second"  # to the target the change named
+    assert second.path.endswith("/moved") and not first.path.endswith("/moved")

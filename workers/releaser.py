@@ -2,7 +2,8 @@
 
 Periodic jobs (APScheduler), each one idempotent step:
 - ownership (every lease/3): heartbeat, renew, rebalance release slots (workers/ownership.py);
-- topics (topic_refresh_ms): the topic list, so deleted topics stop and new ones start;
+- topics (workers.topics.FOLLOW_EVERY_MS): the changes of topics other processes wrote, and
+  every topic_refresh_ms the whole list, so new topics start at once and deleted ones stop;
 - look-ahead (release_rescan_ms): for owned shards of webhook topics, pointers due in
   [now - RECENT_MS, now + lookahead] go into the timer heap, so a message scheduled a moment
   ahead is still released on time; only topics listed in active_topics for the window's
@@ -44,6 +45,7 @@ from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.push import PushDispatcher
 from workers.schedules import ScheduleRunner
 from workers.timers import Timer, TimerHeap, earliest_by_shard
+from workers.topics import FOLLOW_EVERY_MS, KnownTopics
 
 RECENT_MS = 250  # pointers written this far behind now are still caught by the look-ahead
 MAX_TIMERS_PER_SCAN = 20_000
@@ -73,7 +75,8 @@ class Releaser:
         self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
                                        cfg.release_slots, cfg.release_lease_ms, services.clock)
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
-        self._topics: dict[uuid.UUID, Topic] = {}
+        self._known = KnownTopics(services)
+        self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
         self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
@@ -91,9 +94,9 @@ class Releaser:
     def start(self) -> None:
         cfg = self.services.config
         self._safely(self.ownership.tick)
-        self._safely(self.refresh_topics)
+        self._safely(self.follow_topics)
         jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
-                (self.refresh_topics, cfg.topic_refresh_ms),
+                (self.follow_topics, FOLLOW_EVERY_MS),
                 (self.look_ahead, cfg.release_rescan_ms),
                 (self.sweep, cfg.release_sweep_ms),
                 (self.report, REPORT_EVERY_MS),
@@ -125,12 +128,9 @@ class Releaser:
     def produce_fires(self) -> None:
         self.schedules.tick()
 
-    def refresh_topics(self) -> None:
-        found = {t.uid: t for t in self.services.topics.all()}
-        for uid in [u for u in self._topics if u not in found]:
-            del self._topics[uid]
+    def follow_topics(self) -> None:
+        for uid in self._known.step():
             self._pull_kept.pop(uid, None)
-        self._topics.update(found)
 
     def _owned_shards(self) -> Iterator[tuple[Topic, dict[int, int]]]:
         """(topic, {shard: release slot}) for every topic with a shard this releaser owns."""

@@ -59,7 +59,7 @@ class TopicStore:
             f"VALUES (?, ?, {placeholders}) IF NOT EXISTS",
             (topic.tenant, topic.name, *values),
         )
-        return bool(rows[0]["[applied]"])
+        return self._noted(bool(rows[0]["[applied]"]), topic.tenant, topic.name)
 
     def update(self, topic: Topic) -> bool:
         """Rewrite the settings of the incarnation topic.uid; False if it is gone or replaced."""
@@ -69,7 +69,7 @@ class TopicStore:
             f"UPDATE {{ks}}.topics SET {assignments} WHERE tenant = ? AND name = ? IF uid = ?",
             (*settings, from_ms(topic.updated_at_ms), topic.tenant, topic.name, topic.uid),
         )
-        return bool(rows[0]["[applied]"])
+        return self._noted(bool(rows[0]["[applied]"]), topic.tenant, topic.name)
 
     def delete(self, tenant: str, name: str, uid: uuid.UUID) -> bool:
         """Remove the incarnation uid. Topic deletion is rare and its partition tiny, so this
@@ -78,7 +78,22 @@ class TopicStore:
             "DELETE FROM {ks}.topics WHERE tenant = ? AND name = ? IF uid = ?",
             (tenant, name, uid),
         )
-        return bool(rows[0]["[applied]"])
+        return self._noted(bool(rows[0]["[applied]"]), tenant, name)
+
+    def _noted(self, applied: bool, tenant: str, name: str) -> bool:
+        """After an applied change: add it to topic_changes (the releasers follow it)."""
+        if applied:
+            self.db.execute("INSERT INTO {ks}.topic_changes (part, changed, tenant, name) "
+                            "VALUES (0, now(), ?, ?)", (tenant, name))
+        return applied
+
+    def changes_since(self, since_ms: int) -> list[tuple[uuid.UUID, str, str]]:
+        """(change id, tenant, name) of the topic changes written since since_ms, oldest
+        first (one read)."""
+        rows = self.db.execute(
+            "SELECT changed, tenant, name FROM {ks}.topic_changes WHERE part = 0 "
+            "AND changed > minTimeuuid(?)", (from_ms(since_ms),))
+        return [(r["changed"], r["tenant"], r["name"]) for r in rows]
 
     @staticmethod
     def _values(topic: Topic) -> list[Any]:
