@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from flask.testing import FlaskClient
 
@@ -90,6 +91,41 @@ def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) 
     assert first.owned() == frozenset()
     assert {lease.owner for lease in store.slots(8).values()} == {"second"}
     assert {lease.epoch for lease in store.slots(8).values()} == {2}
+
+
+def test_one_conditional_batch_renews_every_slot_held_and_a_lost_one_is_told_apart(
+        services: Services) -> None:
+    store = OwnershipStore(services.db, next(_rings))
+    now = system_clock_ms()
+    held = [store.claim(None, slot, "a", now, now + 60_000) for slot in range(32)]
+    assert all(held)
+    leases = [lease for lease in held if lease is not None]
+    rounds: list[str] = []
+    run_batches, execute_many = services.db.run_batches, services.db.execute_many
+
+    def counting_batches(batches: Any, concurrency: int = 32) -> Any:
+        rounds.extend(["batch"] * len(batches))
+        return run_batches(batches, concurrency)
+
+    def counting_each(cql: str, params: Any, concurrency: int = 64) -> Any:
+        rounds.extend(["single"] * len(params))
+        return execute_many(cql, params, concurrency)
+
+    services.db.run_batches = counting_batches  # type: ignore[method-assign]
+    services.db.execute_many = counting_each  # type: ignore[method-assign]
+    try:
+        renewed = store.renew_all(leases, now + 120_000)
+        assert rounds == ["batch"] and all(r is not None for r in renewed)  # one Paxos round
+        store.give_back_all([leases[5]], system_clock_ms())
+        taken = store.claim(store.slots(32)[5], 5, "b", system_clock_ms(), now + 60_000)
+        assert taken is not None and taken.epoch == 2
+        rounds.clear()
+        again = store.renew_all(leases, now + 180_000)
+        assert rounds == ["batch"] + ["single"] * 32  # refused whole, then lease by lease
+        assert [r is None for r in again] == [n == 5 for n in range(32)]
+        assert store.slots(32)[5].owner == "b" and store.slots(32)[6].owner == "a"
+    finally:
+        del services.db.run_batches, services.db.execute_many
 
 
 def test_three_releasers_share_slots_and_survive_a_sigkill(

@@ -19,7 +19,7 @@ from app.services import Clock
 from app.store.ownership import OwnershipStore, SlotLease
 from app.timeline import fair_share, stable_hash
 
-RENEW_FRACTION = 3  # each renewal is one LWT per slot held: keep the idle cost low
+RENEW_FRACTION = 3  # each renewal is one conditional batch for every slot held
 VALID_FRACTION = 0.8
 log = logging.getLogger("duetime.releaser")
 

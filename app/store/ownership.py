@@ -3,8 +3,10 @@
 Guarantees:
 - claim succeeds for one caller per epoch: on a free row (IF NOT EXISTS) or on a row whose
   lease has expired on the claimer's clock (IF epoch = the epoch it read AND expires_at < now);
-- renew_all and give_back_all apply only for the (owner, epoch) that holds the row, so a stale owner
-  can neither extend nor hand back an ownership that moved on;
+- renew_all and give_back_all apply only for the (owner, epoch) that holds the row, so a
+  stale owner can neither extend nor hand back an ownership that moved on; a releaser's
+  renewal is one conditional batch (the ring is one partition), all or nothing, then lease
+  by lease when one of them is no longer its own;
 - an LWT that times out has an unknown outcome: the caller treats the slot as not owned.
 """
 
@@ -27,6 +29,11 @@ class SlotLease:
     expires_at_ms: int
 
 
+_RENEW = ("UPDATE {ks}.release_leases SET expires_at = ? WHERE ring = ? AND slot = ? "
+          "IF owner = ? AND epoch = ?")
+RENEW_BATCH = 100  # leases renewed by one conditional batch
+
+
 class OwnershipStore:
     """The slots and members of one ring (a pool of releasers)."""
 
@@ -35,13 +42,12 @@ class OwnershipStore:
         self.ring = ring
 
     def slots(self, count: int) -> dict[int, SlotLease]:
-        """The rows of slots 0..count-1 that exist."""
-        futures = [self.db.execute_async(
-            "SELECT slot, owner, epoch, expires_at FROM {ks}.release_slots WHERE ring = ? "
-            "AND slot IN ?", (self.ring, list(range(i, min(i + 100, count)))))
-            for i in range(0, count, 100)]
+        """The rows of slots 0..count-1 that exist (one read: the ring's partition)."""
+        rows = self.db.execute(
+            "SELECT slot, owner, epoch, expires_at FROM {ks}.release_leases WHERE ring = ? "
+            "AND slot < ?", (self.ring, count))
         return {r["slot"]: SlotLease(r["slot"], r["owner"], r["epoch"], cql_ms(r["expires_at"]))
-                for rows in self.db.results(futures) for r in rows}
+                for r in rows}
 
     def claim(self, current: SlotLease | None, slot: int, owner: str, now_ms: int,
               until_ms: int) -> SlotLease | None:
@@ -49,14 +55,14 @@ class OwnershipStore:
         try:
             if current is None:
                 rows = self.db.execute(
-                    "INSERT INTO {ks}.release_slots (ring, slot, owner, epoch, expires_at) "
+                    "INSERT INTO {ks}.release_leases (ring, slot, owner, epoch, expires_at) "
                     "VALUES (?, ?, ?, 1, ?) IF NOT EXISTS",
                     (self.ring, slot, owner, from_ms(until_ms)))
                 epoch = 1
             else:
                 epoch = current.epoch + 1
                 rows = self.db.execute(
-                    "UPDATE {ks}.release_slots SET owner = ?, epoch = ?, expires_at = ? "
+                    "UPDATE {ks}.release_leases SET owner = ?, epoch = ?, expires_at = ? "
                     "WHERE ring = ? AND slot = ? IF epoch = ? AND expires_at < ?",
                     (owner, epoch, from_ms(until_ms), self.ring, slot, current.epoch,
                      from_ms(now_ms)))
@@ -65,20 +71,36 @@ class OwnershipStore:
         return SlotLease(slot, owner, epoch, until_ms) if rows[0]["[applied]"] else None
 
     def renew_all(self, leases: list[SlotLease], until_ms: int) -> list[SlotLease | None]:
-        """Move the expiry of held leases to until_ms, all at once (a time in the past ends
-        them); per lease the new one, or None when it is no longer ours (or the outcome is
-        unknown)."""
+        """Move the expiry of held leases to until_ms (a time in the past ends them): one
+        conditional batch per RENEW_BATCH leases (the ring is one partition: one Paxos
+        round each). A batch refused as a whole (one lease is no longer ours) is retried
+        lease by lease. Per lease the new one, or None when it is no longer ours (or the
+        outcome is unknown)."""
+        chunks = [leases[n:n + RENEW_BATCH] for n in range(0, len(leases), RENEW_BATCH)]
+        params = [[(_RENEW, self._renew_params(lease, until_ms)) for lease in chunk]
+                  for chunk in chunks]
         try:
-            outcomes = self.db.execute_many(
-                "UPDATE {ks}.release_slots SET expires_at = ? WHERE ring = ? AND slot = ? "
-                "IF owner = ? AND epoch = ?",
-                [(from_ms(until_ms), self.ring, lease.slot, lease.owner, lease.epoch)
-                 for lease in leases])
+            outcomes = self.db.run_batches(params)
+            renewed: list[SlotLease | None] = []
+            for chunk, (ok, rows) in zip(chunks, outcomes, strict=True):
+                if ok and rows[0]["[applied]"]:
+                    renewed += [dataclasses.replace(lease, expires_at_ms=until_ms)
+                                for lease in chunk]
+                else:
+                    renewed += self._renew_each(chunk, until_ms)
+            return renewed
         except StoreUnavailable:
             return [None] * len(leases)
+
+    def _renew_each(self, leases: list[SlotLease], until_ms: int) -> list[SlotLease | None]:
+        outcomes = self.db.execute_many(
+            _RENEW, [self._renew_params(lease, until_ms) for lease in leases])
         return [dataclasses.replace(lease, expires_at_ms=until_ms)
                 if ok and result[0]["[applied]"] else None
                 for lease, (ok, result) in zip(leases, outcomes, strict=True)]
+
+    def _renew_params(self, lease: SlotLease, until_ms: int) -> tuple[object, ...]:
+        return (from_ms(until_ms), self.ring, lease.slot, lease.owner, lease.epoch)
 
     def give_back_all(self, leases: list[SlotLease], now_ms: int) -> None:
         """End held leases now so other releasers may claim the slots at once."""
