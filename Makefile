@@ -27,8 +27,9 @@ lint:
 openapi: setup  ## regenerate openapi.yaml from the marshmallow schemas
 	$(VENV)/bin/duetime openapi --output openapi.yaml
 
-bench: up       ## pull, push, campaign and schedule benchmarks against the running stack; results in bench-results/
+bench: up       ## pull (batched and one message per request), push, campaign and schedule benchmarks against the running stack; results in bench-results/
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
+	$(PY) -m tests.bench.single $(BENCH_SINGLE_ARGS)
 	$(PY) -m tests.bench.push
 	$(PY) -m tests.bench.campaigns $(BENCH_CAMPAIGN_ARGS)
 	$(PY) -m tests.bench.schedules $(BENCH_SCHEDULE_ARGS)
