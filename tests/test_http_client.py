@@ -11,8 +11,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -171,6 +172,15 @@ def test_outcomes_name_refusals_and_statuses() -> None:
         runner.stop()
 
 
+def on_a_loop(scenario: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine to its end on an event loop thread of its own."""
+    runner = LoopThread("scenario")
+    try:
+        runner.run(scenario)
+    finally:
+        runner.stop()
+
+
 def test_priority_slots_go_to_the_lowest_priority_value_first() -> None:
     order: list[str] = []
 
@@ -190,11 +200,7 @@ def test_priority_slots_go_to_the_lowest_priority_value_first() -> None:
         await asyncio.gather(*tasks)
         assert slots.free == 1
 
-    runner = LoopThread("slots")
-    try:
-        runner.run(scenario())
-    finally:
-        runner.stop()
+    on_a_loop(scenario())
     assert order == ["early-low", "late-low", "high"]
 
 
@@ -217,11 +223,7 @@ def test_priority_slots_take_turns_across_groups_behind_a_backlog() -> None:
         slots.release()
         await asyncio.gather(*tasks)
 
-    runner = LoopThread("fair-slots")
-    try:
-        runner.run(scenario())
-    finally:
-        runner.stop()
+    on_a_loop(scenario())
     # the backlog's first, then turns: small goes at once, not after the 50
     assert order[:7] == ["big0", "small0", "big1", "small1", "big2", "small2", "big3"], order
     assert order[7:] == [f"big{n}" for n in range(4, 50)]

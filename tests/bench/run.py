@@ -16,6 +16,7 @@ Usage: python -m tests.bench.run [N=20000] [C=8] [R=1000]
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,17 @@ PRODUCERS = 4  # concurrent enqueue requests, as several producer processes woul
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def timed_threads(works: list[Callable[[], None]]) -> float:
+    """Run each work on a thread of its own, all at once; seconds until the last ended."""
+    began = time.perf_counter()
+    threads = [threading.Thread(target=work) for work in works]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - began
 
 
 def percentile(values: list[int], q: float) -> float:
@@ -69,16 +82,11 @@ def enqueue(headers: dict[str, str], topic: str, count: int, start_due: int, spr
             with lock:
                 ids.update(r["id"] for r in results)
 
-    began = time.perf_counter()
-    threads = [threading.Thread(target=produce, args=(firsts[n::producers],))
-               for n in range(producers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    seconds = timed_threads([functools.partial(produce, firsts[n::producers])
+                             for n in range(producers)])
     if len(ids) != count:
         raise SystemExit(f"enqueue failed: {count - len(ids)} messages not accepted")
-    return count / (time.perf_counter() - began), ids
+    return count / seconds, ids
 
 
 def consume(headers: dict[str, str], topic: str, count: int, consumers: int,
@@ -114,13 +122,7 @@ def consume(headers: dict[str, str], topic: str, count: int, consumers: int,
                     if ok:
                         acked.add(m["id"])
 
-    began = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(consumers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return received, time.perf_counter() - began
+    return received, timed_threads([worker] * consumers)
 
 
 def raw_ceiling(count: int) -> dict[str, float]:

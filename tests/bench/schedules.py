@@ -17,10 +17,10 @@ python -m tests.bench.schedules [N]
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -31,7 +31,7 @@ import requests
 from app.config import load_config
 from app.services import Services
 from app.timeparse import cql_ms
-from tests.bench.run import OUT, URL, make_topic, now_ms, percentile, raw_ceiling
+from tests.bench.run import OUT, URL, make_topic, now_ms, percentile, raw_ceiling, timed_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 HOMES = 256  # client ids (the fire ids) hash onto this many homes (app.ids)
@@ -39,21 +39,14 @@ HOMES = 256  # client ids (the fire ids) hash onto this many homes (app.ids)
 
 def create(headers: dict[str, str], topic: str, count: int, threads: int = 8) -> float:
     """Schedules s0..s{count-1}, every minute; seconds taken."""
-    began = time.monotonic()
-
     def work(mine: range) -> None:
         session = requests.Session()
         for n in mine:
             session.put(f"{URL}/v1/topics/{topic}/schedules/s{n}", headers=headers, timeout=60,
                         json={"cron": "* * * * *", "payload": {"n": n}}).raise_for_status()
 
-    workers = [threading.Thread(target=work, args=(range(k, count, threads),))
-               for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return time.monotonic() - began
+    return timed_threads([functools.partial(work, range(k, count, threads))
+                          for k in range(threads)])
 
 
 def cpu_s(pid: int) -> float:

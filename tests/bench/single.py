@@ -15,6 +15,7 @@ python -m tests.bench.single [N=2000]
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
@@ -24,7 +25,17 @@ from typing import Any
 
 import requests
 
-from tests.bench.run import OUT, URL, consume, enqueue, make_topic, now_ms, percentile, raw_ceiling
+from tests.bench.run import (
+    OUT,
+    URL,
+    consume,
+    enqueue,
+    make_topic,
+    now_ms,
+    percentile,
+    raw_ceiling,
+    timed_threads,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCERS = 4
@@ -71,14 +82,8 @@ def enqueue_singly(headers: dict[str, str], topic: str, count: int) -> float:
             session.post(f"{URL}/v1/topics/{topic}/messages", headers=headers, timeout=60,
                          json={"payload": {"n": n}}).raise_for_status()
 
-    began = time.perf_counter()
-    threads = [threading.Thread(target=produce, args=(range(k, count, PRODUCERS),))
-               for k in range(PRODUCERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return count / (time.perf_counter() - began)
+    return count / timed_threads([functools.partial(produce, range(k, count, PRODUCERS))
+                                  for k in range(PRODUCERS)])
 
 
 def lease_singly(headers: dict[str, str], topic: str, count: int) -> float:
@@ -103,13 +108,7 @@ def lease_singly(headers: dict[str, str], topic: str, count: int) -> float:
                     with lock:
                         acked += 1
 
-    began = time.perf_counter()
-    threads = [threading.Thread(target=work) for _ in range(CONSUMERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return count / (time.perf_counter() - began)
+    return count / timed_threads([work] * CONSUMERS)
 
 
 def main(argv: list[str]) -> int:
