@@ -34,6 +34,7 @@ from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from app.errors import StoreUnavailable
 from app.leasing import passed_over
 from app.models import Topic
 from app.services import Services
@@ -64,6 +65,7 @@ PULL_KEEP_EVERY_MS = 10_000
 PREPARE_EVERY_MS = 100
 OPERATIONS_EVERY_MS = 1000
 SCHEDULES_EVERY_MS = 500
+FOLLOW_WARN_EVERY_S = 10
 log = logging.getLogger("duetime.releaser")
 
 
@@ -77,6 +79,7 @@ class Releaser:
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._known = KnownTopics(services)
         self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
+        self._follow_warned = 0.0
         self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
@@ -129,7 +132,15 @@ class Releaser:
         self.schedules.tick()
 
     def follow_topics(self) -> None:
-        for uid in self._known.step():
+        """Every 100 ms: an outage is logged once every FOLLOW_WARN_EVERY_S, not each time."""
+        try:
+            gone = self._known.step()
+        except StoreUnavailable as exc:
+            if time.monotonic() - self._follow_warned >= FOLLOW_WARN_EVERY_S:
+                self._follow_warned = time.monotonic()
+                log.warning("topics not followed: %s", exc.detail)
+            return
+        for uid in gone:
             self._pull_kept.pop(uid, None)
 
     def _owned_shards(self) -> Iterator[tuple[Topic, dict[int, int]]]:
