@@ -8,6 +8,7 @@ import hmac
 import itertools
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -264,3 +265,31 @@ def test_a_webhook_topic_created_a_moment_ago_is_delivered_on_time(
     assert 0 <= lag < 1000, lag  # not the ten minutes of a full re-read
     assert second.message_id == "second"  # to the target the change named
     assert second.path.endswith("/moved") and not first.path.endswith("/moved")
+
+
+def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth)  # pull, nothing ever enqueued
+    uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+    with releaser(config, "r-quiet") as r:
+        reads: list[uuid.UUID] = []
+        cursors = r.services.timeline.cursors
+
+        def counting(topic_uid: uuid.UUID) -> dict[int, int]:
+            reads.append(topic_uid)
+            return cursors(topic_uid)
+
+        r.services.timeline.cursors = counting  # type: ignore[method-assign]
+        deadline = time.monotonic() + 10
+        while uid not in r._quiet and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert uid in r._quiet  # drained, caught up, no pointer in the window
+        reads.clear()
+        time.sleep(1.5)  # five sweeps (FAST: every 300 ms)
+        assert uid not in reads
+        assert topic.enqueue(id="wakes").status_code == 201
+        deadline = time.monotonic() + 5
+        while uid not in reads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert uid in reads  # its pointer is in the window: swept again
+        assert uid not in r._quiet  # while a pointer of it is in the window

@@ -12,7 +12,10 @@ Periodic jobs (APScheduler), each one idempotent step:
 - sweep (release_sweep_ms): move stragglers (pointers written behind a cursor, found by
   their partition's write count) to now; from each owned shard's stored cursor, put what the
   look-ahead missed into the heap, then move the cursor forward. For pull topics the sweep
-  only keeps cursors moving, so consumers' lease scans stay short.
+  only keeps cursors moving, so consumers' lease scans stay short. A quiet topic (no pointer
+  in the window from the catch-up reach to the look-ahead, cursors caught up) is skipped
+  without a read until one of its pointers lands in that window (one active_topics read a
+  sweep for all topics), or a minute has passed.
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py);
 - operations (OPERATIONS_EVERY_MS): run pending campaign operations (workers/operations.py),
@@ -66,6 +69,7 @@ PREPARE_EVERY_MS = 100
 OPERATIONS_EVERY_MS = 1000
 SCHEDULES_EVERY_MS = 500
 FOLLOW_WARN_EVERY_S = 10
+QUIET_RECHECK_MS = 60_000  # a quiet topic is swept again at least this often
 log = logging.getLogger("duetime.releaser")
 
 
@@ -84,6 +88,7 @@ class Releaser:
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
         self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
+        self._quiet: dict[uuid.UUID, int] = {}  # topic -> when a sweep last found it quiet
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.holds)
         self._stop = threading.Event()
@@ -142,6 +147,7 @@ class Releaser:
             return
         for uid in gone:
             self._pull_kept.pop(uid, None)
+            self._quiet.pop(uid, None)
 
     def _owned_shards(self) -> Iterator[tuple[Topic, dict[int, int]]]:
         """(topic, {shard: release slot}) for every topic with a shard this releaser owns."""
@@ -188,7 +194,15 @@ class Releaser:
         catching_up = now - self._last_catch_up >= CATCH_UP_EVERY_MS
         if catching_up:
             self._last_catch_up = now
+        bucket_ms = cfg.bucket_ms
+        recent = self.services.timeline.active_topics(range(
+            bucket_of(now - cfg.release_catchup_ms - cfg.safety_lag_ms - 2 * CURSOR_STEP_MS,
+                      bucket_ms), bucket_of(now + cfg.release_lookahead_ms, bucket_ms) + 1))
         for topic, mine in self._owned_shards():
+            quiet_since = self._quiet.get(topic.uid)
+            if quiet_since is not None and topic.uid not in recent \
+                    and now - quiet_since < QUIET_RECHECK_MS:
+                continue
             stored = self.services.timeline.cursors(topic.uid)
             default = topic.created_at_ms - cfg.safety_lag_ms
             starts = {s: stored.get(s, default) for s in mine}
@@ -197,16 +211,39 @@ class Releaser:
             if topic.settings.delivery_mode != "webhook":
                 behind = {s for s, start in starts.items()
                           if start < now - cfg.safety_lag_ms - CURSOR_STEP_MS}
-                self._keep_pull_cursors(topic, behind, stored, now)
-                continue
-            frontier = self._into_heap(topic, mine, starts, now + cfg.release_lookahead_ms)
-            earliest = earliest_by_shard(self.timers.items(), topic.uid)
-            moves = {}
-            for s, start in starts.items():
-                through = min(frontier[s], now - cfg.safety_lag_ms, earliest.get(s, frontier[s]))
-                if through >= start + CURSOR_STEP_MS:
-                    moves[s] = through
-            self.services.scanner.advance(topic, moves)
+                moves = self._keep_pull_cursors(topic, behind, stored, now)
+            else:
+                moves = self._sweep_webhook(topic, mine, starts, now)
+            self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
+                             topic.uid in recent, now)
+
+    def _sweep_webhook(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
+                       now: int) -> dict[int, int]:
+        """From each owned shard's cursor, put what the look-ahead missed into the heap,
+        then move the cursors forward; returns the moves."""
+        cfg = self.services.config
+        frontier = self._into_heap(topic, mine, starts, now + cfg.release_lookahead_ms)
+        earliest = earliest_by_shard(self.timers.items(), topic.uid)
+        moves = {}
+        for s, start in starts.items():
+            through = min(frontier[s], now - cfg.safety_lag_ms, earliest.get(s, frontier[s]))
+            if through >= start + CURSOR_STEP_MS:
+                moves[s] = through
+        self.services.scanner.advance(topic, moves)
+        return moves
+
+    def _note_quiet(self, topic: Topic, cursors: dict[int, int], active: bool,
+                    now: int) -> None:
+        """A topic is quiet when no pointer of it lies in the sweep's window (active_topics
+        from the catch-up reach behind to the look-ahead ahead) and every owned cursor is
+        caught up: nothing can be due, behind or waiting, so later sweeps skip it (no read)
+        until a pointer of it lands in the window, or QUIET_RECHECK_MS passes."""
+        caught_up = all(c >= now - self.services.config.safety_lag_ms - 2 * CURSOR_STEP_MS
+                        for c in cursors.values())
+        if caught_up and not active:
+            self._quiet[topic.uid] = now
+        else:
+            self._quiet.pop(topic.uid, None)
 
     def _catch_up(self, topic: Topic, mine: dict[int, int], cursors: dict[int, int],
                   now: int) -> None:
@@ -227,17 +264,19 @@ class Releaser:
                      topic.name)
 
     def _keep_pull_cursors(self, topic: Topic, behind: set[int], stored: dict[int, int],
-                           now: int) -> None:
+                           now: int) -> dict[int, int]:
         """Move the pull cursors of shards left behind (as the sweep read them) over spent
         pointers, stopping at the first live ones; at most every PULL_KEEP_EVERY_MS per
-        topic, so a backlog nobody consumes costs a few reads per interval."""
+        topic, so a backlog nobody consumes costs a few reads per interval. Returns the
+        moves."""
         if not behind or now < self._pull_kept.get(topic.uid, 0) + PULL_KEEP_EVERY_MS:
-            return
+            return {}
         self._pull_kept[topic.uid] = now
         result = self.services.scanner.scan(topic, now, PULL_SWEEP_WANT, behind, stored)
-        self.services.scanner.advance(topic, {
-            s: ms for s, ms in result.moves(result.due).items()
-            if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
+        moves = {s: ms for s, ms in result.moves(result.due).items()
+                 if ms >= result.cursors_ms[s] + CURSOR_STEP_MS}
+        self.services.scanner.advance(topic, moves)
+        return moves
 
     def _dispatch_loop(self) -> None:
         """Every PREPARE_EVERY_MS, hand what is due within the lead (plus that period) to the
