@@ -15,7 +15,7 @@ Periodic jobs (APScheduler), each one idempotent step:
   only keeps cursors moving, so consumers' lease scans stay short. A quiet topic (no pointer
   in the window from the catch-up reach to the look-ahead, cursors caught up) is skipped
   without a read until one of its pointers lands in that window (one active_topics read a
-  sweep for all topics), or a minute has passed.
+  sweep for all topics), or up to five minutes have passed.
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py);
 - operations (OPERATIONS_EVERY_MS): run pending campaign operations (workers/operations.py),
@@ -42,7 +42,7 @@ from app.leasing import passed_over
 from app.models import Topic
 from app.services import Services
 from app.store.ownership import OwnershipStore
-from app.timeline import bucket_of, release_slot_of
+from app.timeline import bucket_of, release_slot_of, stable_hash
 from app.transitions import replace_ahead
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
@@ -69,7 +69,9 @@ PREPARE_EVERY_MS = 100
 OPERATIONS_EVERY_MS = 1000
 SCHEDULES_EVERY_MS = 500
 FOLLOW_WARN_EVERY_S = 10
-QUIET_RECHECK_MS = 60_000  # a quiet topic is swept again at least this often
+# A quiet topic is swept again at least this often (a safety net), each at its own moment
+# within the period, so 10,000 topics found quiet together are not re-read together.
+QUIET_RECHECK_MS = 300_000
 MAX_SLOT_MAPS = 200_000
 log = logging.getLogger("duetime.releaser")
 
@@ -254,11 +256,12 @@ class Releaser:
         """A topic is quiet when no pointer of it lies in the sweep's window (active_topics
         from the catch-up reach behind to the look-ahead ahead) and every owned cursor is
         caught up: nothing can be due, behind or waiting, so later sweeps skip it (no read)
-        until a pointer of it lands in the window, or QUIET_RECHECK_MS passes."""
+        until a pointer of it lands in the window, or (spread over the topics) a half to a
+        whole QUIET_RECHECK_MS passes."""
         caught_up = all(c >= now - self.services.config.safety_lag_ms - 2 * CURSOR_STEP_MS
                         for c in cursors.values())
         if caught_up and not active:
-            self._quiet[topic.uid] = now
+            self._quiet[topic.uid] = now - stable_hash(str(topic.uid)) % (QUIET_RECHECK_MS // 2)
         else:
             self._quiet.pop(topic.uid, None)
 
