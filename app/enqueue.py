@@ -31,6 +31,9 @@ from app.timeparse import TimeFormatError, parse_local_time, zone
 from app.transitions import count_moves
 
 log = logging.getLogger(__name__)
+# Deep enough for any real payload, and far from the interpreter's recursion limit (about
+# 1,000), which a payload must stay under for every later answer that embeds it.
+MAX_PAYLOAD_DEPTH = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +73,18 @@ def _deliver_at(data: dict[str, Any], now_ms: int) -> int:
     return now_ms
 
 
+def nesting(value: Any) -> int:
+    """How deeply a JSON value nests arrays and objects (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1)
+                         for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def payload_of(data: dict[str, Any], max_bytes: int) -> Payload:
     """The body of a message or a schedule: `payload` (JSON) or `payload_base64`, with
     `headers`; 413 over max_bytes, 400 for bad base64."""
@@ -82,6 +97,9 @@ def payload_of(data: dict[str, Any], max_bytes: int) -> Payload:
                                {"payload_base64": ["Not valid base64."]}) from exc
         payload = Payload(raw, "base64", headers)
     else:
+        if nesting(data["payload"]) > MAX_PAYLOAD_DEPTH:
+            raise InvalidInput(f"payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels.",
+                               {"payload": [f"At most {MAX_PAYLOAD_DEPTH} levels deep."]})
         text = json.dumps(data["payload"], separators=(",", ":"), ensure_ascii=False)
         payload = Payload(text.encode("utf-8"), "json", headers)
     if len(payload.data) > max_bytes:

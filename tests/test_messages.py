@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import threading
+from typing import Any
 
 from flask import Flask
 from flask.testing import FlaskClient
@@ -114,6 +115,13 @@ def test_batch_over_limit_is_413(client: FlaskClient, auth: dict[str, str]) -> N
     assert answer.content_type == "application/problem+json"
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def test_bad_input_is_4xx_problem_naming_the_field_and_writes_nothing(
         client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth)
@@ -131,6 +139,7 @@ def test_bad_input_is_4xx_problem_naming_the_field_and_writes_nothing(
           "timezone": "Nowhere/Land"}, 400, "local_time"),
         ({"id": "b11", "payload": "x" * 70_000}, 413, None),
         ({"id": "b12", "payload_base64": "***"}, 400, "payload_base64"),
+        ({"id": "b13", "payload": _nested(65)}, 400, "payload"),
     ]
     for body, status, field in cases:
         answer = client.post(topic.url("/messages"), json=body, headers=auth)
@@ -144,6 +153,13 @@ def test_bad_input_is_4xx_problem_naming_the_field_and_writes_nothing(
                             content_type="application/json", headers=auth)
     assert malformed.status_code == 400
     assert malformed.content_type == "application/problem+json"
+    for depth in (5_000, 100_000):  # past the parser's recursion limit: a 400, never a 500
+        deep = client.post(topic.url("/messages"), content_type="application/json",
+                           headers=auth, data='{"id": "deep", "payload": '
+                           + "[" * depth + "]" * depth + "}")
+        assert deep.status_code == 400, deep.get_json()
+        assert deep.get_json()["errors"] == {"json": ["Nested too deeply."]}
+    assert topic.get("deep").status_code == 404
 
 
 def test_cancel_then_never_delivered(client: FlaskClient, auth: dict[str, str]) -> None:

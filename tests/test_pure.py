@@ -8,7 +8,7 @@ import pytest
 
 from app import timeline
 from app.config import ConfigError, load_config
-from app.enqueue import NewMessage, home_by_due_time
+from app.enqueue import NewMessage, home_by_due_time, nesting
 from app.fairness import FairQueue
 from app.ids import (
     CLIENT_ID,
@@ -167,3 +167,11 @@ def test_a_fair_queue_takes_turns_across_groups_after_priority() -> None:
     queue.push("c0", "c")  # a late group joins the round being served, not round 0
     assert [queue.pop() for _ in range(len(queue))] == [
         "c0", "a1", "a2", "a3", "a4", "urgent"]
+
+
+def test_nesting_counts_arrays_and_objects_without_recursion() -> None:
+    assert nesting(1) == 0 and nesting([]) == 1 and nesting({"a": [1, {"b": []}]}) == 4
+    deep: list[object] = []
+    for _ in range(50_000):  # far past any recursion limit
+        deep = [deep]
+    assert nesting(deep) == 50_001

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, json
+from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException
 
 from app.errors import DuetimeError, RateLimited, StoreUnavailable
@@ -63,6 +63,15 @@ def _from_http(exc: HTTPException) -> Response:
     return problem(status, title, detail, title.lower().replace(" ", "-"))
 
 
+def _too_deep(exc: RecursionError) -> Response:
+    """JSON nested deeper than the interpreter's recursion limit (about 1,000 levels) fails
+    in the parser or the encoder: the client's doing, so a 400, not a 500."""
+    if request.is_json:
+        return problem(400, "Malformed request", "The JSON body is nested too deeply.",
+                       "malformed-request", {"json": ["Nested too deeply."]})
+    return _unexpected(exc)
+
+
 def _unexpected(exc: Exception) -> Response:
     log.exception("unhandled error")
     return problem(500, "Internal error", "An unexpected error occurred; it has been logged.",
@@ -73,4 +82,5 @@ def register(app: Flask) -> None:
     """Install the handlers: domain errors, HTTP errors (404, 405, 413, validation), the rest."""
     app.register_error_handler(DuetimeError, _from_domain)
     app.register_error_handler(HTTPException, _from_http)
+    app.register_error_handler(RecursionError, _too_deep)
     app.register_error_handler(Exception, _unexpected)

@@ -29,7 +29,8 @@ class MessageInSchema(Schema):
         "description": "false: the topic's quiet hours do not apply (a transactional send). "
                        "Otherwise a message due inside them is placed at their end, in its "
                        "own timezone if it has one; its deliver_at shows where."})
-    payload = fields.Raw(allow_none=True, metadata={"description": "Any JSON value."})
+    payload = fields.Raw(allow_none=True, metadata={
+        "description": "Any JSON value, nested at most 64 levels deep (deeper: 400)."})
     payload_base64 = fields.String()
     priority = fields.Integer(load_default=100, validate=validate.Range(0, 65535),
                               metadata={"description": "Lower is handed out first."})
