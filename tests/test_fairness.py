@@ -94,5 +94,8 @@ def test_a_webhook_topic_takes_turns_across_campaigns_behind_a_slow_target(
         if message_id not in first:
             first.append(message_id)
     smalls = [n for n, message_id in enumerate(first) if message_id.startswith("small")]
-    # the two held, then big and small in turns: the tenth small is the 22nd POST
-    assert smalls == list(range(3, 22, 2)), first[:30]
+    # the two held, then big and small in turns: the tenth small by about the 22nd POST
+    # (which two are held, and whether the last smalls were armed before the gate opened,
+    # depends on how fast the releaser prepared them), not after the 300 bigs
+    assert len(smalls) == 10 and max(smalls) <= 30, first[:40]
+    assert sum(1 for message_id in first[:22] if message_id.startswith("big")) >= 10
