@@ -26,11 +26,6 @@ T = TypeVar("T")
 MAX_TRACKED_GROUPS = 10_000  # then the groups with no turn ahead are forgotten
 
 
-def group_of(d: Due) -> str | None:
-    """A due message's fair-delivery group: its `group`, else its campaign."""
-    return d.row.group or d.row.campaign
-
-
 def fair_order(due: Sequence[Due]) -> list[Due]:
     """due ordered by (priority, turn within its group, deliver_at, due time, id)."""
     ordered = sorted(due, key=lambda d: (d.row.priority, d.row.deliver_at_ms,
@@ -38,7 +33,7 @@ def fair_order(due: Sequence[Due]) -> list[Due]:
     turns: dict[tuple[int, str | None], int] = defaultdict(int)
     ranked = []
     for position, d in enumerate(ordered):
-        group = (d.row.priority, group_of(d))
+        group = (d.row.priority, d.row.fair_group)
         ranked.append((d.row.priority, turns[group], position, d))
         turns[group] += 1
     return [d for *_, d in sorted(ranked, key=lambda r: r[:3])]

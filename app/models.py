@@ -66,6 +66,11 @@ class MessageState:
     paced: bool = False  # moved to its delivery slot by its campaign's pacing
     group: str | None = None  # fair-delivery group (app.timeline.lane_of)
 
+    @property
+    def fair_group(self) -> str | None:
+        """The group it takes turns in (app.fairness): its `group`, else its campaign."""
+        return self.group or self.campaign
+
 
 @dataclasses.dataclass(frozen=True)
 class Payload:

@@ -53,13 +53,12 @@ LANES = 1024  # lane 0: messages with neither group nor campaign; 1..1023: hashe
 LANE_STRIDE = 1_000_000  # parts of lane L are L * LANE_STRIDE + (slot // partition_cap)
 
 
-def lane_of(group: str | None, campaign: str | None) -> int:
-    """The timeline lane of a message's fair-delivery group (its `group`, else its campaign):
-    every lane has partitions of its own, so a pass reads the head of each lane and one
-    group's backlog cannot hide another's messages. Groups share a lane only when their
-    hashes collide (1 in 1,023 for two groups)."""
-    key = group or campaign
-    return 0 if key is None else 1 + stable_hash(key) % (LANES - 1)
+def lane_of(group: str | None) -> int:
+    """The timeline lane of a fair-delivery group (MessageState.fair_group; None: neither
+    group nor campaign): every lane has partitions of its own, so a pass reads the head of
+    each lane and one group's backlog cannot hide another's messages. Groups share a lane
+    only when their hashes collide (1 in 1,023 for two groups)."""
+    return 0 if group is None else 1 + stable_hash(group) % (LANES - 1)
 
 
 def pointer_of(row: MessageState, due_at_ms: int | None = None,
@@ -68,7 +67,7 @@ def pointer_of(row: MessageState, due_at_ms: int | None = None,
     fair-delivery lane."""
     return Pointer(row.due_at_ms if due_at_ms is None else due_at_ms, row.id,
                    row.version if version is None else version, row.priority, row.shard,
-                   lane_of(row.group, row.campaign))
+                   lane_of(row.fair_group))
 
 
 def lane_part(lane: int, slot: int, partition_cap: int) -> int:

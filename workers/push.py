@@ -103,7 +103,7 @@ class PushDispatcher:
         """Queue due timers per topic, then prepare what each topic's room allows."""
         for t in due:
             row = t.due.row
-            self._waiting[t.topic_uid].push(t, row.group or row.campaign, row.priority, t.due_ms)
+            self._waiting[t.topic_uid].push(t, row.fair_group, row.priority, t.due_ms)
         for topic_uid, waiting in list(self._waiting.items()):
             while waiting:
                 with self._lock:
@@ -263,7 +263,7 @@ def post_job(ref: int, a: Armed, concurrency: int) -> PostJob:
     return PostJob(
         ref=ref, topic=str(a.topic.uid), concurrency=concurrency, due_ms=a.due_ms,
         start_by_ms=int((a.row.lease_expires_at_ms or 0) - timeout_ms - POST_START_MARGIN_MS),
-        priority=a.priority, group=a.row.group or a.row.campaign, url=settings.delivery_url or "",
+        priority=a.priority, group=a.row.fair_group, url=settings.delivery_url or "",
         headers=request_headers(a.topic, a.row, a.payload), body=a.payload.data,
         timeout_s=settings.delivery_timeout_seconds)
 
