@@ -217,11 +217,10 @@ class Releaser:
         recent = self.services.timeline.active_topics(range(
             bucket_of(now - cfg.release_catchup_ms - cfg.safety_lag_ms - 2 * CURSOR_STEP_MS,
                       bucket_ms), bucket_of(now + cfg.release_lookahead_ms, bucket_ms) + 1))
-        for topic, mine in self._owned_shards():
-            quiet_since = self._quiet.get(topic.uid)
-            if quiet_since is not None and topic.uid not in recent \
-                    and now - quiet_since < QUIET_RECHECK_MS:
-                continue
+        awake = [t for t in list(self._topics.values())
+                 if t.uid in recent or now - self._quiet.get(t.uid, -QUIET_RECHECK_MS)
+                 >= QUIET_RECHECK_MS]
+        for topic, mine in self._owned_shards(awake):  # quiet ones skipped before any work
             stored = self.services.timeline.cursors(topic.uid)
             default = topic.created_at_ms - cfg.safety_lag_ms
             starts = {s: stored.get(s, default) for s in mine}
