@@ -16,7 +16,6 @@ Writes bench-results/campaigns.json and prints a table. Usage: python -m tests.b
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
@@ -29,9 +28,18 @@ from app.campaign_rules import REFRESH_MS
 from app.config import load_config
 from app.store.session import CassandraSession
 from app.timeparse import parse_instant
-from tests.bench.run import OUT, URL, consume, enqueue, make_topic, now_ms, percentile
+from tests.bench.run import (
+    OUT,
+    URL,
+    consume,
+    dev_headers,
+    enqueue,
+    make_topic,
+    now_ms,
+    percentile,
+    releaser_pid,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 HOUR_MS = 3_600_000
 ROWS_PER_HOME = 60
 
@@ -109,9 +117,8 @@ def paced(headers: dict[str, str], rate: float = 100.0, count: int = 600) -> dic
 
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 1_000_000
-    headers = {"Authorization": f"Bearer {(ROOT / 'var/dev-key').read_text().strip()}"}
-    port = os.environ.get("DUETIME_HTTP_PORT", "8080")
-    pid = int((ROOT / f"var/run/releaser-{port}.pid").read_text())
+    headers = dev_headers()
+    pid = releaser_pid()
     topic = make_topic(headers)
     enqueue_rate, _ = enqueue(headers, topic, count, now_ms() + HOUR_MS, HOUR_MS,
                               campaign="big")

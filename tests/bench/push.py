@@ -19,14 +19,13 @@ import random
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import requests
 
 from app.timeparse import parse_instant
 from tests.bench.plot import lag_by_second
-from tests.bench.run import OUT, URL, now_ms, percentile
+from tests.bench.run import OUT, URL, dev_headers, now_ms, percentile
 from tests.loop_thread import LoopThread
 from tests.receiver import Receiver, receiving
 from workers.http_client import AsyncHttpClient
@@ -134,7 +133,7 @@ def main(argv: list[str]) -> int:
                         help="give every message a client id (homes by hash) instead of "
                         "server-made ids (one home per request and shard)")
     args = parser.parse_args(argv)
-    headers = {"Authorization": f"Bearer {Path('var/dev-key').read_text().strip()}"}
+    headers = dev_headers()
     result = measure(headers, args.messages, args.topic, args.client_ids)
     result["raw_post_ceiling_per_s"] = post_ceiling(20_000, 64)
     OUT.mkdir(exist_ok=True)

@@ -39,6 +39,20 @@ OUT = Path("bench-results")
 PRODUCERS = 4  # concurrent enqueue requests, as several producer processes would send
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dev_headers() -> dict[str, str]:
+    """The Authorization header of the dev key `make up` wrote."""
+    return {"Authorization": f"Bearer {(ROOT / 'var/dev-key').read_text().strip()}"}
+
+
+def releaser_pid() -> int:
+    """The pid of the releaser `make up` started (for its CPU time)."""
+    port = os.environ.get("DUETIME_HTTP_PORT", "8080")
+    return int((ROOT / f"var/run/releaser-{port}.pid").read_text())
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -193,7 +207,7 @@ def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 20_000
     consumers = int(argv[1]) if len(argv) > 1 else 8
     rate = int(argv[2]) if len(argv) > 2 else 1000
-    headers = {"Authorization": f"Bearer {Path('var/dev-key').read_text().strip()}"}
+    headers = dev_headers()
     result: dict[str, Any] = {"messages": count, "consumers": consumers,
                               "backlog": throughput(headers, count, consumers),
                               "steady": steady_lag(headers, count, consumers, rate),

@@ -31,9 +31,18 @@ import requests
 from app.config import load_config
 from app.services import Services
 from app.timeparse import cql_ms
-from tests.bench.run import OUT, URL, make_topic, now_ms, percentile, raw_ceiling, timed_threads
+from tests.bench.run import (
+    OUT,
+    URL,
+    dev_headers,
+    make_topic,
+    now_ms,
+    percentile,
+    raw_ceiling,
+    releaser_pid,
+    timed_threads,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 HOMES = 256  # client ids (the fire ids) hash onto this many homes (app.ids)
 
 
@@ -81,9 +90,8 @@ def fires_of_minute(services: Services, topic_uid: uuid.UUID, minute_ms: int
 
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 10_000
-    headers = {"Authorization": f"Bearer {(ROOT / 'var/dev-key').read_text().strip()}"}
-    port = os.environ.get("DUETIME_HTTP_PORT", "8080")
-    pid = int((ROOT / f"var/run/releaser-{port}.pid").read_text())
+    headers = dev_headers()
+    pid = releaser_pid()
     topic = make_topic(headers)
     baseline = idle_cost(pid)
     created_s = create(headers, topic, count)

@@ -20,7 +20,6 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import requests
@@ -29,6 +28,7 @@ from tests.bench.run import (
     OUT,
     URL,
     consume,
+    dev_headers,
     enqueue,
     make_topic,
     now_ms,
@@ -37,7 +37,6 @@ from tests.bench.run import (
     timed_threads,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 PRODUCERS = 4
 CONSUMERS = 8
 IDLE_CALLS = 300
@@ -113,7 +112,7 @@ def lease_singly(headers: dict[str, str], topic: str, count: int) -> float:
 
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 2000
-    headers = {"Authorization": f"Bearer {(ROOT / 'var/dev-key').read_text().strip()}"}
+    headers = dev_headers()
     idle = idle_latency(headers)
     single_topic = make_topic(headers)
     single_rate = enqueue_singly(headers, single_topic, count)

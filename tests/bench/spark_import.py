@@ -27,7 +27,7 @@ import requests
 
 from app.config import load_config
 from app.store.session import CassandraSession
-from tests.bench.run import OUT, URL, now_ms
+from tests.bench.run import OUT, URL, dev_headers, now_ms
 from tests.import_files import write_csv
 
 MONTH_MS = 30 * 86_400_000
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--http-sample", type=int, default=50_000)
     parser.add_argument("--raw-sample", type=int, default=100_000)
     args = parser.parse_args(argv)
-    headers = {"Authorization": f"Bearer {Path('var/dev-key').read_text().strip()}"}
+    headers = dev_headers()
     topic = args.topic or f"imp{uuid.uuid4().hex[:6]}"
     requests.put(f"{URL}/v1/topics/{topic}", headers=headers, json={},
                  timeout=30).raise_for_status()

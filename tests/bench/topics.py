@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import requests
@@ -29,11 +27,10 @@ import requests
 from app.config import load_config
 from app.services import Services
 from app.timeparse import parse_instant
-from tests.bench.run import OUT, URL, percentile, timed_threads
+from tests.bench.run import OUT, URL, percentile, releaser_pid, timed_threads
 from tests.bench.schedules import cpu_s
 from tests.receiver import Receiver, receiving
 
-ROOT = Path(__file__).resolve().parents[2]
 THREADS = 8
 NEW_TOPICS = 20
 
@@ -83,8 +80,7 @@ def new_topic_lags(key: str, receiver: Receiver) -> list[int]:
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 10_000
     tenants = int(argv[1]) if len(argv) > 1 else 100
-    port = os.environ.get("DUETIME_HTTP_PORT", "8080")
-    pid = int((ROOT / f"var/run/releaser-{port}.pid").read_text())
+    pid = releaser_pid()
     services = Services(load_config())
     names = [f"many{uuid.uuid4().hex[:6]}" for _ in range(tenants)]
     keys = [services.keys.create(tenant) for tenant in names]
