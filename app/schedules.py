@@ -31,7 +31,7 @@ from app.messages import cancel
 from app.models import MessageState, Payload, Topic
 from app.services import Services
 from app.store.schedules import Schedule
-from app.timeline import placement_ms, schedule_slot_of, ttl_s
+from app.timeline import MS_PER_DAY, placement_ms, schedule_slot_of, ttl_s
 from app.timeparse import TimeFormatError
 from app.transitions import place_then
 
@@ -185,11 +185,17 @@ def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageSt
             deliver_at_ms=m.deliver_at_ms, due_at_ms=placement_ms(m.deliver_at_ms, now),
             updated_at_ms=now))
     retention = services.config.retention_days
-    services.messages.stage(topic.uid, [
+    errors = services.messages.stage(topic.uid, [
         (topic.uid, r.id, r.content_hash, Payload(s.payload, s.encoding, {}),
-         ttl_s(r.due_at_ms, now, retention, services.config.horizon_days * 86_400_000))
-        for r in changed], [])
-    placed = place_then(services, topic, changed, now)
+         ttl_s(r.due_at_ms, now, retention, services.config.horizon_days * MS_PER_DAY))
+        for r in changed], [])[0]
+    # a fire whose new payload was not written keeps its old content: its row must never
+    # name a payload that does not exist
+    staged = [r for r, err in zip(changed, errors, strict=True) if err is None]
+    if len(staged) < len(changed):
+        log.warning("schedule %s: %d waiting fires keep their old content (payload not "
+                    "written)", s.name, len(changed) - len(staged))
+    placed = place_then(services, topic, staged, now)
     services.messages.cas_many([(r, r.version - 1, ttl_s(r.due_at_ms, now, retention))
                                 for r in placed])
 
