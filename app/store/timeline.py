@@ -70,20 +70,6 @@ class TimelineStore:
             time.sleep(random.uniform(0, 0.002))  # de-synchronise contending reservers
         raise StoreUnavailable("slot reservation contended; retry")
 
-    def slots(self, topic_uid: uuid.UUID, buckets: Sequence[int]) -> dict[int, dict[int, int]]:
-        """{bucket: {shard: slots handed out}} for the given buckets (absent = empty)."""
-        futures = [
-            self.db.execute_async(
-                "SELECT bucket, shard, next_slot FROM {ks}.bucket_slots WHERE topic_uid = ? "
-                "AND bucket IN ?", (topic_uid, list(buckets[i:i + 100])))
-            for i in range(0, len(buckets), 100)
-        ]
-        found: dict[int, dict[int, int]] = {}
-        for rows in self.db.results(futures):
-            for r in rows:
-                found.setdefault(r["bucket"], {})[r["shard"]] = r["next_slot"]
-        return found
-
     def parts(self, topic_uid: uuid.UUID, buckets: Sequence[int], partition_cap: int
               ) -> dict[int, dict[int, list[int]]]:
         """{bucket: {shard: parts holding pointers}} for the given buckets: lane 0's from
