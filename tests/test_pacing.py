@@ -98,9 +98,12 @@ def test_a_paced_webhook_campaign_is_posted_at_its_rate(
         config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
     with receiving(Receiver()) as target, releaser(config, "r-paced"):
         topic, secret = webhook_topic(client, auth, target.url)
-        start = now_ms() + 2500
+        start = now_ms() + 5000
         topic.batch([{"campaign": "drip", "deliver_at": start} for _ in range(60)])
         _pace(topic, "drip", 20.0)
+        # the premise: paced well before the releaser prepares the first message (a message
+        # taken before the pace is known goes out unpaced, by design)
+        assert now_ms() < start - 3000, now_ms() - start
         deadline = time.monotonic() + 30
         while len(target.arrivals) < 60 and time.monotonic() < deadline:
             time.sleep(0.1)
