@@ -6,9 +6,12 @@ first request that needs it (so gunicorn workers connect after fork).
 
 from __future__ import annotations
 
-from flask import Flask, g, request
+import time
+
+from flask import Flask, Response, g, request
 from flask_smorest import Api
 
+from app import metrics
 from app.api import docs_assets, problems
 from app.auth import Authenticator
 from app.config import Config, load_config
@@ -35,6 +38,21 @@ def _smorest_settings(app: Flask, config: Config) -> None:
             }},
         },
     )
+
+
+def _time_requests(app: Flask) -> None:
+    @app.before_request
+    def start_clock() -> None:
+        g.started = time.perf_counter()
+
+    @app.after_request
+    def observe(response: Response) -> Response:
+        started = g.get("started")
+        if started is not None:
+            metrics.HTTP_DURATION.labels(
+                request.endpoint or "unknown", request.method,
+                f"{response.status_code // 100}xx").observe(time.perf_counter() - started)
+        return response
 
 
 def _authenticate(app: Flask, authenticator: Authenticator) -> None:
@@ -70,5 +88,6 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     openapi_file.register(app, smorest)
     docs_assets.register(app)
     problems.register(app)
+    _time_requests(app)
     _authenticate(app, Authenticator(services.keys, config.key_cache_s))
     return app

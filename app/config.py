@@ -66,6 +66,7 @@ class Config:
     topic_refresh_ms: int = 60_000
     webhook_concurrency: int = 64
     webhook_allow: str = ""  # networks webhooks may reach although not public (comma list)
+    releaser_metrics_port: int = 9464  # a releaser's Prometheus /metrics (0: none)
 
     @property
     def consistency_level(self) -> int:

@@ -68,3 +68,11 @@ class SchemaBehind(StoreUnavailable):
     """The keyspace lacks migrations this code needs (run `duetime schema apply`)."""
 
     title, slug = "Schema not current", "schema-behind"
+
+
+class ClockSkewed(StoreUnavailable):
+    """This process's clock is further from Cassandra's than DUETIME_SAFETY_LAG_MS: it could
+    hand messages out early (503 until NTP mends it)."""
+
+    title, slug = "Clock skewed", "clock-skewed"
+    retry_after_s = 10

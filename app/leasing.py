@@ -12,6 +12,7 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 
+from app import metrics
 from app.errors import (
     Conflict,
     DuetimeError,
@@ -163,7 +164,22 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
                 wait_counts)
     _count_slots(services, topic, [(rows[r.id], r) for r in won
                                    if r.paced and r.state == "scheduled"])
-    return [r for r in won if r.state == "leased"]
+    leased = [r for r in won if r.state == "leased"]
+    paced_now = {d.row.id for d, _ in now_due}
+    _observe([rows[r.id] for r in leased], paced_now, now, pull=ahead_ms == 0)
+    return leased
+
+
+def _observe(taken: list[MessageState], paced_now: set[str], now: int, pull: bool) -> None:
+    """Metrics of messages just leased (rows as they were before): for each of a paced
+    campaign, its wait for its turn (its slot, or its own due time when its slot had come,
+    less deliver_at); a pull's lag behind its due time (a push's is measured when its POST
+    starts, workers.push)."""
+    for row in taken:
+        if row.paced or row.id in paced_now:
+            metrics.PACING_WAIT.observe(max(row.due_at_ms - row.deliver_at_ms, 0) / 1000)
+    if pull:
+        metrics.observe_lags("pull", [now - row.due_at_ms for row in taken])
 
 
 def _leased(row: MessageState, hold: Hold, now: int) -> MessageState:

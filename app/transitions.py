@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from cassandra.cluster import ResponseFuture
+
+from app import metrics
 from app.errors import LeaseLost
 from app.models import MessageState, Topic
 from app.services import Services
@@ -37,9 +40,11 @@ Move = tuple[str | None, str, str | None]  # (state before or None if new, after
 
 
 def count_moves(services: Services, topic: Topic, moves: Sequence[Move],
-                wait: bool = True) -> None:
+                wait: bool = True) -> list[ResponseFuture]:
     """Move the per-state counters of the topic and of each move's campaign by (before,
-    after, campaign) moves (wait=False: send only)."""
+    after, campaign) moves, and this process's message metrics. wait=False: the writes are
+    only sent, their futures returned (failures logged)."""
+    metrics.count_transitions(topic.tenant, topic.name, [(b, a) for b, a, _ in moves])
     deltas: dict[str, int] = {}
     per_campaign: dict[str, dict[str, int]] = {}
     for before, after, campaign in moves:
@@ -49,10 +54,12 @@ def count_moves(services: Services, topic: Topic, moves: Sequence[Move],
             if before is not None:
                 target[before] = target.get(before, 0) - 1
             target[after] = target.get(after, 0) + 1
+    sent: list[ResponseFuture] = []
     if deltas:
-        services.counts.add_states(topic.uid, deltas, wait)
+        sent += services.counts.add_states(topic.uid, deltas, wait)
     if per_campaign:
-        services.campaigns.add_counts(topic.uid, per_campaign, wait)
+        sent += services.campaigns.add_counts(topic.uid, per_campaign, wait)
+    return sent
 
 
 def replace_ahead(services: Services, topic: Topic, rows: list[MessageState],

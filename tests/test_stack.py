@@ -1,5 +1,6 @@
-"""`make up` brings the API and a releaser up in the background: /readyz answers 200 and a
-webhook message sent through the API is pushed by that releaser. Both stop again.
+"""`make up` brings the API and a releaser up in the background: /readyz answers 200, a
+webhook message sent through the API is pushed by that releaser, and the metrics of both
+(the API's added up over its gunicorn workers) count what was done. Both stop again.
 
 The stack under test runs on its own port and on the test run's keyspace, so a user's own
 stack (`make up` on 8080) keeps running untouched: its processes, pid files and dev key."""
@@ -9,9 +10,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Config
 from app.services import Services
@@ -19,6 +24,7 @@ from tests.receiver import Receiver, receiving
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = "18080"
+METRICS_PORT = "19464"  # the releaser's
 BASE = f"http://127.0.0.1:{PORT}"
 
 
@@ -31,7 +37,8 @@ def call(method: str, path: str, key: str, body: dict[str, Any]) -> Any:
 
 
 def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
-    env = {**os.environ, "DUETIME_HTTP_PORT": PORT, "DUETIME_KEYSPACE": config.keyspace}
+    env = {**os.environ, "DUETIME_HTTP_PORT": PORT, "DUETIME_KEYSPACE": config.keyspace,
+           "DUETIME_RELEASER_METRICS_PORT": METRICS_PORT}
     users_key = ROOT / "var" / "dev-key"
     before = users_key.read_text() if users_key.exists() else None
     up = subprocess.run(["make", "up"], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -53,6 +60,17 @@ def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
             assert target.wait_for(lambda got: len(got) == 1, 20)
             assert target.arrivals[0].message_id == sent["id"]
             assert json.loads(target.arrivals[0].body) == {"hello": "stack"}
+            for n in range(10):  # spread over the API's workers; due in an hour
+                call("POST", "/v1/topics/stack-hooks/messages", key,
+                     {"payload": n, "delay_ms": 3_600_000})
+        labels = {"tenant": "stacktest", "topic": "stack-hooks"}
+        assert scrape(f"{BASE}/metrics", "duetime_messages_enqueued_total", labels) == 11
+        released = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+        assert wait_until(lambda: scrape(released, "duetime_messages_delivered_total",
+                                         labels) == 1, 10)
+        assert scrape(released, "duetime_webhook_attempts_total", {"outcome": "success"}) == 1
+        assert scrape(released, "duetime_delivery_lag_seconds_count", {"mode": "push"}) == 1
+        assert scrape(released, "duetime_release_slots_owned", {}) > 0
     finally:
         for name in (f"releaser-{PORT}.pid", f"api-{PORT}.pid"):  # this stack's, no other
             pidfile = ROOT / "var" / "run" / name
@@ -61,3 +79,23 @@ def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
                 pidfile.unlink()
         (ROOT / "var" / f"dev-key-{config.keyspace}").unlink(missing_ok=True)
     assert (users_key.read_text() if users_key.exists() else None) == before
+
+
+def scrape(url: str, name: str, labels: dict[str, str]) -> float:
+    """One sample of a Prometheus text page (0 when absent); fails unless the page parses."""
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+def wait_until(check: Callable[[], bool], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

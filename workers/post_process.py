@@ -62,6 +62,7 @@ class PostResult:
     ref: int
     posted: bool  # False: not started, its start_by_ms had passed
     error: str | None  # None: the target answered 2xx
+    started_ms: int = 0  # epoch ms the POST started (posted only)
 
 
 def _now_ms() -> int:
@@ -124,12 +125,13 @@ class _Sender:
             if _now_ms() > job.start_by_ms:
                 result = PostResult(job.ref, False, None)
             else:
+                started = _now_ms()
                 try:
                     error = await post_outcome(self.client, job.url, job.headers, job.body,
                                                job.timeout_s)
                 except Exception as exc:  # an outcome, whatever happened: never a lost job
                     error = f"{type(exc).__name__}: {exc}"
-                result = PostResult(job.ref, True, error)
+                result = PostResult(job.ref, True, error, started)
         finally:
             slots.release()
         self._report(result)

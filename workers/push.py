@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from app import metrics
 from app.fairness import FairQueue
 from app.messages import RELEASER_PREFIX
 from app.models import MessageState, Payload, Pointer, Topic
@@ -175,6 +176,8 @@ class PushDispatcher:
         for a, r in done:
             if r.posted:
                 self._outcomes.put((a, r.error))
+                metrics.WEBHOOK_ATTEMPTS.labels(metrics.webhook_outcome(r.error)).inc()
+        metrics.observe_lags("push", [r.started_ms - a.due_ms for a, r in done if r.posted])
         self._count("posted", len(done) - len(skipped))
         if skipped:
             log.warning("not posting %d messages: their leases were about to expire",

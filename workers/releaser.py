@@ -19,7 +19,9 @@ Periodic jobs (APScheduler), each one idempotent step:
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py);
 - operations (OPERATIONS_EVERY_MS): run pending campaign operations (workers/operations.py),
-  on a thread of their own so a long one never delays the other steps.
+  on a thread of their own so a long one never delays the other steps;
+- clock (CLOCK_EVERY_MS): this clock against Cassandra's (app.clock_skew), a gauge and a
+  warning past half the safety lag.
 A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
 PushDispatcher, which leases them and POSTs each at its due time (workers/push.py).
 """
@@ -36,7 +38,9 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import start_http_server
 
+from app import clock_skew, metrics
 from app.errors import StoreUnavailable
 from app.leasing import passed_over
 from app.models import Topic
@@ -56,6 +60,7 @@ MAX_TIMERS_PER_SCAN = 20_000
 MAX_SEEN = 10_000
 PULL_SWEEP_WANT = 25
 REPORT_EVERY_MS = 10_000
+CLOCK_EVERY_MS = 10_000
 # A sweep writes a cursor only when it moves this far: an idle topic costs a write per shard
 # every 5 s, not every second, and scans re-read at most this much of spent timeline.
 CURSOR_STEP_MS = 5000
@@ -113,7 +118,8 @@ class Releaser:
                 (self.sweep, cfg.release_sweep_ms),
                 (self.report, REPORT_EVERY_MS),
                 (self.run_operations, OPERATIONS_EVERY_MS),
-                (self.produce_fires, SCHEDULES_EVERY_MS)]
+                (self.produce_fires, SCHEDULES_EVERY_MS),
+                (self.check_clock, CLOCK_EVERY_MS)]
         for job, every_ms in jobs:
             self.scheduler.add_job(self._safely, "interval", args=[job],
                                    seconds=every_ms / 1000, id=job.__name__)
@@ -136,6 +142,9 @@ class Releaser:
 
     def run_operations(self) -> None:
         self.operations.tick()
+
+    def check_clock(self) -> None:
+        clock_skew.measure_ms(self.services)
 
     def produce_fires(self) -> None:
         self.schedules.tick()
@@ -333,6 +342,25 @@ def run_forever(services: Services, member: str | None = None) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    serve_metrics(releaser)
     releaser.start()
     stopping.wait()
     releaser.stop()
+
+
+def serve_metrics(releaser: Releaser) -> None:
+    """Serve this releaser's Prometheus metrics on DUETIME_RELEASER_METRICS_PORT (0: not at
+    all); a port already taken (a second releaser on the host) is logged, not fatal."""
+    cfg = releaser.services.config
+    metrics.SLOTS_OWNED.set_function(lambda: len(releaser.ownership.owned()))
+    metrics.TIMERS_ARMED.set_function(lambda: releaser.push.stats()["armed"])
+    if not cfg.releaser_metrics_port:
+        return
+    try:
+        start_http_server(cfg.releaser_metrics_port, addr=cfg.http_host)
+    except OSError as exc:
+        log.warning("releaser metrics not served on %s:%d: %s", cfg.http_host,
+                    cfg.releaser_metrics_port, exc)
+        return
+    log.info("releaser metrics on http://%s:%d/metrics", cfg.http_host,
+             cfg.releaser_metrics_port)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import current_app
+from flask import Response, current_app
 from flask_smorest import Blueprint
 
-from app.errors import SchemaBehind
+from app import clock_skew, metrics
+from app.errors import ClockSkewed, SchemaBehind
 from app.schemas import HealthSchema, ReadySchema
 from app.store import migrations
 
@@ -23,13 +24,32 @@ def healthz() -> dict[str, Any]:
 
 @blp.route("/readyz")
 @blp.response(200, ReadySchema)
-@blp.alt_response(503, description="Cassandra unreachable or schema behind; see Retry-After.")
+@blp.alt_response(503, description="Cassandra unreachable, schema behind, or this process's "
+                                    "clock past the safety lag from Cassandra's; see Retry-After.")
 def readyz() -> dict[str, Any]:
-    """Cassandra answers and every migration of this code is applied."""
+    """Ready: Cassandra answers, the schema is current, this clock is near Cassandra's.
+
+    Near: within DUETIME_SAFETY_LAG_MS; further, this process could hand messages out early.
+    """
     services = current_app.extensions["duetime"]
     missing = migrations.pending(services.db)
     if missing:
         names = ", ".join(f"{m.version:03d}_{m.name}" for m in missing)
         raise SchemaBehind(f"Pending migrations: {names}. Run `duetime schema apply`.")
+    skew = clock_skew.measure_ms(services)
+    if abs(skew) > services.config.safety_lag_ms:
+        raise ClockSkewed(f"This clock is {skew:+d} ms off Cassandra's, more than "
+                          f"DUETIME_SAFETY_LAG_MS ({services.config.safety_lag_ms} ms).")
     applied = max(m.version for m in migrations.discover())
-    return {"status": "ready", "schema_version": applied}
+    return {"status": "ready", "schema_version": applied, "clock_skew_ms": skew}
+
+
+@blp.route("/metrics")
+@blp.response(200, content_type="text/plain",
+              description="Prometheus text exposition (version 0.0.4) of every API worker of "
+                          "this host: message counters by tenant and topic, delivery lag, "
+                          "request and Cassandra latency. See README, Metrics.")
+def metrics_text() -> Response:
+    """Prometheus metrics of this API (all gunicorn workers together)."""
+    return Response(metrics.exposition(),
+                    content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -12,6 +12,9 @@ class HealthSchema(Schema):
 class ReadySchema(Schema):
     status = fields.String(required=True, metadata={"example": "ready"})
     schema_version = fields.Integer(required=True, metadata={"description": "Newest migration."})
+    clock_skew_ms = fields.Integer(required=True, metadata={
+        "description": "This process's clock minus Cassandra's, in ms (good to half a round "
+                       "trip). Past DUETIME_SAFETY_LAG_MS the answer is 503 clock-skewed."})
 
 
 class ProblemSchema(Schema):

@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from cassandra.cluster import ResponseFuture
+
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
 from app.timeline import CAMPAIGN_SPREAD
@@ -187,15 +189,17 @@ class CampaignStore:
         raise StoreUnavailable(f"Pacing slots of campaign {name!r} are contended; retry.")
 
     def add_counts(self, topic_uid: uuid.UUID, deltas: Mapping[str, Mapping[str, int]],
-                   wait: bool = True) -> None:
-        """Apply {campaign: {state: delta}} (wait=False: send only, failures logged)."""
+                   wait: bool = True) -> list[ResponseFuture]:
+        """Apply {campaign: {state: delta}} (wait=False: send only, failures logged; the
+        futures are returned)."""
         futures = [self.db.execute_async(_COUNT, (d, topic_uid, name, state))
                    for name, per_state in deltas.items() for state, d in per_state.items() if d]
         if wait:
             self.db.results(futures)
-            return
+            return []
         for f in futures:
             f.add_errback(lambda exc: log.warning("campaign counter write failed: %r", exc))
+        return futures
 
     def counts(self, topic_uid: uuid.UUID, names: list[str]) -> dict[str, dict[str, int]]:
         """{campaign: {state: n}} for these campaigns (one read each, concurrently)."""

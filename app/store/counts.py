@@ -14,6 +14,8 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+from cassandra.cluster import ResponseFuture
+
 from app.store.session import CassandraSession
 from app.timeline import MS_PER_DAY, MS_PER_HOUR, MS_PER_MINUTE
 
@@ -44,23 +46,23 @@ class CountStore:
     def __init__(self, db: CassandraSession) -> None:
         self.db = db
 
-    def add_states(self, topic_uid: uuid.UUID, deltas: dict[str, int], wait: bool = True) -> None:
+    def add_states(self, topic_uid: uuid.UUID, deltas: dict[str, int],
+                   wait: bool = True) -> list[ResponseFuture]:
         """Apply per-state deltas, e.g. {"scheduled": -1, "leased": +1}. With wait=False the
-        writes are only sent (the releasers' hot path); a failure is logged, not raised."""
+        writes are only sent (the releasers' hot path) and their futures returned; a failure
+        is logged, not raised."""
         futures = [self.db.execute_async(_STATE, (d, topic_uid, s)) for s, d in deltas.items() if d]
-        if wait:
-            self.db.results(futures)
-            return
-        for f in futures:
-            f.add_errback(lambda exc: log.warning("state counter write failed: %r", exc))
+        return _settle(self.db, futures, wait, "state")
 
-    def add_upcoming(self, topic_uid: uuid.UUID, due_ms: Iterable[int], sign: int = 1) -> None:
-        """Count (sign=+1) or uncount (-1) scheduled messages at these due times, per minute."""
+    def add_upcoming(self, topic_uid: uuid.UUID, due_ms: Iterable[int], sign: int = 1,
+                     wait: bool = True) -> list[ResponseFuture]:
+        """Count (sign=+1) or uncount (-1) scheduled messages at these due times, per minute
+        (wait=False: as add_states)."""
         per_minute = Counter(ms // MS_PER_MINUTE for ms in due_ms)
-        self.add_upcoming_per_minute(topic_uid, per_minute, sign)
+        return self.add_upcoming_per_minute(topic_uid, per_minute, sign, wait)
 
     def add_upcoming_per_minute(self, topic_uid: uuid.UUID, per_minute: Mapping[int, int],
-                                sign: int = 1) -> None:
+                                sign: int = 1, wait: bool = True) -> list[ResponseFuture]:
         """Count scheduled messages given as {epoch minute: how many}, per minute and per hour
         (the two always move together)."""
         per_hour: Counter[int] = Counter()
@@ -73,7 +75,7 @@ class CountStore:
         ] + [self.db.execute_async(_UPCOMING_HOUR, (sign * n, topic_uid, hour // HOURS_PER_WEEK,
                                                     hour))
              for hour, n in per_hour.items()]
-        self.db.results(futures)
+        return _settle(self.db, futures, wait, "upcoming")
 
     def states(self, topic_uid: uuid.UUID) -> dict[str, int]:
         rows = self.db.execute(
@@ -97,3 +99,14 @@ class CountStore:
                    for part in range(first // table.per_partition,
                                      last // table.per_partition + 1)]
         return {r["slot"]: r["n"] for rows in self.db.results(futures) for r in rows if r["n"]}
+
+
+def _settle(db: CassandraSession, futures: list[ResponseFuture], wait: bool,
+            what: str) -> list[ResponseFuture]:
+    """Wait for counter writes (errors raised), or return them sent, a failure logged."""
+    if wait:
+        db.results(futures)
+        return []
+    for f in futures:
+        f.add_errback(lambda exc: log.warning("%s counter write failed: %r", what, exc))
+    return futures

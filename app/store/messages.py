@@ -22,6 +22,7 @@ from cassandra import WriteTimeout
 from cassandra.cluster import ResponseFuture
 from cassandra.query import UNSET_VALUE
 
+from app import metrics
 from app.errors import StoreUnavailable
 from app.ids import home_of
 from app.models import MessageState, Payload
@@ -313,6 +314,9 @@ class MessageStore:
                 outcomes.append(outcome)
             else:
                 outcomes.append(False)
+        lost = outcomes.count(False)
+        if lost:
+            metrics.CONDITIONAL_NOT_APPLIED.labels("message_states").inc(lost)
         return outcomes
 
     def deliver_many(self, topic_uid: uuid.UUID,

@@ -39,6 +39,7 @@ from cassandra.policies import (
 )
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
+from app import metrics
 from app.config import Config
 from app.errors import StoreUnavailable
 
@@ -132,6 +133,7 @@ class CassandraSession:
                 cluster.shutdown()
                 self._last_failure = time.monotonic()
                 raise StoreUnavailable(f"Cassandra unavailable: {type(exc).__name__}") from exc
+            session.add_request_init_listener(metrics.on_cassandra_request)
             self._cluster, self._session = cluster, session
             return session
 

@@ -1,0 +1,29 @@
+"""How far this process's clock is from Cassandra's: never-early delivery rests on every
+process's clock being within DUETIME_SAFETY_LAG_MS of the others', and Cassandra's is the
+one they all can read."""
+
+from __future__ import annotations
+
+import logging
+
+from app import metrics
+from app.services import Services
+
+log = logging.getLogger("duetime.clock")
+_NOW = "SELECT toUnixTimestamp(now()) AS now_ms FROM system.local"
+
+
+def measure_ms(services: Services) -> int:
+    """This clock minus Cassandra's, in ms (positive: this one is ahead), taken at the middle
+    of one round trip, so good to half of it. Sets duetime_clock_skew_seconds and logs a
+    warning past half of the safety lag. Raises StoreUnavailable while Cassandra is down."""
+    before = services.clock()
+    rows = services.db.execute(_NOW)
+    after = services.clock()
+    skew = (before + after) // 2 - int(rows[0]["now_ms"])
+    metrics.CLOCK_SKEW.set(skew / 1000)
+    if abs(skew) > services.config.safety_lag_ms / 2:
+        log.warning("this clock is %d ms %s Cassandra's (DUETIME_SAFETY_LAG_MS is %d): "
+                    "run NTP/chrony", abs(skew), "ahead of" if skew > 0 else "behind",
+                    services.config.safety_lag_ms)
+    return skew

@@ -1,0 +1,100 @@
+"""Prometheus metrics and the clock check on the real node: `/metrics` parses as the text
+exposition, its message counters move by exactly what the test did, delivery lag and pacing
+waits are observed, and `/readyz` reports this clock against Cassandra's."""
+
+from __future__ import annotations
+
+from flask import Flask
+from flask.testing import FlaskClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from app import create_app
+from app.config import Config
+from app.services import Services, system_clock_ms
+from tests.campaign_helpers import campaign
+from tests.conftest import new_tenant_key
+from tests.consumers import TopicClient, now_ms
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(client: FlaskClient) -> Samples:
+    """Every sample of /metrics by (name, sorted labels); fails unless it parses."""
+    answer = client.get("/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(answer.get_data(as_text=True)):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_message_counters_move_by_exactly_what_was_done(
+        client: FlaskClient, services: Services) -> None:
+    tenant, auth = new_tenant_key(services)
+    topic = TopicClient(client, auth, max_attempts=1)
+    labels = {"tenant": tenant, "topic": topic.name}
+    before = scrape(client)
+    now = now_ms()
+    topic.batch([{"id": f"m{n}", "deliver_at": now - 10} for n in range(5)])
+    topic.batch([{"id": "m0", "deliver_at": now - 10}])  # the same message again: not new
+    assert topic.enqueue(id="later", deliver_at=now + 3_600_000).status_code == 201
+    leased = topic.lease(3)
+    assert len(leased) == 3
+    assert [topic.ack(m) for m in leased[:2]] == [204, 204]
+    nack = client.post(topic.url(f"/messages/{leased[2]['id']}/nack"), headers=auth,
+                       json={"lease_token": leased[2]["lease"]["token"], "error": "boom"})
+    assert nack.status_code == 204  # max_attempts 1: dead
+    assert client.delete(topic.url("/messages/later"), headers=auth).status_code == 204
+    after = scrape(client)
+    assert moved(before, after, "duetime_messages_enqueued_total", **labels) == 6
+    assert moved(before, after, "duetime_messages_delivered_total", **labels) == 2
+    assert moved(before, after, "duetime_messages_dead_total", **labels) == 1
+    assert moved(before, after, "duetime_messages_cancelled_total", **labels) == 1
+    assert moved(before, after, "duetime_delivery_lag_seconds_count", mode="pull") >= 3
+    assert moved(before, after, "duetime_http_request_duration_seconds_count",
+                 endpoint="messages.MessageCollection", method="POST", status="2xx") == 1
+    assert moved(before, after, "duetime_cassandra_request_duration_seconds_count") > 0
+
+
+def test_a_paced_campaigns_wait_for_its_turn_is_observed(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth)
+    now = now_ms()
+    topic.batch([{"campaign": "slow", "deliver_at": now - 10} for _ in range(4)])
+    answer = client.patch(topic.url("/campaigns/slow"), headers=auth,
+                          json={"max_per_second": 2})
+    assert answer.status_code == 200, answer.get_json()
+    before = scrape(client)
+    assert campaign(topic, "slow")["counts"]["scheduled"] == 4
+    assert len(topic.drain(4, within_s=10)) == 4  # 2 a second: the last waits about 1.5 s
+    after = scrape(client)
+    assert moved(before, after, "duetime_pacing_wait_seconds_count") == 4
+    waited = moved(before, after, "duetime_pacing_wait_seconds_sum")
+    # slots 0.5 s apart from the first lease, which comes a moment after deliver_at: the
+    # waits are that moment plus 0, 0.5, 1 and 1.5 s
+    assert 3.0 * 0.9 <= waited <= 3.0 + 4 * 1.0, waited
+
+
+def test_readyz_compares_this_clock_with_cassandras(app: Flask, config: Config) -> None:
+    ready = app.test_client().get("/readyz")
+    assert ready.status_code == 200
+    assert abs(ready.get_json()["clock_skew_ms"]) < config.safety_lag_ms / 2
+    ahead = create_app(config, clock=lambda: system_clock_ms() + 2 * config.safety_lag_ms)
+    try:
+        skewed = ahead.test_client().get("/readyz")
+        assert skewed.status_code == 503
+        assert skewed.headers["Content-Type"] == "application/problem+json"
+        assert skewed.get_json()["type"].endswith("clock-skewed")
+        assert int(skewed.headers["Retry-After"]) > 0
+        samples = scrape(ahead.test_client())
+        assert samples[("duetime_clock_skew_seconds", ())] >= 1.5 * config.safety_lag_ms / 1000
+    finally:
+        ahead.extensions["duetime"].close()
+    assert app.test_client().get("/readyz").status_code == 200
