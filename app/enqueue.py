@@ -13,12 +13,15 @@ retrying the same request re-writes the pointer (the state row is found with the
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 from collections.abc import Sequence
 from typing import Any
+
+from cassandra.cluster import ResponseFuture
 
 from app import campaigns
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
@@ -212,11 +215,12 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
             results[i] = EnqueueResult(row.id, 201, row.deliver_at_ms, "scheduled")
         else:
             results[i] = _existing(outcome[1], row, now, pointers, placed_for, i)
+    counting = _start_counts(services, topic, [rows[i] for i in created])
     errors = services.placer.place(topic.uid, pointers, now)
     for i, err in zip(placed_for, errors, strict=True):
         if err is not None:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
-    _count(services, topic, [rows[i] for i in created], now)
+    _finish_counts(services, counting)
     _cover(services, topic, rows, [i for i in placed_for if _fresh(results[i])], results)
 
 
@@ -312,14 +316,24 @@ def _existing(found: MessageState | None, row: MessageState, now: int, pointers:
     return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
 
 
-def _count(services: Services, topic: Topic, created: list[MessageState], now: int) -> None:
-    """Counters of the topic and of the campaigns. The messages are already accepted: a
-    failure here is logged (stats may under-count) and never turns an accepted message into
-    an error."""
+def _start_counts(services: Services, topic: Topic,
+                  created: list[MessageState]) -> list[ResponseFuture]:
+    """Send the counter writes of the topic and of the campaigns for new rows; they run while
+    the pointers are written (a stats counter has no order to keep with them)."""
     if not created:
-        return
+        return []
     try:
-        count_moves(services, topic, [(None, "scheduled", r.campaign) for r in created])
-        services.counts.add_upcoming(topic.uid, [r.due_at_ms for r in created])
+        return count_moves(services, topic, [(None, "scheduled", r.campaign) for r in created],
+                           wait=False) + services.counts.add_upcoming(
+            topic.uid, [r.due_at_ms for r in created], wait=False)
     except StoreUnavailable as exc:
         log.warning("stats not updated for %d messages: %s", len(created), exc)
+        return []
+
+
+def _finish_counts(services: Services, counting: list[ResponseFuture]) -> None:
+    """Wait for the counter writes, so stats read after the answer include them. The messages
+    are already accepted: a failure (logged where the write was sent; stats may under-count)
+    never turns an accepted message into an error."""
+    with contextlib.suppress(Exception):
+        services.db.results(counting)

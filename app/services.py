@@ -24,6 +24,7 @@ from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
+from app.topic_cache import TopicCache
 
 Clock = Callable[[], int]
 
@@ -42,6 +43,7 @@ class Services:
         self.db = CassandraSession(config)
         self.keys = ApiKeyStore(self.db)
         self.topics = TopicStore(self.db)
+        self.topic_cache = TopicCache(self.topics)
         self.counts = CountStore(self.db)
         self.campaigns = CampaignStore(self.db)
         self.campaign_rules = CampaignRules(self.campaigns)
@@ -54,4 +56,5 @@ class Services:
         self.poll_groups: PollGroups[Any] = PollGroups(host_lock=HostLocks().hold)
 
     def close(self) -> None:
+        self.topic_cache.close()
         self.db.shutdown()

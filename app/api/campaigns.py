@@ -20,7 +20,7 @@ from app.schemas.campaigns import (
     OperationSchema,
 )
 from app.store.operations import Operation
-from app.topics import get_topic
+from app.topics import get_topic_cached
 
 blp = Blueprint("campaigns", __name__, url_prefix="/v1/topics/<string:topic>",
                 description="Campaigns: watch, cancel, shift, pause a send of many messages.")
@@ -42,7 +42,7 @@ class CampaignCollection(MethodView):
     @blp.response(200, CampaignListSchema)
     def get(self, topic: str) -> dict[str, Any]:
         """The topic's campaigns (every campaign any of its messages carried)."""
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         return {"campaigns": usecases.list_views(services(), found)}
 
 
@@ -54,7 +54,7 @@ class CampaignItem(MethodView):
         """Counts by state, first and last deliver_at, controls. 404 when no message ever
         carried the campaign."""
         check_name("campaign", campaign)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         return usecases.campaign_view(services(), found, campaign)
 
     @blp.doc(security=SECURITY)
@@ -67,7 +67,7 @@ class CampaignItem(MethodView):
         POSTed to a webhook when the cancel reaches it cannot be stopped (counted as
         `delivering`). Asking again while the cancel runs answers the same operation."""
         check_name("campaign", campaign)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         return _accepted(topic, usecases.cancel_campaign(services(), found, campaign))
 
     @blp.doc(security=SECURITY)
@@ -80,7 +80,7 @@ class CampaignItem(MethodView):
         """Shift every scheduled message (202, an operation), or pause / resume and pace the
         campaign (200). Resuming brings back at once what came due while paused."""
         check_name("campaign", campaign)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         if "shift_ms" in body:
             # dumped here: the decorator's schema is the 200 answer's
             payload, status, headers = _accepted(topic, usecases.shift_campaign(
@@ -98,5 +98,5 @@ class OperationItem(MethodView):
     @blp.response(200, OperationSchema)
     def get(self, topic: str, op_id: str) -> dict[str, Any]:
         """A campaign operation's progress."""
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         return operation_view(usecases.get_operation(services(), found, op_id))

@@ -21,7 +21,7 @@ from app.schemas.messages import (
     LeaseResponseSchema,
     NackSchema,
 )
-from app.topics import get_topic
+from app.topics import get_topic_cached
 
 blp = Blueprint("consuming", __name__, url_prefix="/v1/topics/<string:topic>",
                 description="Pull consumption: lease due messages, then ack, nack or extend.")
@@ -41,7 +41,7 @@ class Leases(MethodView):
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
         """Lease up to `max` due messages, waiting up to `wait_ms` for the first. A message is
         never handed out before its deliver_at, and to one consumer at a time."""
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         wait = min(body["wait_ms"], services().config.max_wait_ms)
         got = leasing.lease(services(), found, body["max"], wait,
                             _lease_seconds(body, found.settings.lease_seconds),
@@ -63,7 +63,7 @@ class Ack(MethodView):
     def post(self, body: dict[str, Any], topic: str, message_id: str) -> None:
         """Mark the message delivered."""
         check_message_id(message_id)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         leasing.ack(services(), found, message_id, body["lease_token"])
 
 
@@ -75,7 +75,7 @@ class Acks(MethodView):
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
         """Ack up to 1,000 leased messages in one call (like SQS DeleteMessageBatch): each
         item is answered on its own, in order, as the single ack would answer it."""
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         pairs = [(a["id"], a["lease_token"]) for a in body["acks"]]
         answers = leasing.ack_many(services(), found, pairs)
         return {"results": [
@@ -93,7 +93,7 @@ class Nack(MethodView):
     def post(self, body: dict[str, Any], topic: str, message_id: str) -> None:
         """Give the message back: due again after delay_ms, or the topic's backoff."""
         check_message_id(message_id)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         leasing.nack(services(), found, message_id, body["lease_token"],
                      body.get("delay_ms"), body.get("error"))
 
@@ -107,7 +107,7 @@ class Extend(MethodView):
     def post(self, body: dict[str, Any], topic: str, message_id: str) -> dict[str, Any]:
         """Keep the lease lease_seconds more from now; the token stays the same."""
         check_message_id(message_id)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         row = leasing.extend(services(), found, message_id, body["lease_token"],
                              _lease_seconds(body, found.settings.lease_seconds))
         # the same token: an extended lease is the same lease (acks with it are decided on a

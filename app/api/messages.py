@@ -24,7 +24,7 @@ from app.schemas.messages import (
     MessageSchema,
     RescheduleSchema,
 )
-from app.topics import get_topic
+from app.topics import get_topic_cached
 
 blp = Blueprint("messages", __name__, url_prefix="/v1/topics/<string:topic>",
                 description="Messages on a topic's timeline.")
@@ -71,7 +71,7 @@ class MessageCollection(MethodView):
     @blp.alt_response(413, description="Payload over the limit.")
     def post(self, body: dict[str, Any], topic: str) -> tuple[dict[str, Any], int]:
         """Put one message on the timeline."""
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         result = enqueueing.enqueue(services(), found,
                                     [_new(body, quiet_hours.of_topic(found.settings))])[0]
         if result.error is not None:
@@ -106,7 +106,7 @@ class MessageBatch(MethodView):
         limit = services().config.max_batch
         if len(body["messages"]) > limit:
             raise PayloadTooLarge(f"{len(body['messages'])} messages; a batch holds {limit}.")
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         quiet = quiet_hours.of_topic(found.settings)
         parsed = [_batch_item(raw, quiet) for raw in body["messages"]]
         good = [p for p in parsed if isinstance(p, enqueueing.NewMessage)]
@@ -134,7 +134,7 @@ class MessageItem(MethodView):
     def get(self, topic: str, message_id: str) -> dict[str, Any]:
         """Read a message: state, attempts, payload."""
         check_message_id(message_id)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         row, payload = usecases.get_message(services(), found, message_id)
         return message_view(found, row, payload)
 
@@ -145,7 +145,7 @@ class MessageItem(MethodView):
     def patch(self, body: dict[str, Any], topic: str, message_id: str) -> dict[str, Any]:
         """Move a scheduled message to a new time."""
         check_message_id(message_id)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         when = body.get("deliver_at", services().clock() + body.get("delay_ms", 0))
         row = usecases.reschedule(services(), found, message_id, when)
         _, payload = usecases.get_message(services(), found, message_id)
@@ -160,6 +160,6 @@ class MessageItem(MethodView):
         releaser shortly before its deliver_at (200 ms, more ahead of a burst); from then
         until the POST's outcome it can no longer be cancelled (409)."""
         check_message_id(message_id)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         usecases.cancel(services(), found, message_id)
 

@@ -14,7 +14,7 @@ from app.api.validation import check_name
 from app.models import Payload
 from app.schemas.schedules import ScheduleListSchema, SchedulePutSchema, ScheduleSchema
 from app.store.schedules import Schedule
-from app.topics import get_topic
+from app.topics import get_topic_cached
 
 blp = Blueprint("schedules", __name__, url_prefix="/v1/topics/<string:topic>",
                 description="Recurring schedules: cron in a time zone, each fire a message.")
@@ -37,7 +37,7 @@ class ScheduleCollection(MethodView):
     @blp.response(200, ScheduleListSchema)
     def get(self, topic: str) -> dict[str, Any]:
         """The topic's schedules."""
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         return {"schedules": [schedule_view(s) for s in services().schedules.all(found.uid)]}
 
 
@@ -51,7 +51,7 @@ class ScheduleItem(MethodView):
     def put(self, body: dict[str, Any], topic: str, name: str) -> tuple[dict[str, Any], int]:
         """Create or replace a schedule."""
         check_name("schedule", name)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         made, created = usecases.put_schedule(services(), found, name, body)
         return schedule_view(made), 201 if created else 200
 
@@ -60,7 +60,7 @@ class ScheduleItem(MethodView):
     def get(self, topic: str, name: str) -> dict[str, Any]:
         """A schedule, with its next fire times."""
         check_name("schedule", name)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         return schedule_view(usecases.get_schedule(services(), found, name))
 
     @blp.doc(security=SECURITY)
@@ -69,5 +69,5 @@ class ScheduleItem(MethodView):
         """Delete a schedule: no further fire; its fires produced and not yet handed out are
         cancelled."""
         check_name("schedule", name)
-        found = get_topic(services(), tenant(), topic)
+        found = get_topic_cached(services(), tenant(), topic)
         usecases.delete_schedule(services(), found, name)
