@@ -7,7 +7,9 @@ that makes it current, so a crash between the two leaves at worst a stale pointe
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
+from typing import Any
 
 from cassandra.cluster import ResponseFuture
 
@@ -36,14 +38,16 @@ def apply_transition(services: Services, topic: Topic, new: MessageState, moved:
         raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
 
 
+log = logging.getLogger("duetime.counts")
 Move = tuple[str | None, str, str | None]  # (state before or None if new, after, campaign)
 
 
-def count_moves(services: Services, topic: Topic, moves: Sequence[Move],
-                wait: bool = True) -> list[ResponseFuture]:
+def count_moves(services: Services, topic: Topic, moves: Sequence[Move], wait: bool = True,
+                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[ResponseFuture]:
     """Move the per-state counters of the topic and of each move's campaign by (before,
-    after, campaign) moves, and this process's message metrics. wait=False: the writes are
-    only sent, their futures returned (failures logged)."""
+    after, campaign) moves, and this process's message metrics; `also` are more counter
+    updates to send in the same batches. wait=False: the writes are only sent, their futures
+    returned (failures logged)."""
     metrics.count_transitions(topic.tenant, topic.name, [(b, a) for b, a, _ in moves])
     deltas: dict[str, int] = {}
     per_campaign: dict[str, dict[str, int]] = {}
@@ -54,11 +58,14 @@ def count_moves(services: Services, topic: Topic, moves: Sequence[Move],
             if before is not None:
                 target[before] = target.get(before, 0) - 1
             target[after] = target.get(after, 0) + 1
-    sent: list[ResponseFuture] = []
-    if deltas:
-        sent += services.counts.add_states(topic.uid, deltas, wait)
-    if per_campaign:
-        sent += services.campaigns.add_counts(topic.uid, per_campaign, wait)
+    updates = [*services.counts.state_updates(topic.uid, deltas),
+               *services.campaigns.count_updates(topic.uid, per_campaign), *also]
+    sent = services.db.counter_batches(updates)
+    if wait:
+        services.db.results(sent)
+        return []
+    for f in sent:
+        f.add_errback(lambda exc: log.warning("counter write failed: %r", exc))
     return sent
 
 

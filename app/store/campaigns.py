@@ -18,8 +18,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from cassandra.cluster import ResponseFuture
-
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
 from app.timeline import CAMPAIGN_SPREAD
@@ -188,18 +186,16 @@ class CampaignStore:
             known = rows[0]["next_us"]
         raise StoreUnavailable(f"Pacing slots of campaign {name!r} are contended; retry.")
 
-    def add_counts(self, topic_uid: uuid.UUID, deltas: Mapping[str, Mapping[str, int]],
-                   wait: bool = True) -> list[ResponseFuture]:
-        """Apply {campaign: {state: delta}} (wait=False: send only, failures logged; the
-        futures are returned)."""
-        futures = [self.db.execute_async(_COUNT, (d, topic_uid, name, state))
-                   for name, per_state in deltas.items() for state, d in per_state.items() if d]
-        if wait:
-            self.db.results(futures)
-            return []
-        for f in futures:
-            f.add_errback(lambda exc: log.warning("campaign counter write failed: %r", exc))
-        return futures
+    def add_counts(self, topic_uid: uuid.UUID, deltas: Mapping[str, Mapping[str, int]]) -> None:
+        """Apply {campaign: {state: delta}}."""
+        self.db.results(self.db.counter_batches(self.count_updates(topic_uid, deltas)))
+
+    @staticmethod
+    def count_updates(topic_uid: uuid.UUID, deltas: Mapping[str, Mapping[str, int]]
+                      ) -> list[tuple[str, tuple[Any, ...]]]:
+        """The counter updates of add_counts, to send with others."""
+        return [(_COUNT, (d, topic_uid, name, state))
+                for name, per_state in deltas.items() for state, d in per_state.items() if d]
 
     def counts(self, topic_uid: uuid.UUID, names: list[str]) -> dict[str, dict[str, int]]:
         """{campaign: {state: n}} for these campaigns (one read each, concurrently)."""

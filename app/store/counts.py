@@ -13,8 +13,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
-
-from cassandra.cluster import ResponseFuture
+from typing import Any
 
 from app.store.session import CassandraSession
 from app.timeline import MS_PER_DAY, MS_PER_HOUR, MS_PER_MINUTE
@@ -46,36 +45,40 @@ class CountStore:
     def __init__(self, db: CassandraSession) -> None:
         self.db = db
 
-    def add_states(self, topic_uid: uuid.UUID, deltas: dict[str, int],
-                   wait: bool = True) -> list[ResponseFuture]:
-        """Apply per-state deltas, e.g. {"scheduled": -1, "leased": +1}. With wait=False the
-        writes are only sent (the releasers' hot path) and their futures returned; a failure
-        is logged, not raised."""
-        futures = [self.db.execute_async(_STATE, (d, topic_uid, s)) for s, d in deltas.items() if d]
-        return _settle(self.db, futures, wait, "state")
+    def add_states(self, topic_uid: uuid.UUID, deltas: dict[str, int]) -> None:
+        """Apply per-state deltas, e.g. {"scheduled": -1, "leased": +1}."""
+        self.db.results(self.db.counter_batches(self.state_updates(topic_uid, deltas)))
 
-    def add_upcoming(self, topic_uid: uuid.UUID, due_ms: Iterable[int], sign: int = 1,
-                     wait: bool = True) -> list[ResponseFuture]:
-        """Count (sign=+1) or uncount (-1) scheduled messages at these due times, per minute
-        (wait=False: as add_states)."""
+    @staticmethod
+    def state_updates(topic_uid: uuid.UUID,
+                      deltas: Mapping[str, int]) -> list[tuple[str, tuple[Any, ...]]]:
+        """The counter updates of add_states, to send with others
+        (CassandraSession.counter_batches)."""
+        return [(_STATE, (d, topic_uid, s)) for s, d in deltas.items() if d]
+
+    def add_upcoming(self, topic_uid: uuid.UUID, due_ms: Iterable[int], sign: int = 1) -> None:
+        """Count (sign=+1) or uncount (-1) scheduled messages at these due times, per minute."""
         per_minute = Counter(ms // MS_PER_MINUTE for ms in due_ms)
-        return self.add_upcoming_per_minute(topic_uid, per_minute, sign, wait)
+        self.add_upcoming_per_minute(topic_uid, per_minute, sign)
 
     def add_upcoming_per_minute(self, topic_uid: uuid.UUID, per_minute: Mapping[int, int],
-                                sign: int = 1, wait: bool = True) -> list[ResponseFuture]:
+                                sign: int = 1) -> None:
         """Count scheduled messages given as {epoch minute: how many}, per minute and per hour
         (the two always move together)."""
+        updates = self.upcoming_updates(topic_uid, per_minute, sign)
+        self.db.results(self.db.counter_batches(updates))
+
+    @staticmethod
+    def upcoming_updates(topic_uid: uuid.UUID, per_minute: Mapping[int, int],
+                         sign: int = 1) -> list[tuple[str, tuple[Any, ...]]]:
+        """The counter updates of add_upcoming_per_minute, to send with others."""
         per_hour: Counter[int] = Counter()
         for minute, n in per_minute.items():
             per_hour[minute // 60] += n
-        futures = [
-            self.db.execute_async(
-                _UPCOMING, (sign * n, topic_uid, minute * MS_PER_MINUTE // MS_PER_DAY, minute))
-            for minute, n in per_minute.items()
-        ] + [self.db.execute_async(_UPCOMING_HOUR, (sign * n, topic_uid, hour // HOURS_PER_WEEK,
-                                                    hour))
-             for hour, n in per_hour.items()]
-        return _settle(self.db, futures, wait, "upcoming")
+        return [(_UPCOMING, (sign * n, topic_uid, minute * MS_PER_MINUTE // MS_PER_DAY, minute))
+                for minute, n in per_minute.items()] + [
+            (_UPCOMING_HOUR, (sign * n, topic_uid, hour // HOURS_PER_WEEK, hour))
+            for hour, n in per_hour.items()]
 
     def states(self, topic_uid: uuid.UUID) -> dict[str, int]:
         rows = self.db.execute(
@@ -100,13 +103,3 @@ class CountStore:
                                      last // table.per_partition + 1)]
         return {r["slot"]: r["n"] for rows in self.db.results(futures) for r in rows if r["n"]}
 
-
-def _settle(db: CassandraSession, futures: list[ResponseFuture], wait: bool,
-            what: str) -> list[ResponseFuture]:
-    """Wait for counter writes (errors raised), or return them sent, a failure logged."""
-    if wait:
-        db.results(futures)
-        return []
-    for f in futures:
-        f.add_errback(lambda exc: log.warning("%s counter write failed: %r", what, exc))
-    return futures

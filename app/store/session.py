@@ -45,6 +45,7 @@ from app.errors import StoreUnavailable
 
 TRANSIENT_ERRORS = (NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, WriteTimeout)
 RECONNECT_BACKOFF_S = 1.0
+COUNTER_BATCH = 32  # counter updates per batch: well under the batch size warning (5 KiB)
 
 
 @contextmanager
@@ -219,6 +220,23 @@ class CassandraSession:
             in_flight.append(start(batch))
         outcomes.extend(_settled(f) for f in in_flight)
         return outcomes
+
+    def counter_batches(self, updates: Sequence[tuple[str, Sequence[Any]]],
+                        per_batch: int = COUNTER_BATCH) -> list[ResponseFuture]:
+        """Send counter updates, per_batch to a COUNTER batch (one request for the client,
+        whatever partitions they touch; a lone update goes as itself). Returns the futures."""
+        futures = []
+        for start in range(0, len(updates), per_batch):
+            chunk = updates[start:start + per_batch]
+            if len(chunk) == 1:
+                statement: Any = self.prepare(chunk[0][0]).bind(chunk[0][1])
+            else:
+                statement = BatchStatement(batch_type=BatchType.COUNTER)
+                for cql, params in chunk:
+                    statement.add(self.prepare(cql), params)
+            with translate_errors():
+                futures.append(self.session().execute_async(statement))
+        return futures
 
     def iterate(self, cql: str, params: Sequence[Any], fetch_size: int) -> Iterator[dict[str, Any]]:
         """Rows of a prepared statement, fetched page by page as the caller consumes them."""
