@@ -11,7 +11,7 @@ import time
 from flask import Flask, Response, g, request
 from flask_smorest import Api
 
-from app import metrics
+from app import logs, metrics
 from app.api import docs_assets, problems
 from app.auth import Authenticator
 from app.config import Config, load_config
@@ -32,7 +32,10 @@ def _smorest_settings(app: Flask, config: Config) -> None:
         OPENAPI_SWAGGER_UI_URL=docs_assets.ASSETS_URL,
         MAX_CONTENT_LENGTH=config.max_batch * (config.max_payload_bytes + 4096) + 65536,
         API_SPEC_OPTIONS={
-            "info": {"description": "Messages delivered at their moment. See README.md."},
+            "info": {"description": "Messages delivered at their moment. See README.md. "
+                                    "Every answer carries X-Request-Id: the request's own "
+                                    "(1-128 of A-Z a-z 0-9 . _ : -) or a new one, also in "
+                                    "the API's log events."},
             "components": {"securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "API key"},
             }},
@@ -89,5 +92,6 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     docs_assets.register(app)
     problems.register(app)
     _time_requests(app)
+    logs.log_requests(app)
     _authenticate(app, Authenticator(services.keys, config.key_cache_s))
     return app

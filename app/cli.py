@@ -13,10 +13,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
+from app import logs
 from app.config import ConfigError, load_config
 from app.errors import StoreUnavailable
 from app.ids import NAME
@@ -110,10 +110,7 @@ def _spark(args: argparse.Namespace, rest: list[str]) -> int:
 def _releaser(services: Services, args: argparse.Namespace) -> int:
     from workers.releaser import run_forever
 
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # skipped runs of a still-running look-ahead are by design (max_instances=1)
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    logs.configure()
     run_forever(services, args.member)
     return 0
 

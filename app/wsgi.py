@@ -1,5 +1,6 @@
 """WSGI entry point for gunicorn: `gunicorn -c app/gunicorn_conf.py app.wsgi:app`."""
 
-from app import create_app
+from app import create_app, logs
 
+logs.configure()
 app = create_app()

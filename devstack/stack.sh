@@ -16,6 +16,8 @@ if [ "$KEYSPACE" = duetime ]; then KEYFILE="$VAR/dev-key"; else KEYFILE="$VAR/de
 PY=python3
 # a local stack POSTs to local receivers; production refuses non-public targets by default
 export DUETIME_WEBHOOK_ALLOW="${DUETIME_WEBHOOK_ALLOW-127.0.0.0/8,::1}"
+# plain text for people; production's default is JSON, a line an event
+export DUETIME_LOG_FORMAT="${DUETIME_LOG_FORMAT-text}"
 mkdir -p "$VAR/run" "$VAR/log"
 
 need_apt() {  # install Debian packages whose command is missing
@@ -91,8 +93,9 @@ banner() {
 
 start_api_background() {
   if [ -f "$API_PID" ] && kill -0 "$(cat "$API_PID")" 2>/dev/null; then return; fi
-  "$VENV/bin/gunicorn" -c app/gunicorn_conf.py --daemon --pid "$API_PID" \
-    --error-logfile "$VAR/log/api.log" app.wsgi:app
+  # not --daemon: a daemon's workers write their own events (app.logs) to /dev/null
+  nohup "$VENV/bin/gunicorn" -c app/gunicorn_conf.py --pid "$API_PID" app.wsgi:app \
+    >>"$VAR/log/api.log" 2>&1 &
 }
 
 start_releaser_background() {
