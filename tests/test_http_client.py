@@ -273,7 +273,10 @@ def test_the_post_process_sends_at_the_due_time_never_before() -> None:
         finally:
             posts.stop()
     assert results.got[99] == PostResult(99, False, None)  # too late to start: not sent
-    assert all(results.got[i] == PostResult(i, True, None) for i in range(20))
+    for i in range(20):  # posted, answered 2xx, and started no earlier than its due time
+        got = results.got[i]
+        assert (got.ref, got.posted, got.error) == (i, True, None), got
+        assert got.started_ms >= due + 10 * i, (i, got.started_ms - due - 10 * i)
     arrived = {a.message_id: a.received_ms for a in target.arrivals}
     assert set(arrived) == {f"m{i}" for i in range(20)}
     for i in range(20):
@@ -288,7 +291,9 @@ def test_stop_waits_for_jobs_due_later() -> None:
         posts.send([job(1, target.url, due)])
         posts.stop()
         assert now_ms() >= due
-        assert results.got == {1: PostResult(1, True, None)}
+        assert list(results.got) == [1]
+        got = results.got[1]
+        assert (got.posted, got.error) == (True, None) and got.started_ms >= due
         assert target.ids() == ["m1"]
 
 
