@@ -11,7 +11,7 @@ import time
 from flask import Flask, Response, g, request
 from flask_smorest import Api
 
-from app import logs, metrics
+from app import group_commit, logs, metrics
 from app.api import docs_assets, problems
 from app.auth import Authenticator
 from app.config import Config, load_config
@@ -72,6 +72,8 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     _smorest_settings(app, config)
     services = Services(config, clock)
     app.extensions["duetime"] = services
+    app.extensions["duetime_groups"] = {"enqueue": group_commit.enqueue_groups(services),
+                                        "ack": group_commit.ack_groups(services)}
     smorest = Api(app)
     # imported here, not at module level: names bound there are attributes of the package
     # and would shadow the use-case modules app.topics, app.messages, app.campaigns and

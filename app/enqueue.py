@@ -3,9 +3,9 @@
 Write order per message: payload (plain insert) → state row → pointer. The state row is an LWT
 IF NOT EXISTS for a client id; a server-made id cannot exist yet, so its row is a plain write
 below every LWT's write time (MessageStore.insert_fresh_many). The server-made ids of one
-request share one home per shard (app.ids.homes_for_request), each home taking a run of
-messages adjacent in due time, so each write and each later transition of those messages is
-one batch per shard, not one per message.
+request share fresh homes, one per shard used (app.ids.homes_for_request), each home taking
+a run of messages adjacent in due time, so each write and each later transition of those
+messages is one batch per shard, not one per message (home_by_due_time).
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
 retrying the same request re-writes the pointer (the state row is found with the same content).
 """
@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 # Deep enough for any real payload, and far from the interpreter's recursion limit (about
 # 1,000), which a payload must stay under for every later answer that embeds it.
 MAX_PAYLOAD_DEPTH = 64
+MIN_RUN = 16  # messages a home of a request takes before the next home is used
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,17 +152,21 @@ def _unavailable(exc: BaseException) -> StoreUnavailable:
 
 
 def home_by_due_time(items: Sequence[NewMessage], shards: int) -> list[int]:
-    """The home of each item's server-made id: one fresh home per shard for the request
+    """The home of each item's server-made id: fresh homes, one per shard
     (app.ids.homes_for_request), each given a run of items adjacent in due time. Messages
     that come due together then share a home, so a lease or an ack of what is due now is a
-    few conditional batches, not one per shard; the request still spreads evenly over the
-    shards."""
+    few conditional batches, not one per shard. A request uses ceil(n / MIN_RUN) of them at
+    most, from a random shard on: a small request (one message, or a group of them,
+    app.group_commit) is one or a few partitions, and each shard takes as many requests as
+    any other (a one-message request used to land on shard 0 always)."""
     homes = homes_for_request(shards)
-    run = max(1, -(-len(items) // shards))
+    used = min(shards, max(1, -(-len(items) // MIN_RUN)))
+    run = max(1, -(-len(items) // used))
+    first = secrets.randbelow(shards)
     by_due = sorted(range(len(items)), key=lambda n: items[n].deliver_at_ms)
     chosen = [0] * len(items)
     for position, n in enumerate(by_due):
-        chosen[n] = homes[position // run]
+        chosen[n] = homes[(first + position // run) % shards]
     return chosen
 
 

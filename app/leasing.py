@@ -384,14 +384,6 @@ def _spend_lease_pointers(services: Services, topic: Topic, held: list[MessageSt
     services.scanner.spend_versions(topic, [(r.id, r.version) for r in held])
 
 
-def ack(services: Services, topic: Topic, message_id: str, token: str) -> None:
-    """Mark delivered (ack_many with one pair). Acking again with the same token after
-    success is a no-op."""
-    error = ack_many(services, topic, [(message_id, token)])[0]
-    if error is not None:
-        raise error
-
-
 def nack(services: Services, topic: Topic, message_id: str, token: str,
          delay_ms: int | None, error: str | None) -> None:
     """Give the message back: due again after delay_ms (or the topic's backoff), or dead once

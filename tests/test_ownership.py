@@ -51,10 +51,10 @@ def wait_owners(store: OwnershipStore, members: set[str], within_s: float) -> fl
 
 
 @contextmanager
-def releaser_processes(config: Config, ring: int, names: list[str]
+def releaser_processes(config: Config, ring: int, names: list[str], lease_ms: int = LEASE_MS
                        ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace, "DUETIME_RELEASE_RING": str(ring),
-           "DUETIME_RELEASE_LEASE_MS": str(LEASE_MS), "DUETIME_RELEASE_SLOTS": str(SLOTS),
+           "DUETIME_RELEASE_LEASE_MS": str(lease_ms), "DUETIME_RELEASE_SLOTS": str(SLOTS),
            "DUETIME_TOPIC_REFRESH_MS": "300", "DUETIME_RELEASE_SWEEP_MS": "300"}
     procs = {n: subprocess.Popen([sys.executable, "-m", "app.cli", "releaser", "--member", n],
                                  cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
@@ -156,12 +156,14 @@ def test_three_releasers_share_slots_and_survive_a_sigkill(
 def test_sigterm_hands_the_slots_back_at_once(config: Config, services: Services) -> None:
     ring = next(_rings)
     store = OwnershipStore(services.db, ring)
-    with releaser_processes(config, ring, ["t1", "t2"]) as procs:
+    lease_ms = 9000  # long enough that freed slots and expired ones are told apart
+    with releaser_processes(config, ring, ["t1", "t2"], lease_ms) as procs:
         wait_owners(store, {"t1", "t2"}, 30)
         procs["t1"].send_signal(signal.SIGTERM)
         assert procs["t1"].wait(10) == 0
         assert "t1" not in owners(store).values()
         assert "t1" not in store.members()
         taken_over_s = wait_owners(store, {"t2"}, 10)
-        # faster than waiting out a lease: the slots were free, not expiring
-        assert taken_over_s < LEASE_MS / 1000, taken_over_s
+        # faster than any lease of t1 could have run out (its last renewal came at most a
+        # third of a lease before it stopped): the slots were free, not expiring
+        assert taken_over_s < lease_ms * (1 - 1 / RENEW_FRACTION) / 1000, taken_over_s

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from flask import current_app, g
 
+from app.enqueue import EnqueueResult, NewMessage
+from app.errors import DuetimeError
+from app.group_commit import GroupCommit
 from app.services import Services
 
 SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -12,6 +15,20 @@ SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 def services() -> Services:
     svc: Services = current_app.extensions["duetime"]
     return svc
+
+
+def enqueue_groups() -> GroupCommit[NewMessage, EnqueueResult]:
+    """This process's group commit of one-message enqueues (app.group_commit)."""
+    groups: GroupCommit[NewMessage, EnqueueResult] = current_app.extensions[
+        "duetime_groups"]["enqueue"]
+    return groups
+
+
+def ack_groups() -> GroupCommit[tuple[str, str], DuetimeError | None]:
+    """This process's group commit of one-message acks (app.group_commit)."""
+    groups: GroupCommit[tuple[str, str], DuetimeError | None] = current_app.extensions[
+        "duetime_groups"]["ack"]
+    return groups
 
 
 def tenant() -> str:

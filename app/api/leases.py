@@ -8,7 +8,7 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from app import leasing
-from app.api.common import SECURITY, services, tenant
+from app.api.common import SECURITY, ack_groups, services, tenant
 from app.api.messages import payload_fields, problem_body
 from app.api.validation import check_message_id
 from app.schemas.messages import (
@@ -64,7 +64,9 @@ class Ack(MethodView):
         """Mark the message delivered."""
         check_message_id(message_id)
         found = get_topic_cached(services(), tenant(), topic)
-        leasing.ack(services(), found, message_id, body["lease_token"])
+        error = ack_groups().submit(found, (message_id, body["lease_token"]))
+        if error is not None:
+            raise error
 
 
 @blp.route("/acks")

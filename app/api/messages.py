@@ -11,7 +11,7 @@ from marshmallow import ValidationError
 from app import enqueue as enqueueing
 from app import messages as usecases
 from app import quiet_hours
-from app.api.common import SECURITY, services, tenant
+from app.api.common import SECURITY, enqueue_groups, services, tenant
 from app.api.validation import check_message_id
 from app.errors import DuetimeError, InvalidInput, PayloadTooLarge
 from app.models import MessageState, Payload, Topic
@@ -72,8 +72,7 @@ class MessageCollection(MethodView):
     def post(self, body: dict[str, Any], topic: str) -> tuple[dict[str, Any], int]:
         """Put one message on the timeline."""
         found = get_topic_cached(services(), tenant(), topic)
-        result = enqueueing.enqueue(services(), found,
-                                    [_new(body, quiet_hours.of_topic(found.settings))])[0]
+        result = enqueue_groups().submit(found, _new(body, quiet_hours.of_topic(found.settings)))
         if result.error is not None:
             raise result.error
         return {"id": result.id, "deliver_at": result.deliver_at_ms,
