@@ -8,6 +8,9 @@
   duetime releaser [--member NAME]   (runs until SIGTERM/SIGINT, then stops gracefully)
   duetime spark import FILE --topic T [--tenant T] [--campaign C] [--rejects DIR] [--master URL]
   duetime spark report --topic T [--tenant T] [--campaign C] [--out DIR] [--master URL]
+
+and, against a running API (app.cli_api): topics, enqueue, get, cancel, reschedule, stats,
+campaigns, schedules, tail (`duetime COMMAND --help`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from app import logs
+from app import cli_api, logs
 from app.config import ConfigError, load_config
 from app.errors import StoreUnavailable
 from app.ids import NAME
@@ -98,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     spark = sub.add_parser("spark", help="bulk import and reports with Spark (spark-submit)")
     spark.add_argument("job", choices=["import", "report"])
     spark.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    cli_api.add_parsers(sub)
     return parser
 
 
@@ -124,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _openapi(args)
         if args.command == "spark":
             return _spark(args, rest)
+        if args.command in cli_api.COMMANDS:
+            return cli_api.run(args)
         services = Services(load_config())
         try:
             commands = {"schema": _schema, "keys": _keys, "releaser": _releaser}

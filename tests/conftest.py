@@ -11,6 +11,7 @@ import secrets
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,3 +92,33 @@ def new_tenant_key(services: Services, prefix: str = "t") -> tuple[str, dict[str
 @pytest.fixture()
 def auth(services: Services) -> dict[str, str]:
     return new_tenant_key(services)[1]
+
+
+SERVED_PORT = 18083
+
+
+@pytest.fixture(scope="session")
+def served(config: Config) -> Iterator[str]:
+    """gunicorn serving the API on SERVED_PORT, on the test keyspace (the client and CLI
+    tests); its base URL."""
+    base = f"http://127.0.0.1:{SERVED_PORT}"
+    env = {**os.environ, "DUETIME_HTTP_PORT": str(SERVED_PORT), "DUETIME_KEYSPACE": config.keyspace,
+           "DUETIME_WEB_WORKERS": "1", "DUETIME_LOG_FORMAT": "text"}
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "-c",
+                             "app/gunicorn_conf.py", "app.wsgi:app"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/readyz", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "API did not start"
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(30)

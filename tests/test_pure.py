@@ -156,18 +156,14 @@ def test_server_ids_of_a_request_share_homes_with_the_messages_due_next_to_them(
     assert max(Counter(homes).values()) == 63
 
 
-def test_small_requests_use_few_homes_and_every_shard_alike() -> None:
+def test_a_small_requests_messages_land_on_every_shard_alike() -> None:
     payload = Payload(b"{}", "json", {})
-    shards = Counter()
+    shards: Counter[int] = Counter()
     for _ in range(3200):
         homes = home_by_due_time([NewMessage(None, 1000, 100, None, payload, "h")], 16)
         shards[homes[0] % 16] += 1
     assert set(shards) == set(range(16))  # one message: any shard, none favoured
     assert max(shards.values()) < 2 * 200 and min(shards.values()) > 200 / 2
-    group = home_by_due_time([NewMessage(None, 1000 + n, 100, None, payload, "h")
-                              for n in range(40)], 16)
-    assert len(set(group)) == 3  # 40 messages: ceil(40 / 16) homes, adjacent runs
-    assert len({h % 16 for h in group}) == 3
 
 
 def test_a_fair_queue_takes_turns_across_groups_after_priority() -> None:

@@ -1,0 +1,298 @@
+"""A Python client of the duetime HTTP API (installed with the package: `from app.client
+import Client`).
+
+- Client: one typed call per route. Answers are the API's JSON as dicts; an error answer
+  raises ApiError with its problem+json. 429 and 503 are retried with exponential backoff
+  (the answer's Retry-After when it gives one), `retries` times; so are connection errors of
+  idempotent calls (GET, PUT, DELETE, and enqueues that carry an id).
+- Consumer: lease → handler → ack on threads of its own; an exception in the handler nacks
+  the message with the error; a handler that runs long has its lease extended; stop() ends
+  after the messages in hand are finished.
+- verify_signature and SignatureCheck: check a webhook POST's Duetime-Signature (HMAC-SHA256
+  of the body with the topic's signing_secret), in any WSGI app.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import requests
+
+JSON = dict[str, Any]
+RETRIED_STATUSES = (429, 503)
+log = logging.getLogger("duetime.client")
+
+
+class ApiError(Exception):
+    """An error answer: its status and problem+json (type, title, detail, errors)."""
+
+    def __init__(self, status: int, problem: JSON) -> None:
+        super().__init__(f"{status} {problem.get('title', '')}: {problem.get('detail', '')}")
+        self.status = status
+        self.problem = problem
+
+
+class Client:
+    """The API at base_url (e.g. http://127.0.0.1:8080) with one API key. Thread-safe."""
+
+    def __init__(self, base_url: str, api_key: str, timeout_s: float = 40.0,
+                 retries: int = 5, backoff_s: float = 0.2) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._local = threading.local()
+        self._headers = {"Authorization": f"Bearer {api_key}"}
+
+    def _session(self) -> requests.Session:
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+        return session
+
+    def request(self, method: str, path: str, body: JSON | None = None,
+                idempotent: bool | None = None) -> Any:
+        """One call; the JSON answer (None for 204). Retries as the module says."""
+        idempotent = method in ("GET", "PUT", "DELETE") if idempotent is None else idempotent
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                answer = self._session().request(method, self.base_url + path, json=body,
+                                                 headers=self._headers, timeout=self.timeout_s)
+            except requests.ConnectionError:
+                if not idempotent or last:
+                    raise
+                time.sleep(self.backoff_s * 2 ** attempt)
+                continue
+            if answer.status_code in RETRIED_STATUSES and not last:
+                hint = answer.headers.get("Retry-After", "")
+                time.sleep(float(hint) if hint.isdigit() else self.backoff_s * 2 ** attempt)
+                continue
+            if answer.status_code >= 400:
+                try:
+                    problem = answer.json()
+                except ValueError:
+                    problem = {"detail": answer.text[:200]}
+                raise ApiError(answer.status_code, problem)
+            return answer.json() if answer.content else None
+        raise AssertionError("unreachable")
+
+    # topics
+    def put_topic(self, topic: str, **settings: Any) -> JSON:
+        return dict(self.request("PUT", f"/v1/topics/{topic}", settings))
+
+    def get_topic(self, topic: str) -> JSON:
+        return dict(self.request("GET", f"/v1/topics/{topic}"))
+
+    def list_topics(self) -> list[JSON]:
+        return list(self.request("GET", "/v1/topics")["topics"])
+
+    def delete_topic(self, topic: str) -> None:
+        self.request("DELETE", f"/v1/topics/{topic}")
+
+    def stats(self, topic: str, window: str = "minute") -> JSON:
+        return dict(self.request("GET", f"/v1/topics/{topic}/stats?window={window}"))
+
+    # messages
+    def enqueue(self, topic: str, payload: Any, **fields: Any) -> JSON:
+        """One message: payload and any of id, deliver_at, delay_ms, local_time, timezone,
+        priority, campaign, group. Retried on a lost connection only when it has an id."""
+        return dict(self.request("POST", f"/v1/topics/{topic}/messages",
+                                 {"payload": payload, **fields},
+                                 idempotent="id" in fields))
+
+    def enqueue_batch(self, topic: str, messages: list[JSON]) -> list[JSON]:
+        """Up to 1,000 messages; a result per message, in order."""
+        return list(self.request("POST", f"/v1/topics/{topic}/messages:batch",
+                                 {"messages": messages},
+                                 idempotent=all("id" in m for m in messages))["results"])
+
+    def get(self, topic: str, message_id: str) -> JSON:
+        return dict(self.request("GET", f"/v1/topics/{topic}/messages/{message_id}"))
+
+    def cancel(self, topic: str, message_id: str) -> None:
+        self.request("DELETE", f"/v1/topics/{topic}/messages/{message_id}")
+
+    def reschedule(self, topic: str, message_id: str, **when: Any) -> JSON:
+        """deliver_at=... or delay_ms=..."""
+        return dict(self.request("PATCH", f"/v1/topics/{topic}/messages/{message_id}", when,
+                                 idempotent=True))
+
+    # consuming
+    def lease(self, topic: str, max_messages: int = 10, wait_ms: int = 0,
+              **options: Any) -> list[JSON]:
+        """Leased messages (lease_seconds, consumer optional), each with lease.token."""
+        return list(self.request("POST", f"/v1/topics/{topic}/leases",
+                                 {"max": max_messages, "wait_ms": wait_ms, **options})["messages"])
+
+    def ack(self, topic: str, message: JSON) -> None:
+        self.request("POST", f"/v1/topics/{topic}/messages/{message['id']}/ack",
+                     {"lease_token": message["lease"]["token"]}, idempotent=True)
+
+    def ack_many(self, topic: str, messages: Iterable[JSON]) -> list[JSON]:
+        acks = [{"id": m["id"], "lease_token": m["lease"]["token"]} for m in messages]
+        return list(self.request("POST", f"/v1/topics/{topic}/acks", {"acks": acks},
+                                 idempotent=True)["results"])
+
+    def nack(self, topic: str, message: JSON, delay_ms: int | None = None,
+             error: str | None = None) -> None:
+        body: JSON = {"lease_token": message["lease"]["token"]}
+        if delay_ms is not None:
+            body["delay_ms"] = delay_ms
+        if error is not None:
+            body["error"] = error[:1000]
+        self.request("POST", f"/v1/topics/{topic}/messages/{message['id']}/nack", body)
+
+    def extend(self, topic: str, message: JSON, lease_seconds: int) -> JSON:
+        return dict(self.request(
+            "POST", f"/v1/topics/{topic}/messages/{message['id']}/extend",
+            {"lease_token": message["lease"]["token"], "lease_seconds": lease_seconds},
+            idempotent=True))
+
+    # campaigns
+    def campaign(self, topic: str, name: str) -> JSON:
+        return dict(self.request("GET", f"/v1/topics/{topic}/campaigns/{name}"))
+
+    def campaigns(self, topic: str) -> list[JSON]:
+        return list(self.request("GET", f"/v1/topics/{topic}/campaigns")["campaigns"])
+
+    def control_campaign(self, topic: str, name: str, **controls: Any) -> JSON:
+        """paused=True/False and/or max_per_second=N or None."""
+        return dict(self.request("PATCH", f"/v1/topics/{topic}/campaigns/{name}", controls,
+                                 idempotent=True))
+
+    def shift_campaign(self, topic: str, name: str, shift_ms: int) -> JSON:
+        """Starts the shift; the answer names its operation (see operation())."""
+        return dict(self.request("PATCH", f"/v1/topics/{topic}/campaigns/{name}",
+                                 {"shift_ms": shift_ms}))
+
+    def cancel_campaign(self, topic: str, name: str) -> JSON:
+        return dict(self.request("DELETE", f"/v1/topics/{topic}/campaigns/{name}"))
+
+    def operation(self, topic: str, operation_id: str) -> JSON:
+        return dict(self.request("GET", f"/v1/topics/{topic}/operations/{operation_id}"))
+
+    # schedules
+    def put_schedule(self, topic: str, name: str, cron: str, payload: Any,
+                     **fields: Any) -> JSON:
+        return dict(self.request("PUT", f"/v1/topics/{topic}/schedules/{name}",
+                                 {"cron": cron, "payload": payload, **fields}))
+
+    def schedule(self, topic: str, name: str) -> JSON:
+        return dict(self.request("GET", f"/v1/topics/{topic}/schedules/{name}"))
+
+    def schedules(self, topic: str) -> list[JSON]:
+        return list(self.request("GET", f"/v1/topics/{topic}/schedules")["schedules"])
+
+    def delete_schedule(self, topic: str, name: str) -> None:
+        self.request("DELETE", f"/v1/topics/{topic}/schedules/{name}")
+
+
+class Consumer:
+    """Runs handler(message) for the messages of a pull topic on `concurrency` threads, each
+    leasing up to `batch` at a time with long polls. A message is acked when its handler
+    returns and nacked (with the exception as last_error) when it raises; while a handler
+    runs past half its lease, the lease is extended by lease_seconds. At least once: a
+    process that dies mid-handler leaves the lease to expire, and the message comes again."""
+
+    def __init__(self, client: Client, topic: str, handler: Callable[[JSON], None],
+                 concurrency: int = 4, batch: int = 10, lease_seconds: int = 30,
+                 wait_ms: int = 20_000) -> None:
+        self.client, self.topic, self.handler = client, topic, handler
+        self.concurrency, self.batch = concurrency, batch
+        self.lease_seconds, self.wait_ms = lease_seconds, wait_ms
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> Consumer:
+        for n in range(self.concurrency):
+            thread = threading.Thread(target=self._work, name=f"duetime-consumer-{n}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Lease nothing more; return once the messages in hand are handled (a long poll in
+        flight ends within wait_ms)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                messages = self.client.lease(self.topic, self.batch, self.wait_ms,
+                                             lease_seconds=self.lease_seconds)
+            except (ApiError, requests.RequestException) as exc:
+                log.warning("lease failed: %s", exc)
+                self._stop.wait(1.0)
+                continue
+            for message in messages:
+                self._handle(message)
+
+    def _handle(self, message: JSON) -> None:
+        done = threading.Event()
+        keeper = threading.Thread(target=self._keep_leased, args=(message, done), daemon=True)
+        keeper.start()
+        try:
+            self.handler(message)
+        except Exception as exc:
+            done.set()
+            why = f"{type(exc).__name__}: {exc}"
+            self._settle(lambda: self.client.nack(self.topic, message, error=why))
+        else:
+            done.set()
+            self._settle(lambda: self.client.ack(self.topic, message))
+        keeper.join()
+
+    def _keep_leased(self, message: JSON, done: threading.Event) -> None:
+        while not done.wait(self.lease_seconds / 2):
+            try:
+                self.client.extend(self.topic, message, self.lease_seconds)
+            except (ApiError, requests.RequestException) as exc:
+                log.warning("extending %s failed: %s", message["id"], exc)
+                return
+
+    @staticmethod
+    def _settle(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except (ApiError, requests.RequestException) as exc:  # the lease will expire
+            log.warning("ack/nack failed: %s", exc)
+
+
+def verify_signature(secret: str, body: bytes, signature: str | None) -> bool:
+    """True when signature (the Duetime-Signature header) is the HMAC-SHA256 of body under
+    the topic's signing_secret (constant-time comparison)."""
+    if not signature:
+        return False
+    expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, signature)
+
+
+class SignatureCheck:
+    """WSGI middleware: answers 401 to a POST whose Duetime-Signature does not verify, and
+    passes the others to app with the body intact. Works for Flask (app.wsgi_app =
+    SignatureCheck(app.wsgi_app, secret)) and any WSGI app."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], secret: str) -> None:
+        self.app, self.secret = app, secret
+
+    def __call__(self, environ: dict[str, Any],
+                 start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") == "POST":
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            body = environ["wsgi.input"].read(length) if length else b""
+            environ["wsgi.input"] = io.BytesIO(body)
+            if not verify_signature(self.secret, body, environ.get("HTTP_DUETIME_SIGNATURE")):
+                start_response("401 Unauthorized", [("Content-Type", "text/plain")])
+                return [b"bad signature\n"]
+        return self.app(environ, start_response)

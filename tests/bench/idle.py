@@ -1,0 +1,125 @@
+"""`make bench` (idle stack): what an idle stack costs, the API, the releaser and Cassandra
+together, with T drained topics (default 100), and how many Cassandra requests each of
+duetime's processes makes while nothing happens.
+
+Against the running stack (`make up`: gunicorn with its workers, one releaser, the dev node):
+1. create T topics (every tenth a webhook topic to a local receiver), enqueue 10 messages due
+   now on each, and drain them (pull topics leased and acked, webhook ones pushed);
+2. wait SETTLE_S (caches go idle, the sweep finds the topics quiet);
+3. over MEASURE_S: CPU (utime + stime from /proc) of the gunicorn master and workers, the
+   releaser and the Cassandra JVM, in cores; and the Cassandra requests of the API and of
+   the releaser (duetime_cassandra_request_duration_seconds_count of their /metrics), per
+   second;
+4. delete the topics.
+Issue 14's goal: under 0.03 of a core for all three together, at most one LWT a second per
+releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.bench.run import OUT, ROOT, URL, dev_headers, now_ms, releaser_pid
+from tests.bench.schedules import cpu_s
+from tests.receiver import Receiver, receiving
+
+SETTLE_S = 45
+MEASURE_S = 60
+REQUESTS = "duetime_cassandra_request_duration_seconds_count"
+
+
+def api_pids() -> list[int]:
+    """The gunicorn master `make up` started and its workers."""
+    port = os.environ.get("DUETIME_HTTP_PORT", "8080")
+    master = int((ROOT / f"var/run/api-{port}.pid").read_text())
+    children = subprocess.run(["pgrep", "-P", str(master)], capture_output=True,
+                              text=True).stdout.split()
+    return [master, *map(int, children)]
+
+
+def cassandra_pid() -> int:
+    return int((ROOT / "var/cassandra/dev/cassandra.pid").read_text())
+
+
+def requests_made(url: str) -> float:
+    """Cassandra requests made so far by the process(es) behind a /metrics page."""
+    text = requests.get(url, timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == REQUESTS)
+
+
+def make_drained_topics(headers: dict[str, str], count: int, target: Receiver) -> list[str]:
+    names = []
+    for n in range(count):
+        name = f"idle{n}-{now_ms() % 100_000}"
+        settings: dict[str, Any] = ({"delivery": {"mode": "webhook", "url": target.url}}
+                                    if n % 10 == 0 else {})
+        requests.put(f"{URL}/v1/topics/{name}", headers=headers, json=settings,
+                     timeout=30).raise_for_status()
+        requests.post(f"{URL}/v1/topics/{name}/messages:batch", headers=headers, timeout=30,
+                      json={"messages": [{"payload": i} for i in range(10)]}
+                      ).raise_for_status()
+        names.append(name)
+    pushed = sum(1 for n in range(count) if n % 10 == 0) * 10
+    for n, name in enumerate(names):
+        if n % 10 == 0:
+            continue
+        left = 10
+        while left:
+            leased = requests.post(f"{URL}/v1/topics/{name}/leases", headers=headers,
+                                   json={"max": 10, "wait_ms": 1000}, timeout=30).json()
+            acks = [{"id": m["id"], "lease_token": m["lease"]["token"]}
+                    for m in leased["messages"]]
+            if acks:
+                requests.post(f"{URL}/v1/topics/{name}/acks", headers=headers,
+                              json={"acks": acks}, timeout=30).raise_for_status()
+            left -= len(acks)
+    assert target.wait_for(lambda got: len(got) >= pushed, 60), len(target.arrivals)
+    return names
+
+
+def measure(seconds: float) -> dict[str, Any]:
+    processes = {"api": api_pids(), "releaser": [releaser_pid()], "cassandra": [cassandra_pid()]}
+    port = os.environ.get("DUETIME_RELEASER_METRICS_PORT", "9464")
+    releaser_metrics = f"http://127.0.0.1:{port}/metrics"
+    cpu_before = {k: sum(cpu_s(p) for p in pids) for k, pids in processes.items()}
+    calls_before = {"api": requests_made(f"{URL}/metrics"),
+                    "releaser": requests_made(releaser_metrics)}
+    began = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - began
+    cores = {k: round((sum(cpu_s(p) for p in pids) - cpu_before[k]) / elapsed, 4)
+             for k, pids in processes.items()}
+    calls = {"api": requests_made(f"{URL}/metrics"),
+             "releaser": requests_made(releaser_metrics)}
+    return {"cores": {**cores, "total": round(sum(cores.values()), 4)},
+            "cassandra_requests_per_s": {k: round((calls[k] - calls_before[k]) / elapsed, 2)
+                                         for k in calls}}
+
+
+def main(argv: list[str]) -> int:
+    count = int(argv[0]) if argv else 100
+    headers = dev_headers()
+    with receiving(Receiver()) as target:
+        names = make_drained_topics(headers, count, target)
+        time.sleep(SETTLE_S)
+        result = {"topics": count, "measured_s": MEASURE_S, **measure(MEASURE_S)}
+    for name in names:
+        requests.delete(f"{URL}/v1/topics/{name}", headers=headers, timeout=30)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "idle.json").write_text(json.dumps(result, indent=2))
+    for key, value in result.items():
+        print(f"{key:28} {json.dumps(value)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,68 @@
+"""The `duetime` commands that call the API (app.cli_api), against a served API: tables by
+default, JSON with --json, exit codes, and `tail` consuming what comes due."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from app.services import Services
+from tests.conftest import new_tenant_key
+
+
+@pytest.fixture()
+def duetime(served: str, services: Services,
+            capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run `duetime ARGS` on a fresh tenant's key: (exit code, stdout, stderr)."""
+    _, headers = new_tenant_key(services)
+    key = headers["Authorization"].split()[1]
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([*args, "--url", served, "--key", key])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def test_topics_messages_and_errors(duetime) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = duetime("topics", "alerts", "--set", "max_attempts=4", "--json")
+    assert code == 0 and json.loads(out)["max_attempts"] == 4
+    code, out, _ = duetime("topics")
+    assert code == 0 and out.splitlines()[0].split()[0] == "name" and "alerts" in out
+    code, out, _ = duetime("enqueue", "alerts", '{"n": 1}', "--id", "a-1", "--delay-ms",
+                           "600000", "--campaign", "c1", "--json")
+    assert code == 0 and json.loads(out)["id"] == "a-1"
+    code, out, _ = duetime("get", "alerts", "a-1")
+    assert code == 0 and any(line.split()[:2] == ["state", "scheduled"]
+                             for line in out.splitlines())
+    code, out, _ = duetime("campaigns", "alerts", "c1", "--pause", "--json")
+    assert code == 0 and json.loads(out)["paused"] is True
+    code, out, _ = duetime("stats", "alerts", "--json")
+    assert code == 0 and json.loads(out)["counts"]["scheduled"] == 1
+    assert duetime("cancel", "alerts", "a-1")[0] == 0
+    code, _, err = duetime("get", "alerts", "missing")
+    assert code == 1 and err.startswith("error 404")
+    code, _, err = duetime("reschedule", "alerts", "a-1", "--delay-ms", "5")
+    assert code == 1 and "409" in err  # cancelled: cannot move
+
+
+def test_tail_consumes_what_comes_due(duetime) -> None:  # type: ignore[no-untyped-def]
+    assert duetime("topics", "feed", "--set", "lease_seconds=30")[0] == 0
+    for n in range(3):
+        assert duetime("enqueue", "feed", json.dumps({"n": n}), "--id", f"f{n}")[0] == 0
+    code, out, _ = duetime("tail", "feed", "--count", "3", "--json")
+    assert code == 0
+    tailed = [json.loads(line) for line in out.splitlines()]
+    assert sorted(m["id"] for m in tailed) == ["f0", "f1", "f2"]
+    for n in range(3):
+        code, out, _ = duetime("get", "feed", f"f{n}", "--json")
+        assert json.loads(out)["state"] == "delivered"
+
+
+def test_no_api_is_a_clear_error(services: Services,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["topics", "--url", "http://127.0.0.1:9", "--key", "k"])
+    assert code == 3 and "cannot reach the API" in capsys.readouterr().err

@@ -1,0 +1,139 @@
+"""The Python client (app.client) against a served API (gunicorn on its own port, the test
+keyspace, the real node): typed calls, errors as ApiError, the Consumer helper (ack, nack on
+an exception, extend for a long handler, stop), retries of 429/503, and the webhook
+signature check on a real push."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from app.client import ApiError, Client, Consumer, SignatureCheck, verify_signature
+from app.config import Config
+from app.services import Services
+from tests.conftest import new_tenant_key
+from tests.receiver import Receiver, receiving
+from tests.test_releaser import releaser
+
+
+@pytest.fixture()
+def api(served: str, services: Services) -> Client:
+    _, headers = new_tenant_key(services)
+    return Client(served, headers["Authorization"].split()[1])
+
+
+def test_typed_calls_and_errors(api: Client) -> None:
+    assert api.put_topic("orders", max_attempts=3)["max_attempts"] == 3
+    assert [t["name"] for t in api.list_topics()] == ["orders"]
+    first = api.enqueue("orders", {"n": 1}, id="o-1", delay_ms=3_600_000)
+    assert api.enqueue("orders", {"n": 1}, id="o-1", delay_ms=3_600_000)["id"] == first["id"]
+    with pytest.raises(ApiError) as conflict:
+        api.enqueue("orders", {"n": 2}, id="o-1")
+    assert conflict.value.status == 409 and conflict.value.problem["type"].endswith("conflict")
+    moved = api.reschedule("orders", "o-1", delay_ms=7_200_000)
+    assert moved["deliver_at"] > first["deliver_at"]
+    assert api.get("orders", "o-1")["payload"] == {"n": 1}
+    results = api.enqueue_batch("orders", [{"payload": n, "campaign": "spring"}
+                                           for n in range(3)])
+    assert [r["status"] for r in results] == [201] * 3
+    assert api.campaign("orders", "spring")["counts"]["scheduled"] == 3
+    api.cancel("orders", "o-1")
+    assert api.get("orders", "o-1")["state"] == "cancelled"
+    with pytest.raises(ApiError) as missing:
+        api.get("orders", "nope")
+    assert missing.value.status == 404
+    api.delete_topic("orders")
+    assert api.list_topics() == []
+
+
+def test_the_consumer_acks_nacks_extends_and_stops(api: Client) -> None:
+    api.put_topic("jobs", max_attempts=5)
+    api.enqueue_batch("jobs", [{"id": f"j{n}", "payload": n} for n in range(20)])
+    api.enqueue("jobs", "slow", id="slow")
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def handle(message: dict[str, Any]) -> None:
+        with lock:
+            seen[message["id"]] = seen.get(message["id"], 0) + 1
+            times = seen[message["id"]]
+        if message["id"] == "j7" and times == 1:
+            raise RuntimeError("first try fails")
+        if message["id"] == "slow":
+            time.sleep(3.5)  # past its 2 s lease: kept by extensions
+
+    consumer = Consumer(api, "jobs", handle, concurrency=3, batch=5, lease_seconds=2,
+                        wait_ms=500).start()
+    ids = ["slow"] + [f"j{n}" for n in range(20)]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and api.stats("jobs")["counts"]["delivered"] < 21:
+        time.sleep(0.3)
+    consumer.stop(10)
+    states = {i: api.get("jobs", i) for i in ids}
+    assert {s["state"] for s in states.values()} == {"delivered"}
+    assert states["j7"]["attempts"] == 2 and "first try fails" in states["j7"]["last_error"]
+    assert states["slow"]["attempts"] == 1 and seen["slow"] == 1  # never leased twice
+    assert all(not t.is_alive() for t in consumer._threads)
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    answers: list[int] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        status = self.answers.pop(0)
+        body = json.dumps({"id": "x", "deliver_at": 1, "state": "scheduled"} if status == 201
+                          else {"title": "busy", "detail": "later"}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        if status in (429, 503):
+            self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_429_and_503_are_retried_then_given_up() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{server.server_address[1]}", "k", retries=3,
+                        backoff_s=0.01)
+        _Flaky.answers = [503, 429, 201]
+        assert client.enqueue("t", 1)["id"] == "x"
+        _Flaky.answers = [503] * 4
+        with pytest.raises(ApiError) as gave_up:
+            client.enqueue("t", 1)
+        assert gave_up.value.status == 503 and _Flaky.answers == []
+    finally:
+        server.shutdown()
+
+
+def test_a_real_push_verifies_and_a_tampered_one_does_not(api: Client, config: Config) -> None:
+    with receiving(Receiver()) as target, releaser(config, "sig"):
+        topic = api.put_topic("hooks", delivery={"mode": "webhook", "url": target.url})
+        api.enqueue("hooks", {"hello": "world"})
+        assert target.wait_for(lambda got: len(got) == 1, 20)
+    arrival = target.arrivals[0]
+    secret, signature = topic["signing_secret"], arrival.headers["Duetime-Signature"]
+    assert verify_signature(secret, arrival.body, signature)
+    assert not verify_signature(secret, arrival.body + b" ", signature)
+    assert not verify_signature(secret, arrival.body, None)
+
+    checked = Flask("target")
+    checked.add_url_rule("/hook", "hook", lambda: "ok", methods=["POST"])
+    checked.wsgi_app = SignatureCheck(checked.wsgi_app, secret)  # type: ignore[method-assign]
+    client = checked.test_client()
+    ok = client.post("/hook", data=arrival.body, headers={"Duetime-Signature": signature})
+    assert ok.status_code == 200 and ok.get_data() == b"ok"
+    assert client.post("/hook", data=b"{}", headers={
+        "Duetime-Signature": signature}).status_code == 401
