@@ -17,7 +17,6 @@ releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T]
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.bench.run import OUT, ROOT, URL, dev_headers, now_ms, releaser_pid
+from tests.bench.run import ROOT, URL, dev_headers, now_ms, releaser_pid, report
 from tests.bench.schedules import cpu_s
 from tests.receiver import Receiver, receiving
 
@@ -114,10 +113,7 @@ def main(argv: list[str]) -> int:
         result = {"topics": count, "measured_s": MEASURE_S, **measure(MEASURE_S)}
     for name in names:
         requests.delete(f"{URL}/v1/topics/{name}", headers=headers, timeout=30)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "idle.json").write_text(json.dumps(result, indent=2))
-    for key, value in result.items():
-        print(f"{key:28} {json.dumps(value)}")
+    report("idle.json", result)
     return 0
 
 

@@ -159,6 +159,14 @@ def raw_ceiling(count: int) -> dict[str, float]:
     return {"raw_insert_rows_per_s": inserts, "raw_lwt_per_s": lwts}
 
 
+def report(filename: str, result: dict[str, Any]) -> None:
+    """Write a bench's result to bench-results/filename and print it, a line a figure."""
+    OUT.mkdir(exist_ok=True)
+    (OUT / filename).write_text(json.dumps(result, indent=2))
+    for name, value in result.items():
+        print(f"{name:36} {json.dumps(value) if isinstance(value, dict | list) else value}")
+
+
 def make_topic(headers: dict[str, str]) -> str:
     topic = f"bench{uuid.uuid4().hex[:6]}"
     requests.put(f"{URL}/v1/topics/{topic}", headers=headers, json={"lease_seconds": 60},

@@ -27,7 +27,7 @@ import requests
 
 from app.config import load_config
 from app.store.session import CassandraSession
-from tests.bench.run import OUT, URL, dev_headers, now_ms
+from tests.bench.run import OUT, URL, dev_headers, now_ms, report
 from tests.import_files import write_csv
 
 MONTH_MS = 30 * 86_400_000
@@ -108,9 +108,7 @@ def main(argv: list[str]) -> int:
               "raw_sample": args.raw_sample,
               "spark_vs_http": spark_rate / http_rate if http_rate else None,
               "spark_vs_raw": spark_rate / raw_rate if raw_rate else None}
-    (OUT / "spark-import.json").write_text(json.dumps(result, indent=2))
-    for name, value in result.items():
-        print(f"{name:28} {json.dumps(value) if isinstance(value, dict) else value}")
+    report("spark-import.json", result)
     return 0
 
 
