@@ -43,18 +43,23 @@ def _smorest_settings(app: Flask, config: Config) -> None:
     )
 
 
-def _time_requests(app: Flask) -> None:
+def _observe_requests(app: Flask) -> None:
+    """Each request's latency, timed once: its histogram (app.metrics) and its log event with
+    its request id (app.logs)."""
     @app.before_request
-    def start_clock() -> None:
+    def start() -> None:
         g.started = time.perf_counter()
+        logs.assign_request_id()
 
     @app.after_request
-    def observe(response: Response) -> Response:
+    def done(response: Response) -> Response:
         started = g.get("started")
         if started is not None:
+            latency_s = time.perf_counter() - started
             metrics.HTTP_DURATION.labels(
                 request.endpoint or "unknown", request.method,
-                f"{response.status_code // 100}xx").observe(time.perf_counter() - started)
+                f"{response.status_code // 100}xx").observe(latency_s)
+            logs.log_request(response, latency_s)
         return response
 
 
@@ -93,7 +98,6 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     openapi_file.register(app, smorest)
     docs_assets.register(app)
     problems.register(app)
-    _time_requests(app)
-    logs.log_requests(app)
+    _observe_requests(app)
     _authenticate(app, Authenticator(services.keys, config.key_cache_s))
     return app

@@ -13,7 +13,6 @@ retrying the same request re-writes the pointer (the state row is found with the
 from __future__ import annotations
 
 import base64
-import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -31,7 +30,7 @@ from app.ids import homes_for_request, new_message_id
 from app.models import MessageState, Payload, Pointer, Topic
 from app.quiet_hours import QuietHours
 from app.services import Services
-from app.timeline import MS_PER_DAY, MS_PER_MINUTE, placement_ms, pointer_of, shard_of, ttl_s
+from app.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
 from app.timeparse import TimeFormatError, parse_local_time, zone
 from app.transitions import count_moves
 
@@ -330,10 +329,9 @@ def _start_counts(services: Services, topic: Topic,
     if not created:
         return []
     try:
-        per_minute = collections.Counter(r.due_at_ms // MS_PER_MINUTE for r in created)
         return count_moves(services, topic, [(None, "scheduled", r.campaign) for r in created],
-                           wait=False, also=services.counts.upcoming_updates(topic.uid,
-                                                                             per_minute))
+                           wait=False, also=services.counts.upcoming_updates_at(
+                               topic.uid, [r.due_at_ms for r in created]))
     except StoreUnavailable as exc:
         log.warning("stats not updated for %d messages: %s", len(created), exc)
         return []

@@ -15,9 +15,8 @@ import logging
 import os
 import re
 import secrets
-import time
 
-from flask import Flask, Response, g, has_request_context, request
+from flask import Response, g, has_request_context, request
 
 FORMATS = ("json", "text")
 CONTEXT_FIELDS = ("request_id", "tenant", "topic", "message_id")
@@ -89,21 +88,15 @@ def configure(fmt: str | None = None, level: int = logging.INFO) -> None:
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
 
 
-def log_requests(app: Flask) -> None:
-    """Give each request its id and log one `request` event when it ends."""
-    @app.before_request
-    def start() -> None:
-        given = request.headers.get("X-Request-Id", "")
-        g.request_id = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
-        g.log_started = time.perf_counter()
+def assign_request_id() -> None:
+    """At a request's start: its id, the client's X-Request-Id when valid, else a new one."""
+    given = request.headers.get("X-Request-Id", "")
+    g.request_id = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
 
-    @app.after_request
-    def done(response: Response) -> Response:
-        started = g.get("log_started")
-        if started is not None:
-            response.headers["X-Request-Id"] = g.request_id
-            log.info("request", extra={
-                "method": request.method, "path": request.path,
-                "status": response.status_code,
-                "latency_ms": round((time.perf_counter() - started) * 1000, 2)})
-        return response
+
+def log_request(response: Response, latency_s: float) -> None:
+    """At a request's end: its `request` event, and its id in the answer's X-Request-Id."""
+    response.headers["X-Request-Id"] = g.request_id
+    log.info("request", extra={
+        "method": request.method, "path": request.path, "status": response.status_code,
+        "latency_ms": round(latency_s * 1000, 2)})

@@ -13,7 +13,6 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +22,6 @@ from app.store.session import CassandraSession
 from app.timeline import CAMPAIGN_SPREAD
 from app.timeparse import cql_ms, from_ms
 
-log = logging.getLogger("duetime.counts")
 # Bounds cells are written USING TIMESTAMP = ms (latest wins) or BOUNDS_BASE - ms (earliest
 # wins); epoch ms stay below 2^43 until the year 2248.
 BOUNDS_BASE = 1 << 43

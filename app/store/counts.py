@@ -9,7 +9,6 @@ times out may leave a count off by one, which is why these feed dashboards, not 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -18,7 +17,6 @@ from typing import Any
 from app.store.session import CassandraSession
 from app.timeline import MS_PER_DAY, MS_PER_HOUR, MS_PER_MINUTE
 
-log = logging.getLogger("duetime.counts")
 _STATE = "UPDATE {ks}.state_counts SET n = n + ? WHERE topic_uid = ? AND state = ?"
 _UPCOMING = ("UPDATE {ks}.upcoming_counts SET n = n + ? "
              "WHERE topic_uid = ? AND day = ? AND minute = ?")
@@ -58,8 +56,8 @@ class CountStore:
 
     def add_upcoming(self, topic_uid: uuid.UUID, due_ms: Iterable[int], sign: int = 1) -> None:
         """Count (sign=+1) or uncount (-1) scheduled messages at these due times, per minute."""
-        per_minute = Counter(ms // MS_PER_MINUTE for ms in due_ms)
-        self.add_upcoming_per_minute(topic_uid, per_minute, sign)
+        self.db.results(self.db.counter_batches(
+            self.upcoming_updates_at(topic_uid, due_ms, sign)))
 
     def add_upcoming_per_minute(self, topic_uid: uuid.UUID, per_minute: Mapping[int, int],
                                 sign: int = 1) -> None:
@@ -67,6 +65,13 @@ class CountStore:
         (the two always move together)."""
         updates = self.upcoming_updates(topic_uid, per_minute, sign)
         self.db.results(self.db.counter_batches(updates))
+
+    @classmethod
+    def upcoming_updates_at(cls, topic_uid: uuid.UUID, due_ms: Iterable[int],
+                            sign: int = 1) -> list[tuple[str, tuple[Any, ...]]]:
+        """The counter updates of add_upcoming, to send with others."""
+        return cls.upcoming_updates(topic_uid, Counter(ms // MS_PER_MINUTE for ms in due_ms),
+                                    sign)
 
     @staticmethod
     def upcoming_updates(topic_uid: uuid.UUID, per_minute: Mapping[int, int],
