@@ -46,6 +46,7 @@ class Config:
     max_lease_s: int = 12 * 3600
     key_cache_s: float = 30.0
     rate_limit_per_s: float = 0.0
+    pull_ahead_ms: int = 100  # long polls: lease this far ahead, hand out at the due time
     rate_burst: int = 0
 
     bucket_ms: int = 60_000
@@ -119,6 +120,8 @@ def _validate(config: Config) -> None:
     if config.release_lookahead_ms + config.safety_lag_ms > COUNTED_AHEAD_MS:
         raise ConfigError(f"DUETIME_RELEASE_LOOKAHEAD_MS + DUETIME_SAFETY_LAG_MS must be at "
                           f"most {COUNTED_AHEAD_MS}")
+    if not 0 <= config.pull_ahead_ms <= 1000:
+        raise ConfigError("DUETIME_PULL_AHEAD_MS must be from 0 (off) to 1000")
     if not 1 <= config.min_lease_s <= config.max_lease_s:
         raise ConfigError("DUETIME_MIN_LEASE_S must be >= 1 and <= DUETIME_MAX_LEASE_S")
     _validate_texts(config)

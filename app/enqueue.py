@@ -153,15 +153,14 @@ def home_by_due_time(items: Sequence[NewMessage], shards: int) -> list[int]:
     """The home of each item's server-made id: fresh homes, one per shard
     (app.ids.homes_for_request), each given a run of items adjacent in due time. Messages
     that come due together then share a home, so a lease or an ack of what is due now is a
-    few conditional batches, not one per shard. A request of fewer messages than shards (one
-    message, most often) starts at a random shard, so each shard takes as many as any other
-    (they all went to shard 0). A larger one starts at shard 0: its earliest run there, the
-    next in shard 1, and so on, which is the order lease passes read shards in; spread
-    otherwise, the messages of a paced campaign were handed out further from due order
-    (tests/test_pacing.py; see the design note's known limits)."""
+    few conditional batches, not one per shard. The first run goes to a random shard and the
+    next ones to the shards after it, so each shard takes as many as any other (one-message
+    requests all went to shard 0 when every request started there); lease passes merge the
+    shards by due time (app.scan), so where a run lands does not change the order messages
+    are handed out in."""
     homes = homes_for_request(shards)
     run = max(1, -(-len(items) // shards))
-    first = secrets.randbelow(shards) if len(items) < shards else 0
+    first = secrets.randbelow(shards)
     by_due = sorted(range(len(items)), key=lambda n: items[n].deliver_at_ms)
     chosen = [0] * len(items)
     for position, n in enumerate(by_due):

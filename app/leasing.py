@@ -9,6 +9,7 @@ row's version), so a stale token never changes a message.
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Sequence
 
@@ -24,6 +25,7 @@ from app.errors import (
 from app.fairness import fair_order
 from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
+from app.pull_ahead import HeldLease
 from app.scan import Due
 from app.services import Services
 from app.store.campaigns import Campaign
@@ -57,24 +59,40 @@ class Hold:
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
           lease_s: int, consumer: str | None) -> list[Leased]:
     """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll).
-    The calls of this process on one topic are served together (app.poll_groups).
+    The calls of this process on one topic are served together (app.poll_groups), and
+    messages leased ahead for them are handed out at their due time (app.pull_ahead).
     Webhook topics are delivered by the releasers only: leasing one is a 409."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
     return services.poll_groups.lease(topic.uid, max_messages, Hold(lease_s, consumer), wait_ms,
-                                      lambda waiters: _pass(services, topic, waiters))
+                                      lambda waiters: _pass(services, topic, waiters),
+                                      lambda waiters: _hand_out(services, topic, waiters))
 
 
 def _pass(services: Services, topic: Topic,
           waiters: Sequence[Waiter[Leased]]) -> list[list[Leased]]:
-    """One pass over every shard of the topic for these calls: the due messages are read
-    once, put in fair order (app.fairness.fair_order), and leased in the calls' order
-    (a paused campaign's are passed over), each call up
-    to its want on its own terms; a message another process took first is replaced by the
-    next due one (in up to TAKE_ROUNDS takes). Then the cursors move past what is spent, in
-    steps of at least CURSOR_STEP_MS. Returns each call's share."""
+    """One pass over every shard of the topic for these calls: first the messages held for
+    them that are due (_hand_held); then the due messages are read once, put in fair order
+    (app.fairness.fair_order), and leased in the calls' order (a paused campaign's are
+    passed over), each call up to its want on its own terms; a message another process took
+    first is replaced by the next due one (in up to TAKE_ROUNDS takes). Messages due within
+    the pull look-ahead are leased too, for the calls that will still be waiting then, and
+    held until their due time (app.pull_ahead). Then the cursors move past what is spent,
+    in steps of at least CURSOR_STEP_MS. Returns each call's share."""
     now = services.clock()
-    result = services.scanner.scan(topic, now, sum(w.want for w in waiters))
+    shares: list[list[Leased]] = [[] for _ in waiters]
+    _hand_held(services, topic, waiters, shares, now)
+    counted = [len(share) for share in shares]  # leased, with or without a payload
+    wanted = sum(w.want for w in waiters) - sum(counted)
+    if wanted <= 0:
+        return shares
+    ahead_ms = services.config.pull_ahead_ms
+    patient = [n for n, w in enumerate(waiters)
+               if w.deadline - time.monotonic() > ahead_ms / 1000] if ahead_ms else []
+    held_before = services.held.count(topic.uid) if patient else 0
+    if patient and sum(waiters[n].want - counted[n] for n in patient) <= held_before:
+        ahead_ms = 0  # what is held already covers every call that waits
+    result = services.scanner.scan(topic, now, wanted, ahead_ms=ahead_ms)
     # Lower priority values first, then round-robin across groups (app.fairness), each in
     # the order of deliver_at: messages brought back at once (a campaign resumed, a retry)
     # go in their due order. Otherwise that is timeline order within each lane: what is
@@ -83,30 +101,121 @@ def _pass(services: Services, topic: Topic,
     paused = passed_over(services, topic, result.due)
     services.scanner.spend(topic, [d.pointer for d in result.due if d.row.id in paused])
     order = fair_order([d for d in result.due if d.row.id not in paused])
-    shares: list[list[Leased]] = [[] for _ in waiters]
-    counted = [0] * len(waiters)  # leased, with or without a payload
+    untaken: list[Due] = []
+    held: list[HeldLease] = []
     used = 0
     for _ in range(TAKE_ROUNDS):
-        chunk: list[Due] = []
-        owners: list[int] = []
-        for index, w in enumerate(waiters):
-            mine = order[used:used + w.want - counted[index]]
-            chunk += mine
-            owners += [index] * len(mine)
-            used += len(mine)
+        chunk, owners, used = _next_chunk(order, used, waiters, counted, patient,
+                                          held_before + len(held), now, untaken)
         if not chunk:
             break
         owner_of = {d.row.id: owner for d, owner in zip(chunk, owners, strict=True)}
-        holds = [waiters[owner].terms for owner in owners]
-        for row, payload in take_with_payloads(services, topic, chunk, now, holds):
+        before = {d.row.id: d.row for d in chunk}
+        holds = [waiters[owner if owner >= 0 else patient[0]].terms for owner in owners]
+        for row, payload in take_with_payloads(services, topic, chunk, now, holds,
+                                               ahead_ms=ahead_ms):
             owner = owner_of[row.id]
-            counted[owner] += 1
-            if payload is not None:
-                shares[owner].append(Leased(row, payload))
-    moves = result.moves(order[used:])
+            if owner >= 0:
+                counted[owner] += 1
+                if payload is not None:
+                    shares[owner].append(Leased(row, payload))
+                    metrics.observe_lags("pull", [now - before[row.id].due_at_ms])
+            elif payload is not None:
+                held.append(HeldLease(before[row.id].due_at_ms, before[row.id], row, payload,
+                                      waiters[patient[0]].terms))
+    services.held.hold(topic, held)
+    moves = result.moves(untaken + order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
     return shares
+
+
+def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],
+                counted: list[int], patient: list[int], held: int, now: int,
+                untaken: list[Due]) -> tuple[list[Due], list[int], int]:
+    """The next messages of `order` (from `used` on) to take, each with its owner: a call
+    with room left for one due now, -1 (held) for one due later while the calls that wait
+    want more than is held. Those skipped (due later, enough held) go to `untaken`.
+    Returns (chunk, owners, where the next chunk starts)."""
+    chunk: list[Due] = []
+    owners: list[int] = []
+    pending = [0] * len(waiters)
+    holding = 0
+    while used < len(order):
+        d = order[used]
+        room = [w.want - counted[n] - pending[n] for n, w in enumerate(waiters)]
+        owner: int | None = None
+        if d.row.due_at_ms <= now:
+            owner = next((n for n, r in enumerate(room) if r > 0), None)
+        elif sum(room[n] for n in patient) > held + holding:
+            owner = -1
+        if owner is None and not any(r > 0 for r in room):
+            break
+        used += 1
+        if owner is None:
+            untaken.append(d)
+            continue
+        chunk.append(d)
+        owners.append(owner)
+        if owner >= 0:
+            pending[owner] += 1
+        else:
+            holding += 1
+    return chunk, owners, used
+
+
+def _hand_out(services: Services, topic: Topic,
+              waiters: Sequence[Waiter[Leased]]) -> list[list[Leased]]:
+    """The held messages that have come due, to these calls (no read of the timeline)."""
+    shares: list[list[Leased]] = [[] for _ in waiters]
+    _hand_held(services, topic, waiters, shares, services.clock())
+    return shares
+
+
+def _hand_held(services: Services, topic: Topic, waiters: Sequence[Waiter[Leased]],
+               shares: list[list[Leased]], now: int) -> None:
+    """Add to the calls' shares the messages held for this topic due by now, earliest first,
+    each to a call on its terms with room left. One read checks each is still leased as it
+    was taken: one cancelled or moved meanwhile is dropped, never handed out. Due ones no
+    call here can take (other terms) are held again until a call comes or they are given
+    back (app.pull_ahead)."""
+    room = sum(w.want - len(share) for w, share in zip(waiters, shares, strict=True))
+    items = services.held.take_due(topic.uid, now, room) if room > 0 else []
+    if not items:
+        return
+    rows = services.messages.get_many(topic.uid, [i.leased.id for i in items])
+    unmatched: list[HeldLease] = []
+    for item in items:
+        row = rows.get(item.leased.id)
+        if row is None or row.version != item.leased.version or row.state != "leased":
+            continue  # cancelled, moved or made dead meanwhile: not ours to hand out
+        owner = next((n for n, w in enumerate(waiters)
+                      if w.terms == item.terms and len(shares[n]) < w.want), None)
+        if owner is None:
+            unmatched.append(item)
+            continue
+        shares[owner].append(Leased(item.leased, item.payload))
+        metrics.observe_lags("pull", [services.clock() - item.due_ms])
+    services.held.put_back(topic, unmatched)
+
+
+def give_back(services: Services, topic: Topic, items: list[HeldLease]) -> None:
+    """Messages leased ahead that no call took: scheduled again, due now (pointer first,
+    then the LWT over the lease), the attempt not counted. One changed meanwhile (cancelled,
+    or already given back) is left as it is."""
+    now = services.clock()
+    again = [dataclasses.replace(
+        i.leased, state="scheduled", version=i.leased.version + 1,
+        due_at_ms=placement_ms(i.due_ms, now), lease_token=None, lease_expires_at_ms=None,
+        attempts=i.before.attempts, consumer=i.before.consumer, updated_at_ms=now)
+        for i in items]
+    placed = place_then(services, topic, again, now)
+    outcomes = services.messages.cas_many(
+        [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
+         for r in placed])
+    won = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
+    _spend_lease_pointers(services, topic, [i.leased for i in items])
+    count_moves(services, topic, [("leased", "scheduled", r.campaign) for r in won])
 
 
 def take_with_payloads(services: Services, topic: Topic, chunk: list[Due], now: int,
@@ -166,20 +275,18 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
                                    if r.paced and r.state == "scheduled"])
     leased = [r for r in won if r.state == "leased"]
     paced_now = {d.row.id for d, _ in now_due}
-    _observe([rows[r.id] for r in leased], paced_now, now, pull=ahead_ms == 0)
+    _observe_pacing([rows[r.id] for r in leased], paced_now)
     return leased
 
 
-def _observe(taken: list[MessageState], paced_now: set[str], now: int, pull: bool) -> None:
-    """Metrics of messages just leased (rows as they were before): for each of a paced
-    campaign, its wait for its turn (its slot, or its own due time when its slot had come,
-    less deliver_at); a pull's lag behind its due time (a push's is measured when its POST
-    starts, workers.push)."""
+def _observe_pacing(taken: list[MessageState], paced_now: set[str]) -> None:
+    """For each message just leased (rows as they were before) of a paced campaign, its wait
+    for its turn: its slot, or its own due time when its slot had come, less deliver_at.
+    (Lag is measured where a message is handed out: a pull's in _pass and _hand_held, a
+    push's when its POST starts, workers.push.)"""
     for row in taken:
         if row.paced or row.id in paced_now:
             metrics.PACING_WAIT.observe(max(row.due_at_ms - row.deliver_at_ms, 0) / 1000)
-    if pull:
-        metrics.observe_lags("pull", [now - row.due_at_ms for row in taken])
 
 
 def _leased(row: MessageState, hold: Hold, now: int) -> MessageState:

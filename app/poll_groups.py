@@ -6,6 +6,11 @@ the queue's head (first come, first served, up to PASS_MAX messages in all) and 
 call its share. A pass is needed at once when a call is waiting that no pass started after
 its arrival has served yet, and otherwise every interval while calls wait.
 
+A process that holds messages leased ahead for waiting calls (app.pull_ahead) says when the
+next one comes due (wake_at); at that moment a waiting thread runs a hand-out instead of a
+pass (hand_out: no read of the timeline, no host lock), so the message goes out at its due
+moment rather than at the next interval.
+
 So each pass reads every shard once for all the calls it serves, in one round, instead of
 each call racing the others of its process over shards and homes; idle consumers cost one
 pass per topic and interval in each process, not one per consumer; and a call is never
@@ -59,6 +64,10 @@ def _no_host_lock(key: Hashable) -> AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
+def _never(key: Hashable) -> float | None:
+    return None
+
+
 class PollGroups(Generic[T]):
     """Thread-safe; one per process. With host_lock (a context manager per key, held across
     processes: app.host_locks), a pass also waits for the passes of other processes over
@@ -66,21 +75,24 @@ class PollGroups(Generic[T]):
 
     def __init__(self, interval_ms: int = POLL_INTERVAL_MS, pass_max: int = PASS_MAX,
                  host_lock: Callable[[Hashable], AbstractContextManager[None]] = _no_host_lock,
-                 ) -> None:
+                 wake_at: Callable[[Hashable], float | None] = _never) -> None:
         self.interval_s = interval_ms / 1000
         self.pass_max = pass_max
         self.host_lock = host_lock
+        self.wake_at = wake_at  # monotonic seconds at which a hand-out is due, per key
         self._groups: dict[Hashable, _Group[T]] = {}
         self._changed = threading.Condition()
 
     def lease(self, key: Hashable, want: int, terms: Any, wait_ms: int,
-              run_pass: Pass[T]) -> list[T]:
+              run_pass: Pass[T], hand_out: Pass[T] | None = None) -> list[T]:
         """Wait up to wait_ms (measured from now) for the passes over `key` to find anything
         for this call, and return what they found (at most `want`; empty once wait_ms has
         passed, but never before one pass has looked). run_pass(waiters) leases for each
         waiter at most its want and returns each one's share; it runs on whichever waiting
         thread starts the pass, and an exception it raises is raised in every call it
-        served. A call never leaves while a pass is leasing for it."""
+        served. A call never leaves while a pass is leasing for it. hand_out(waiters), when
+        given, runs instead of a pass at the moments wake_at(key) names, for the calls
+        every one of which a pass has already looked for."""
         deadline = time.monotonic() + wait_ms / 1000
         me: Waiter[T] = Waiter(want, terms, deadline)
         with self._changed:
@@ -99,9 +111,15 @@ class PollGroups(Generic[T]):
                         return []
                     if self._pass_due(group, now):
                         group.running = True
+                        step, locked = run_pass, True
                         break
-                    self._changed.wait(self._sleep_s(group, me, now, deadline))
-            self._run(key, group, me, run_pass)
+                    if hand_out is not None and self._hand_out_due(key, group, now):
+                        group.running = True
+                        step, locked = hand_out, False
+                        break
+                    self._changed.wait(self._sleep_s(key if hand_out else None, group, me,
+                                                     now, deadline))
+            self._run(key, group, me, step, locked)
 
     def _pass_due(self, group: _Group[T], now: float) -> bool:
         """Should a pass start now: none running, and a call no pass has served yet, or an
@@ -111,7 +129,14 @@ class PollGroups(Generic[T]):
         return (any(not w.served for w in group.queue)
                 or now >= group.last_start + self.interval_s)
 
-    def _choose(self, group: _Group[T], now: float) -> list[Waiter[T]]:
+    def _hand_out_due(self, key: Hashable, group: _Group[T], now: float) -> bool:
+        """Should a hand-out start now: none running, and wake_at(key) has come?"""
+        if group.running or not group.queue:
+            return False
+        wake = self.wake_at(key)
+        return wake is not None and now >= wake
+
+    def _choose(self, group: _Group[T], now: float, scanning: bool = True) -> list[Waiter[T]]:
         """The calls the pass starting now serves: calls no pass has served yet first, then
         the others still waiting, within pass_max messages (at least one call); in arrival
         order."""
@@ -127,26 +152,33 @@ class PollGroups(Generic[T]):
         batch = [w for w in group.queue if id(w) in chosen]
         for w in batch:
             w.in_pass = True
-        group.last_start = now
+        if scanning:
+            group.last_start = now
         return batch
 
-    def _sleep_s(self, group: _Group[T], me: Waiter[T], now: float, deadline: float) -> float:
-        """How long a waiter may sleep before it must look again (a notify can end it sooner)."""
+    def _sleep_s(self, key: Hashable | None, group: _Group[T], me: Waiter[T], now: float,
+                 deadline: float) -> float:
+        """How long a waiter may sleep before it must look again (a notify can end it sooner);
+        with key, until a hand-out over it is due at the latest."""
         limits = [deadline - now] if me.served and not me.in_pass else []
         if not group.running:
             limits.append(group.last_start + self.interval_s - now)
+            wake = self.wake_at(key) if key is not None else None
+            if wake is not None:
+                limits.append(wake - now)
         return max(0.0005, min(limits, default=1.0))
 
-    def _run(self, key: Hashable, group: _Group[T], me: Waiter[T], run_pass: Pass[T]) -> None:
-        """Run one pass (group.running is set): take the host lock, choose the calls, lease
-        for them, hand out the shares (or the error)."""
+    def _run(self, key: Hashable, group: _Group[T], me: Waiter[T], run_pass: Pass[T],
+             locked: bool = True) -> None:
+        """Run one pass (group.running is set): take the host lock (when locked), choose the
+        calls, lease for them, hand out the shares (or the error)."""
         batch: list[Waiter[T]] = []
         shares: Sequence[list[T]] = []
         error: BaseException | None = None
         try:
-            with self.host_lock(key):
+            with self.host_lock(key) if locked else contextlib.nullcontext():
                 with self._changed:
-                    batch = self._choose(group, time.monotonic())
+                    batch = self._choose(group, time.monotonic(), scanning=locked)
                 shares = run_pass(batch) if batch else []
         except BaseException as exc:  # handed to every call of the pass, re-raised there
             error = exc

@@ -9,6 +9,7 @@ moves to the first live-but-untaken pointer, never past now - safety lag (docs/d
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import threading
 import uuid
 from collections import OrderedDict, defaultdict
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterator
 from app.config import Config
 from app.models import MessageState, Pointer, Topic
 from app.store.messages import MessageStore
-from app.store.timeline import PointerPosition, TimelineStore
+from app.store.timeline import READ_AHEAD, PointerPosition, TimelineStore
 from app.timeline import LANE_STRIDE, bucket_of, bucket_start_ms
 
 PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
@@ -33,6 +34,9 @@ RESUME_CACHE_SIZE = 100_000
 # Up to this many buckets a scan reads their bucket_slots rows directly (a bucket without one
 # holds no pointer) instead of first asking active_buckets which ones to read.
 DIRECT_BUCKETS = 4
+# A lane's partitions of one bucket are read merged by due time, this many at a time (the
+# first pages the timeline store requests ahead anyway); beyond it, in runs of this many.
+MERGE_WIDTH = READ_AHEAD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +66,11 @@ class ScanResult:
         return {s: ms for s, ms in frontier.items() if ms > self.cursors_ms[s]}
 
 
-def is_live(p: Pointer, row: MessageState | None, now_ms: int) -> bool:
-    """May this pointer hand out its message now? Never before the row's due time."""
-    if row is None or row.version != p.version or row.due_at_ms > now_ms:
+def is_live(p: Pointer, row: MessageState | None, now_ms: int, ahead_ms: int = 0) -> bool:
+    """May this pointer's message be leased now, to be handed out at its due time, at most
+    ahead_ms from now? Never before the row's due time; a lease still running is never
+    taken over, however soon it ends."""
+    if row is None or row.version != p.version or row.due_at_ms > now_ms + ahead_ms:
         return False
     if row.state == "scheduled":
         return True
@@ -104,30 +110,52 @@ class _Partition:
 
 
 class _LaneReader:
-    """The entries of one lane, read in plan order, pointer by pointer, resumable."""
+    """The entries of one lane, pointer by pointer in due order, resumable: the entries of
+    one bucket (up to MERGE_WIDTH of them at a time) are merged by (due time, id, version),
+    so a scan that stops at its quota holds the lane's earliest pointers, whichever shard or
+    part they are in, not the whole of the first shards."""
 
-    def __init__(self, indexes: list[int],
+    def __init__(self, indexes: list[int], buckets: list[int],
                  pages: Iterator[tuple[int, Iterator[Pointer]]]) -> None:
         self.indexes = indexes
+        self.buckets = buckets  # the bucket of each of indexes
         self.pages = pages
-        self.current: tuple[int, Iterator[Pointer]] | None = None
+        self.loaded = 0  # entries of the lane taken from pages so far
+        self.heap: list[tuple[int, str, int, int, Pointer, Iterator[Pointer]]] = []
+        self.ended: list[int] = []  # entries that just ended, to be reported
         self.done = False
+
+    def _load(self) -> None:
+        """Open the next run of entries of one bucket and put each one's head on the heap."""
+        first = self.loaded
+        while (self.loaded < len(self.indexes) and self.loaded - first < MERGE_WIDTH
+               and self.buckets[self.loaded] == self.buckets[first]):
+            found = next(self.pages)
+            index = self.indexes[found[0]]
+            self.loaded += 1
+            self._push(index, found[1])
+
+    def _push(self, index: int, pointers: Iterator[Pointer]) -> None:
+        p = next(pointers, None)
+        if p is None:
+            self.ended.append(index)
+        else:
+            heapq.heappush(self.heap, (p.due_at_ms, p.id, p.version, index, p, pointers))
 
     def next(self) -> tuple[int, Pointer | None] | None:
         """(plan index, its next pointer, or None when that entry just ended); None at the
         lane's end."""
         while not self.done:
-            if self.current is None:
-                found = next(self.pages, None)
-                if found is None:
-                    self.done = True
-                    return None
-                self.current = (self.indexes[found[0]], found[1])
-            index, pointers = self.current
-            p = next(pointers, None)
-            if p is None:
-                self.current = None
-            return index, p
+            if self.ended:
+                return self.ended.pop(), None
+            if self.heap:
+                *_, index, p, pointers = heapq.heappop(self.heap)
+                self._push(index, pointers)
+                return index, p
+            if self.loaded == len(self.indexes):
+                self.done = True
+                return None
+            self._load()
         return None
 
 
@@ -264,9 +292,10 @@ class DueScanner:
         return plan
 
     def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
-             stored: dict[int, int] | None = None) -> ScanResult:
-        """Live pointers due by now_ms (at most about SCAN_SLACK x want) of the topic's shards
-        (or of `shards`), and per-shard frontiers."""
+             stored: dict[int, int] | None = None, ahead_ms: int = 0) -> ScanResult:
+        """Live pointers due by now_ms + ahead_ms (at most about SCAN_SLACK x want) of the
+        topic's shards (or of `shards`), and per-shard frontiers (never past now_ms less the
+        safety lag)."""
         stored = self.timeline.cursors(topic.uid) if stored is None else stored
         default = topic.created_at_ms - self.config.safety_lag_ms
         cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)
@@ -274,10 +303,10 @@ class DueScanner:
         if not cursors:
             return ScanResult([], {}, {})
         frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
-        plan = self._partitions(topic, cursors, now_ms)
+        plan = self._partitions(topic, cursors, now_ms + ahead_ms)
         unknown, _ = self._read(topic, plan, want, frontier, lambda key: False,
                                 now_ms - self.config.safety_lag_ms)
-        due, _ = self._settle(topic, unknown, lambda p, row: is_live(p, row, now_ms))
+        due, _ = self._settle(topic, unknown, lambda p, row: is_live(p, row, now_ms, ahead_ms))
         return ScanResult(due, frontier, cursors)
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
@@ -361,10 +390,11 @@ class DueScanner:
         what was not read. With settled_ms, each partition is read from its resume point, and
         a spent prefix due before settled_ms moves that point.
 
-        Each fair-delivery lane (app.timeline.lane_of) is read on its own, in plan order:
+        Each fair-delivery lane (app.timeline.lane_of) is read on its own, in due order
+        (_LaneReader):
         first every lane up to its share of the scan's quota, then the lanes with more, in
         turn, up to the quota; so a lane with a backlog cannot keep the others' due messages
-        out of the scan. With one lane this is the plain read in timeline order."""
+        out of the scan."""
         keys = [(topic.uid, b, s, part) for b, s, part, _, _ in plan]
         after = ([self.resume.get(k, e[3]) for k, e in zip(keys, plan, strict=True)]
                  if settled_ms is not None else None)
@@ -381,7 +411,7 @@ class DueScanner:
             lane_after = [after[i] for i in indexes] if after is not None else None
             pages = self.timeline.pointers_of(topic.uid, [plan[i] for i in indexes],
                                               lane_after, page)
-            readers.append(_LaneReader(indexes, pages))
+            readers.append(_LaneReader(indexes, [plan[i][0] for i in indexes], pages))
         share = -(-quota // len(readers)) if readers else 0
         for reader in readers:
             reads.run(reader, share)

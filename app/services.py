@@ -6,14 +6,17 @@ Built by create_app (or the CLI / workers) once per process; nothing connects un
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from app.campaign_rules import CampaignRules
 from app.config import Config
 from app.host_locks import HostLocks
+from app.models import Topic
 from app.placement import PointerPlacer
 from app.poll_groups import PollGroups
+from app.pull_ahead import HeldLease, HeldLeases
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
 from app.store.counts import CountStore
@@ -53,8 +56,21 @@ class Services:
         self.timeline = TimelineStore(self.db)
         self.placer = PointerPlacer(self.timeline, config)
         self.scanner = DueScanner(self.timeline, self.messages, config)
-        self.poll_groups: PollGroups[Any] = PollGroups(host_lock=HostLocks().hold)
+        self.held = HeldLeases(clock, self._give_back)
+        self.poll_groups: PollGroups[Any] = PollGroups(host_lock=HostLocks().hold,
+                                                       wake_at=self._hand_out_at)
+
+    def _give_back(self, topic: Topic, items: list[HeldLease]) -> None:
+        from app.leasing import give_back  # the use case module imports this one
+
+        give_back(self, topic, items)
+
+    def _hand_out_at(self, key: Hashable) -> float | None:
+        """When (monotonic s) the next message held for topic uid `key` comes due."""
+        due = self.held.next_due_ms(key) if isinstance(key, uuid.UUID) else None
+        return None if due is None else time.monotonic() + (due - self.clock()) / 1000
 
     def close(self) -> None:
+        self.held.close()
         self.topic_cache.close()
         self.db.shutdown()

@@ -186,3 +186,39 @@ def test_a_host_lock_that_fails_fails_the_call_that_took_it() -> None:
     groups: PollGroups[int] = PollGroups(host_lock=broken)
     with pytest.raises(OSError, match="no lock directory"):
         groups.lease("t", 1, 0, 1000, Passes(supply=[1]))
+
+
+def test_a_hand_out_runs_at_the_wake_time_without_the_host_lock() -> None:
+    wake = time.monotonic() + 0.3
+    handed: list[float] = []
+    locked: list[Hashable] = []
+
+    def hand_out(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        handed.append(time.monotonic())
+        return [[7] for _ in waiters]
+
+    def host_lock(key: Hashable) -> contextlib.AbstractContextManager[None]:
+        locked.append(key)
+        return contextlib.nullcontext()
+
+    groups: PollGroups[int] = PollGroups(interval_ms=10_000, host_lock=host_lock,
+                                         wake_at=lambda key: None if handed else wake)
+    passes = Passes()  # nothing due: only the call's first pass, then the hand-out
+    assert groups.lease("t", 1, "a", 2000, passes, hand_out) == [7]
+    assert len(handed) == 1 and handed[0] >= wake
+    assert len(passes.batches) == 1 and locked == ["t"]  # the pass took the lock; not it
+
+
+def test_without_a_hand_out_a_wake_time_neither_starts_nor_wakes_anything() -> None:
+    asked: list[float] = []
+
+    def wake_at(key: Hashable) -> float:
+        asked.append(time.monotonic())
+        return time.monotonic() - 1  # overdue
+
+    groups: PollGroups[int] = PollGroups(interval_ms=10_000, wake_at=wake_at)
+    passes = Passes()
+    began = time.monotonic()
+    assert groups.lease("t", 1, "a", 300, passes) == []
+    assert time.monotonic() - began >= 0.3 and len(passes.batches) == 1
+    assert asked == []  # no waking to look at it (a busy loop, were it overdue)

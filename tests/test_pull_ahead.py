@@ -1,0 +1,132 @@
+"""Pull leases taken ahead (app.pull_ahead) on the real node: a long-polling call is handed a
+message at its due time, from a lease taken before it; a cancel before the due time wins; a
+message no call took is given back with its attempt not counted; a process that closes gives
+back what it holds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from flask import Flask
+
+from app import create_app
+from app.config import Config
+from app.services import Services
+from app.timeparse import format_ms, parse_instant
+from tests.consumers import TopicClient, now_ms
+
+
+def _held(app: Flask) -> int:
+    services: Services = app.extensions["duetime"]
+    with services.held._changed:
+        return sum(len(heap) for heap in services.held._held.values())
+
+
+def _in_background(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        out["value"] = target()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def _ahead(config: Config) -> Flask:
+    """An API process that leases a whole second ahead (the default is 100 ms): room for a
+    test to look at what it holds before the due time."""
+    return create_app(config.replace(pull_ahead_ms=1000))
+
+
+def test_a_waiting_call_gets_a_message_leased_before_its_due_time_at_that_time(
+        config: Config, auth: dict[str, str]) -> None:
+    app = _ahead(config)
+    topic = TopicClient(app.test_client(), auth)
+    due = now_ms() + 2000
+    assert topic.enqueue(id="soon", deliver_at=format_ms(due)).status_code == 201
+    waiting, out = _in_background(lambda: topic.lease(max_messages=1, wait_ms=5000))
+    # leased ahead while the call waits: the row is leased, its message not handed out yet
+    deadline = time.monotonic() + 3
+    while topic.get("soon").get_json()["state"] != "leased" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert topic.get("soon").get_json()["state"] == "leased"
+    assert now_ms() < due and waiting.is_alive()
+    waiting.join()
+    [message] = out["value"]  # TopicClient checks: not before deliver_at
+    assert message["id"] == "soon" and message["attempt"] == 1
+    assert parse_instant(message["deliver_at"]) == due
+    assert topic.ack(message) == 204
+    app.extensions["duetime"].close()
+
+
+def test_a_cancel_before_the_due_time_wins_over_a_lease_taken_ahead(
+        config: Config, auth: dict[str, str]) -> None:
+    app = _ahead(config)
+    topic = TopicClient(app.test_client(), auth)
+    due = now_ms() + 2000
+    for name in ("kept", "dropped"):
+        assert topic.enqueue(id=name, deliver_at=format_ms(due)).status_code == 201
+    waiting, out = _in_background(lambda: topic.lease(max_messages=2, wait_ms=4000))
+    deadline = time.monotonic() + 3
+    while _held(app) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _held(app) == 2 and now_ms() < due
+    assert topic.client.delete(topic.url("/messages/dropped"),
+                               headers=topic.headers).status_code == 204
+    waiting.join()
+    assert [m["id"] for m in out["value"]] == ["kept"]
+    assert topic.get("dropped").get_json()["state"] == "cancelled"
+    assert topic.lease(max_messages=10, wait_ms=300) == []
+    app.extensions["duetime"].close()
+
+
+def _one_now_one_held(app: Flask, auth: dict[str, str]) -> TopicClient:
+    """A call that wants 2 gets "now" at once and returns with it; "later", due within the
+    look-ahead, was leased ahead for it and is left held with nobody waiting."""
+    topic = TopicClient(app.test_client(), auth)
+    start = now_ms() + 1000
+    assert topic.enqueue(id="now", deliver_at=format_ms(start)).status_code == 201
+    assert topic.enqueue(id="later", deliver_at=format_ms(start + 600)).status_code == 201
+    time.sleep(max(0, start - now_ms()) / 1000)
+    first = topic.lease(max_messages=2, wait_ms=3000)
+    assert [m["id"] for m in first] == ["now"]
+    assert topic.ack(first[0]) == 204
+    assert _held(app) == 1
+    return topic
+
+
+def _given_back(topic: TopicClient, within_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + within_s
+    while topic.get("later").get_json()["state"] != "scheduled" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    row: dict[str, Any] = topic.get("later").get_json()
+    return row
+
+
+def test_a_message_no_call_takes_is_given_back_its_attempt_not_counted(
+        config: Config, auth: dict[str, str]) -> None:
+    app = _ahead(config)
+    topic = _one_now_one_held(app, auth)
+    row = _given_back(topic, within_s=3)
+    assert row["state"] == "scheduled" and row["attempts"] == 0, row
+    assert _held(app) == 0
+    [again] = topic.lease(max_messages=1, wait_ms=2000)
+    assert again["id"] == "later" and again["attempt"] == 1
+    assert topic.ack(again) == 204
+    app.extensions["duetime"].close()
+
+
+def test_a_closing_process_gives_back_what_it_holds(
+        app: Flask, config: Config, auth: dict[str, str]) -> None:
+    other = _ahead(config)
+    theirs = _one_now_one_held(other, auth)
+    other.extensions["duetime"].close()
+    mine = TopicClient(app.test_client(), auth, name=theirs.name)
+    row = _given_back(mine, within_s=0)
+    assert row["state"] == "scheduled" and row["attempts"] == 0, row
+    assert parse_instant(row["deliver_at"]) > now_ms()  # given back before its due time
+    [message] = mine.lease(max_messages=1, wait_ms=3000)
+    assert message["id"] == "later" and message["attempt"] == 1
