@@ -43,8 +43,12 @@ TAKE_ROUNDS = 3
 
 @dataclasses.dataclass(frozen=True)
 class Leased:
+    """A message leased for a call: its row as leased, its payload, and when it was due
+    (epoch ms; the row's own due time is now the lease's expiry)."""
+
     row: MessageState
     payload: Payload
+    due_ms: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +70,8 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
     return services.poll_groups.lease(topic.uid, max_messages, Hold(lease_s, consumer), wait_ms,
                                       lambda waiters: _pass(services, topic, waiters),
-                                      lambda waiters: _hand_out(services, topic, waiters))
+                                      lambda waiters: _hand_out(services, topic, waiters),
+                                      lambda terms, items: _spill(services, topic, terms, items))
 
 
 def _pass(services: Services, topic: Topic,
@@ -90,7 +95,7 @@ def _pass(services: Services, topic: Topic,
     patient = [n for n, w in enumerate(waiters)
                if w.deadline - time.monotonic() > ahead_ms / 1000] if ahead_ms else []
     held_before = services.held.count(topic.uid) if patient else 0
-    if patient and sum(waiters[n].want - counted[n] for n in patient) <= held_before:
+    if len([n for n in patient if not counted[n]]) <= held_before:
         ahead_ms = 0  # what is held already covers every call that waits
     result = services.scanner.scan(topic, now, wanted, ahead_ms=ahead_ms)
     # Lower priority values first, then round-robin across groups (app.fairness), each in
@@ -118,12 +123,12 @@ def _pass(services: Services, topic: Topic,
             if owner >= 0:
                 counted[owner] += 1
                 if payload is not None:
-                    shares[owner].append(Leased(row, payload))
-                    metrics.observe_lags("pull", [now - before[row.id].due_at_ms])
+                    shares[owner].append(Leased(row, payload, before[row.id].due_at_ms))
             elif payload is not None:
                 held.append(HeldLease(before[row.id].due_at_ms, before[row.id], row, payload,
                                       waiters[patient[0]].terms))
     services.held.hold(topic, held)
+    metrics.observe_lags("pull", [now - m.due_ms for share in shares for m in share])
     moves = result.moves(untaken + order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
@@ -134,8 +139,9 @@ def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],
                 counted: list[int], patient: list[int], held: int, now: int,
                 untaken: list[Due]) -> tuple[list[Due], list[int], int]:
     """The next messages of `order` (from `used` on) to take, each with its owner: a call
-    with room left for one due now, -1 (held) for one due later while the calls that wait
-    want more than is held. Those skipped (due later, enough held) go to `untaken`.
+    with room left for one due now, -1 (held) for one due later while fewer are held than
+    calls wait with nothing yet (a call leaves with what its first hand-out finds, so more
+    would only be given back). Those skipped (due later, enough held) go to `untaken`.
     Returns (chunk, owners, where the next chunk starts)."""
     chunk: list[Due] = []
     owners: list[int] = []
@@ -147,8 +153,8 @@ def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],
         owner: int | None = None
         if d.row.due_at_ms <= now:
             owner = next((n for n, r in enumerate(room) if r > 0), None)
-        elif sum(room[n] for n in patient) > held + holding:
-            owner = -1
+        elif sum(1 for n in patient if not counted[n] and not pending[n]) > held + holding:
+            owner = -1  # one per call that waits: the first hand-out that finds it answers it
         if owner is None and not any(r > 0 for r in room):
             break
         used += 1
@@ -183,7 +189,11 @@ def _hand_held(services: Services, topic: Topic, waiters: Sequence[Waiter[Leased
     items = services.held.take_due(topic.uid, now, room) if room > 0 else []
     if not items:
         return
-    rows = services.messages.get_many(topic.uid, [i.leased.id for i in items])
+    try:
+        rows = services.messages.get_many(topic.uid, [i.leased.id for i in items])
+    except Exception:
+        services.held.put_back(topic, items, offered=False)  # for the next try
+        raise
     unmatched: list[HeldLease] = []
     for item in items:
         row = rows.get(item.leased.id)
@@ -194,9 +204,18 @@ def _hand_held(services: Services, topic: Topic, waiters: Sequence[Waiter[Leased
         if owner is None:
             unmatched.append(item)
             continue
-        shares[owner].append(Leased(item.leased, item.payload))
+        shares[owner].append(Leased(item.leased, item.payload, item.due_ms))
         metrics.observe_lags("pull", [services.clock() - item.due_ms])
     services.held.put_back(topic, unmatched)
+
+
+def _spill(services: Services, topic: Topic, terms: Hold, items: list[Leased]) -> None:
+    """What a pass leased for a call a hand-out answered meanwhile: held, due now, for the
+    next call on these terms (or given back)."""
+    services.held.put_back(topic, [
+        HeldLease(m.due_ms, dataclasses.replace(m.row, attempts=m.row.attempts - 1,
+                                                consumer=None), m.row, m.payload, terms)
+        for m in items], offered=False)
 
 
 def give_back(services: Services, topic: Topic, items: list[HeldLease]) -> None:

@@ -7,9 +7,9 @@ call its share. A pass is needed at once when a call is waiting that no pass sta
 its arrival has served yet, and otherwise every interval while calls wait.
 
 A process that holds messages leased ahead for waiting calls (app.pull_ahead) says when the
-next one comes due (wake_at); at that moment a waiting thread runs a hand-out instead of a
-pass (hand_out: no read of the timeline, no host lock), so the message goes out at its due
-moment rather than at the next interval.
+next one comes due (wake_at); at that moment a waiting thread runs a hand-out (no read of the
+timeline, no host lock), even while a pass is running, so the message goes out at its due
+moment rather than when the pass ends or at the next interval.
 
 So each pass reads every shard once for all the calls it serves, in one round, instead of
 each call racing the others of its process over shards and homes; idle consumers cost one
@@ -53,11 +53,13 @@ class Waiter(Generic[T]):
 @dataclasses.dataclass
 class _Group(Generic[T]):
     queue: list[Waiter[T]] = dataclasses.field(default_factory=list)
-    running: bool = False
+    running: bool = False  # a pass
+    handing: bool = False  # a hand-out (app.pull_ahead); it may run beside a pass
     last_start: float = float("-inf")  # monotonic seconds
 
 
 Pass = Callable[[Sequence[Waiter[T]]], Sequence[list[T]]]
+Spill = Callable[[Any, list[T]], None]  # (a call's terms, what a pass leased for it too late)
 
 
 def _no_host_lock(key: Hashable) -> AbstractContextManager[None]:
@@ -84,15 +86,17 @@ class PollGroups(Generic[T]):
         self._changed = threading.Condition()
 
     def lease(self, key: Hashable, want: int, terms: Any, wait_ms: int,
-              run_pass: Pass[T], hand_out: Pass[T] | None = None) -> list[T]:
+              run_pass: Pass[T], hand_out: Pass[T] | None = None,
+              spill: Spill[T] | None = None) -> list[T]:
         """Wait up to wait_ms (measured from now) for the passes over `key` to find anything
         for this call, and return what they found (at most `want`; empty once wait_ms has
         passed, but never before one pass has looked). run_pass(waiters) leases for each
         waiter at most its want and returns each one's share; it runs on whichever waiting
         thread starts the pass, and an exception it raises is raised in every call it
-        served. A call never leaves while a pass is leasing for it. hand_out(waiters), when
-        given, runs instead of a pass at the moments wake_at(key) names, for the calls
-        every one of which a pass has already looked for."""
+        served. A call never leaves empty while a pass is leasing for it. hand_out(waiters),
+        when given, runs at the moments wake_at(key) names, beside a pass if one is running,
+        for every call still without an answer; what a pass then leases for a call a
+        hand-out answered goes to spill(terms, items)."""
         deadline = time.monotonic() + wait_ms / 1000
         me: Waiter[T] = Waiter(want, terms, deadline)
         with self._changed:
@@ -109,17 +113,20 @@ class PollGroups(Generic[T]):
                     if me.served and not me.in_pass and now >= deadline:
                         self._leave(key, group, me)
                         return []
+                    if hand_out is not None and self._hand_out_due(key, group, now):
+                        group.handing = True
+                        handing = True
+                        break
                     if self._pass_due(group, now):
                         group.running = True
-                        step, locked = run_pass, True
-                        break
-                    if hand_out is not None and self._hand_out_due(key, group, now):
-                        group.running = True
-                        step, locked = hand_out, False
+                        handing = False
                         break
                     self._changed.wait(self._sleep_s(key if hand_out else None, group, me,
                                                      now, deadline))
-            self._run(key, group, me, step, locked)
+            if handing and hand_out is not None:
+                self._hand_out(key, group, hand_out)
+            else:
+                self._run(key, group, me, run_pass, spill)
 
     def _pass_due(self, group: _Group[T], now: float) -> bool:
         """Should a pass start now: none running, and a call no pass has served yet, or an
@@ -130,18 +137,46 @@ class PollGroups(Generic[T]):
                 or now >= group.last_start + self.interval_s)
 
     def _hand_out_due(self, key: Hashable, group: _Group[T], now: float) -> bool:
-        """Should a hand-out start now: none running, and wake_at(key) has come?"""
-        if group.running or not group.queue:
+        """Should a hand-out start now: none running (a pass may be), a call without an
+        answer, and wake_at(key) has come?"""
+        if group.handing or not any(w.got is None and w.error is None for w in group.queue):
             return False
         wake = self.wake_at(key)
         return wake is not None and now >= wake
 
-    def _choose(self, group: _Group[T], now: float, scanning: bool = True) -> list[Waiter[T]]:
+    def _hand_out(self, key: Hashable, group: _Group[T], hand_out: Pass[T]) -> None:
+        """Run one hand-out (group.handing is set) for every call still without an answer,
+        those a pass is leasing for included: a call that gets messages is answered at once,
+        and what the pass leases for it after all goes to spill (see _run). An error goes to
+        the calls it was for."""
+        with self._changed:
+            now = time.monotonic()
+            batch = [w for w in group.queue
+                     if w.got is None and w.error is None and now < w.deadline]
+        shares: Sequence[list[T]] = []
+        error: BaseException | None = None
+        try:
+            shares = hand_out(batch) if batch else []
+        except BaseException as exc:  # re-raised in the calls it was for
+            error = exc
+        with self._changed:
+            group.handing = False
+            for index, w in enumerate(batch):
+                if error is not None:
+                    w.error = error
+                elif shares[index]:
+                    w.got = shares[index]
+                if (w.error is not None or w.got is not None) and not w.in_pass:
+                    self._leave(key, group, w)
+            self._changed.notify_all()
+
+    def _choose(self, group: _Group[T], now: float) -> list[Waiter[T]]:
         """The calls the pass starting now serves: calls no pass has served yet first, then
         the others still waiting, within pass_max messages (at least one call); in arrival
         order."""
-        fresh = [w for w in group.queue if not w.served]
-        waiting = [w for w in group.queue if w.served and now < w.deadline]
+        open_ = [w for w in group.queue if w.got is None and w.error is None]
+        fresh = [w for w in open_ if not w.served]
+        waiting = [w for w in open_ if w.served and now < w.deadline]
         chosen: set[int] = set()
         total = 0
         for w in fresh + waiting:
@@ -152,8 +187,7 @@ class PollGroups(Generic[T]):
         batch = [w for w in group.queue if id(w) in chosen]
         for w in batch:
             w.in_pass = True
-        if scanning:
-            group.last_start = now
+        group.last_start = now
         return batch
 
     def _sleep_s(self, key: Hashable | None, group: _Group[T], me: Waiter[T], now: float,
@@ -163,40 +197,49 @@ class PollGroups(Generic[T]):
         limits = [deadline - now] if me.served and not me.in_pass else []
         if not group.running:
             limits.append(group.last_start + self.interval_s - now)
-            wake = self.wake_at(key) if key is not None else None
-            if wake is not None:
-                limits.append(wake - now)
+        wake = self.wake_at(key) if key is not None and not group.handing else None
+        if wake is not None:  # (a hand-out running notifies when it ends)
+            limits.append(wake - now)
         return max(0.0005, min(limits, default=1.0))
 
     def _run(self, key: Hashable, group: _Group[T], me: Waiter[T], run_pass: Pass[T],
-             locked: bool = True) -> None:
-        """Run one pass (group.running is set): take the host lock (when locked), choose the
-        calls, lease for them, hand out the shares (or the error)."""
+             spill: Spill[T] | None) -> None:
+        """Run one pass (group.running is set): take the host lock, choose the calls, lease
+        for them, hand out the shares (or the error). A call a hand-out answered meanwhile
+        keeps that answer, and what the pass leased for it goes to spill(terms, items)."""
         batch: list[Waiter[T]] = []
         shares: Sequence[list[T]] = []
         error: BaseException | None = None
         try:
-            with self.host_lock(key) if locked else contextlib.nullcontext():
+            with self.host_lock(key):
                 with self._changed:
-                    batch = self._choose(group, time.monotonic(), scanning=locked)
+                    batch = self._choose(group, time.monotonic())
                 shares = run_pass(batch) if batch else []
         except BaseException as exc:  # handed to every call of the pass, re-raised there
             error = exc
+        spilled: list[tuple[Any, list[T]]] = []
         with self._changed:
             group.running = False
             if error is not None and not batch:
                 batch = [me]  # the lock itself failed: this call answers for it
             for index, w in enumerate(batch):
                 w.served, w.in_pass = True, False
-                if error is not None:
+                if error is None and shares[index] and w.got is not None:
+                    spilled.append((w.terms, shares[index]))
+                elif error is not None and w.got is None:
                     w.error = error
-                elif shares[index]:
+                elif error is None and shares[index]:
                     w.got = shares[index]
                 if w.error is not None or w.got is not None:
                     self._leave(key, group, w)
             self._changed.notify_all()
+        for terms, items in spilled:
+            if spill is not None:
+                spill(terms, items)
 
     def _leave(self, key: Hashable, group: _Group[T], w: Waiter[T]) -> None:
-        group.queue.remove(w)
-        if not group.queue and not group.running and self._groups.get(key) is group:
+        if w in group.queue:
+            group.queue.remove(w)
+        if (not group.queue and not group.running and not group.handing
+                and self._groups.get(key) is group):
             del self._groups[key]

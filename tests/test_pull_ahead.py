@@ -69,32 +69,39 @@ def test_a_cancel_before_the_due_time_wins_over_a_lease_taken_ahead(
     due = now_ms() + 2000
     for name in ("kept", "dropped"):
         assert topic.enqueue(id=name, deliver_at=format_ms(due)).status_code == 201
-    waiting, out = _in_background(lambda: topic.lease(max_messages=2, wait_ms=4000))
+    # one message is leased ahead per waiting call: two calls, both held
+    calls = [_in_background(lambda: topic.lease(max_messages=1, wait_ms=4000))
+             for _ in range(2)]
     deadline = time.monotonic() + 3
     while _held(app) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _held(app) == 2 and now_ms() < due
     assert topic.client.delete(topic.url("/messages/dropped"),
                                headers=topic.headers).status_code == 204
-    waiting.join()
-    assert [m["id"] for m in out["value"]] == ["kept"]
+    for waiting, _ in calls:
+        waiting.join()
+    assert sorted(m["id"] for _, out in calls for m in out["value"]) == ["kept"]
     assert topic.get("dropped").get_json()["state"] == "cancelled"
     assert topic.lease(max_messages=10, wait_ms=300) == []
     app.extensions["duetime"].close()
 
 
-def _one_now_one_held(app: Flask, auth: dict[str, str]) -> TopicClient:
-    """A call that wants 2 gets "now" at once and returns with it; "later", due within the
-    look-ahead, was leased ahead for it and is left held with nobody waiting."""
+def _one_handed_one_held(app: Flask, auth: dict[str, str]) -> TopicClient:
+    """A waiting call has "later" leased ahead for it, then gets "now" (due at once) from a
+    pass and leaves with it: "later" is left held with nobody waiting."""
     topic = TopicClient(app.test_client(), auth)
-    start = now_ms() + 1000
-    assert topic.enqueue(id="now", deliver_at=format_ms(start)).status_code == 201
-    assert topic.enqueue(id="later", deliver_at=format_ms(start + 600)).status_code == 201
-    time.sleep(max(0, start - now_ms()) / 1000)
-    first = topic.lease(max_messages=2, wait_ms=3000)
-    assert [m["id"] for m in first] == ["now"]
-    assert topic.ack(first[0]) == 204
+    later = now_ms() + 900
+    assert topic.enqueue(id="later", deliver_at=format_ms(later)).status_code == 201
+    waiting, out = _in_background(lambda: topic.lease(max_messages=1, wait_ms=3000))
+    deadline = time.monotonic() + 3
+    while _held(app) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert _held(app) == 1
+    assert topic.enqueue(id="now").status_code == 201
+    waiting.join()
+    assert [m["id"] for m in out["value"]] == ["now"]
+    assert topic.ack(out["value"][0]) == 204
+    assert _held(app) == 1 and now_ms() < later
     return topic
 
 
@@ -109,7 +116,7 @@ def _given_back(topic: TopicClient, within_s: float) -> dict[str, Any]:
 def test_a_message_no_call_takes_is_given_back_its_attempt_not_counted(
         config: Config, auth: dict[str, str]) -> None:
     app = _ahead(config)
-    topic = _one_now_one_held(app, auth)
+    topic = _one_handed_one_held(app, auth)
     row = _given_back(topic, within_s=3)
     assert row["state"] == "scheduled" and row["attempts"] == 0, row
     assert _held(app) == 0
@@ -122,7 +129,7 @@ def test_a_message_no_call_takes_is_given_back_its_attempt_not_counted(
 def test_a_closing_process_gives_back_what_it_holds(
         app: Flask, config: Config, auth: dict[str, str]) -> None:
     other = _ahead(config)
-    theirs = _one_now_one_held(other, auth)
+    theirs = _one_handed_one_held(other, auth)
     other.extensions["duetime"].close()
     mine = TopicClient(app.test_client(), auth, name=theirs.name)
     row = _given_back(mine, within_s=0)
