@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run up down test lint typecheck openapi bench bench-import setup cluster-up cluster-down clean
+.PHONY: run up down test fuzz lint typecheck openapi bench bench-import setup cluster-up cluster-down clean
 
 run:            ## install what is missing, start everything, stay in the foreground
 	@devstack/stack.sh run
@@ -19,6 +19,9 @@ setup:          ## venv, Cassandra, schema
 
 test: setup     ## the whole suite against the real Cassandra node
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+fuzz: setup     ## schemathesis over every route with 500 examples each (the suite runs 10)
+	DUETIME_FUZZ_EXAMPLES=$${DUETIME_FUZZ_EXAMPLES:-500} $(PY) -m pytest tests/test_fuzz.py $(PYTEST_ARGS)
 
 lint:
 	$(VENV)/bin/ruff check app workers spark tests devstack

@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 
 from flask import Flask, Response, g, request
-from flask_smorest import Api
 
 from app import group_commit, logs, metrics
-from app.api import docs_assets, problems
+from app.api import docs_assets, openapi_file, problems
 from app.auth import Authenticator
 from app.config import Config, load_config
+from app.quotas import Quotas
 from app.services import Clock, Services, system_clock_ms
 
 API_VERSION = "1.0.0"
@@ -35,7 +35,12 @@ def _smorest_settings(app: Flask, config: Config) -> None:
             "info": {"description": "Messages delivered at their moment. See README.md. "
                                     "Every answer carries X-Request-Id: the request's own "
                                     "(1-128 of A-Z a-z 0-9 . _ : -) or a new one, also in "
-                                    "the API's log events."},
+                                    "the API's log events. Each /v1 request, and each "
+                                    "message enqueued, counts against its tenant's quota "
+                                    "where one is set (DUETIME_RATE_LIMIT_PER_S, "
+                                    "DUETIME_MESSAGE_RATE_LIMIT_PER_S): past it the answer "
+                                    "is 429 problem+json (type .../rate-limited) with "
+                                    "Retry-After in seconds."},
             "components": {"securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "API key"},
             }},
@@ -63,11 +68,13 @@ def _observe_requests(app: Flask) -> None:
         return response
 
 
-def _authenticate(app: Flask, authenticator: Authenticator) -> None:
+def _authenticate(app: Flask, authenticator: Authenticator, quotas: Quotas) -> None:
+    """Every /v1 request: its tenant from its key, then one request of the tenant's quota."""
     @app.before_request
     def require_key() -> None:
         if request.path.startswith("/v1/"):
             g.tenant = authenticator.tenant_for_header(request.headers.get("Authorization"))
+            quotas.admit(g.tenant, "requests")
 
 
 def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> Flask:
@@ -79,7 +86,7 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     app.extensions["duetime"] = services
     app.extensions["duetime_groups"] = {"enqueue": group_commit.enqueue_groups(services),
                                         "ack": group_commit.ack_groups(services)}
-    smorest = Api(app)
+    smorest = openapi_file.DuetimeApi(app)
     # imported here, not at module level: names bound there are attributes of the package
     # and would shadow the use-case modules app.topics, app.messages, app.campaigns and
     # app.schedules
@@ -88,7 +95,6 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
         health,
         leases,
         messages,
-        openapi_file,
         schedules,
         topics,
     )
@@ -99,5 +105,5 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     docs_assets.register(app)
     problems.register(app)
     _observe_requests(app)
-    _authenticate(app, Authenticator(services.keys, config.key_cache_s))
+    _authenticate(app, Authenticator(services.keys, config.key_cache_s), services.quotas)
     return app

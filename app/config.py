@@ -45,9 +45,11 @@ class Config:
     min_lease_s: int = 1
     max_lease_s: int = 12 * 3600
     key_cache_s: float = 30.0
-    rate_limit_per_s: float = 0.0
-    pull_ahead_ms: int = 100  # long polls: lease this far ahead, hand out at the due time
+    rate_limit_per_s: float = 0.0  # requests a second per tenant (0: no quota)
     rate_burst: int = 0
+    message_rate_limit_per_s: float = 0.0  # messages enqueued a second per tenant (0: none)
+    message_rate_burst: int = 0
+    pull_ahead_ms: int = 100  # long polls: lease this far ahead, hand out at the due time
 
     bucket_ms: int = 60_000
     partition_cap: int = 1000

@@ -30,7 +30,7 @@ from app.scan import Due
 from app.services import Services
 from app.store.campaigns import Campaign
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
-from app.transitions import apply_transition, count_moves, place_then
+from app.transitions import apply_transition, count_moves, move_many, place_then
 
 # Leases write a cursor only when it moves this far: the in-process resume points
 # (app.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
@@ -228,11 +228,7 @@ def give_back(services: Services, topic: Topic, items: list[HeldLease]) -> None:
         due_at_ms=placement_ms(i.due_ms, now), lease_token=None, lease_expires_at_ms=None,
         attempts=i.before.attempts, consumer=i.before.consumer, updated_at_ms=now)
         for i in items]
-    placed = place_then(services, topic, again, now)
-    outcomes = services.messages.cas_many(
-        [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
-         for r in placed])
-    won = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
+    won = move_many(services, topic, again, now)
     _spend_lease_pointers(services, topic, [i.leased for i in items])
     count_moves(services, topic, [("leased", "scheduled", r.campaign) for r in won])
 

@@ -17,6 +17,7 @@ from app.models import Topic
 from app.placement import PointerPlacer
 from app.poll_groups import PollGroups
 from app.pull_ahead import HeldLease, HeldLeases
+from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
 from app.store.counts import CountStore
@@ -56,6 +57,10 @@ class Services:
         self.timeline = TimelineStore(self.db)
         self.placer = PointerPlacer(self.timeline, config)
         self.scanner = DueScanner(self.timeline, self.messages, config)
+        self.quotas = Quotas(self.db, {
+            "requests": Limit(config.rate_limit_per_s, config.rate_burst),
+            "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
+            clock)
         self.held = HeldLeases(clock, self._give_back)
         self.poll_groups: PollGroups[Any] = PollGroups(host_lock=HostLocks().hold,
                                                        wake_at=self._hand_out_at)
@@ -71,6 +76,7 @@ class Services:
         return None if due is None else time.monotonic() + (due - self.clock()) / 1000
 
     def close(self) -> None:
+        self.quotas.close()
         self.held.close()
         self.topic_cache.close()
         self.db.shutdown()

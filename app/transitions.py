@@ -28,6 +28,17 @@ def place_then(services: Services, topic: Topic, rows: list[MessageState],
     return [r for r, err in zip(rows, errors, strict=True) if err is None]
 
 
+def move_many(services: Services, topic: Topic, rows: list[MessageState],
+              now: int) -> list[MessageState]:
+    """Each row's next pointer, then its LWT over the version before it; returns the rows
+    that applied (one whose pointer failed, or whose row changed meanwhile, did not)."""
+    placed = place_then(services, topic, rows, now)
+    outcomes = services.messages.cas_many(
+        [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
+         for r in placed])
+    return [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
+
+
 def apply_transition(services: Services, topic: Topic, new: MessageState, moved: bool) -> None:
     """CAS new over the version before it; with moved, its pointer first. 409 if lost."""
     now = services.clock()
@@ -77,11 +88,7 @@ def replace_ahead(services: Services, topic: Topic, rows: list[MessageState],
     moved = [dataclasses.replace(r, state="scheduled", version=r.version + 1, due_at_ms=now,
                                  lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)
              for r in rows]
-    placed = place_then(services, topic, moved, now)
-    outcomes = services.messages.cas_many(
-        [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
-         for r in placed])
-    done = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
+    done = move_many(services, topic, moved, now)
     before = {r.id: r.state for r in rows}
     count_moves(services, topic, [(before[r.id], "scheduled", r.campaign) for r in done])
     return done

@@ -71,6 +71,7 @@ class MessageCollection(MethodView):
     @blp.alt_response(413, description="Payload over the limit.")
     def post(self, body: dict[str, Any], topic: str) -> tuple[dict[str, Any], int]:
         """Put one message on the timeline."""
+        services().quotas.admit(tenant(), "messages")
         found = get_topic_cached(services(), tenant(), topic)
         result = enqueue_groups().submit(found, _new(body, quiet_hours.of_topic(found.settings)))
         if result.error is not None:
@@ -105,6 +106,7 @@ class MessageBatch(MethodView):
         limit = services().config.max_batch
         if len(body["messages"]) > limit:
             raise PayloadTooLarge(f"{len(body['messages'])} messages; a batch holds {limit}.")
+        services().quotas.admit(tenant(), "messages", len(body["messages"]))
         found = get_topic_cached(services(), tenant(), topic)
         quiet = quiet_hours.of_topic(found.settings)
         parsed = [_batch_item(raw, quiet) for raw in body["messages"]]

@@ -2,8 +2,38 @@
 
 from __future__ import annotations
 
+import http
+from typing import Any
+
 from flask import Flask, Response
 from flask_smorest import Api
+from flask_smorest.utils import prepare_response
+
+from app.schemas import ProblemSchema
+
+PROBLEM_TYPE = "application/problem+json"
+
+
+class DuetimeApi(Api):
+    """flask-smorest's Api, with every error response documented as what duetime answers:
+    problem+json (RFC 9457). Each operation's `default` response is that body, so 401, 404,
+    413, 422, 429 and 503, answered by every route, are all in the document."""
+
+    ERROR_SCHEMA = ProblemSchema
+
+    def _register_responses(self) -> None:
+        for status in http.HTTPStatus:
+            response: dict[str, Any] = {"description": status.phrase}
+            if not 100 <= status < 200 and status not in (204, 304):
+                response["schema"] = self.ERROR_SCHEMA
+            prepare_response(response, self.spec, PROBLEM_TYPE)
+            self.spec.components.response(status.name, response, lazy=True)
+        default: dict[str, Any] = {
+            "description": "An error: problem+json (type, title, status, detail; errors per "
+                           "field for invalid input). 429 and 503 carry Retry-After.",
+            "schema": self.ERROR_SCHEMA}
+        prepare_response(default, self.spec, PROBLEM_TYPE)
+        self.spec.components.response("DEFAULT_ERROR", default, lazy=True)
 
 
 def spec_yaml(api: Api) -> str:
