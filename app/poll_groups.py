@@ -1,10 +1,11 @@
 """Lease calls of one process on one topic are served together: one pass at a time.
 
 Every waiting call (a long poll, or a call with wait_ms 0) joins its topic's queue. Whenever
-no pass over the topic is running and one is needed, one of the waiting threads runs it for
-the queue's head (first come, first served, up to PASS_MAX messages in all) and hands each
-call its share. A pass is needed at once when a call is waiting that no pass started after
-its arrival has served yet, and otherwise every interval while calls wait.
+no pass over the topic is running and one is needed, one of the waiting calls starts it, on
+a thread of its own, for the queue's head (first come, first served, up to PASS_MAX messages
+in all), and it hands each call its share. A pass is needed at once when a call is waiting
+that no pass started after its arrival has served yet, and otherwise every interval while
+calls wait.
 
 A process that holds messages leased ahead for waiting calls (app.pull_ahead) says when the
 next one comes due (wake_at); at that moment a waiting thread runs a hand-out (no read of the
@@ -88,15 +89,16 @@ class PollGroups(Generic[T]):
     def lease(self, key: Hashable, want: int, terms: Any, wait_ms: int,
               run_pass: Pass[T], hand_out: Pass[T] | None = None,
               spill: Spill[T] | None = None) -> list[T]:
-        """Wait up to wait_ms (measured from now) for the passes over `key` to find anything
-        for this call, and return what they found (at most `want`; empty once wait_ms has
+        """Wait up to wait_ms (measured from now) for the passes over `key` to find anything for
+        this call, and return what they found (at most `want`; empty once wait_ms has
         passed, but never before one pass has looked). run_pass(waiters) leases for each
-        waiter at most its want and returns each one's share; it runs on whichever waiting
-        thread starts the pass, and an exception it raises is raised in every call it
-        served. A call never leaves empty while a pass is leasing for it. hand_out(waiters),
-        when given, runs at the moments wake_at(key) names, beside a pass if one is running,
-        for every call still without an answer; what a pass then leases for a call a
-        hand-out answered goes to spill(terms, items)."""
+        waiter at most its want and returns each one's share; it runs on a thread of its
+        own, started by whichever waiting call finds a pass due, and an exception it
+        raises is raised in every call it served. A call never leaves empty while a pass
+        is leasing for it. hand_out(waiters), when given, runs at the moments
+        wake_at(key) names, beside a pass if one is running, for every call still
+        without an answer; what a pass then leases for a call a hand-out answered goes
+        to spill(terms, items)."""
         deadline = time.monotonic() + wait_ms / 1000
         me: Waiter[T] = Waiter(want, terms, deadline)
         with self._changed:
@@ -115,18 +117,18 @@ class PollGroups(Generic[T]):
                         return []
                     if hand_out is not None and self._hand_out_due(key, group, now):
                         group.handing = True
-                        handing = True
                         break
                     if self._pass_due(group, now):
                         group.running = True
-                        handing = False
-                        break
+                        # on a thread of its own, so the calls' threads stay free to run
+                        # the hand-outs that come due while it runs
+                        threading.Thread(target=self._run, name="lease-pass", daemon=True,
+                                         args=(key, group, me, run_pass, spill)).start()
+                        continue
                     self._changed.wait(self._sleep_s(key if hand_out else None, group, me,
                                                      now, deadline))
-            if handing and hand_out is not None:
+            if hand_out is not None:
                 self._hand_out(key, group, hand_out)
-            else:
-                self._run(key, group, me, run_pass, spill)
 
     def _pass_due(self, group: _Group[T], now: float) -> bool:
         """Should a pass start now: none running, and a call no pass has served yet, or an
@@ -224,9 +226,10 @@ class PollGroups(Generic[T]):
                 batch = [me]  # the lock itself failed: this call answers for it
             for index, w in enumerate(batch):
                 w.served, w.in_pass = True, False
-                if error is None and shares[index] and w.got is not None:
+                answered = w.got is not None or w.error is not None  # by a hand-out
+                if error is None and shares[index] and answered:
                     spilled.append((w.terms, shares[index]))
-                elif error is not None and w.got is None:
+                elif error is not None and not answered:
                     w.error = error
                 elif error is None and shares[index]:
                     w.got = shares[index]

@@ -64,18 +64,8 @@ class HeldLeases:
         self._closed = False
 
     def hold(self, topic: Topic, items: list[HeldLease]) -> None:
-        if not items:
-            return
-        with self._changed:
-            heap = self._held.setdefault(topic.uid, [])
-            self._topics[topic.uid] = topic
-            for item in items:
-                heapq.heappush(heap, (item.due_ms, next(self._seq), item))
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._return_loop,
-                                                name="pull-ahead-returner", daemon=True)
-                self._thread.start()
-            self._changed.notify_all()
+        """Hold messages just leased ahead until their due time."""
+        self._push(topic, items, offered=False)
 
     def count(self, topic_uid: uuid.UUID) -> int:
         with self._changed:
@@ -103,6 +93,11 @@ class HeldLeases:
         """Hold again due messages no waiting call could take (other terms): they wake no
         call until a new one arrives (offered), and are given back in time if none takes
         them."""
+        self._push(topic, items, offered)
+
+    def _push(self, topic: Topic, items: list[HeldLease], offered: bool) -> None:
+        if not items:
+            return
         with self._changed:
             heap = self._held.setdefault(topic.uid, [])
             self._topics[topic.uid] = topic
@@ -111,6 +106,10 @@ class HeldLeases:
                 if offered:
                     self._offered.add(seq)
                 heapq.heappush(heap, (item.due_ms, seq, item))
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._return_loop,
+                                                name="pull-ahead-returner", daemon=True)
+                self._thread.start()
             self._changed.notify_all()
 
     def close(self) -> None:

@@ -222,3 +222,25 @@ def test_without_a_hand_out_a_wake_time_neither_starts_nor_wakes_anything() -> N
     assert groups.lease("t", 1, "a", 300, passes) == []
     assert time.monotonic() - began >= 0.3 and len(passes.batches) == 1
     assert asked == []  # no waking to look at it (a busy loop, were it overdue)
+
+
+def test_a_hand_out_answers_a_call_a_pass_is_leasing_for_and_the_pass_spills() -> None:
+    began = time.monotonic()
+    handed: list[float] = []
+    spilled: list[tuple[object, list[int]]] = []
+
+    def hand_out(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        handed.append(time.monotonic())
+        return [[7] for _ in waiters]
+
+    groups: PollGroups[int] = PollGroups(
+        interval_ms=10_000, wake_at=lambda key: None if handed else began + 0.1)
+    passes = Passes(supply=[9], duration_s=0.3)  # the call's first pass, still running at 0.1
+    got = groups.lease("t", 1, "a", 2000, passes, hand_out,
+                       lambda terms, items: spilled.append((terms, items)))
+    answered = time.monotonic() - began
+    assert got == [7] and answered < 0.3  # not held until the pass ended
+    deadline = time.monotonic() + 2
+    while not spilled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert spilled == [("a", [9])]  # what the pass leased for it is not lost
