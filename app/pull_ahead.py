@@ -16,11 +16,10 @@ once, late by the lease).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import heapq
 import itertools
 import logging
-import operator
+import math
 import threading
 import uuid
 from collections.abc import Callable, Hashable
@@ -80,14 +79,7 @@ class HeldLeases:
     def take_due(self, topic_uid: uuid.UUID, now_ms: int, limit: int) -> list[HeldLease]:
         """Up to limit held messages due by now_ms, earliest first, no longer held."""
         with self._changed:
-            heap = self._held.get(topic_uid, [])
-            out: list[HeldLease] = []
-            while heap and heap[0][0] <= now_ms and len(out) < limit:
-                _, seq, item = heapq.heappop(heap)
-                self._offered.discard(seq)
-                out.append(item)
-            self._drop_if_empty(topic_uid)
-            return out
+            return self._pop(topic_uid, now_ms, limit)
 
     def put_back(self, topic: Topic, items: list[HeldLease], offered: bool = True) -> None:
         """Hold again due messages no waiting call could take (other terms): they wake no
@@ -120,30 +112,30 @@ class HeldLeases:
             thread = self._thread
         if thread is not None:
             thread.join(timeout=5)
-        self._give_back_all(lambda due: True)
+        self._give_back_all(math.inf)
 
-    def _drop_if_empty(self, topic_uid: uuid.UUID) -> None:
-        if not self._held.get(topic_uid, True):
+    def _pop(self, topic_uid: uuid.UUID, until_ms: float, limit: float) -> list[HeldLease]:
+        """(Holding the lock.) Up to limit held messages of a topic due by until_ms,
+        earliest first, no longer held."""
+        heap = self._held.get(topic_uid, [])
+        out: list[HeldLease] = []
+        while heap and heap[0][0] <= until_ms and len(out) < limit:
+            _, seq, item = heapq.heappop(heap)
+            self._offered.discard(seq)
+            out.append(item)
+        if not heap and topic_uid in self._held:
             del self._held[topic_uid]
             self._topics.pop(topic_uid, None)
+        return out
 
-    def _overdue(self, pick: Callable[[int], bool]) -> list[tuple[Topic, list[HeldLease]]]:
+    def _give_back_all(self, until_ms: float) -> None:
+        """Give back every held message due by until_ms."""
         with self._changed:
-            found = []
-            for topic_uid in list(self._held):
-                heap = self._held[topic_uid]
-                items = []
-                while heap and pick(heap[0][0]):
-                    _, seq, item = heapq.heappop(heap)
-                    self._offered.discard(seq)
-                    items.append(item)
-                if items:
-                    found.append((self._topics[topic_uid], items))
-                self._drop_if_empty(topic_uid)
-            return found
-
-    def _give_back_all(self, pick: Callable[[int], bool]) -> None:
-        for topic, items in self._overdue(pick):
+            found = [(self._topics[uid], self._pop(uid, until_ms, math.inf))
+                     for uid in list(self._held)]
+        for topic, items in found:
+            if not items:
+                continue
             try:
                 self.give_back(topic, items)
             except Exception:  # their leases expire instead: late, never lost
@@ -162,5 +154,5 @@ class HeldLeases:
                     wait_ms = 1000 if earliest is None else earliest + GIVE_BACK_AFTER_MS - now
                     self._changed.wait(wait_ms / 1000)
                     continue
-            self._give_back_all(functools.partial(operator.ge, self.clock() - GIVE_BACK_AFTER_MS))
+            self._give_back_all(self.clock() - GIVE_BACK_AFTER_MS)
 
