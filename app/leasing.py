@@ -87,7 +87,8 @@ def _pass(services: Services, topic: Topic,
     now = services.clock()
     shares: list[list[Leased]] = [[] for _ in waiters]
     _hand_held(services, topic, waiters, shares, now)
-    counted = [len(share) for share in shares]  # leased, with or without a payload
+    handed = [len(share) for share in shares]  # held ones, observed as they were handed
+    counted = list(handed)  # leased, with or without a payload
     wanted = sum(w.want for w in waiters) - sum(counted)
     if wanted <= 0:
         return shares
@@ -128,7 +129,8 @@ def _pass(services: Services, topic: Topic,
                 held.append(HeldLease(before[row.id].due_at_ms, before[row.id], row, payload,
                                       waiters[patient[0]].terms))
     services.held.hold(topic, held)
-    metrics.observe_lags("pull", [now - m.due_ms for share in shares for m in share])
+    metrics.observe_lags("pull", [now - m.due_ms for share, first
+                                  in zip(shares, handed, strict=True) for m in share[first:]])
     moves = result.moves(untaken + order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
