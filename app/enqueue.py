@@ -2,10 +2,11 @@
 
 Write order per message: payload (plain insert) → state row → pointer. The state row is an LWT
 IF NOT EXISTS for a client id; a server-made id cannot exist yet, so its row is a plain write
-below every LWT's write time (MessageStore.insert_fresh_many). The server-made ids of one
-request share one home per shard (app.ids.homes_for_request), each home taking a run of
-messages adjacent in due time, so each write and each later transition of those messages is
-one batch per shard, not one per message (home_by_due_time).
+below every LWT's write time (MessageStore.insert_fresh_many), sent in one batch with its
+payload when the message has no campaign (MessageStore.stage: one mutation, one round trip).
+The server-made ids of one request share one home per shard (app.ids.homes_for_request),
+each home taking a run of messages adjacent in due time, so each write and each later
+transition of those messages is one batch per shard, not one per message (home_by_due_time).
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
 retrying the same request re-writes the pointer (the state row is found with the same content).
 """
@@ -30,6 +31,7 @@ from app.ids import homes_for_request, new_message_id
 from app.models import MessageState, Payload, Pointer, Topic
 from app.quiet_hours import QuietHours
 from app.services import Services
+from app.store.messages import PayloadRow
 from app.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
 from app.timeparse import TimeFormatError, parse_local_time, zone
 from app.transitions import count_moves
@@ -205,11 +207,11 @@ def _conflict(message_id: str) -> DuetimeError:
 def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
            rows: list[MessageState], todo: list[int], results: list[EnqueueResult | None],
            now: int) -> None:
-    inserting = _stage(services, topic, items, rows, _admitted(services, topic, rows, todo,
-                                                               results), results, now)
-    outcomes = _insert(services, items, rows, inserting, now)
+    inserting, inserted = _stage(services, topic, items, rows,
+                                 _admitted(services, topic, rows, todo, results), results, now)
+    outcomes = [*_insert(services, items, rows, inserting, now), *[(True, None)] * len(inserted)]
     created, pointers, placed_for = [], [], []
-    for i, outcome in zip(inserting, outcomes, strict=True):
+    for i, outcome in zip(inserting + inserted, outcomes, strict=True):
         row = rows[i]
         if isinstance(outcome, Exception):
             results[i] = EnqueueResult(row.id, 503, error=_unavailable(outcome))
@@ -250,27 +252,39 @@ def _admitted(services: Services, topic: Topic, rows: list[MessageState], todo: 
 
 def _stage(services: Services, topic: Topic, items: Sequence[NewMessage],
            rows: list[MessageState], todo: list[int], results: list[EnqueueResult | None],
-           now: int) -> list[int]:
+           now: int) -> tuple[list[int], list[int]]:
     """Payloads and campaign index entries, before any state row: a campaign operation that
-    reads the index after a message's row exists finds its entry. Returns the items whose
-    writes succeeded (the others answer 503)."""
+    reads the index after a message's row exists finds its entry. A message with a
+    server-made id and no campaign has its state row written with its payload, in the same
+    round (MessageStore.stage). Returns the items whose state rows are still to write and
+    those whose state rows are written; the others (a write failed) answer 503."""
     cfg = services.config
     slack = cfg.horizon_days * MS_PER_DAY
     members = [i for i in todo if rows[i].campaign]
-    payload_errors, member_errors = services.messages.stage(topic.uid, [
-        (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
-         ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack)) for i in todo], [
-        (rows[i].campaign or "", rows[i].id, ttl_s(rows[i].due_at_ms, now, cfg.retention_days))
-        for i in members])
+    fresh = [i for i in todo if items[i].id is None and not rows[i].campaign]
+    fresh_set = set(fresh)
+    others = [i for i in todo if i not in fresh_set]
+
+    def body(i: int) -> PayloadRow:
+        return (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
+                ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack))
+
+    payload_errors, member_errors, fresh_errors = services.messages.stage(
+        topic.uid, [body(i) for i in others],
+        [(rows[i].campaign or "", rows[i].id, ttl_s(rows[i].due_at_ms, now, cfg.retention_days))
+         for i in members],
+        [(body(i), rows[i], ttl_s(rows[i].due_at_ms, now, cfg.retention_days)) for i in fresh])
     index_errors = dict(zip(members, member_errors, strict=True))
-    staged = []
-    for i, err in zip(todo, payload_errors, strict=True):
+    staged: list[int] = []
+    written: list[int] = []
+    for i, err in [*zip(others, payload_errors, strict=True),
+                   *zip(fresh, fresh_errors, strict=True)]:
         err = err or index_errors.get(i)
-        if err is None:
-            staged.append(i)
-        else:
+        if err is not None:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
-    return staged
+        else:
+            (written if i in fresh_set else staged).append(i)
+    return staged, written
 
 
 def _cover(services: Services, topic: Topic, rows: list[MessageState], written: list[int],

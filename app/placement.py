@@ -7,17 +7,22 @@ are gaps: partitions then hold fewer than DUETIME_PARTITION_CAP pointers, never 
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 
+from cassandra.cluster import ResponseFuture
+
 from app.config import Config
+from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.timeline import TimelineStore
-from app.timeline import COUNTED_AHEAD_MS, bucket_of, lane_part, ttl_s
+from app.timeline import COUNTED_AHEAD_MS, WRITE_WINDOW_MS, bucket_of, lane_part, ttl_s
 
 _MAX_CACHED = 20_000
+log = logging.getLogger(__name__)
 
 
 class PointerPlacer:
@@ -30,6 +35,7 @@ class PointerPlacer:
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
         self._lanes: set[tuple[uuid.UUID, int, int, int]] = set()  # lane partitions recorded
+        self._written: set[tuple[uuid.UUID, int]] = set()  # (topic, window) recorded
 
     def _take(self, topic_uid: uuid.UUID, bucket: int, shard: int, count: int) -> list[int]:
         key = (topic_uid, bucket, shard)
@@ -56,6 +62,27 @@ class PointerPlacer:
             if len(self._active) > _MAX_CACHED:
                 self._active.clear()
             self._active.update((topic_uid, b) for b in new)
+
+    def _note_written(self, topic_uid: uuid.UUID, now_ms: int) -> ResponseFuture | None:
+        """Start recording, once per WRITE_WINDOW_MS window and process, that the topic is
+        being written (topic_writes): what wakes a releaser's sweep of a quiet topic, so a
+        pointer written behind its cursors is found."""
+        key = (topic_uid, now_ms // WRITE_WINDOW_MS)
+        with self._lock:
+            if key in self._written:
+                return None
+            if len(self._written) > _MAX_CACHED:
+                self._written.clear()
+            self._written.add(key)
+        try:
+            return self.store.note_written(*key)
+        except StoreUnavailable:
+            self._forget_written(key)
+            return None
+
+    def _forget_written(self, key: tuple[uuid.UUID, int]) -> None:
+        with self._lock:
+            self._written.discard(key)
 
     def _record_lanes(self, topic_uid: uuid.UUID, placed: list[tuple[int, int, int, Pointer, int]],
                       now_ms: int) -> dict[tuple[int, int, int], Exception]:
@@ -96,8 +123,15 @@ class PointerPlacer:
                 ttl = ttl_s(p.due_at_ms, now_ms, self.config.retention_days)
                 placed[index] = (bucket, shard,
                                  lane_part(p.lane, slot, self.config.partition_cap), p, ttl)
+        noting = self._note_written(topic_uid, now_ms)
         unrecorded = self._record_lanes(topic_uid, placed, now_ms)
         outcomes = self.store.write_pointers(topic_uid, placed)
+        if noting is not None:
+            try:
+                noting.result()
+            except Exception as exc:  # only a delay: the sweep's periodic re-check finds them
+                log.warning("topic write not recorded: %s", type(exc).__name__)
+                self._forget_written((topic_uid, now_ms // WRITE_WINDOW_MS))
         outcomes = [unrecorded.get((b, s, part), err)
                     for (b, s, part, _, _), err in zip(placed, outcomes, strict=True)]
         written: dict[tuple[int, int], int] = defaultdict(int)

@@ -20,6 +20,9 @@ CAMPAIGN_SPREAD = 32
 # beyond every window already read, so it is found when the window reaches it. Lease pointers
 # and future schedules would otherwise re-trigger those re-reads with every write.
 COUNTED_AHEAD_MS = 10_000
+# Pointer writes are recorded per topic and window of this length (topic_writes): a releaser
+# sweeps a topic whose cursors are caught up only while it is recorded in a recent window.
+WRITE_WINDOW_MS = 10_000
 
 
 def bucket_of(due_ms: int, bucket_ms: int) -> int:

@@ -33,7 +33,7 @@ from app.config import Config
 from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
-from app.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE
+from app.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE, WRITE_WINDOW_MS
 from spark import session as sessions
 from spark.progress import Progress
 from spark.rows import ImportSettings, Reject, to_message
@@ -185,6 +185,8 @@ def count(services: Services, topic: Topic, placed: DataFrame,
     services.timeline.mark_active(topic.uid, sorted({b for b, _, _ in groups}),
                                   services.config.bucket_ms, services.clock())
     services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
+    services.timeline.note_written(  # wakes the releasers' catch-up of what lies behind
+        topic.uid, services.clock() // WRITE_WINDOW_MS).result()
     added = {r["campaign"]: (r["n"], r["first"], r["last"]) for r in placed.filter(
         F.col("campaign").isNotNull()).groupBy("campaign").agg(
         F.count("*").alias("n"), F.min("deliver_at").alias("first"),

@@ -13,7 +13,7 @@ from flask import Flask
 
 from app import group_commit
 from app.errors import StoreUnavailable
-from tests.consumers import TopicClient
+from tests.consumers import TopicClient, now_ms
 from tests.test_metrics import moved, scrape
 
 CASSANDRA_REQUESTS = "duetime_cassandra_request_duration_seconds_count"
@@ -137,3 +137,25 @@ def test_a_failed_shared_write_fails_each_member_and_the_next_runs(
     monkeypatch.setattr(group_commit, "enqueue", real)
     assert client.post(url, headers=auth, json={"payload": "after"}).status_code == 201
 
+
+
+def test_a_lone_enqueue_writes_payload_and_state_in_one_round_trip(
+        app: Flask, auth: dict[str, str]) -> None:
+    """Without a campaign or a client id, a message's payload and state row are one batch: a
+    lone enqueue is that batch, its pointer and its counters, three requests (four before).
+    All are due in one minute an hour ahead, where the warm-up batch has reserved every
+    shard's slots (a reservation comes once per chunk) and no write is counted
+    (bucket_writes counts only pointers due within seconds)."""
+    topic = TopicClient(app.test_client(), auth)
+    url = topic.url("/messages")
+    due = (now_ms() // 60_000 + 60) * 60_000 + 30_000
+    topic.batch([{"payload": n, "deliver_at": due} for n in range(64)])
+    before = scrape(app.test_client())
+    answers = [app.test_client().post(url, headers=auth, json={"payload": n, "deliver_at": due})
+               for n in range(20)]
+    each = moved(before, scrape(app.test_client()), CASSANDRA_REQUESTS) / 20
+    assert [a.status_code for a in answers] == [201] * 20
+    for n, answer in enumerate(answers):
+        found = topic.get(answer.get_json()["id"]).get_json()
+        assert (found["payload"], found["state"]) == (n, "scheduled")
+    assert each < 3.5, each

@@ -196,14 +196,19 @@ def _tenant_of(services: Services, auth: dict[str, str]) -> str:
 
 
 def test_a_pointer_written_far_behind_the_cursor_is_still_delivered(
-        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     """A producer whose clock is 5 s behind (five times the safety lag) writes pointers the
-    cursors have long passed; the releaser's catch-up moves them to now."""
+    cursors have long passed, into a topic the sweep already found quiet (and skips); the
+    write wakes it (topic_writes) and the releaser's catch-up moves them to now."""
     skewed = create_app(config, clock=lambda: now_ms() - 5000)
     try:
-        with receiving(Receiver()) as target, releaser(config, "r-behind"):
+        with receiving(Receiver()) as target, releaser(config, "r-behind") as r:
             topic, secret = webhook_topic(client, auth, target.url)
-            time.sleep(2.0)  # the sweep moves the cursors to now - safety lag
+            uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+            deadline = time.monotonic() + 10
+            while uid not in r._quiet and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert uid in r._quiet  # cursors caught up, nothing near: skipped by the sweep
             late = TopicClient(skewed.test_client(), auth, name=topic.name,
                                delivery={"mode": "webhook", "url": target.url})
             assert late.enqueue(id="behind").status_code == 201

@@ -12,10 +12,11 @@ Periodic jobs (APScheduler), each one idempotent step:
 - sweep (release_sweep_ms): move stragglers (pointers written behind a cursor, found by
   their partition's write count) to now; from each owned shard's stored cursor, put what the
   look-ahead missed into the heap, then move the cursor forward. For pull topics the sweep
-  only keeps cursors moving, so consumers' lease scans stay short. A quiet topic (no pointer
-  in the window from the catch-up reach to the look-ahead, cursors caught up) is skipped
-  without a read until one of its pointers lands in that window (one active_topics read a
-  sweep for all topics), or up to five minutes have passed.
+  only keeps cursors moving, so consumers' lease scans stay short. A quiet topic (cursors
+  caught up, no pointer near now) is skipped without a read until a pointer of it comes near
+  now (active_topics) or a process writes pointers of it (topic_writes, which a pointer
+  written behind its cursors also records), or up to five minutes have passed: two reads a
+  sweep for all topics.
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py);
 - operations (OPERATIONS_EVERY_MS): run pending campaign operations (workers/operations.py),
@@ -46,7 +47,7 @@ from app.leasing import passed_over
 from app.models import Topic
 from app.services import Services
 from app.store.ownership import OwnershipStore
-from app.timeline import bucket_of, release_slot_of, stable_hash
+from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
 from app.transitions import replace_ahead
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
@@ -77,6 +78,9 @@ FOLLOW_WARN_EVERY_S = 10
 # A quiet topic is swept again at least this often (a safety net), each at its own moment
 # within the period, so 10,000 topics found quiet together are not re-read together.
 QUIET_RECHECK_MS = 300_000
+# A topic written to (topic_writes) is swept for this long after, by the writer's clock: a
+# catch-up runs several times meanwhile, and a writer's clock may be this far behind.
+WRITTEN_REACH_MS = 60_000
 MAX_SLOT_MAPS = 200_000
 log = logging.getLogger("duetime.releaser")
 
@@ -222,10 +226,7 @@ class Releaser:
         catching_up = now - self._last_catch_up >= CATCH_UP_EVERY_MS
         if catching_up:
             self._last_catch_up = now
-        bucket_ms = cfg.bucket_ms
-        recent = self.services.timeline.active_topics(range(
-            bucket_of(now - cfg.release_catchup_ms - cfg.safety_lag_ms - 2 * CURSOR_STEP_MS,
-                      bucket_ms), bucket_of(now + cfg.release_lookahead_ms, bucket_ms) + 1))
+        recent = self._recent_topics(now)
         awake = [t for t in list(self._topics.values())
                  if t.uid in recent or now - self._quiet.get(t.uid, -QUIET_RECHECK_MS)
                  >= QUIET_RECHECK_MS]
@@ -244,6 +245,20 @@ class Releaser:
             self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
                              topic.uid in recent, now)
 
+    def _recent_topics(self, now: int) -> set[uuid.UUID]:
+        """Topics a sweep must look at even if found quiet before (two reads for all topics):
+        those with pointers near now (from where caught-up cursors may lag to the
+        look-ahead's end), and those written to in the last WRITTEN_REACH_MS (the write
+        may be a pointer behind their cursors, which only the catch-up finds)."""
+        cfg = self.services.config
+        near = self.services.timeline.active_topics(range(
+            bucket_of(now - cfg.safety_lag_ms - 2 * CURSOR_STEP_MS, cfg.bucket_ms),
+            bucket_of(now + cfg.release_lookahead_ms, cfg.bucket_ms) + 1))
+        written = self.services.timeline.written_topics(range(
+            (now - WRITTEN_REACH_MS) // WRITE_WINDOW_MS,
+            (now + WRITE_WINDOW_MS) // WRITE_WINDOW_MS + 1))
+        return near | written
+
     def _sweep_webhook(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
                        now: int) -> dict[int, int]:
         """From each owned shard's cursor, put what the look-ahead missed into the heap,
@@ -261,11 +276,11 @@ class Releaser:
 
     def _note_quiet(self, topic: Topic, cursors: dict[int, int], active: bool,
                     now: int) -> None:
-        """A topic is quiet when no pointer of it lies in the sweep's window (active_topics
-        from the catch-up reach behind to the look-ahead ahead) and every owned cursor is
-        caught up: nothing can be due, behind or waiting, so later sweeps skip it (no read)
-        until a pointer of it lands in the window, or (spread over the topics) a half to a
-        whole QUIET_RECHECK_MS passes."""
+        """A topic is quiet when it is not among the sweep's recent topics (no pointer near
+        now, no write in the last WRITTEN_REACH_MS) and every owned cursor is caught up:
+        nothing can be due, behind or waiting, so later sweeps skip it (no read) until it is
+        recent again, or (spread over the topics) a half to a whole QUIET_RECHECK_MS
+        passes."""
         caught_up = all(c >= now - self.services.config.safety_lag_ms - 2 * CURSOR_STEP_MS
                         for c in cursors.values())
         if caught_up and not active:

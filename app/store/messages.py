@@ -105,9 +105,10 @@ PayloadRow = tuple[uuid.UUID, str, str, Payload, int]  # topic_uid, id, content 
 Batch = list[tuple[str, Sequence[Any]]]
 
 
-def _payload_batches(rows: Sequence[PayloadRow]) -> tuple[list[list[int]], list[Batch]]:
+def _payload_batches(rows: Sequence[PayloadRow], size: int = PLAIN_BATCH
+                     ) -> tuple[list[list[int]], list[Batch]]:
     chunks = _by_home(((_home(t, i), n) for n, (t, i, _, _, _) in enumerate(rows)),
-                      PLAIN_BATCH, weight=lambda n: len(rows[n][3].data), cap=PAYLOAD_BATCH_BYTES)
+                      size, weight=lambda n: len(rows[n][3].data), cap=PAYLOAD_BATCH_BYTES)
     return chunks, [[
         (_PUT_PAYLOAD, (t, home_of(i), i, h, p.data, p.encoding, p.headers or None, ttl))
         for t, i, h, p, ttl in (rows[n] for n in chunk)] for chunk in chunks]
@@ -379,19 +380,30 @@ class MessageStore:
         return found is not None and same_transition(found, intended)
 
     def stage(self, topic_uid: uuid.UUID, payloads: Sequence[PayloadRow],
-              members: Sequence[tuple[str, str, int]]
-              ) -> tuple[list[Exception | None], list[Exception | None]]:
+              members: Sequence[tuple[str, str, int]],
+              fresh: Sequence[tuple[PayloadRow, MessageState, int]] = (),
+              ) -> tuple[list[Exception | None], list[Exception | None], list[Exception | None]]:
         """What an enqueue writes before its state rows, in one round of batches: payloads
         (topic_uid, id, content_hash, payload, ttl_s), one unlogged batch per home (at most
         PAYLOAD_BATCH_BYTES of payload each), and campaign memberships (campaign, id, ttl_s),
-        one unlogged batch per index partition; all plain, idempotent inserts. Per payload
-        and per member: None where written, else the error."""
+        one unlogged batch per index partition; all plain, idempotent inserts.
+        `fresh` are (payload row, state row, state ttl_s) of messages with server-made ids
+        and no campaign: each one's payload and state row go in the same batch of its home.
+        The two tables share the partition key (topic_uid, home), so Cassandra applies such
+        a batch as one mutation: no reader finds the row without its payload, and the state
+        row costs no round trip of its own (insert_fresh_many explains the plain write).
+        Per payload, member and fresh entry: None where written, else the error."""
         payload_chunks, payload_batches = _payload_batches(payloads)
         member_chunks, member_batches = _member_batches(topic_uid, members)
-        outcomes = self.db.run_batches(payload_batches + member_batches)
-        split = len(payload_batches)
+        fresh_chunks, fresh_batches = _payload_batches([body for body, _, _ in fresh],
+                                                       PLAIN_BATCH // 2)
+        for chunk, batch in zip(fresh_chunks, fresh_batches, strict=True):
+            batch.extend((_INSERT_FRESH, self._params(*fresh[n][1:])) for n in chunk)
+        outcomes = self.db.run_batches(payload_batches + member_batches + fresh_batches)
+        split, fresh_at = len(payload_batches), len(payload_batches) + len(member_batches)
         return (item_errors(payload_chunks, outcomes[:split], len(payloads)),
-                item_errors(member_chunks, outcomes[split:], len(members)))
+                item_errors(member_chunks, outcomes[split:fresh_at], len(members)),
+                item_errors(fresh_chunks, outcomes[fresh_at:], len(fresh)))
 
     def get_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
                      ) -> dict[str, Payload]:

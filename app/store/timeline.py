@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from cassandra.cluster import ResponseFuture
+
 from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.session import CassandraSession, item_errors, translate_errors
@@ -131,6 +133,18 @@ class TimelineStore:
             "INSERT INTO {ks}.active_topics (bucket, topic_uid) VALUES (?, ?) USING TTL ?",
             [(b, topic_uid, max(1, ((b + 1) * bucket_ms - now_ms) // 1000) + 86_400)
              for b in buckets]))
+
+    def note_written(self, topic_uid: uuid.UUID, window: int) -> ResponseFuture:
+        """Record that pointers of the topic are being written in this WRITE_WINDOW_MS
+        window (idempotent); the caller waits for the future."""
+        return self.db.execute_async(
+            "INSERT INTO {ks}.topic_writes (window, topic_uid) VALUES (?, ?)", (window, topic_uid))
+
+    def written_topics(self, windows: Sequence[int]) -> set[uuid.UUID]:
+        """Topics that had pointers written in these WRITE_WINDOW_MS windows."""
+        rows = self.db.execute(
+            "SELECT topic_uid FROM {ks}.topic_writes WHERE window IN ?", (list(windows),))
+        return {r["topic_uid"] for r in rows}
 
     def active_topics(self, buckets: Sequence[int]) -> set[uuid.UUID]:
         """Topics with any pointer in these buckets."""
