@@ -283,7 +283,12 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + ending]
     outcomes = services.messages.cas_many(changes)
-    services.scanner.spend(topic, [d.pointer for d, _ in terms])
+    # a pointer is spent once its row's move was decided (won, or lost to another writer);
+    # one whose next pointer or LWT failed stays unspent, or no pass would look at it again
+    undecided = {r.id for r in leasing + moving} - {r.id for r in placed}
+    undecided |= {r.id for (r, _, _), ok in zip(changes, outcomes, strict=True)
+                  if isinstance(ok, Exception)}
+    services.scanner.spend(topic, [d.pointer for d, _ in terms if d.row.id not in undecided])
     won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
     rows = {d.row.id: d.row for d in chunk}
     count_moves(services, topic, [(rows[r.id].state, r.state, r.campaign) for r in won],

@@ -302,7 +302,12 @@ class Releaser:
         found = [d for d in found if d.row.id not in paused]
         if found:
             moved = replace_ahead(self.services, topic, [d.row for d in found], now)
-            self.services.scanner.spend(topic, [d.pointer for d in found])
+            done = {r.id for r in moved}
+            self.services.scanner.spend(topic, [d.pointer for d in found if d.row.id in done])
+            for d in found:  # not moved (failed, or changed meanwhile): read it again
+                if d.row.id not in done:
+                    seen.pop((bucket_of(d.pointer.due_at_ms, self.services.config.bucket_ms),
+                              d.pointer.shard), None)
             log.info("moved %d messages of topic %s found behind the cursor", len(moved),
                      topic.name)
 
