@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run up down test fuzz lint typecheck openapi bench bench-import setup cluster-up cluster-down clean
+.PHONY: run up down test fuzz lint typecheck openapi bench bench-import faults setup cluster-up cluster-down clean
 
 run:            ## install what is missing, start everything, stay in the foreground
 	@devstack/stack.sh run
@@ -22,6 +22,9 @@ test: setup     ## the whole suite against the real Cassandra node
 
 fuzz: setup     ## schemathesis over every route with 500 examples each (the suite runs 10)
 	DUETIME_FUZZ_EXAMPLES=$${DUETIME_FUZZ_EXAMPLES:-500} $(PY) -m pytest tests/test_fuzz.py $(PYTEST_ARGS)
+
+faults: setup   ## the fault suite's long form: each nemesis, then all combined, on 2,000 messages a round; table in bench-results/faults.md
+	$(PY) -m tests.faults.run $${FAULTS_MESSAGES:-2000} $${FAULTS_WINDOW_S:-30}
 
 lint:
 	$(VENV)/bin/ruff check app workers spark tests devstack

@@ -56,6 +56,8 @@ class Config:
     slot_chunk: int = 256
     safety_lag_ms: int = 1000
     retention_days: int = 7
+    # fault injection only (make faults): this process's clock runs this far off the host's
+    clock_offset_ms: int = 0
 
     release_ring: int = 0
     release_slots: int = 32

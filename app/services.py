@@ -5,6 +5,7 @@ Built by create_app (or the CLI / workers) once per process; nothing connects un
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Hashable
@@ -38,11 +39,18 @@ def system_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _offset_clock(offset_ms: int) -> int:
+    """The host's clock moved by offset_ms (DUETIME_CLOCK_OFFSET_MS: fault injection)."""
+    return system_clock_ms() + offset_ms
+
+
 class Services:
     """Everything a request, a releaser tick or a CLI command needs."""
 
     def __init__(self, config: Config, clock: Clock = system_clock_ms) -> None:
         self.config = config
+        if clock is system_clock_ms and config.clock_offset_ms:
+            clock = functools.partial(_offset_clock, config.clock_offset_ms)
         self.clock = clock
         self.db = CassandraSession(config)
         self.keys = ApiKeyStore(self.db)

@@ -53,6 +53,10 @@ class Node:
     seeds: str
     num_tokens: int
     initial_token: str | None = None
+    # batch: a write is acknowledged once its commit log is on disk, so a kill -9 loses no
+    # acknowledged write. periodic (every 10 s): faster, but a single node killed loses what
+    # it acknowledged since its last sync (a cluster keeps it on the other replicas).
+    commitlog_sync: str = "periodic"
 
     @property
     def home(self) -> Path:
@@ -82,7 +86,7 @@ NODES: dict[str, Node] = {
         for i in (1, 2, 3)
     },
     "solo": Node("solo", "127.0.0.1", 9044, 7020, 7210, 512, "duetime-solo", "127.0.0.1:7020",
-                 4),
+                 4, commitlog_sync="batch"),  # the fault suite kills it with -9
 }
 
 # Cassandra 5.0's conf/jvm-server.options and conf/jvm17-server.options (GC, JPMS, Netty),
@@ -156,6 +160,8 @@ def _render_config(node: Node) -> Path:
     (conf / "cassandra.yaml").write_text(template.format(
         name=node.name, cluster_name=node.cluster_name, num_tokens=node.num_tokens,
         initial_token_line=token_line, seeds=node.seeds, ip=node.ip,
+        commitlog_sync=("commitlog_sync: periodic\ncommitlog_sync_period: 10000ms"
+                        if node.commitlog_sync == "periodic" else "commitlog_sync: batch"),
         storage_port=node.storage_port, native_port=node.native_port,
         # a quarter of the heap (Cassandra's default): small memtables flushed tiny SSTables
         # whose compaction took a third of the dev node's CPU under load
