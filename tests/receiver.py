@@ -32,6 +32,7 @@ class Arrival:
     headers: dict[str, str]
     body: bytes
     path: str = ""
+    answered: bool = True  # False: the sender had gone when the answer was due
 
 
 class Receiver:
@@ -132,6 +133,10 @@ class _Connection(asyncio.Protocol):
             await asyncio.get_running_loop().run_in_executor(None, self.receiver.gate.wait, 30)
         if previous is not None:
             await previous  # answers leave in the order the requests came
+        assert self.transport is not None
+        if self.transport.is_closing():  # the sender gave up while the gate held it
+            self.receiver.record(dataclasses.replace(arrival, answered=False))
+            return
         self._answer(self.receiver.record(arrival))
 
     def _answer(self, status: int) -> None:

@@ -96,6 +96,7 @@ class Releaser:
         self._known = KnownTopics(services)
         self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
         self._follow_warned = 0.0
+        self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
         self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
@@ -132,11 +133,20 @@ class Releaser:
         log.info("releaser %s started", self.member)
 
     def _safely(self, job: Callable[[], None]) -> None:
-        """Log and continue: one failing step never stops the releaser."""
+        """Log and continue: one failing step never stops the releaser. Cassandra being
+        unreachable is one warning line per step every FOLLOW_WARN_EVERY_S, not a traceback
+        every run (the look-ahead runs 20 times a second)."""
+        name = getattr(job, "__name__", str(job))
         try:
             job()
+        except StoreUnavailable as exc:
+            now = time.monotonic()
+            if now - self._unavailable_warned.get(name, -FOLLOW_WARN_EVERY_S) >= \
+                    FOLLOW_WARN_EVERY_S:
+                self._unavailable_warned[name] = now
+                log.warning("releaser step %s skipped: %s", name, exc.detail)
         except Exception:
-            log.exception("releaser step %s failed", getattr(job, "__name__", job))
+            log.exception("releaser step %s failed", name)
 
     def report(self) -> None:
         """One log line of what this releaser holds and has done (for operators)."""

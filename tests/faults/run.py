@@ -139,9 +139,11 @@ def run_round(stack: FaultStack, target: Receiver, name: str, messages: int,
     with (OUT / f"faults-history-{name}.jsonl").open("w") as out:
         for event in history.of_all():
             out.write(json.dumps(dataclasses.asdict(event)) + "\n")
-    result = checker.check(history, allowed_early)
-    result["lost_states"] = [workload.state_of(example.split()[-1])
-                             for example in result["examples"] if example.startswith("lost ")]
+    suspects = checker.check(history)["all_lost"]
+    states = {i: workload.state_of(i) for i in suspects}  # an unanswered ack may have applied
+    result = checker.check(history, allowed_early,
+                           {i: str(s.get("state")) for i, s in states.items() if s})
+    result["lost_states"] = [states[i] for i in result["all_lost"]]
     return {"nemesis": name, **result}
 
 

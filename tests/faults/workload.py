@@ -229,7 +229,7 @@ class Workload:
             history.add(Event("handout", self.hook, a.message_id, a.received_ms,
                               a.received_ms, 200, _ms(deliver_at) if deliver_at else 0,
                               f"webhook attempt {a.headers.get('Duetime-Attempt', '?')}"))
-            if _fails_first(a.message_id, before) == 200:
+            if a.answered and _fails_first(a.message_id, before) == 200:
                 history.add(Event("ack", self.hook, a.message_id, a.received_ms,
                                   a.received_ms, 204))
 
