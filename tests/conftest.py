@@ -11,7 +11,6 @@ import secrets
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from app.errors import StoreUnavailable
 from app.services import Services
 from app.store import migrations
 from app.store.session import CassandraSession
+from tests.serving import start_api, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 # the tests' webhook targets listen on loopback; every process they start inherits this
@@ -104,20 +104,9 @@ def served(config: Config) -> Iterator[str]:
     base = f"http://127.0.0.1:{SERVED_PORT}"
     env = {**os.environ, "DUETIME_HTTP_PORT": str(SERVED_PORT), "DUETIME_KEYSPACE": config.keyspace,
            "DUETIME_WEB_WORKERS": "1", "DUETIME_LOG_FORMAT": "text"}
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "-c",
-                             "app/gunicorn_conf.py", "app.wsgi:app"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_api(env)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "API did not start"
-            time.sleep(0.2)
+        assert wait_ready(base, proc), "API did not start"
         yield base
     finally:
         proc.terminate()

@@ -11,13 +11,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from app.config import load_config
 from app.services import Services
 from app.store import migrations
+from tests.serving import start_api, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVSTACK = [sys.executable, str(ROOT / "devstack" / "cassandra.py")]
@@ -65,23 +64,9 @@ class FaultStack:
         return os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 
     def start_api(self, **extra: str) -> None:
-        self.api = subprocess.Popen(
-            [str(Path(sys.executable).parent / "gunicorn"), "-c", "app/gunicorn_conf.py",
-             "app.wsgi:app"], cwd=ROOT, env=self.env(**extra), stdout=self._log("api"),
-            stderr=subprocess.STDOUT)
-        self.wait_ready()
-
-    def wait_ready(self, within_s: float = 60) -> None:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"the fault stack's API did not get ready; see {self.run_dir}")
+        self.api = start_api(self.env(**extra), self._log("api"))
+        if not wait_ready(self.url, self.api):
+            raise RuntimeError(f"the fault stack's API did not get ready; see {self.run_dir}")
 
     def start_releaser(self, member: str, **extra: str) -> None:
         self.releasers[member] = subprocess.Popen(

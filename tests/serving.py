@@ -1,0 +1,36 @@
+"""gunicorn serving the API as a child process, for tests and the fault suite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_api(env: dict[str, str], output: int | IO[bytes] = subprocess.DEVNULL
+              ) -> subprocess.Popen[bytes]:
+    """Start gunicorn with the project's settings and `env` (DUETIME_* of its port and
+    keyspace); its output goes to `output`."""
+    return subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "-c",
+                             "app/gunicorn_conf.py", "app.wsgi:app"], cwd=ROOT, env=env,
+                            stdout=output, stderr=subprocess.STDOUT)
+
+
+def wait_ready(base: str, process: subprocess.Popen[bytes], within_s: float = 60) -> bool:
+    """Whether the API at base answers /readyz 200 within within_s (False at once if the
+    process has ended)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as answer:
+                if answer.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
