@@ -9,11 +9,13 @@ from __future__ import annotations
 import time
 
 from flask import Flask, Response, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from app import group_commit, logs, metrics
 from app.api import docs_assets, openapi_file, problems
 from app.auth import Authenticator
 from app.config import Config, load_config
+from app.errors import PayloadTooLarge
 from app.quotas import Quotas
 from app.services import Clock, Services, system_clock_ms
 
@@ -77,6 +79,23 @@ def _authenticate(app: Flask, authenticator: Authenticator, quotas: Quotas) -> N
             quotas.admit(g.tenant, "requests")
 
 
+def _limit_unsized_bodies(app: Flask) -> None:
+    """A body sent without Content-Length (chunked) is read before any parsing, and only up
+    to MAX_CONTENT_LENGTH: past it the answer is 413 problem+json (the parsers would see a
+    body cut at the limit and answer 400 invalid JSON), and the rest is never read."""
+    @app.before_request
+    def read_within_limit() -> None:
+        if request.content_length is not None or request.method not in ("POST", "PUT", "PATCH"):
+            return
+        limit = app.config["MAX_CONTENT_LENGTH"]
+        try:
+            over = len(request.get_data(cache=True)) >= limit
+        except RequestEntityTooLarge:
+            over = True
+        if over:
+            raise PayloadTooLarge(f"The body is over the limit of {limit} bytes.")
+
+
 def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> Flask:
     """The WSGI application for config (default: from the DUETIME_* environment)."""
     config = config or load_config()
@@ -106,4 +125,5 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     problems.register(app)
     _observe_requests(app)
     _authenticate(app, Authenticator(services.keys, config.key_cache_s), services.quotas)
+    _limit_unsized_bodies(app)
     return app

@@ -4,7 +4,8 @@ times on this host's clock, epoch ms), which tests/faults/checker.py judges.
 Per round, one pull topic and one webhook topic:
 - producers enqueue messages under client ids (a retry after a lost answer is the same
   message), due over the round's window with a burst of a fifth of them due at one moment,
-  each sent SENT_AHEAD_MS before it is due (so traffic runs through the whole window);
+  each sent SENT_AHEAD_MS before it is due by four producers (traffic runs through the whole
+  window);
 - a tenth are cancelled and a tenth moved 2 s later, while still scheduled;
 - pull consumers long-poll and ack; one nacks a message's first attempt now and then, and one
   never acks a tenth of what it gets (its lease expires and the message comes back);
@@ -29,7 +30,8 @@ from tests.receiver import Receiver
 LEASE_SECONDS = 3  # a lease the "never acks" consumer drops comes back this soon
 RETRY_BACKOFF_S = 1
 BURST_SHARE = 0.2
-SENT_AHEAD_MS = 3000  # each message is enqueued this long before it is due
+SENT_AHEAD_MS = 5000  # each message is enqueued this long before it is due
+PRODUCERS = 4
 
 
 def now_ms() -> int:
@@ -152,7 +154,9 @@ class Workload:
         self.history.add(Event(action, self.pull, m["id"], sent, now_ms(), status))
 
     def run(self) -> None:
-        """Enqueue every message (two producers), cancelling and moving some meanwhile."""
+        """Enqueue every message (PRODUCERS threads), cancelling and moving some meanwhile
+        (those still more than 1.5 s from due when enqueued: a producer behind its schedule
+        changes fewer)."""
         start = now_ms() + SENT_AHEAD_MS
         burst_at = start + self.random.randrange(self.window_ms)
         plan = []
@@ -162,8 +166,8 @@ class Workload:
                 start + self.random.randrange(self.window_ms)
             plan.append((topic, f"{self.label}-m{n}", due))
         plan.sort(key=lambda item: item[2])  # each sent SENT_AHEAD_MS before it is due
-        producers = [threading.Thread(target=self._produce, args=(plan[k::2],), daemon=True)
-                     for k in range(2)]
+        producers = [threading.Thread(target=self._produce, args=(plan[k::PRODUCERS],),
+                                      daemon=True) for k in range(PRODUCERS)]
         for thread in producers:
             thread.start()
         for thread in producers:
