@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from tests.faults.workload import Event, History
+from tests.faults.workload import MOVE_DELAY_MS, Event, History
 
 ANSWERED = (200, 201)
 MUST_BE_ZERO = ("lost", "unexpected", "early", "after_cancel", "handed_out_after_ack")
@@ -43,8 +43,8 @@ def _due_at(events: dict[str, list[Event]], asked_at_ms: int) -> int:
     for move in events["move"]:
         if move.status == 200 and move.done_ms < asked_at_ms:
             due = move.deliver_at_ms
-        elif move.status in (0, 200) or move.status >= 500:
-            due = min(due, move.deliver_at_ms or due)
+        elif move.status in (0, 200) or move.status >= 500:  # maybe moved, to about then
+            due = min(due, move.deliver_at_ms or move.sent_ms + MOVE_DELAY_MS)
     return due
 
 

@@ -32,6 +32,7 @@ RETRY_BACKOFF_S = 1
 BURST_SHARE = 0.2
 SENT_AHEAD_MS = 5000  # each message is enqueued this long before it is due
 PRODUCERS = 4
+MOVE_DELAY_MS = 2000  # a move asks for delivery this long after it is sent
 
 
 def now_ms() -> int:
@@ -215,7 +216,7 @@ class Workload:
                 self.history.add(Event("cancel", topic, message_id, sent, now_ms(), status))
             else:
                 status, body = self._call("PATCH", f"{topic}/messages/{message_id}",
-                                          {"delay_ms": 2000}, session)
+                                          {"delay_ms": MOVE_DELAY_MS}, session)
                 moved = _ms(body["deliver_at"]) if status == 200 and body else 0
                 self.history.add(Event("move", topic, message_id, sent, now_ms(), status,
                                        moved))
