@@ -74,7 +74,7 @@ PULL_KEEP_EVERY_MS = 10_000
 PREPARE_EVERY_MS = 100
 OPERATIONS_EVERY_MS = 1000
 SCHEDULES_EVERY_MS = 500
-FOLLOW_WARN_EVERY_S = 10
+UNAVAILABLE_WARN_EVERY_S = 10
 # A quiet topic is swept again at least this often (a safety net), each at its own moment
 # within the period, so 10,000 topics found quiet together are not re-read together.
 QUIET_RECHECK_MS = 300_000
@@ -95,7 +95,6 @@ class Releaser:
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._known = KnownTopics(services)
         self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
-        self._follow_warned = 0.0
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
         self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
@@ -134,15 +133,15 @@ class Releaser:
 
     def _safely(self, job: Callable[[], None]) -> None:
         """Log and continue: one failing step never stops the releaser. Cassandra being
-        unreachable is one warning line per step every FOLLOW_WARN_EVERY_S, not a traceback
-        every run (the look-ahead runs 20 times a second)."""
+        unreachable is one warning line per step every UNAVAILABLE_WARN_EVERY_S, not a
+        traceback every run (the look-ahead runs 20 times a second)."""
         name = getattr(job, "__name__", str(job))
         try:
             job()
         except StoreUnavailable as exc:
             now = time.monotonic()
-            if now - self._unavailable_warned.get(name, -FOLLOW_WARN_EVERY_S) >= \
-                    FOLLOW_WARN_EVERY_S:
+            if now - self._unavailable_warned.get(name, -UNAVAILABLE_WARN_EVERY_S) >= \
+                    UNAVAILABLE_WARN_EVERY_S:
                 self._unavailable_warned[name] = now
                 log.warning("releaser step %s skipped: %s", name, exc.detail)
         except Exception:
@@ -164,14 +163,9 @@ class Releaser:
         self.schedules.tick()
 
     def follow_topics(self) -> None:
-        """Every 100 ms: an outage is logged once every FOLLOW_WARN_EVERY_S, not each time."""
-        try:
-            gone = self._known.step()
-        except StoreUnavailable as exc:
-            if time.monotonic() - self._follow_warned >= FOLLOW_WARN_EVERY_S:
-                self._follow_warned = time.monotonic()
-                log.warning("topics not followed: %s", exc.detail)
-            return
+        """New, changed and deleted topics (workers.topics.KnownTopics); an outage is logged
+        by _safely, as for every step."""
+        gone = self._known.step()
         for uid in gone:
             self._pull_kept.pop(uid, None)
             self._quiet.pop(uid, None)
