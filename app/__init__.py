@@ -11,7 +11,7 @@ import time
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from app import group_commit, logs, metrics
+from app import dashboard, group_commit, logs, metrics
 from app.api import docs_assets, openapi_file, problems
 from app.auth import Authenticator
 from app.config import Config, load_config
@@ -122,6 +122,7 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
         smorest.register_blueprint(module.blp)
     openapi_file.register(app, smorest)
     docs_assets.register(app)
+    dashboard.register(app)
     problems.register(app)
     _observe_requests(app)
     _authenticate(app, Authenticator(services.keys, config.key_cache_s), services.quotas)

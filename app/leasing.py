@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from app import metrics
+from app import dead_letters, metrics
 from app.errors import (
     Conflict,
     DuetimeError,
@@ -129,7 +129,7 @@ def _pass(services: Services, topic: Topic,
                 held.append(HeldLease(before[row.id].due_at_ms, before[row.id], row, payload,
                                       waiters[patient[0]].terms))
     services.held.hold(topic, held)
-    metrics.observe_lags("pull", [now - m.due_ms for share, first
+    services.lag.observe(topic.uid, "pull", [now - m.due_ms for share, first
                                   in zip(shares, handed, strict=True) for m in share[first:]])
     moves = result.moves(untaken + order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
@@ -207,7 +207,7 @@ def _hand_held(services: Services, topic: Topic, waiters: Sequence[Waiter[Leased
             unmatched.append(item)
             continue
         shares[owner].append(Leased(item.leased, item.payload, item.due_ms))
-        metrics.observe_lags("pull", [services.clock() - item.due_ms])
+        services.lag.observe(topic.uid, "pull", [services.clock() - item.due_ms])
     services.held.put_back(topic, unmatched)
 
 
@@ -280,12 +280,14 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     now_due, moving = _pace(services, topic, pacing, rules, now)
     leasing = [_leased(d.row, hold, now) for d, hold in going + now_due]
     placed = place_then(services, topic, leasing + moving, now)
+    unrecorded = dead_letters.record(services, topic, ending)
+    ending = [r for r in ending if r.id not in unrecorded]
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + ending]
     outcomes = services.messages.cas_many(changes)
     # a pointer is spent once its row's move was decided (won, or lost to another writer);
     # one whose next pointer or LWT failed stays unspent, or no pass would look at it again
-    undecided = {r.id for r in leasing + moving} - {r.id for r in placed}
+    undecided = {r.id for r in leasing + moving} - {r.id for r in placed} | unrecorded
     undecided |= {r.id for (r, _, _), ok in zip(changes, outcomes, strict=True)
                   if isinstance(ok, Exception)}
     services.scanner.spend(topic, [d.pointer for d, _ in terms if d.row.id not in undecided])
@@ -521,6 +523,8 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
     now = services.clock()
     if row.attempts >= topic.settings.max_attempts:
         gone = dead(dataclasses.replace(row, last_error=error), now, "max_attempts reached")
+        if dead_letters.record(services, topic, [gone]):
+            raise StoreUnavailable("Could not record the message as dead; retry.")
         apply_transition(services, topic, gone, moved=False)
         _spend_lease_pointers(services, topic, [row])
         count_moves(services, topic, [("leased", "dead", row.campaign)])

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import random
 
-from app import leasing
+from app import dead_letters, leasing
 from app.models import MessageState, Payload, Topic
 from app.scan import Due
 from app.services import Services
@@ -80,8 +80,11 @@ def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome
     retrying = [r for r in rows if r.state == "scheduled"]
     placed = {r.id for r in place_then(services, topic, retrying, now)} if retrying else set()
     results: list[bool | Exception] = [
-        RuntimeError("could not place the retry pointer") for _ in rows]
-    todo = [i for i, r in enumerate(rows) if r.state != "scheduled" or r.id in placed]
+        RuntimeError("could not place the retry pointer or record the dead message")
+        for _ in rows]
+    unrecorded = dead_letters.record(services, topic, rows)
+    todo = [i for i, r in enumerate(rows)
+            if (r.state != "scheduled" or r.id in placed) and r.id not in unrecorded]
     applied = services.messages.cas_many(
         [(rows[i], rows[i].version - 1,
           ttl_s(rows[i].due_at_ms, now, services.config.retention_days)) for i in todo])

@@ -14,6 +14,7 @@ from typing import Any
 from app.campaign_rules import CampaignRules
 from app.config import Config
 from app.host_locks import HostLocks
+from app.lag_log import LagLog
 from app.models import Topic
 from app.placement import PointerPlacer
 from app.poll_groups import PollGroups
@@ -22,7 +23,9 @@ from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
 from app.store.counts import CountStore
+from app.store.dead_letters import DeadLetterStore
 from app.store.keys import ApiKeyStore
+from app.store.lag import LagStore
 from app.store.messages import MessageStore
 from app.store.operations import OperationStore
 from app.store.schedules import ScheduleStore
@@ -63,6 +66,9 @@ class Services:
         self.schedules = ScheduleStore(self.db)
         self.messages = MessageStore(self.db)
         self.timeline = TimelineStore(self.db)
+        self.dead_letters = DeadLetterStore(self.db, config.retention_days)
+        self.lag_minutes = LagStore(self.db)
+        self.lag = LagLog(self.lag_minutes, clock)
         self.placer = PointerPlacer(self.timeline, config)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.quotas = Quotas(self.db, {
@@ -85,6 +91,7 @@ class Services:
 
     def close(self) -> None:
         self.quotas.close()
+        self.lag.close()
         self.held.close()
         self.topic_cache.close()
         self.db.shutdown()

@@ -10,6 +10,7 @@ from typing import Any
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
 from app.services import Services
+from app.store.lag import LagMinute
 from app.timeline import MS_PER_HOUR, MS_PER_MINUTE, schedule_slot_of
 from app.webhook_targets import Network, parse_allow, url_refusal
 
@@ -116,3 +117,20 @@ def topic_stats(services: Services, topic: Topic, window: str = "minute") -> dic
         for i in range(how_many)
     ]
     return {"counts": {s: max(0, counts.get(s, 0)) for s in STATES}, "upcoming": upcoming}
+
+
+def delivery_lag(services: Services, topic: Topic, minutes: int) -> list[dict[str, Any]]:
+    """The topic's delivery lag per minute for the last `minutes` minutes (the current one
+    last): how many messages were handed out in it, and the p50, p99 (upper edges of
+    app.store.lag's buckets) and largest lag, in ms."""
+    now = services.clock()
+    last = now - now % MS_PER_MINUTE
+    first = last - (minutes - 1) * MS_PER_MINUTE
+    found = services.lag_minutes.read(topic.uid, first, last)
+    view = []
+    for start in range(first, last + 1, MS_PER_MINUTE):
+        lags = found.get(start, LagMinute())
+        view.append({"from_": start, "to": start + MS_PER_MINUTE, "count": lags.count,
+                     "p50_ms": lags.percentile_ms(0.5), "p99_ms": lags.percentile_ms(0.99),
+                     "max_ms": lags.max_ms if lags.count else None})
+    return view

@@ -75,7 +75,7 @@ def wait_state(topic: TopicClient, message_id: str, state: str, within_s: float)
 
 def test_webhook_delivers_each_message_once_on_time_signed(
         config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
-    with receiving(Receiver()) as target, releaser(config, "r-once"):
+    with receiving(Receiver()) as target, releaser(config, "r-once") as r:
         topic, secret = webhook_topic(client, auth, target.url)
         start = now_ms() + 800
         sent = topic.batch([{"id": f"m{i}", "deliver_at": start + (i % 40) * 50,
@@ -92,6 +92,9 @@ def test_webhook_delivers_each_message_once_on_time_signed(
         assert first.headers["Duetime-Attempt"] == "1"
         body = wait_state(topic, "m7", "delivered", 5)
         assert body["attempts"] == 1
+        r.services.lag.flush()
+        lag = client.get(topic.url("/lag?minutes=3"), headers=auth).get_json()["minutes"]
+        assert sum(m["count"] for m in lag) == 400  # one POST start each
 
 
 def test_target_failing_twice_gets_the_message_three_times_then_delivered(
@@ -126,6 +129,8 @@ def test_target_that_always_fails_makes_the_message_dead_with_its_error(
         assert target.ids() == ["doomed"] * 3
         assert body["attempts"] == 3
         assert "HTTP 503" in body["last_error"]
+        [listed] = client.get(topic.url("/dead-letters"), headers=auth).get_json()["messages"]
+        assert (listed["id"], listed["last_error"]) == ("doomed", body["last_error"])
 
 
 def test_unreachable_target_is_retried_and_kept_as_last_error(

@@ -177,7 +177,12 @@ class PushDispatcher:
             if r.posted:
                 self._outcomes.put((a, r.error))
                 metrics.WEBHOOK_ATTEMPTS.labels(metrics.webhook_outcome(r.error)).inc()
-        metrics.observe_lags("push", [r.started_ms - a.due_ms for a, r in done if r.posted])
+        by_topic: dict[uuid.UUID, list[int]] = {}
+        for a, r in done:
+            if r.posted:
+                by_topic.setdefault(a.topic.uid, []).append(r.started_ms - a.due_ms)
+        for topic_uid, lags in by_topic.items():
+            self.services.lag.observe(topic_uid, "push", lags)
         self._count("posted", len(done) - len(skipped))
         if skipped:
             log.warning("not posting %d messages: their leases were about to expire",

@@ -8,9 +8,9 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 from marshmallow import ValidationError
 
+from app import dead_letters, quiet_hours
 from app import enqueue as enqueueing
 from app import messages as usecases
-from app import quiet_hours
 from app.api.common import SECURITY, enqueue_groups, services, tenant
 from app.api.validation import check_message_id
 from app.errors import DuetimeError, InvalidInput, PayloadTooLarge
@@ -19,6 +19,8 @@ from app.quiet_hours import QuietHours
 from app.schemas.messages import (
     BatchInSchema,
     BatchOutSchema,
+    DeadListSchema,
+    DeadQuerySchema,
     EnqueuedSchema,
     MessageInSchema,
     MessageSchema,
@@ -164,3 +166,30 @@ class MessageItem(MethodView):
         found = get_topic_cached(services(), tenant(), topic)
         usecases.cancel(services(), found, message_id)
 
+
+@blp.route("/dead-letters")
+class DeadLetters(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(DeadQuerySchema, location="query")
+    @blp.response(200, DeadListSchema)
+    def get(self, query: dict[str, Any], topic: str) -> dict[str, Any]:
+        """The topic's dead messages (attempts exhausted), most recently dead first, each
+        with its last error: the topic's dead-letter queue."""
+        found = get_topic_cached(services(), tenant(), topic)
+        return {"messages": [message_view(found, row, payload) for row, payload
+                             in dead_letters.newest_dead(services(), found, query["limit"])]}
+
+
+@blp.route("/messages/<string:message_id>/retry")
+class RetryDead(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.response(200, MessageSchema)
+    @blp.alt_response(409, description="Not dead, or past its retention.")
+    def post(self, topic: str, message_id: str) -> dict[str, Any]:
+        """Bring a dead message back (redrive): scheduled, due now, its attempts counted
+        from 0 again; its last_error stays until a new one."""
+        check_message_id(message_id)
+        found = get_topic_cached(services(), tenant(), topic)
+        row = dead_letters.retry(services(), found, message_id)
+        _, payload = usecases.get_message(services(), found, message_id)
+        return message_view(found, row, payload)

@@ -12,6 +12,8 @@ from app.api.common import SECURITY, services, tenant
 from app.api.validation import check_name
 from app.models import Topic
 from app.schemas.topics import (
+    LagQuerySchema,
+    LagSchema,
     StatsQuerySchema,
     TopicListSchema,
     TopicPutSchema,
@@ -105,3 +107,16 @@ class TopicStats(MethodView):
         with window=hour per hour for the next 7 days."""
         found = usecases.get_topic(services(), tenant(), topic)
         return usecases.topic_stats(services(), found, query["window"])
+
+
+@blp.route("/<string:topic>/lag")
+class TopicLag(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(LagQuerySchema, location="query")
+    @blp.response(200, LagSchema)
+    def get(self, query: dict[str, Any], topic: str) -> dict[str, Any]:
+        """Delivery lag per minute over the last hour (or `minutes`): how late after their
+        due time messages were handed out. Lag = lease time (pull) or POST start (push)
+        less the due time; a paced message is due at its delivery slot."""
+        found = usecases.get_topic(services(), tenant(), topic)
+        return {"minutes": usecases.delivery_lag(services(), found, query["minutes"])}

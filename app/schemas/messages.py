@@ -101,6 +101,17 @@ class MessageSchema(Schema):
     last_error = fields.String(allow_none=True)
 
 
+class DeadQuerySchema(Schema):
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=500),
+                           metadata={"description": "At most this many (1-500)."})
+
+
+class DeadListSchema(Schema):
+    messages = fields.List(fields.Nested(MessageSchema), required=True, metadata={
+        "description": "Dead messages, the most recently dead first, from the topic's "
+                       "retention window (DUETIME_RETENTION_DAYS); each has its last_error."})
+
+
 class RescheduleSchema(Schema):
     """Give deliver_at or delay_ms (from now)."""
 

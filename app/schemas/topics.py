@@ -104,3 +104,31 @@ class TopicStatsSchema(Schema):
     upcoming = fields.List(fields.Nested(WindowSchema), required=True, metadata={
         "description": "Scheduled messages per window ahead (see `window`): 60 minutes from "
                        "the current one, or 168 hours from the current one."})
+
+
+class LagQuerySchema(Schema):
+    minutes = fields.Integer(load_default=60, validate=validate.Range(min=1, max=120),
+                             metadata={"description": "How many minutes back, the current "
+                                                      "one included (1-120)."})
+
+
+class LagWindowSchema(Schema):
+    from_ = Instant(required=True, data_key="from")
+    to = Instant(required=True)
+    count = fields.Integer(required=True, metadata={
+        "description": "Messages handed out in this minute (leased to a pull consumer, or "
+                       "their POST started)."})
+    p50_ms = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "Median lag, ms: the upper edge of its bucket (1, 2, 5, 10, 25, 50, "
+                       "100, 250, 500 ms, 1, 2.5, 5, 10, 30, 60 s), at most max_ms; null "
+                       "when count is 0."})
+    p99_ms = fields.Integer(required=True, allow_none=True,
+                            metadata={"description": "99th percentile lag, ms, as p50_ms."})
+    max_ms = fields.Integer(required=True, allow_none=True,
+                            metadata={"description": "Largest lag, ms; null when count is 0."})
+
+
+class LagSchema(Schema):
+    minutes = fields.List(fields.Nested(LagWindowSchema), required=True, metadata={
+        "description": "One entry a minute, oldest first. Each API process and releaser "
+                       "writes its figures every 5 s, so the last seconds may be missing."})
