@@ -17,7 +17,8 @@ down:           ## stop every stack's API and releaser and every local Cassandra
 setup:          ## venv, Cassandra, schema
 	@devstack/stack.sh setup
 
-test: setup     ## the whole suite against the real Cassandra node
+test:           ## the whole suite against the real Cassandra node (and Chromium for the dashboard)
+	@devstack/stack.sh setup-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 fuzz: setup     ## schemathesis over every route with 500 examples each (the suite runs 10)

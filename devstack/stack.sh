@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The dev stack behind the Makefile: install what is missing, start Cassandra, apply the
-# schema, run the API and a releaser. Usage: stack.sh setup|run|up|down|key
+# schema, run the API and a releaser. Usage: stack.sh setup|setup-test|run|up|down|key
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -137,10 +137,12 @@ run() {
 
 case "${1:-}" in
   setup) setup ;;
+  # the suite drives the dashboard in Debian's headless Chromium
+  setup-test) setup; need_apt chromium:chromium chromedriver:chromium-driver ;;
   run) run ;;
   up) setup; start_api_background; start_releaser_background; wait_ready; banner ;;
   down) for pidfile in "$VAR"/run/releaser*.pid "$VAR"/run/api*.pid; do stop_pidfile "$pidfile"; done
         $PY devstack/cassandra.py stop dev cluster solo ;;
   key) dev_key ;;
-  *) echo "usage: $0 setup|run|up|down|key" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|setup-test|run|up|down|key" >&2; exit 2 ;;
 esac

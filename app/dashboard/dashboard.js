@@ -86,13 +86,16 @@ function lineChart(svg, series, firstLabel, lastLabel) {
     const step = 560 / Math.max(s.values.length - 1, 1);
     let points = [];
     const flush = () => {
-      if (points.length === 1) points.push(points[0]);
       if (points.length) svg.appendChild(svgNode("polyline", { class: s.name, points: points.join(" ") }));
       points = [];
     };
     s.values.forEach((v, i) => {
       if (v === null) { flush(); return; }
-      points.push(`${(35 + i * step).toFixed(1)},${(135 - (v / top) * 120).toFixed(1)}`);
+      const x = (35 + i * step).toFixed(1), y = (135 - (v / top) * 120).toFixed(1);
+      points.push(`${x},${y}`);
+      const dot = svgNode("circle", { class: s.name + " dot", cx: x, cy: y, r: 2.5 });
+      dot.appendChild(svgNode("title", {}, `${s.name}: ${v} ms`));
+      svg.appendChild(dot);
     });
     flush();
   }
