@@ -6,6 +6,8 @@
   duetime get TOPIC ID | cancel TOPIC ID | reschedule TOPIC ID (--delay-ms MS | --deliver-at T)
   duetime stats TOPIC [--window minute|hour]
   duetime campaigns TOPIC [NAME] [--pause | --resume | --rate N | --cancel | --shift-ms MS]
+                    [--wait]  (follows a cancel or shift to its end with a progress bar)
+  duetime dead TOPIC [--limit N] | retry TOPIC ID | lag TOPIC [--minutes N]
   duetime schedules TOPIC [NAME]
   duetime tail TOPIC       (consumes: leases, prints and acks each message as it comes due)
 
@@ -27,12 +29,15 @@ from typing import Any
 import requests
 
 from app.client import ApiError, Client
+from app.progress import ProgressBar
 from app.timeparse import format_ms
 
 COMMANDS = ("topics", "enqueue", "get", "cancel", "reschedule", "stats", "campaigns",
-            "schedules", "tail")
+            "schedules", "tail", "dead", "retry", "lag")
+WAIT_POLL_S = 0.5
 # the columns a table shows first, when its rows have them
-FIRST_COLUMNS = ("name", "id", "campaign", "state", "deliver_at", "cron", "timezone",
+FIRST_COLUMNS = ("name", "id", "from", "count", "p50_ms", "p99_ms", "campaign", "state",
+                 "deliver_at", "last_error", "cron", "timezone",
                  "max_attempts", "lease_seconds", "paused", "max_per_second")
 DEV_KEY = Path(__file__).resolve().parent.parent / "var" / "dev-key"
 
@@ -82,6 +87,17 @@ def add_parsers(sub: Any) -> None:
     control.add_argument("--rate", type=float, help="max_per_second (0: no limit)")
     control.add_argument("--cancel", action="store_true")
     control.add_argument("--shift-ms", type=int)
+    p.add_argument("--wait", action="store_true",
+                   help="with --cancel or --shift-ms: follow the operation to its end")
+    p = command("dead", "a topic's dead messages, most recently dead first")
+    p.add_argument("topic")
+    p.add_argument("--limit", type=int, default=50)
+    p = command("retry", "bring a dead message back (due now, attempts from 0)")
+    p.add_argument("topic")
+    p.add_argument("id")
+    p = command("lag", "delivery lag per minute (count, p50, p99, max in ms)")
+    p.add_argument("topic")
+    p.add_argument("--minutes", type=int, default=15)
     p = command("schedules", "list a topic's schedules or show one")
     p.add_argument("topic")
     p.add_argument("name", nargs="?")
@@ -156,11 +172,26 @@ def _campaigns(client: Client, args: argparse.Namespace) -> Any:
     if args.rate is not None:
         return client.control_campaign(args.topic, args.name,
                                        max_per_second=args.rate or None)
-    if args.cancel:
-        return client.cancel_campaign(args.topic, args.name)
-    if args.shift_ms is not None:
-        return client.shift_campaign(args.topic, args.name, args.shift_ms)
+    if args.cancel or args.shift_ms is not None:
+        size = sum(client.campaign(args.topic, args.name)["counts"].values())
+        started = (client.cancel_campaign(args.topic, args.name) if args.cancel
+                   else client.shift_campaign(args.topic, args.name, args.shift_ms))
+        return _follow(client, args.topic, started["operation"], size) if args.wait else started
     return client.campaign(args.topic, args.name)
+
+
+def _follow(client: Client, topic: str, operation: dict[str, Any], size: int) -> Any:
+    """Poll the operation until it ends, with a progress bar of the campaign's messages
+    processed (on stderr); its last state."""
+    progress = ProgressBar()
+    while operation["state"] == "running":
+        progress.show(f"{operation['kind']} {operation['campaign']}", operation["processed"],
+                      max(size, operation["processed"]))
+        time.sleep(WAIT_POLL_S)
+        operation = client.operation(topic, operation["id"])
+    progress.finish(f"{operation['kind']} {operation['campaign']} {operation['state']}: "
+                    f"{operation['changed']:,} of {operation['processed']:,} changed")
+    return {"operation": operation}
 
 
 def _tail(client: Client, args: argparse.Namespace) -> None:
@@ -187,6 +218,9 @@ _HANDLERS: dict[str, Callable[[Client, argparse.Namespace], Any]] = {
     "campaigns": _campaigns,
     "schedules": lambda c, a: c.schedule(a.topic, a.name) if a.name else c.schedules(a.topic),
     "tail": _tail,
+    "dead": lambda c, a: c.dead_letters(a.topic, a.limit),
+    "retry": lambda c, a: c.retry(a.topic, a.id),
+    "lag": lambda c, a: c.lag(a.topic, a.minutes),
 }
 
 

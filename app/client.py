@@ -156,6 +156,20 @@ class Client:
             {"lease_token": message["lease"]["token"], "lease_seconds": lease_seconds},
             idempotent=True))
 
+    def dead_letters(self, topic: str, limit: int = 50) -> list[JSON]:
+        """The topic's dead messages, most recently dead first, with their last_error."""
+        return list(self.request("GET", f"/v1/topics/{topic}/dead-letters?limit={limit}")[
+            "messages"])
+
+    def retry(self, topic: str, message_id: str) -> JSON:
+        """Bring a dead message back: scheduled, due now, attempts from 0."""
+        return dict(self.request("POST", f"/v1/topics/{topic}/messages/{message_id}/retry"))
+
+    def lag(self, topic: str, minutes: int = 60) -> list[JSON]:
+        """Delivery lag per minute of the last `minutes`: count, p50_ms, p99_ms, max_ms."""
+        return list(self.request("GET", f"/v1/topics/{topic}/lag?minutes={minutes}")[
+            "minutes"])
+
     # campaigns
     def campaign(self, topic: str, name: str) -> JSON:
         return dict(self.request("GET", f"/v1/topics/{topic}/campaigns/{name}"))

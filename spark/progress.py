@@ -9,6 +9,8 @@ import time
 
 from pyspark import SparkContext
 
+from app.progress import bar
+
 EVERY_S = 2.0
 
 
@@ -48,4 +50,4 @@ class Progress:
                 if info is not None:
                     done, total = done + info.numCompletedTasks, total + info.numTasks
             if total:
-                self.say(f"{self.phase}: {done}/{total} tasks ({100 * done // total}%)")
+                self.say(f"{self.phase}: tasks {bar(done, total)}")

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from app.cli import main
+from app.client import Client
 from app.services import Services
+from tests.campaign_helpers import running_operations
 from tests.conftest import new_tenant_key
 
 
@@ -24,6 +26,7 @@ def duetime(served: str, services: Services,
         out, err = capsys.readouterr()
         return code, out, err
 
+    run.client = Client(served, key)  # type: ignore[attr-defined]
     return run
 
 
@@ -66,3 +69,45 @@ def test_no_api_is_a_clear_error(services: Services,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["topics", "--url", "http://127.0.0.1:9", "--key", "k"])
     assert code == 3 and "cannot reach the API" in capsys.readouterr().err
+
+
+def test_a_campaign_cancel_followed_to_its_end_with_a_progress_bar(
+        duetime, services: Services) -> None:  # type: ignore[no-untyped-def]
+    assert duetime("topics", "promo", "--set", "lease_seconds=30")[0] == 0
+    for n in range(30):
+        assert duetime("enqueue", "promo", "{}", "--id", f"p{n}", "--delay-ms", "600000",
+                       "--campaign", "spring")[0] == 0
+    with running_operations(services):
+        code, out, err = duetime("campaigns", "promo", "spring", "--cancel", "--wait", "--json")
+    assert code == 0, err
+    op = json.loads(out)["operation"]
+    assert (op["state"], op["kind"], op["processed"], op["changed"]) == (
+        "succeeded", "cancel", 30, 30)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("cancel spring succeeded: 30 of 30 changed"), err
+    code, out, _ = duetime("stats", "promo", "--json")
+    assert json.loads(out)["counts"]["cancelled"] == 30
+
+
+def test_dead_messages_listed_and_retried_and_lag_shown(
+        duetime) -> None:  # type: ignore[no-untyped-def]
+    assert duetime("topics", "jobs", "--set", "max_attempts=1")[0] == 0
+    assert duetime("enqueue", "jobs", '{"job": 1}', "--id", "j1")[0] == 0
+    code, out, _ = duetime("tail", "jobs", "--count", "1", "--json")  # acks j1
+    assert code == 0 and json.loads(out)["id"] == "j1"
+    code, out, _ = duetime("dead", "jobs", "--json")
+    assert code == 0 and json.loads(out) == []
+    code, _, err = duetime("retry", "jobs", "j1")
+    assert code == 1 and "409" in err  # delivered, not dead
+    assert duetime("enqueue", "jobs", '{"job": 2}', "--id", "j2")[0] == 0
+    [leased] = duetime.client.lease("jobs", 1, 3000)
+    duetime.client.nack("jobs", leased, error="disk full")
+    code, out, _ = duetime("dead", "jobs")
+    assert code == 0 and out.splitlines()[1].split()[0] == "j2" and "disk full" in out
+    code, out, _ = duetime("retry", "jobs", "j2", "--json")
+    assert code == 0 and json.loads(out)["state"] == "scheduled"
+    assert json.loads(duetime("dead", "jobs", "--json")[1]) == []
+    code, out, _ = duetime("lag", "jobs", "--minutes", "3", "--json")
+    assert code == 0 and len(json.loads(out)) == 3
+    code, out, _ = duetime("lag", "jobs", "--minutes", "3")
+    assert code == 0 and out.splitlines()[0].split()[:4] == ["from", "count", "p50_ms", "p99_ms"]

@@ -185,3 +185,21 @@ def test_nesting_counts_arrays_and_objects_without_recursion() -> None:
     for _ in range(50_000):  # far past any recursion limit
         deep = [deep]
     assert nesting(deep) == 50_001
+
+
+def test_a_progress_bar_in_a_log_writes_a_line_at_most_every_interval() -> None:
+    import io
+
+    from app.progress import ProgressBar, bar
+
+    assert bar(61, 100, width=10) == "[######....]  61% 61/100"
+    assert bar(12_000, 10_000, width=4) == "[####] 100% 12,000/10,000"
+    assert bar(7, None) == "7 done"
+    log = io.StringIO()
+    progress = ProgressBar(log, every_s=3600)
+    for done in range(5):
+        progress.show("cancel c", done, 4)
+    progress.finish("cancel c succeeded")
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2 and "\r" not in log.getvalue()
+    assert lines[0].startswith("cancel c [") and lines[1].startswith("cancel c succeeded")
