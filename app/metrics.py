@@ -90,6 +90,11 @@ CLOCK_SKEW = Gauge(
     "This process's clock minus Cassandra's (positive: this clock is ahead), last measured.",
     multiprocess_mode="max")
 
+CLOCK_RELEASER_GAP = Gauge(
+    "duetime_clock_releaser_gap_seconds",
+    "This process's clock minus the live releaser's it is farthest from (each measured "
+    "against Cassandra's); 0 when no other releaser reports.", multiprocess_mode="max")
+
 _series_lock = threading.Lock()
 _topic_series: set[tuple[str, str]] = set()
 _tenant_series: set[str] = set()

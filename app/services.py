@@ -22,6 +22,7 @@ from app.pull_ahead import HeldLease, HeldLeases
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
+from app.store.clocks import ClockStore
 from app.store.counts import CountStore
 from app.store.dead_letters import DeadLetterStore
 from app.store.keys import ApiKeyStore
@@ -66,6 +67,7 @@ class Services:
         self.schedules = ScheduleStore(self.db)
         self.messages = MessageStore(self.db)
         self.timeline = TimelineStore(self.db)
+        self.clocks = ClockStore(self.db)
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import itertools
+import logging
 import threading
 import time
 import uuid
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
@@ -22,6 +25,7 @@ from app.services import Services
 from app.timeparse import parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Arrival, Receiver, receiving
+from tests.test_metrics import scrape
 from workers.releaser import Releaser
 
 # topics are learned through topic_changes (every 100 ms), not by re-reading them all
@@ -305,3 +309,20 @@ def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
         while uid in r._quiet and time.monotonic() < deadline:  # that sweep's end notes it
             time.sleep(0.05)
         assert uid not in r._quiet  # while a pointer of it is in the window
+
+
+def test_a_releaser_compares_its_clock_with_the_others_and_the_api_reports_the_gap(
+        config: Config, app: Flask, services: Services,
+        caplog: pytest.LogCaptureFixture) -> None:
+    with releaser(config, "clock-ahead", clock_offset_ms=800) as ahead, \
+            releaser(config, "clock-true") as true:
+        ahead.check_clock()
+        with caplog.at_level(logging.WARNING, logger="duetime.clock"):
+            true.check_clock()
+        assert any("behind releaser clock-ahead" in r.getMessage() for r in caplog.records)
+        ready = app.test_client().get("/readyz")
+        assert ready.status_code == 200  # a releaser's clock is that releaser's to fix
+        assert -800 - 150 <= ready.get_json()["releaser_clock_gap_ms"] <= -800 + 150
+        samples = scrape(app.test_client())
+        assert -0.95 <= samples[("duetime_clock_releaser_gap_seconds", ())] <= -0.65
+    assert not {"clock-ahead", "clock-true"} & set(services.clocks.skews())

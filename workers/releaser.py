@@ -21,14 +21,15 @@ Periodic jobs (APScheduler), each one idempotent step:
   (workers/schedules.py);
 - operations (OPERATIONS_EVERY_MS): run pending campaign operations (workers/operations.py),
   on a thread of their own so a long one never delays the other steps;
-- clock (CLOCK_EVERY_MS): this clock against Cassandra's (app.clock_skew), a gauge and a
-  warning past half the safety lag.
+- clock (CLOCK_EVERY_MS): this clock against Cassandra's and against the other releasers'
+  (app.clock_skew), gauges and a warning past half the safety lag.
 A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
 PushDispatcher, which leases them and POSTs each at its due time (workers/push.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -157,7 +158,11 @@ class Releaser:
         self.operations.tick()
 
     def check_clock(self) -> None:
-        clock_skew.measure_ms(self.services)
+        """This clock against Cassandra's, published for the other processes, then against
+        every other live releaser's."""
+        skew = clock_skew.measure_ms(self.services)
+        self.services.clocks.report(self.member, skew, self.services.clock())
+        clock_skew.releaser_gap_ms(self.services, skew, self.member)
 
     def produce_fires(self) -> None:
         self.schedules.tick()
@@ -353,6 +358,8 @@ class Releaser:
         self._dispatcher.join()
         self.push.stop()
         self.ownership.release_all()
+        with contextlib.suppress(StoreUnavailable):  # else its report leaves by TTL in 60 s
+            self.services.clocks.forget(self.member)
         log.info("releaser %s stopped", self.member)
 
 

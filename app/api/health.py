@@ -30,6 +30,9 @@ def readyz() -> dict[str, Any]:
     """Ready: Cassandra answers, the schema is current, this clock is near Cassandra's.
 
     Near: within DUETIME_SAFETY_LAG_MS; further, this process could hand messages out early.
+    The gap to the releaser farthest off is reported, and logged past half the safety lag,
+    but does not make this process unready: a releaser's bad clock is that releaser's to
+    fix (its own /metrics and log say so), and failing every API process would stop all.
     """
     services = current_app.extensions["duetime"]
     missing = migrations.pending(services.db)
@@ -41,7 +44,8 @@ def readyz() -> dict[str, Any]:
         raise ClockSkewed(f"This clock is {skew:+d} ms off Cassandra's, more than "
                           f"DUETIME_SAFETY_LAG_MS ({services.config.safety_lag_ms} ms).")
     applied = max(m.version for m in migrations.discover())
-    return {"status": "ready", "schema_version": applied, "clock_skew_ms": skew}
+    return {"status": "ready", "schema_version": applied, "clock_skew_ms": skew,
+            "releaser_clock_gap_ms": clock_skew.releaser_gap_ms(services, skew)}
 
 
 @blp.route("/metrics")

@@ -15,6 +15,11 @@ class ReadySchema(Schema):
     clock_skew_ms = fields.Integer(required=True, metadata={
         "description": "This process's clock minus Cassandra's, in ms (good to half a round "
                        "trip). Past DUETIME_SAFETY_LAG_MS the answer is 503 clock-skewed."})
+    releaser_clock_gap_ms = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "This clock minus the clock of the live releaser farthest from it, in "
+                       "ms (each measured against Cassandra's, every 10 s); null when no "
+                       "releaser reported in the last minute. Logged past half of "
+                       "DUETIME_SAFETY_LAG_MS; it does not make this process unready."})
 
 
 class ProblemSchema(Schema):
