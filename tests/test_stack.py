@@ -71,6 +71,7 @@ def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
         assert scrape(released, "duetime_webhook_attempts_total", {"outcome": "success"}) == 1
         assert scrape(released, "duetime_delivery_lag_seconds_count", {"mode": "push"}) == 1
         assert scrape(released, "duetime_release_slots_owned", {}) > 0
+        run_quick_start(env, (ROOT / "var" / f"dev-key-{config.keyspace}").read_text().strip())
     finally:
         for name in (f"releaser-{PORT}.pid", f"api-{PORT}.pid"):  # this stack's, no other
             pidfile = ROOT / "var" / "run" / name
@@ -99,3 +100,25 @@ def wait_until(check: Callable[[], bool], within_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def quick_start_commands() -> list[str]:
+    """The commands of the README's Quick start block, after its `make up`."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- quickstart", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("  #", 1)[0].strip() for line in block.splitlines()]
+    assert commands[0] == "make up", commands
+    return [c for c in commands[1:] if c]
+
+
+def run_quick_start(env: dict[str, str], key: str) -> None:
+    """A newcomer's first minutes, against this stack: every command succeeds and the last
+    one shows the message delivered."""
+    env = {**env, "DUETIME_URL": BASE, "DUETIME_API_KEY": key}
+    output = ""
+    for command in quick_start_commands():
+        done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        output = done.stdout
+    assert any(line.split()[:2] == ["state", "delivered"] for line in output.splitlines()), output
