@@ -11,7 +11,7 @@ import time
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from app import dashboard, group_commit, logs, metrics
+from app import dashboard, group_commit, logs, metrics, shedding
 from app.api import docs_assets, openapi_file, problems
 from app.auth import Authenticator
 from app.config import Config, load_config
@@ -125,6 +125,7 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     dashboard.register(app)
     problems.register(app)
     _observe_requests(app)
+    shedding.register(app, config.shed_queue_ms)
     _authenticate(app, Authenticator(services.keys, config.key_cache_s), services.quotas)
     _limit_unsized_bodies(app)
     return app

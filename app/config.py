@@ -45,6 +45,7 @@ class Config:
     min_lease_s: int = 1
     max_lease_s: int = 12 * 3600
     key_cache_s: float = 30.0
+    shed_queue_ms: int = 1000  # a /v1 request that waited longer for a thread: 503 (0: never)
     rate_limit_per_s: float = 0.0  # requests a second per tenant (0: no quota)
     rate_burst: int = 0
     message_rate_limit_per_s: float = 0.0  # messages enqueued a second per tenant (0: none)

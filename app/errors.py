@@ -64,6 +64,14 @@ class StoreUnavailable(DuetimeError):
     retry_after_s = 2
 
 
+class Overloaded(StoreUnavailable):
+    """This API process is behind: the request waited longer than DUETIME_SHED_QUEUE_MS for
+    a thread, so it is refused at once rather than served late (503, retry a moment later)."""
+
+    title, slug = "Overloaded", "overloaded"
+    retry_after_s = 1
+
+
 class SchemaBehind(StoreUnavailable):
     """The keyspace lacks migrations this code needs (run `duetime schema apply`)."""
 

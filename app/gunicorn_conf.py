@@ -4,10 +4,17 @@ The app is loaded in each worker after fork (no preload), so every worker makes 
 Cassandra session on first use: the driver's connections must never cross a fork.
 """
 
+import math
 import os
 import pathlib
+import socket
 import tempfile
+import threading
+import time
 from typing import Any
+
+from gunicorn.http.errors import NoMoreData
+from gunicorn.workers.gthread import ThreadWorker
 
 # Multiprocess metrics (app.metrics): set before any worker imports prometheus_client.
 _metrics_dir = pathlib.Path(os.environ.setdefault(
@@ -18,7 +25,86 @@ _metrics_dir = pathlib.Path(os.environ.setdefault(
 _host = os.environ.get("DUETIME_HTTP_HOST", "127.0.0.1")
 bind = f"{_host}:{os.environ.get('DUETIME_HTTP_PORT', '8080')}"
 workers = int(os.environ.get("DUETIME_WEB_WORKERS", "2"))
-worker_class = "gthread"
+# a request must arrive within CLIENT_TIMEOUT_S of a thread taking it, plus a second per
+# MIN_UPLOAD_BYTES_PER_S of it; each write of an answer must progress within CLIENT_TIMEOUT_S
+CLIENT_TIMEOUT_S = float(os.environ.get("DUETIME_CLIENT_TIMEOUT_S", "30"))
+MIN_UPLOAD_BYTES_PER_S = 64 * 1024
+
+
+class ClientTooSlow(NoMoreData):
+    """The client did not send its request in time: gunicorn closes the connection quietly
+    when it happens in the headers, the app answers 408 when it happens in the body
+    (app.api.problems), as for any body cut short."""
+
+
+class _Deadline:
+    """A client socket whose reads must all come before a deadline, moved later by every
+    byte received at MIN_UPLOAD_BYTES_PER_S: a slow upload of a big batch keeps going, a
+    client trickling bytes to hold a thread does not. Every other call goes to the socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline = math.inf
+
+    def restart(self) -> None:
+        self.deadline = time.monotonic() + CLIENT_TIMEOUT_S
+
+    def recv(self, size: int, *flags: int) -> bytes:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ClientTooSlow(f"request not received within {CLIENT_TIMEOUT_S} s")
+        self._sock.settimeout(left)
+        try:
+            data = self._sock.recv(size, *flags)
+        except TimeoutError as exc:
+            raise ClientTooSlow(f"request not received within {CLIENT_TIMEOUT_S} s") from exc
+        self.deadline += len(data) / MIN_UPLOAD_BYTES_PER_S
+        return data
+
+    def sendall(self, data: bytes, *flags: int) -> None:
+        self._sock.settimeout(CLIENT_TIMEOUT_S)
+        self._sock.sendall(data, *flags)
+
+    def send(self, data: bytes, *flags: int) -> int:
+        self._sock.settimeout(CLIENT_TIMEOUT_S)
+        return self._sock.send(data, *flags)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+QUEUED_HEADER = "X-DUETIME-QUEUED-MS"  # how long the request waited for a thread
+_handling = threading.local()
+
+
+class ClientDeadlineWorker(ThreadWorker):
+    """gunicorn's gthread worker, with every client held to _Deadline: slow or stalled
+    clients (slowloris) cannot keep the worker's threads. The deadline starts when a thread
+    takes the connection for a request, which gthread does once the first bytes are there.
+    It also times how long each connection waited in the queue for a thread, which the app
+    reads (QUEUED_HEADER, set by pre_request) to shed load (app.shedding)."""
+
+    def enqueue_req(self, conn: Any) -> None:
+        conn.queued_at = time.monotonic()
+        super().enqueue_req(conn)
+
+    def handle(self, conn: Any) -> Any:
+        if not isinstance(conn.sock, _Deadline):
+            conn.sock = _Deadline(conn.sock)
+        conn.sock.restart()
+        _handling.waited_s = time.monotonic() - getattr(conn, "queued_at", time.monotonic())
+        return super().handle(conn)
+
+
+def pre_request(worker: Any, req: Any) -> None:
+    """Tell the app how long this request's connection waited for a thread (the client's
+    own header of that name is dropped first: only the worker may say it)."""
+    req.headers = [(k, v) for k, v in req.headers if k.upper() != QUEUED_HEADER]
+    req.headers.append((QUEUED_HEADER, str(round(getattr(_handling, "waited_s", 0.0) * 1000))))
+    _handling.waited_s = 0.0  # a second request on the connection did not wait
+
+
+worker_class = ClientDeadlineWorker
 threads = int(os.environ.get("DUETIME_WEB_THREADS", "32"))
 preload_app = False
 timeout = 60

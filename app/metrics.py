@@ -90,6 +90,10 @@ CLOCK_SKEW = Gauge(
     "This process's clock minus Cassandra's (positive: this clock is ahead), last measured.",
     multiprocess_mode="max")
 
+REQUESTS_SHED = Counter(
+    "duetime_requests_shed_total",
+    "API requests answered 503 overloaded at once: they waited longer than "
+    "DUETIME_SHED_QUEUE_MS for a thread (app.shedding).")
 CLOCK_RELEASER_GAP = Gauge(
     "duetime_clock_releaser_gap_seconds",
     "This process's clock minus the live releaser's it is farthest from (each measured "

@@ -1,11 +1,13 @@
 """Request limits through gunicorn, as a client sends them: a chunked body (no
 Content-Length to trust) over the limit gets 413 problem+json once the limit is read, not
-after the whole body."""
+after the whole body; clients that send too slowly (slowloris) are cut at their deadline, so
+they cannot hold every thread, and a body that stops coming gets 408."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -71,3 +73,82 @@ def test_a_chunked_body_over_the_limit_is_refused_without_being_read_whole(
     assert status_line.startswith(b"HTTP/1.1 413"), answer[:300]
     assert b"application/problem+json" in rest.lower()
     assert sent < BODY // 4, sent  # refused once the limit was read, long before the end
+
+
+SLOW_PORT = 18092
+THREADS = 4
+CLIENT_TIMEOUT_S = 2
+
+
+@pytest.fixture()
+def few_threads(config: Config) -> Iterator[str]:
+    """gunicorn with one worker of THREADS threads, clients held to CLIENT_TIMEOUT_S."""
+    services = Services(config)
+    key = services.keys.create("slow")
+    services.close()
+    process = start_api({**os.environ, "DUETIME_HTTP_PORT": str(SLOW_PORT),
+                         "DUETIME_KEYSPACE": config.keyspace, "DUETIME_WEB_WORKERS": "1",
+                         "DUETIME_WEB_THREADS": str(THREADS),
+                         "DUETIME_CLIENT_TIMEOUT_S": str(CLIENT_TIMEOUT_S)})
+    try:
+        assert wait_ready(f"http://127.0.0.1:{SLOW_PORT}", process), "API did not start"
+        yield key
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def _trickle(conns: list[socket.socket], until: float) -> set[int]:
+    """Send each connection one more header byte every 0.2 s until `until` (monotonic);
+    the indexes of those the server closed meanwhile."""
+    closed: set[int] = set()
+    while time.monotonic() < until and len(closed) < len(conns):
+        for n, conn in enumerate(conns):
+            if n in closed:
+                continue
+            try:
+                conn.sendall(b"X")
+            except OSError:
+                closed.add(n)
+        time.sleep(0.2)
+    return closed
+
+
+def test_clients_trickling_their_headers_cannot_hold_every_thread(few_threads: str) -> None:
+    conns = [socket.create_connection(("127.0.0.1", SLOW_PORT), timeout=5)
+             for _ in range(2 * THREADS)]
+    try:
+        for conn in conns:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        time.sleep(0.5)  # every thread has taken one of them
+        answered: list[float] = []
+        started = time.monotonic()
+
+        def ask() -> None:
+            with socket.create_connection(("127.0.0.1", SLOW_PORT), timeout=30) as conn:
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if conn.recv(65536).startswith(b"HTTP/1.1 200"):
+                    answered.append(time.monotonic() - started)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        closed = _trickle(conns, time.monotonic() + 20)
+        asking.join(15)
+        # the slow ones are cut at their deadline, two rounds of THREADS, then it is served
+        assert answered and answered[0] < 3 * CLIENT_TIMEOUT_S + 4, answered
+        assert len(closed) == len(conns), closed
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_a_body_that_stops_coming_gets_408(few_threads: str) -> None:
+    with socket.create_connection(("127.0.0.1", SLOW_PORT), timeout=30) as conn:
+        conn.sendall((f"POST /v1/topics/slow/messages HTTP/1.1\r\nHost: x\r\n"
+                      f"Authorization: Bearer {few_threads}\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 1000\r\n\r\n{\"payload\": ").encode())
+        started = time.monotonic()
+        answer = conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b"application/problem+json" in answer.lower()
+    assert CLIENT_TIMEOUT_S - 0.5 <= time.monotonic() - started < CLIENT_TIMEOUT_S + 5

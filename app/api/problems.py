@@ -6,7 +6,8 @@ import logging
 from typing import Any
 
 from flask import Flask, Response, json, request
-from werkzeug.exceptions import HTTPException
+from gunicorn.http.errors import NoMoreData
+from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from app.errors import DuetimeError, RateLimited, StoreUnavailable
 
@@ -72,6 +73,13 @@ def _too_deep(exc: RecursionError) -> Response:
     return _unexpected(exc)
 
 
+def _body_cut_short(exc: NoMoreData | ClientDisconnected) -> Response:
+    """The body did not arrive: the client stopped sending it, or sent it too slowly
+    (app.gunicorn_conf, DUETIME_CLIENT_TIMEOUT_S)."""
+    return problem(408, "Request timeout", "The request body did not arrive in time.",
+                   "request-timeout")
+
+
 def _unexpected(exc: Exception) -> Response:
     log.exception("unhandled error")
     return problem(500, "Internal error", "An unexpected error occurred; it has been logged.",
@@ -83,4 +91,6 @@ def register(app: Flask) -> None:
     app.register_error_handler(DuetimeError, _from_domain)
     app.register_error_handler(HTTPException, _from_http)
     app.register_error_handler(RecursionError, _too_deep)
+    app.register_error_handler(NoMoreData, _body_cut_short)
+    app.register_error_handler(ClientDisconnected, _body_cut_short)
     app.register_error_handler(Exception, _unexpected)
