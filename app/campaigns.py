@@ -239,10 +239,11 @@ def refuse_import(services: Services, topic: Topic, names: list[str]) -> None:
                            "; nothing was imported.")
 
 
-def record_import(services: Services, topic: Topic,
-                  added: dict[str, tuple[int, int, int]]) -> list[str]:
+def record_import(services: Services, topic: Topic, added: dict[str, tuple[int, int, int]],
+                  states: dict[str, dict[str, int]] | None = None) -> list[str]:
     """After a bulk import: each campaign's row, bounds and counters for the messages it
-    added ({campaign: (count, earliest deliver_at, latest deliver_at)}). Returns warnings
+    added ({campaign: (count, earliest deliver_at, latest deliver_at)}), all scheduled
+    unless `states` gives each campaign's count per state (a restore). Returns warnings
     for campaigns an operation started on while the import ran (their new messages are not
     covered by it; a cancelled campaign's are cancelled when they come due)."""
     warnings = []
@@ -254,6 +255,6 @@ def record_import(services: Services, topic: Topic,
                             "import")
         spans.append((c, (first, last)))
     _widen(services, topic, spans)
-    services.campaigns.add_counts(topic.uid, {name: {"scheduled": count}
-                                              for name, (count, _, _) in added.items()})
+    services.campaigns.add_counts(topic.uid, states or {
+        name: {"scheduled": count} for name, (count, _, _) in added.items()})
     return warnings

@@ -7,6 +7,8 @@
   duetime openapi [--output PATH]
   duetime releaser [--member NAME]   (runs until SIGTERM/SIGINT, then stops gracefully)
   duetime spark import FILE --topic T [--tenant T] [--campaign C] [--rejects DIR] [--master URL]
+  duetime spark import EXPORT --topic T --restore [--tenant T] [--master URL]
+  duetime spark export --topic T --out DIR [--tenant T] [--master URL]
   duetime spark report --topic T [--tenant T] [--campaign C] [--out DIR] [--master URL]
 
 and, against a running API (app.cli_api): topics, enqueue, get, cancel, reschedule, stats,
@@ -99,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     releaser.add_argument("--member", default=None,
                           help="this releaser's name (default: host name and a random suffix)")
     spark = sub.add_parser("spark", help="bulk import and reports with Spark (spark-submit)")
-    spark.add_argument("job", choices=["import", "report"])
+    spark.add_argument("job", choices=["import", "export", "report"])
     spark.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     cli_api.add_parsers(sub)
     return parser

@@ -121,17 +121,28 @@ def with_parts(spark: SparkSession, new: DataFrame, firsts: list[tuple[int, int,
                partition_cap: int) -> DataFrame:
     slots = spark.createDataFrame(firsts, "bucket long, shard int, first_slot int")
     order = Window.partitionBy("bucket", "shard").orderBy("id")
+    group = F.coalesce(F.col("delivery_group"), F.col("campaign"))
     return (new.join(F.broadcast(slots), ["bucket", "shard"])
             .withColumn("slot", F.col("first_slot") + F.row_number().over(order) - 1)
-            .withColumn("part", lane(F.col("campaign")) * LANE_STRIDE
+            .withColumn("part", lane(group) * LANE_STRIDE
                         + (F.col("slot") / partition_cap).cast("int")))
 
 
-def lane(campaign: Any) -> Any:
-    """app.timeline.lane_of of a message whose group is its campaign (imports carry no
-    group): Spark's crc32 is the same CRC-32 as app.timeline.stable_hash."""
-    return (F.when(campaign.isNull(), F.lit(0))
-            .otherwise(F.lit(1) + F.crc32(campaign) % (LANES - 1)).cast("int"))
+def lane(group: Any) -> Any:
+    """app.timeline.lane_of of a message's group (its `group`, else its campaign): Spark's
+    crc32 is the same CRC-32 as app.timeline.stable_hash."""
+    return (F.when(group.isNull(), F.lit(0))
+            .otherwise(F.lit(1) + F.crc32(group) % (LANES - 1)).cast("int"))
+
+
+def as_new(rows: DataFrame) -> DataFrame:
+    """Rows of a file as new messages: scheduled, no attempt yet, no error, no group."""
+    return (rows.withColumn("state", F.lit("scheduled"))
+            .withColumn("attempts", F.lit(0))
+            .withColumn("last_error", F.lit(None).cast("string"))
+            .withColumn("delivery_group", F.lit(None).cast("string"))
+            .withColumn("updated_at", F.col("created_at"))
+            .withColumn("headers", F.lit(None).cast("map<string,string>")))
 
 
 def save(df: DataFrame, config: Config, table: str, **options: str) -> None:
@@ -139,11 +150,18 @@ def save(df: DataFrame, config: Config, table: str, **options: str) -> None:
      .options(keyspace=config.keyspace, table=table, **options).save())
 
 
-def load(progress: Progress, config: Config, placed: DataFrame) -> None:
+def load(progress: Progress, config: Config, placed: DataFrame,
+         settled: DataFrame | None = None, writetime_us: int = IMPORT_WRITETIME_US) -> None:
+    """Write messages as the API would: placed are scheduled rows with their pointer's
+    columns (bucket, shard, part); settled are rows in an end state (delivered, cancelled,
+    dead: a restore), which get their payload and state row, and no pointer. Payloads first,
+    then lanes and pointers, then state rows (at writetime_us, below any LWT made after it),
+    then the campaign index."""
     ms = F.timestamp_millis
+    every = placed if settled is None else placed.unionByName(settled, allowMissingColumns=True)
     progress.enter("writing payloads")
-    save(placed.select("topic_uid", "home", "id", "content_hash", "payload", "encoding",
-                       F.col("payload_ttl").alias("ttl")), config, "message_bodies", ttl="ttl")
+    save(every.select("topic_uid", "home", "id", "content_hash", "payload", "encoding", "headers",
+                      F.col("payload_ttl").alias("ttl")), config, "message_bodies", ttl="ttl")
     progress.enter("recording lanes")
     lanes = placed.filter(F.col("part") >= LANE_STRIDE).groupBy(
         "topic_uid", "bucket", "shard", "part").agg(F.max("ttl").alias("ttl"))
@@ -154,15 +172,15 @@ def load(progress: Progress, config: Config, placed: DataFrame) -> None:
     save(pointers.repartition("bucket", "shard", "part").sortWithinPartitions(
         "bucket", "shard", "part"), config, "timeline", ttl="ttl")
     progress.enter("writing message states")
-    states = placed.select(
-        "topic_uid", "home", "id", F.lit("scheduled").alias("state"), F.lit(1).alias("version"),
+    states = every.select(
+        "topic_uid", "home", "id", "state", F.lit(1).alias("version"),
         ms("due_at").alias("due_at"), ms("deliver_at").alias("deliver_at"), "priority",
-        "campaign", "shard", F.lit(0).alias("attempts"), "content_hash",
-        ms("created_at").alias("created_at"), ms("created_at").alias("updated_at"), "ttl",
-        F.lit(IMPORT_WRITETIME_US).cast("long").alias("wt"))
+        "campaign", "delivery_group", "shard", "attempts", "last_error", "content_hash",
+        ms("created_at").alias("created_at"), ms("updated_at").alias("updated_at"), "ttl",
+        F.lit(writetime_us).cast("long").alias("wt"))
     save(states, config, "message_states", ttl="ttl", writetime="wt")
     progress.enter("writing the campaign index")
-    campaigns = placed.filter(F.col("campaign").isNotNull()).select(
+    campaigns = every.filter(F.col("campaign").isNotNull()).select(
         "topic_uid", "campaign", "spread", "id", "ttl")
     save(campaigns, config, "campaign_messages", ttl="ttl")
 
@@ -174,24 +192,30 @@ def campaign_names(new: DataFrame) -> list[str]:
 
 
 def count(services: Services, topic: Topic, placed: DataFrame,
-          groups: list[tuple[int, int, int]]) -> list[str]:
+          groups: list[tuple[int, int, int]], settled: DataFrame | None = None) -> list[str]:
     """Counters and activity markers the API keeps, and the campaigns' rows, bounds and
-    counters, for the rows this run added; returns warnings (app.campaigns.record_import)."""
+    counters, for the rows this run added (placed: scheduled, with pointers; settled: in an
+    end state); returns warnings (app.campaigns.record_import)."""
+    every = placed if settled is None else placed.unionByName(settled, allowMissingColumns=True)
     per_minute = {r["minute"]: r["n"] for r in placed.groupBy(
         (F.col("due_at") / MS_PER_MINUTE).cast("long").alias("minute")).count()
         .withColumnRenamed("count", "n").collect()}
-    services.counts.add_states(topic.uid, {"scheduled": sum(n for _, _, n in groups)})
+    services.counts.add_states(topic.uid, {
+        r["state"]: r["count"] for r in every.groupBy("state").count().collect()})
     services.counts.add_upcoming_per_minute(topic.uid, per_minute)
     services.timeline.mark_active(topic.uid, sorted({b for b, _, _ in groups}),
                                   services.config.bucket_ms, services.clock())
     services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
     services.timeline.note_written(  # wakes the releasers' catch-up of what lies behind
         topic.uid, services.clock() // WRITE_WINDOW_MS).result()
-    added = {r["campaign"]: (r["n"], r["first"], r["last"]) for r in placed.filter(
-        F.col("campaign").isNotNull()).groupBy("campaign").agg(
-        F.count("*").alias("n"), F.min("deliver_at").alias("first"),
-        F.max("deliver_at").alias("last")).collect()}
-    return campaigns.record_import(services, topic, added)
+    carrying = every.filter(F.col("campaign").isNotNull())
+    added = {r["campaign"]: (r["n"], r["first"], r["last"]) for r in carrying.groupBy(
+        "campaign").agg(F.count("*").alias("n"), F.min("deliver_at").alias("first"),
+                        F.max("deliver_at").alias("last")).collect()}
+    states: dict[str, dict[str, int]] = {}
+    for r in carrying.groupBy("campaign", "state").count().collect():
+        states.setdefault(r["campaign"], {})[r["state"]] = r["count"]
+    return campaigns.record_import(services, topic, added, states)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -210,7 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         groups = [(r["bucket"], r["shard"], r["count"])
                   for r in new.groupBy("bucket", "shard").count().collect()]
         progress.enter(f"reserving pointer slots for {len(groups)} (bucket, shard) groups")
-        placed = with_parts(spark, new, reserve_slots(services, topic, groups),
+        placed = with_parts(spark, as_new(new), reserve_slots(services, topic, groups),
                             config.partition_cap).persist()
         load(progress, config, placed)
         warnings = count(services, topic, placed, groups)
@@ -238,14 +262,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--campaign", default=None)
     p.add_argument("--rejects", default=None, help="folder for the rejects CSV "
                    "(default: FILE.rejects)")
+    p.add_argument("--restore", action="store_true", help="FILE is an export of "
+                   "`duetime spark export`: bring its messages back in their states")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     args.rejects = args.rejects or args.file.rstrip("/") + ".rejects"
+    if args.restore and args.campaign:
+        print("--campaign does not apply to --restore: messages keep their own",
+              file=sys.stderr)
+        return 2
     try:
-        summary = run(args)
+        if args.restore:
+            from spark import restore_job  # imports this module
+
+            summary = restore_job.run(args)
+        else:
+            summary = run(args)
     except DuetimeError as exc:  # a campaign refuses the import: nothing was written
         print(f"import refused: {exc.detail}", file=sys.stderr)
         return 1

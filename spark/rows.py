@@ -21,10 +21,10 @@ from marshmallow import ValidationError
 from app import quiet_hours
 from app.enqueue import new_message, state_row
 from app.errors import DuetimeError
-from app.ids import home_of, import_id
+from app.ids import CLIENT_ID, home_of, import_id
 from app.models import Topic
 from app.schemas.messages import MessageInSchema
-from app.timeline import MS_PER_DAY, bucket_of, campaign_spread, ttl_s
+from app.timeline import MS_PER_DAY, bucket_of, campaign_spread, shard_of, ttl_s
 
 TIME_COLUMNS = ("deliver_at", "delay_ms", "local_time", "timezone")
 RESERVED = {"id", "recipient", "payload", "priority", "campaign", *TIME_COLUMNS}
@@ -128,4 +128,40 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
         "spread": campaign_spread(row.id),
         "payload_ttl": ttl_s(row.due_at_ms, s.now_ms, s.retention_days,
                              s.horizon_days * MS_PER_DAY),
+    }
+
+
+RESTORED_STATES = {"scheduled": "scheduled", "leased": "scheduled", "delivered": "delivered",
+                   "cancelled": "cancelled", "dead": "dead"}
+
+
+def restored(row: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
+    """One message of an export (spark.export_job, times in epoch ms) as a row of the target
+    topic: its own id, state, times, attempts and last error, placed on this topic's shards
+    and homes. A scheduled or leased one waits (scheduled) for its due time, or for now if
+    that has passed: a pointer is never placed behind the writer's clock. Reject when it is
+    not a message of an export."""
+    state = RESTORED_STATES.get(row.get("state") or "")
+    message_id = row.get("id") or ""
+    if state is None or not CLIENT_ID.match(message_id) or row.get("payload") is None:
+        payload = "missing" if row.get("payload") is None else "present"
+        raise Reject(f"not a message of a duetime export: id {message_id!r}, state "
+                     f"{row.get('state')!r}, payload {payload}")
+    due = row["due_at"] if row.get("due_at") is not None else row["deliver_at"]
+    if state == "scheduled":
+        due = max(due, s.now_ms)
+    return {
+        "id": message_id, "home": home_of(message_id),
+        "shard": shard_of(message_id, s.topic.settings.shards),
+        "bucket": bucket_of(due, s.bucket_ms), "due_at": due, "deliver_at": row["deliver_at"],
+        "priority": row["priority"] if row.get("priority") is not None else 100,
+        "campaign": row.get("campaign"), "delivery_group": row.get("group"),
+        "content_hash": row.get("content_hash") or "", "payload": bytes(row["payload"]),
+        "encoding": row.get("encoding") or "json", "headers": row.get("headers"),
+        "created_at": row.get("created_at") or s.now_ms,
+        "updated_at": row.get("updated_at") or s.now_ms, "state": state,
+        "attempts": row.get("attempts") or 0, "last_error": row.get("last_error"),
+        "ttl": ttl_s(due, s.now_ms, s.retention_days),
+        "spread": campaign_spread(message_id),
+        "payload_ttl": ttl_s(due, s.now_ms, s.retention_days, s.horizon_days * MS_PER_DAY),
     }

@@ -60,10 +60,10 @@ def connector_conf(config: Config) -> dict[str, str]:
     return conf
 
 
-def build(config: Config, app_name: str) -> SparkSession:
-    """The session (the master comes from spark-submit)."""
+def build(config: Config, app_name: str, **extra: str) -> SparkSession:
+    """The session (the master comes from spark-submit), with `extra` settings."""
     builder = SparkSession.builder.appName(app_name)
-    for key, value in connector_conf(config).items():
+    for key, value in {**connector_conf(config), **extra}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

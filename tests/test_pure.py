@@ -203,3 +203,32 @@ def test_a_progress_bar_in_a_log_writes_a_line_at_most_every_interval() -> None:
     lines = log.getvalue().splitlines()
     assert len(lines) == 2 and "\r" not in log.getvalue()
     assert lines[0].startswith("cancel c [") and lines[1].startswith("cancel c succeeded")
+
+
+def test_a_restored_message_keeps_its_state_and_waits_no_earlier_than_now() -> None:
+    import uuid as uuid_module
+
+    from app.ids import home_of
+    from app.models import Topic, TopicSettings
+    from spark.rows import ImportSettings, Reject, restored
+
+    topic = Topic("tenant", "t", uuid_module.uuid4(), TopicSettings(shards=4), "s", 0, 0)
+    now = 1_800_000_000_000
+    settings = ImportSettings(topic, None, now, 65536, 365, 7, 60_000)
+    exported = {"id": "m-1", "state": "leased", "deliver_at": now - 9000, "due_at": now - 5000,
+                "priority": 3, "campaign": "c", "group": "g", "attempts": 2,
+                "last_error": "boom", "created_at": now - 10_000, "updated_at": now - 9000,
+                "payload": bytearray(b'{"a":1}'), "encoding": "json", "headers": None,
+                "content_hash": "h"}
+    row = restored(exported, settings)
+    assert (row["state"], row["due_at"], row["attempts"], row["last_error"]) == (
+        "scheduled", now, 2, "boom")
+    assert row["home"] == home_of("m-1") and 0 <= row["shard"] < 4
+    later = restored({**exported, "state": "scheduled", "due_at": now + 60_000}, settings)
+    assert later["due_at"] == now + 60_000 and later["deliver_at"] == now - 9000
+    dead = restored({**exported, "state": "dead"}, settings)
+    assert (dead["state"], dead["due_at"]) == ("dead", now - 5000)
+    for broken in ({**exported, "state": "lost"}, {**exported, "payload": None},
+                   {**exported, "id": "bad id"}):
+        with pytest.raises(Reject):
+            restored(broken, settings)

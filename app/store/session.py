@@ -116,6 +116,10 @@ class CassandraSession:
             # v5 frames every message in checksummed segments, built in pure Python by the
             # driver: about 8 % of an API worker's CPU under load (py-spy), for nothing v4 lacks
             protocol_version=4, connect_timeout=3, control_connection_timeout=3,
+            # `schema apply` on a cluster: each DDL waits until every node has it (10 s, the
+            # default, is short for busy nodes; the next statement could meet a node
+            # without the table)
+            max_schema_agreement_wait=120,
         )
 
     def session(self) -> Session:

@@ -70,6 +70,14 @@ def _restart_node(stack: FaultStack, target: Receiver) -> None:
     devstack("start", NODE)
 
 
+def _kill_cluster_node(stack: FaultStack, target: Receiver) -> None:
+    """kill -9 of one node of the three (RF=3, QUORUM): the two left carry on; it is started
+    again 10 s later and catches up (hints, then reads repair what they meet)."""
+    devstack("kill", "c2")
+    time.sleep(10)
+    devstack("start", "c2")
+
+
 def _clock(offset_ms: int) -> Strike:
     def strike(stack: FaultStack, target: Receiver) -> None:
         """A releaser restarted with its clock moved (DUETIME_CLOCK_OFFSET_MS)."""
@@ -100,7 +108,8 @@ def _combined(stack: FaultStack, target: Receiver) -> None:
     _restart_node(stack, target)
 
 
-# name -> (strike, allowed early ms: the clock offset it injects)
+# name -> (strike, allowed early ms: the clock offset it injects); the nemeses of the
+# 3-node cluster run on a stack of their own (CLUSTER_NEMESES)
 NEMESES: dict[str, tuple[Strike | None, int]] = {
     "none": (None, 0),
     "kill-api-worker": (_kill_api_worker, 0),
@@ -112,7 +121,9 @@ NEMESES: dict[str, tuple[Strike | None, int]] = {
     "clock-behind-500ms": (_clock(-500), 0),
     "target-down": (_target_down, 0),
     "combined": (_combined, 0),
+    "cluster-kill-node": (_kill_cluster_node, 0),
 }
+CLUSTER_NEMESES = ("cluster-kill-node",)
 
 
 def run_round(stack: FaultStack, target: Receiver, name: str, messages: int,
@@ -177,7 +188,18 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(names: list[str], messages: int, window_s: float) -> list[dict[str, Any]]:
-    stack = FaultStack()
+    """Each nemesis of `names` in turn, those of the solo node first, then those of the
+    3-node cluster on a stack of their own."""
+    rows = []
+    for cluster in (False, True):
+        chosen = [n for n in names if (n in CLUSTER_NEMESES) == cluster]
+        if chosen:
+            rows += _run_on(FaultStack(cluster=cluster), chosen, messages, window_s)
+    return rows
+
+
+def _run_on(stack: FaultStack, names: list[str], messages: int,
+            window_s: float) -> list[dict[str, Any]]:
     rows = []
     with receiving(new_receiver()) as target:
         stack.start()

@@ -1,7 +1,8 @@
 """The stack a fault run works on: gunicorn with its workers and two releasers, as processes
-of their own on the tests' `solo` node (devstack/cassandra.py, port 9044), so a nemesis can
-kill, pause or restart any of them, the node included, without touching a user's stack or
-the dev node."""
+of their own on the tests' `solo` node (devstack/cassandra.py, port 9044), or on the local
+3-node cluster (c1-c3 on 127.0.0.1-3, port 9043, RF=3 at QUORUM/SERIAL), so a nemesis can
+kill, pause or restart any of them, a node included, without touching a user's stack or the
+dev node."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.config import load_config
+from app.config import Config, load_config
 from app.services import Services
 from app.store import migrations
 from tests.serving import start_api, wait_ready
@@ -22,6 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 DEVSTACK = [sys.executable, str(ROOT / "devstack" / "cassandra.py")]
 NODE = "solo"
 CQL_PORT = 9044
+CLUSTER_NODES = ("c1", "c2", "c3")
+CLUSTER_PORT = 9043
+CLUSTER_SETTINGS = {  # what a production cluster runs with, in one datacenter
+    "DUETIME_CONTACT_POINTS": "127.0.0.1,127.0.0.2,127.0.0.3",
+    "DUETIME_CQL_PORT": str(CLUSTER_PORT),
+    "DUETIME_REPLICATION": "{'class': 'SimpleStrategy', 'replication_factor': 3}",
+    "DUETIME_CONSISTENCY": "QUORUM", "DUETIME_SERIAL_CONSISTENCY": "SERIAL",
+}
 LEASE_MS = 3000  # the releasers' slot leases: a pause past it costs seconds, not minutes
 
 
@@ -32,27 +41,33 @@ def devstack(*args: str) -> None:
 class FaultStack:
     """Start with start(), stop with stop(); every process is a child of this one."""
 
-    def __init__(self, port: int = 18090, keyspace: str = "duetime_faults") -> None:
+    def __init__(self, port: int = 18090, keyspace: str = "duetime_faults",
+                 cluster: bool = False) -> None:
         self.port = port
         self.keyspace = keyspace
+        self.cluster = cluster
+        self.nodes = CLUSTER_NODES if cluster else (NODE,)
         self.url = f"http://127.0.0.1:{port}"
         self.run_dir = Path(tempfile.mkdtemp(prefix="duetime-faults-"))
         self.api: subprocess.Popen[bytes] | None = None
         self.releasers: dict[str, subprocess.Popen[bytes]] = {}
         self.key = ""
 
+    def settings(self) -> dict[str, str]:
+        """The Cassandra settings of this stack's processes."""
+        return CLUSTER_SETTINGS if self.cluster else {"DUETIME_CQL_PORT": str(CQL_PORT)}
+
     def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, "DUETIME_KEYSPACE": self.keyspace,
-                "DUETIME_CQL_PORT": str(CQL_PORT), "DUETIME_HTTP_PORT": str(self.port),
+        return {**os.environ, "DUETIME_KEYSPACE": self.keyspace, **self.settings(),
+                "DUETIME_HTTP_PORT": str(self.port),
                 "DUETIME_WEB_WORKERS": "2", "DUETIME_RELEASER_METRICS_PORT": "0",
                 "DUETIME_RELEASE_LEASE_MS": str(LEASE_MS), "DUETIME_LOG_FORMAT": "text",
                 "DUETIME_WEBHOOK_ALLOW": "127.0.0.0/8,::1", "DUETIME_RATE_LIMIT_PER_S": "0",
                 "PROMETHEUS_MULTIPROC_DIR": str(self.run_dir / "metrics"), **extra}
 
     def start(self) -> None:
-        devstack("start", NODE)
-        config = load_config(keyspace=self.keyspace, cql_port=CQL_PORT)
-        services = Services(config)
+        devstack("start", "cluster" if self.cluster else NODE)
+        services = Services(self.config())
         migrations.apply(services.db)
         self.key = services.keys.create("faults")
         services.close()
@@ -105,13 +120,15 @@ class FaultStack:
             except subprocess.TimeoutExpired:
                 self.api.kill()
             self.api = None
-        config = load_config(keyspace=self.keyspace, cql_port=CQL_PORT)
-        services = Services(config)
+        services = Services(self.config())
         try:
             services.db.execute_raw(f"DROP KEYSPACE IF EXISTS {self.keyspace}", timeout=120)
         finally:
             services.close()
-            devstack("stop", NODE)
+            devstack("stop", "cluster" if self.cluster else NODE)
+
+    def config(self) -> Config:
+        return load_config({**self.settings(), "DUETIME_KEYSPACE": self.keyspace})
 
 
 def children(pid: int) -> list[int]:
