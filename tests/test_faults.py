@@ -1,5 +1,6 @@
 """The short form of `make faults` (tests/faults/run.py): every nemesis once, on a small
-workload, against a stack of its own processes on the `solo` node. Every promise the checker
+workload, against a stack of its own processes on the `solo` node (and, for the cluster
+nemesis, on the local 3-node cluster). Every promise the checker
 judges must hold in every round: nothing lost, nothing unexpected, nothing early, nothing
 handed out after an acknowledged cancel or a pull ack."""
 

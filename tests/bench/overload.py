@@ -3,8 +3,9 @@
 Against the running stack (`make up`):
 1. sustainable rate: SUSTAIN_PRODUCERS threads enqueue one message per request for PHASE_S;
    their rate R (msgs/s) is what the stack sustains;
-2. overload: for PHASE_S, an open-loop generator offers 2 x R requests a second (each sent on
-   schedule, from a pool of OPEN_LOOP_THREADS, whether or not earlier ones were answered),
+2. overload: for PHASE_S, GENERATORS open-loop processes offer 2 x R requests a second
+   together (each sent on schedule from a pool of OPEN_LOOP_THREADS threads, whether or not
+   earlier ones were answered; what they manage to offer is reported beside it),
    while a prober calls /readyz and a consumer leases `max: 1` + acks every PROBE_EVERY_S;
 3. afterwards: every message answered 201 is read back (nothing accepted lost), answers by
    status (201, 503 overloaded with Retry-After, anything else), the latency of accepted
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import multiprocessing
 import sys
 import threading
 import time
@@ -29,7 +31,8 @@ from tests.bench.idle import api_pids
 from tests.bench.run import URL, dev_headers, make_topic, percentile, report, timed_threads
 
 SUSTAIN_PRODUCERS = 8
-OPEN_LOOP_THREADS = 256
+GENERATORS = 2  # processes offering the load
+OPEN_LOOP_THREADS = 128  # each
 PROBE_EVERY_S = 0.25
 READ_BACK_THREADS = 16
 
@@ -89,20 +92,21 @@ class Prober(threading.Thread):
                              json={"lease_token": m["lease"]["token"]}, timeout=60)
 
 
-def overload(headers: dict[str, str], topic: str, rate: float,
-             seconds: float) -> dict[str, Any]:
-    """Offer `rate` enqueues a second, on schedule, for `seconds`."""
+def _offer(headers: dict[str, str], topic: str, rate: float, seconds: float, first: int,
+           step: int, began: float, out: Any) -> None:
+    """One generator process: ids first, first + step, ... sent on schedule at `rate`/s
+    from `began` (monotonic) for `seconds`; its findings go to the pipe `out`."""
     statuses: collections.Counter[str] = collections.Counter()
-    accepted: list[str] = []
-    accepted_latency: list[float] = []
     retry_after: collections.Counter[str] = collections.Counter()
+    accepted: list[str] = []
+    latency: list[float] = []
     lock = threading.Lock()
     local = threading.local()
 
     def send(n: int) -> None:
         session = getattr(local, "session", None) or requests.Session()
         local.session = session
-        began = time.perf_counter()
+        sent = time.perf_counter()
         try:
             answer = session.post(f"{URL}/v1/topics/{topic}/messages", headers=headers,
                                   json={"id": f"o-{n}", "payload": {"n": n}}, timeout=60)
@@ -110,28 +114,54 @@ def overload(headers: dict[str, str], topic: str, rate: float,
             with lock:
                 statuses[type(exc).__name__] += 1
             return
-        took = time.perf_counter() - began
+        took = time.perf_counter() - sent
         with lock:
             statuses[str(answer.status_code)] += 1
             if answer.status_code in (200, 201):
                 accepted.append(f"o-{n}")
-                accepted_latency.append(took)
+                latency.append(took)
             elif "Retry-After" in answer.headers:
                 retry_after[answer.headers["Retry-After"]] += 1
 
     total = int(rate * seconds)
-    began = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(OPEN_LOOP_THREADS) as pool:
-        for n in range(total):
-            wait = began + n / rate - time.monotonic()
+        for k in range(total):
+            wait = began + k / rate - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            pool.submit(send, n)
+            pool.submit(send, first + k * step)
         offered_s = time.monotonic() - began
-    return {"offered": total, "offered_per_s": round(total / offered_s, 1),
-            "answered_in_s": round(time.monotonic() - began, 1),
+    out.send({"offered": total, "offered_s": offered_s, "answered_s": time.monotonic() - began,
+              "statuses": statuses, "retry_after": retry_after, "accepted": accepted,
+              "latency": latency})
+
+
+def overload(headers: dict[str, str], topic: str, rate: float,
+             seconds: float) -> dict[str, Any]:
+    """Offer `rate` enqueues a second, on schedule, for `seconds`, from GENERATORS processes
+    (one Python process cannot send fast enough to overload the API)."""
+    began = time.monotonic() + 1
+    pipes, processes = [], []
+    for g in range(GENERATORS):
+        receiving, sending = multiprocessing.Pipe(duplex=False)
+        process = multiprocessing.Process(target=_offer, args=(
+            headers, topic, rate / GENERATORS, seconds, g, GENERATORS, began, sending))
+        process.start()
+        pipes.append(receiving)
+        processes.append(process)
+    parts = [pipe.recv() for pipe in pipes]
+    for process in processes:
+        process.join()
+    statuses: collections.Counter[str] = sum((p["statuses"] for p in parts), collections.Counter())
+    retry_after: collections.Counter[str] = sum((p["retry_after"] for p in parts),
+                                                collections.Counter())
+    offered = sum(p["offered"] for p in parts)
+    return {"offered": offered,
+            "offered_per_s": round(offered / max(p["offered_s"] for p in parts), 1),
+            "answered_in_s": round(max(p["answered_s"] for p in parts), 1),
             "statuses": dict(statuses), "retry_after": dict(retry_after),
-            "accepted": accepted, "accepted_latency_ms": _ms_summary(accepted_latency)}
+            "accepted": [i for p in parts for i in p["accepted"]],
+            "accepted_latency_ms": _ms_summary([v for p in parts for v in p["latency"]])}
 
 
 def read_back(headers: dict[str, str], topic: str, ids: list[str]) -> int:
@@ -176,7 +206,7 @@ def main(argv: list[str]) -> int:
         "statuses": offered["statuses"],
         "retry_after": offered["retry_after"],
         "accepted": len(offered["accepted"]),
-        "accepted_per_s": round(len(offered["accepted"]) / seconds, 1),
+        "accepted_per_s": round(len(offered["accepted"]) / offered["answered_in_s"], 1),
         "accepted_but_missing": lost,
         "accepted_enqueue_latency_ms": offered["accepted_latency_ms"],
         "readyz_latency_ms": _ms_summary(prober.ready),
