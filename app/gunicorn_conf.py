@@ -69,6 +69,10 @@ class _Deadline:
         self._sock.settimeout(CLIENT_TIMEOUT_S)
         return self._sock.send(data, *flags)
 
+    def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        self._sock.settimeout(CLIENT_TIMEOUT_S)
+        return self._sock.sendfile(file, offset, count)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 

@@ -22,21 +22,27 @@ CHUNK = 64 * 1024
 BODY = 20 * 1024 * 1024  # what the client would send, were it let
 
 
-@pytest.fixture()
-def small_limits(config: Config) -> Iterator[str]:
-    """gunicorn whose request limit is 2 x (1 KiB + 4 KiB) + 64 KiB; a key of its tenant."""
+def _served(config: Config, tenant: str, port: int, **settings: str) -> Iterator[str]:
+    """gunicorn with one worker on `port` with these DUETIME_* settings; a key of `tenant`."""
     services = Services(config)
-    key = services.keys.create("limits")
+    key = services.keys.create(tenant)
     services.close()
-    process = start_api({**os.environ, "DUETIME_HTTP_PORT": str(PORT),
+    process = start_api({**os.environ, "DUETIME_HTTP_PORT": str(port),
                          "DUETIME_KEYSPACE": config.keyspace, "DUETIME_WEB_WORKERS": "1",
-                         "DUETIME_MAX_BATCH": "2", "DUETIME_MAX_PAYLOAD_BYTES": "1024"})
+                         **settings})
     try:
-        assert wait_ready(f"http://127.0.0.1:{PORT}", process), "API did not start"
+        assert wait_ready(f"http://127.0.0.1:{port}", process), "API did not start"
         yield key
     finally:
         process.terminate()
         process.wait(30)
+
+
+@pytest.fixture()
+def small_limits(config: Config) -> Iterator[str]:
+    """gunicorn whose request limit is 2 x (1 KiB + 4 KiB) + 64 KiB; a key of its tenant."""
+    yield from _served(config, "limits", PORT, DUETIME_MAX_BATCH="2",
+                       DUETIME_MAX_PAYLOAD_BYTES="1024")
 
 
 def test_a_chunked_body_over_the_limit_is_refused_without_being_read_whole(
@@ -83,19 +89,8 @@ CLIENT_TIMEOUT_S = 2
 @pytest.fixture()
 def few_threads(config: Config) -> Iterator[str]:
     """gunicorn with one worker of THREADS threads, clients held to CLIENT_TIMEOUT_S."""
-    services = Services(config)
-    key = services.keys.create("slow")
-    services.close()
-    process = start_api({**os.environ, "DUETIME_HTTP_PORT": str(SLOW_PORT),
-                         "DUETIME_KEYSPACE": config.keyspace, "DUETIME_WEB_WORKERS": "1",
-                         "DUETIME_WEB_THREADS": str(THREADS),
-                         "DUETIME_CLIENT_TIMEOUT_S": str(CLIENT_TIMEOUT_S)})
-    try:
-        assert wait_ready(f"http://127.0.0.1:{SLOW_PORT}", process), "API did not start"
-        yield key
-    finally:
-        process.terminate()
-        process.wait(30)
+    yield from _served(config, "slow", SLOW_PORT, DUETIME_WEB_THREADS=str(THREADS),
+                       DUETIME_CLIENT_TIMEOUT_S=str(CLIENT_TIMEOUT_S))
 
 
 def _trickle(conns: list[socket.socket], until: float) -> set[int]:
