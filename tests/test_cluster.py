@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from cassandra import ConsistencyLevel, Unavailable, WriteTimeout
+from cassandra import ConsistencyLevel, InvalidRequest, Unavailable, WriteTimeout
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import RoundRobinPolicy
 from cassandra.query import SimpleStatement
@@ -37,6 +38,22 @@ def _wait_up_normal(ip: str, within_s: float) -> bool:
     return False
 
 
+def _until_every_node_knows(session: Any, ddl: str, within_s: float = 60) -> None:
+    """Run an idempotent DDL until it applies with the schema agreed. A node of a cluster
+    started a moment ago may not know yet the keyspace the DDL builds on, even after the
+    one before was agreed by the nodes the driver saw (app.store.migrations does the same)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if session.execute(ddl).response_future.is_schema_agreed:
+                return
+        except InvalidRequest as exc:
+            if "exist" not in str(exc) or time.monotonic() > deadline:
+                raise
+        assert time.monotonic() < deadline, f"schema never agreed: {ddl}"
+        time.sleep(1)
+
+
 def test_three_nodes_up_normal_and_quorum_survives_one_kill(cluster: None) -> None:
     status = devstack("nodetool", "c1", "status").stdout
     assert _up_normal(status) == {"127.0.0.1", "127.0.0.2", "127.0.0.3"}, status
@@ -53,7 +70,7 @@ def test_three_nodes_up_normal_and_quorum_survives_one_kill(cluster: None) -> No
         for ddl in ("CREATE KEYSPACE IF NOT EXISTS faults WITH replication = "
                     "{'class': 'SimpleStrategy', 'replication_factor': 3}",
                     "CREATE TABLE IF NOT EXISTS faults.kv (k int PRIMARY KEY, v text)"):
-            assert session.execute(ddl).response_future.is_schema_agreed, ddl
+            _until_every_node_knows(session, ddl)
         devstack("kill", "c3")
         write = SimpleStatement("INSERT INTO faults.kv (k, v) VALUES (%s, %s)",
                                 consistency_level=ConsistencyLevel.QUORUM)

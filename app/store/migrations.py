@@ -11,11 +11,15 @@ import dataclasses
 import datetime as dt
 import hashlib
 import re
+import time
 from pathlib import Path
+
+from cassandra import InvalidRequest
 
 from app.store.session import CassandraSession
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+DDL_RETRY_S = 60
 _FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.cql$")
 
 
@@ -46,15 +50,27 @@ def discover(schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
     return found
 
 
+def _ddl(db: CassandraSession, statement: str) -> None:
+    """Run one schema statement. On a cluster whose nodes have not all learnt the keyspace or
+    table the statement builds on (a new cluster's gossip, a node that was down), it is
+    refused as not existing: it is tried again, every second for up to DDL_RETRY_S (every
+    statement here is idempotent)."""
+    deadline = time.monotonic() + DDL_RETRY_S
+    while True:
+        try:
+            db.execute_raw(statement, timeout=120.0)
+            return
+        except InvalidRequest as exc:
+            if "exist" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def _ensure_keyspace(db: CassandraSession) -> None:
-    db.execute_raw(
-        f"CREATE KEYSPACE IF NOT EXISTS {db.keyspace} "
-        f"WITH replication = {db.config.replication}"
-    )
-    db.execute_raw(
-        "CREATE TABLE IF NOT EXISTS {ks}.schema_migrations "
-        "(version int PRIMARY KEY, name text, checksum text, applied_at timestamp)"
-    )
+    _ddl(db, f"CREATE KEYSPACE IF NOT EXISTS {db.keyspace} "
+             f"WITH replication = {db.config.replication}")
+    _ddl(db, "CREATE TABLE IF NOT EXISTS {ks}.schema_migrations "
+             "(version int PRIMARY KEY, name text, checksum text, applied_at timestamp)")
 
 
 def applied_versions(db: CassandraSession) -> set[int]:
@@ -80,7 +96,7 @@ def apply(db: CassandraSession, schema_dir: Path = SCHEMA_DIR) -> list[Migration
     todo = pending(db, schema_dir)
     for migration in todo:
         for statement in migration.statements():
-            db.execute_raw(_qualify(statement, db.keyspace), timeout=120.0)
+            _ddl(db, _qualify(statement, db.keyspace))
         db.execute(
             "INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
             "VALUES (?, ?, ?, ?)",
