@@ -197,6 +197,7 @@ def _hand_held(services: Services, topic: Topic, waiters: Sequence[Waiter[Leased
         services.held.put_back(topic, items, offered=False)  # for the next try
         raise
     unmatched: list[HeldLease] = []
+    handed_due: list[int] = []
     for item in items:
         row = rows.get(item.leased.id)
         if row is None or row.version != item.leased.version or row.state != "leased":
@@ -207,7 +208,9 @@ def _hand_held(services: Services, topic: Topic, waiters: Sequence[Waiter[Leased
             unmatched.append(item)
             continue
         shares[owner].append(Leased(item.leased, item.payload, item.due_ms))
-        services.lag.observe(topic.uid, "pull", [services.clock() - item.due_ms])
+        handed_due.append(item.due_ms)
+    handed_at = services.clock()
+    services.lag.observe(topic.uid, "pull", [handed_at - due for due in handed_due])
     services.held.put_back(topic, unmatched)
 
 

@@ -150,6 +150,11 @@ def save(df: DataFrame, config: Config, table: str, **options: str) -> None:
      .options(keyspace=config.keyspace, table=table, **options).save())
 
 
+def _every(placed: DataFrame, settled: DataFrame | None) -> DataFrame:
+    """The rows of a run: placed (with pointers), and settled ones when a restore has them."""
+    return placed if settled is None else placed.unionByName(settled, allowMissingColumns=True)
+
+
 def load(progress: Progress, config: Config, placed: DataFrame,
          settled: DataFrame | None = None, writetime_us: int = IMPORT_WRITETIME_US) -> None:
     """Write messages as the API would: placed are scheduled rows with their pointer's
@@ -158,7 +163,7 @@ def load(progress: Progress, config: Config, placed: DataFrame,
     then lanes and pointers, then state rows (at writetime_us, below any LWT made after it),
     then the campaign index."""
     ms = F.timestamp_millis
-    every = placed if settled is None else placed.unionByName(settled, allowMissingColumns=True)
+    every = _every(placed, settled)
     progress.enter("writing payloads")
     save(every.select("topic_uid", "home", "id", "content_hash", "payload", "encoding", "headers",
                       F.col("payload_ttl").alias("ttl")), config, "message_bodies", ttl="ttl")
@@ -196,7 +201,7 @@ def count(services: Services, topic: Topic, placed: DataFrame,
     """Counters and activity markers the API keeps, and the campaigns' rows, bounds and
     counters, for the rows this run added (placed: scheduled, with pointers; settled: in an
     end state); returns warnings (app.campaigns.record_import)."""
-    every = placed if settled is None else placed.unionByName(settled, allowMissingColumns=True)
+    every = _every(placed, settled)
     per_minute = {r["minute"]: r["n"] for r in placed.groupBy(
         (F.col("due_at") / MS_PER_MINUTE).cast("long").alias("minute")).count()
         .withColumnRenamed("count", "n").collect()}

@@ -23,6 +23,7 @@ from pyspark.sql import types as T
 
 from app import campaigns
 from app.config import Config
+from app.store import dead_letters
 from app.store.dead_letters import MS_PER_WEEK
 from spark import import_job
 from spark import session as sessions
@@ -77,7 +78,7 @@ def record_dead(config: Config, dead: DataFrame) -> None:
     their updated_at."""
     rows = dead.select("topic_uid", (F.col("updated_at") / MS_PER_WEEK).cast("long").alias("week"),
                        F.timestamp_millis("updated_at").alias("dead_at"), "id",
-                       F.lit((config.retention_days + 7) * 86_400).alias("ttl"))
+                       F.lit(dead_letters.ttl_s(config.retention_days)).alias("ttl"))
     import_job.save(rows, config, "dead_letters", ttl="ttl")
 
 

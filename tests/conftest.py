@@ -24,7 +24,7 @@ from app.errors import StoreUnavailable
 from app.services import Services
 from app.store import migrations
 from app.store.session import CassandraSession
-from tests.serving import start_api, wait_ready
+from tests.serving import serving
 
 ROOT = Path(__file__).resolve().parent.parent
 # the tests' webhook targets listen on loopback; every process they start inherits this
@@ -101,13 +101,5 @@ SERVED_PORT = 18083
 def served(config: Config) -> Iterator[str]:
     """gunicorn serving the API on SERVED_PORT, on the test keyspace (the client and CLI
     tests); its base URL."""
-    base = f"http://127.0.0.1:{SERVED_PORT}"
-    env = {**os.environ, "DUETIME_HTTP_PORT": str(SERVED_PORT), "DUETIME_KEYSPACE": config.keyspace,
-           "DUETIME_WEB_WORKERS": "1", "DUETIME_LOG_FORMAT": "text"}
-    proc = start_api(env)
-    try:
-        assert wait_ready(base, proc), "API did not start"
+    with serving(config.keyspace, SERVED_PORT, DUETIME_LOG_FORMAT="text") as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(30)

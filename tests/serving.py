@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -34,3 +37,18 @@ def wait_ready(base: str, process: subprocess.Popen[bytes], within_s: float = 60
             pass
         time.sleep(0.2)
     return False
+
+
+@contextlib.contextmanager
+def serving(keyspace: str, port: int, **settings: str) -> Iterator[str]:
+    """gunicorn with one worker on `port` over `keyspace`, with these DUETIME_* settings,
+    ready; its base URL. Stopped on exit."""
+    base = f"http://127.0.0.1:{port}"
+    process = start_api({**os.environ, "DUETIME_HTTP_PORT": str(port),
+                         "DUETIME_KEYSPACE": keyspace, "DUETIME_WEB_WORKERS": "1", **settings})
+    try:
+        assert wait_ready(base, process), "API did not start"
+        yield base
+    finally:
+        process.terminate()
+        process.wait(30)

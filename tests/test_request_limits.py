@@ -5,7 +5,6 @@ they cannot hold every thread, and a body that stops coming gets 408."""
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from app.config import Config
 from app.services import Services
-from tests.serving import start_api, wait_ready
+from tests.serving import serving
 
 PORT = 18091
 CHUNK = 64 * 1024
@@ -27,15 +26,8 @@ def _served(config: Config, tenant: str, port: int, **settings: str) -> Iterator
     services = Services(config)
     key = services.keys.create(tenant)
     services.close()
-    process = start_api({**os.environ, "DUETIME_HTTP_PORT": str(port),
-                         "DUETIME_KEYSPACE": config.keyspace, "DUETIME_WEB_WORKERS": "1",
-                         **settings})
-    try:
-        assert wait_ready(f"http://127.0.0.1:{port}", process), "API did not start"
+    with serving(config.keyspace, port, **settings):
         yield key
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 @pytest.fixture()

@@ -18,10 +18,15 @@ _INSERT = ("INSERT INTO {ks}.dead_letters (topic_uid, week, dead_at, id) VALUES 
            "USING TTL ?")
 
 
+def ttl_s(retention_days: int) -> int:
+    """How long a dead-letter row lives: a week past the messages' retention."""
+    return (retention_days + 7) * 86_400
+
+
 class DeadLetterStore:
     def __init__(self, db: CassandraSession, retention_days: int) -> None:
         self.db = db
-        self.ttl_s = (retention_days + 7) * 86_400
+        self.ttl_s = ttl_s(retention_days)
 
     def note(self, topic_uid: uuid.UUID, dead: Sequence[tuple[str, int]]) -> list[Exception | None]:
         """Record (message id, dead at epoch ms) pairs; per pair None when written, else the
