@@ -28,9 +28,8 @@ class SlotOwnership:
     """Thread-safe view of the slots held, with the tick that keeps it."""
 
     def __init__(self, store: OwnershipStore, member: str, slots: int, lease_ms: int,
-                 clock: Clock, wake_addr: str | None = None) -> None:
+                 clock: Clock) -> None:
         self.store = store
-        self.wake_addr = wake_addr
         self.member = member
         self.slots = slots
         self.lease_ms = lease_ms
@@ -65,8 +64,7 @@ class SlotOwnership:
     def tick(self) -> None:
         """One idempotent ownership step; errors leave held slots to their local validity."""
         self._renew()  # first: nothing may delay keeping what is held
-        self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000),
-                             self.wake_addr)
+        self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000))
         with self._lock:
             held = sorted(self._held)
         target = fair_share(self.store.members(), self.member, self.slots)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from app.models import Topic, TopicSettings
@@ -29,10 +28,8 @@ class TopicStore:
     apply only to the incarnation (uid) the caller read, so a concurrent re-create is never
     clobbered."""
 
-    def __init__(self, db: CassandraSession, wake: Callable[[str], None] = lambda kind: None
-                 ) -> None:
+    def __init__(self, db: CassandraSession) -> None:
         self.db = db
-        self._wake = wake  # app.wakeups: tells the releasers after the write
 
     def get(self, tenant: str, name: str) -> Topic | None:
         rows = self.db.execute(
@@ -88,7 +85,6 @@ class TopicStore:
         if applied:
             self.db.execute("INSERT INTO {ks}.topic_changes (part, changed, tenant, name) "
                             "VALUES (0, now(), ?, ?)", (tenant, name))
-            self._wake("topics")
         return applied
 
     def changes_since(self, since_ms: int) -> list[tuple[uuid.UUID, str, str]]:
