@@ -68,11 +68,15 @@ class Config:
     release_prepare_rate: int = 1000
     release_rescan_ms: int = 50
     release_sweep_ms: int = 1000
+    # without a wake-up (app.wakeups), the look-ahead reads this often; woken, every rescan
+    release_idle_ms: int = 2000
     release_catchup_ms: int = 3_600_000
     topic_refresh_ms: int = 60_000
     webhook_concurrency: int = 64
     webhook_allow: str = ""  # networks webhooks may reach although not public (comma list)
     releaser_metrics_port: int = 9464  # a releaser's Prometheus /metrics (0: none)
+    wake_port: int = 0  # the UDP port a releaser is woken on (0: any free one)
+    wake_host: str = ""  # the address other processes wake a releaser at ("": its host's)
 
     @property
     def consistency_level(self) -> int:
@@ -114,22 +118,33 @@ def _validate(config: Config) -> None:
         raise ConfigError("DUETIME_CONTACT_POINTS must name at least one host")
     positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
                 "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
-                "release_sweep_ms", "topic_refresh_ms", "webhook_concurrency",
+                "release_sweep_ms", "release_idle_ms", "topic_refresh_ms", "webhook_concurrency",
                 "release_prepare_rate")
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"DUETIME_{name.upper()} must be > 0")
-    if config.release_lookahead_ms < config.release_prepare_ms + 2 * config.release_rescan_ms:
-        raise ConfigError("DUETIME_RELEASE_LOOKAHEAD_MS must be at least "
-                          "DUETIME_RELEASE_PREPARE_MS + 2 x DUETIME_RELEASE_RESCAN_MS")
-    if config.release_lookahead_ms + config.safety_lag_ms > COUNTED_AHEAD_MS:
-        raise ConfigError(f"DUETIME_RELEASE_LOOKAHEAD_MS + DUETIME_SAFETY_LAG_MS must be at "
-                          f"most {COUNTED_AHEAD_MS}")
+    _validate_release(config)
+    if not 0 <= config.wake_port <= 65535:
+        raise ConfigError("DUETIME_WAKE_PORT must be from 0 (any free port) to 65535")
     if not 0 <= config.pull_ahead_ms <= 1000:
         raise ConfigError("DUETIME_PULL_AHEAD_MS must be from 0 (off) to 1000")
     if not 1 <= config.min_lease_s <= config.max_lease_s:
         raise ConfigError("DUETIME_MIN_LEASE_S must be >= 1 and <= DUETIME_MAX_LEASE_S")
     _validate_texts(config)
+
+
+def _validate_release(config: Config) -> None:
+    """The look-ahead must reach past what it runs for: the prepare lead plus two rescans
+    (woken) or one idle period (not woken), and stay within what write counts cover."""
+    reach = config.release_prepare_ms + max(2 * config.release_rescan_ms,
+                                            config.release_idle_ms)
+    if config.release_lookahead_ms < reach:
+        raise ConfigError("DUETIME_RELEASE_LOOKAHEAD_MS must be at least "
+                          "DUETIME_RELEASE_PREPARE_MS + the larger of 2 x "
+                          "DUETIME_RELEASE_RESCAN_MS and DUETIME_RELEASE_IDLE_MS")
+    if config.release_lookahead_ms + config.safety_lag_ms > COUNTED_AHEAD_MS:
+        raise ConfigError(f"DUETIME_RELEASE_LOOKAHEAD_MS + DUETIME_SAFETY_LAG_MS must be at "
+                          f"most {COUNTED_AHEAD_MS}")
 
 
 def _validate_texts(config: Config) -> None:

@@ -223,7 +223,7 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
         else:
             results[i] = _existing(outcome[1], row, now, pointers, placed_for, i)
     counting = _start_counts(services, topic, [rows[i] for i in created])
-    errors = services.placer.place(topic.uid, pointers, now)
+    errors = services.placer.place(topic.uid, pointers, now, topic.pushed)
     for i, err in zip(placed_for, errors, strict=True):
         if err is not None:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))

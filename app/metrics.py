@@ -94,6 +94,12 @@ REQUESTS_SHED = Counter(
     "duetime_requests_shed_total",
     "API requests answered 503 overloaded at once: they waited longer than "
     "DUETIME_SHED_QUEUE_MS for a thread (app.shedding).")
+WAKEUPS_SENT = Counter(
+    "duetime_wakeups_sent_total",
+    "Wake-up datagrams this process sent to releasers (app.wakeups), by kind.", ["kind"])
+WAKEUPS_RECEIVED = Counter(
+    "duetime_wakeups_received_total",
+    "Wake-up datagrams a releaser received (workers/wake_listener.py), by kind.", ["kind"])
 CLOCK_RELEASER_GAP = Gauge(
     "duetime_clock_releaser_gap_seconds",
     "This process's clock minus the live releaser's it is farthest from (each measured "

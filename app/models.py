@@ -40,6 +40,11 @@ class Topic:
     created_at_ms: int
     updated_at_ms: int
 
+    @property
+    def pushed(self) -> bool:
+        """Releasers deliver its messages (webhook mode), rather than consumers leasing."""
+        return self.settings.delivery_mode == "webhook"
+
 
 @dataclasses.dataclass(frozen=True)
 class MessageState:

@@ -11,7 +11,7 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cassandra.cluster import ResponseFuture
 
@@ -28,9 +28,11 @@ log = logging.getLogger(__name__)
 class PointerPlacer:
     """Thread-safe; one per process."""
 
-    def __init__(self, store: TimelineStore, config: Config) -> None:
+    def __init__(self, store: TimelineStore, config: Config,
+                 wake: Callable[[str], None] = lambda kind: None) -> None:
         self.store = store
         self.config = config
+        self._wake = wake  # app.wakeups
         self._lock = threading.Lock()
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
@@ -106,11 +108,13 @@ class PointerPlacer:
                                if err is None)
         return {key: err for key, err in zip(new, errors, strict=True) if err is not None}
 
-    def place(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer],
-              now_ms: int) -> list[Exception | None]:
+    def place(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer], now_ms: int,
+              pushed: bool = False) -> list[Exception | None]:
         """Write the pointers (due times already clamped by the caller); per pointer None when
         written, else the exception. TTL: until due plus the retention window. Written
-        pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes."""
+        pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. For a
+        topic the releasers push (`pushed`), written pointers due within their look-ahead
+        wake them (app.wakeups) once all is written."""
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, p in enumerate(pointers):
             groups[(bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard)].append(index)
@@ -139,4 +143,8 @@ class PointerPlacer:
             if err is None and p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
                 written[(bucket, shard)] += 1
         self.store.count_writes(topic_uid, written)
+        if pushed and any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms
+                          for (_, _, _, p, _), err in zip(placed, outcomes, strict=True)
+                          if err is None):
+            self._wake("due")
         return outcomes

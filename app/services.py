@@ -29,11 +29,13 @@ from app.store.keys import ApiKeyStore
 from app.store.lag import LagStore
 from app.store.messages import MessageStore
 from app.store.operations import OperationStore
+from app.store.ownership import OwnershipStore
 from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
 from app.topic_cache import TopicCache
+from app.wakeups import Waker
 
 Clock = Callable[[], int]
 
@@ -57,21 +59,22 @@ class Services:
             clock = functools.partial(_offset_clock, config.clock_offset_ms)
         self.clock = clock
         self.db = CassandraSession(config)
+        self.waker = Waker(OwnershipStore(self.db, config.release_ring).wake_addresses)
         self.keys = ApiKeyStore(self.db)
-        self.topics = TopicStore(self.db)
+        self.topics = TopicStore(self.db, self.waker.wake)
         self.topic_cache = TopicCache(self.topics)
         self.counts = CountStore(self.db)
         self.campaigns = CampaignStore(self.db)
         self.campaign_rules = CampaignRules(self.campaigns)
-        self.operations = OperationStore(self.db)
-        self.schedules = ScheduleStore(self.db)
+        self.operations = OperationStore(self.db, self.waker.wake)
+        self.schedules = ScheduleStore(self.db, self.waker.wake)
         self.messages = MessageStore(self.db)
         self.timeline = TimelineStore(self.db)
         self.clocks = ClockStore(self.db)
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)
-        self.placer = PointerPlacer(self.timeline, config)
+        self.placer = PointerPlacer(self.timeline, config, self.waker.wake)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.quotas = Quotas(self.db, {
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),
@@ -92,6 +95,7 @@ class Services:
         return None if due is None else time.monotonic() + (due - self.clock()) / 1000
 
     def close(self) -> None:
+        self.waker.close()
         self.quotas.close()
         self.lag.close()
         self.held.close()

@@ -24,7 +24,7 @@ def place_then(services: Services, topic: Topic, rows: list[MessageState],
                 now: int) -> list[MessageState]:
     """Write each row's next pointer; returns the rows whose pointer is durable."""
     pointers = [pointer_of(r) for r in rows]
-    errors = services.placer.place(topic.uid, pointers, now)
+    errors = services.placer.place(topic.uid, pointers, now, topic.pushed)
     return [r for r, err in zip(rows, errors, strict=True) if err is None]
 
 

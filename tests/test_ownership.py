@@ -74,10 +74,14 @@ def releaser_processes(config: Config, ring: int, names: list[str], lease_ms: in
 
 def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) -> None:
     store = OwnershipStore(services.db, next(_rings))
-    first = SlotOwnership(store, "first", 8, 1500, system_clock_ms)
-    second = SlotOwnership(store, "second", 8, 1500, system_clock_ms)
+    gained: list[str] = []  # a claim wakes the releaser's steps (on_gained)
+    first = SlotOwnership(store, "first", 8, 1500, system_clock_ms,
+                          on_gained=lambda: gained.append("first"))
+    second = SlotOwnership(store, "second", 8, 1500, system_clock_ms,
+                           on_gained=lambda: gained.append("second"))
     first.tick()
     assert first.owned() == frozenset(range(8))
+    assert gained == ["first"] * 8
     # `first` stops renewing (paused, partitioned). `second` keeps trying to take over.
     deadline = time.monotonic() + 15
     while len(second.owned()) < 8 and time.monotonic() < deadline:
@@ -86,6 +90,7 @@ def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) 
         time.sleep(0.05)
     assert first.owned() == frozenset()
     assert second.owned() == frozenset(range(8))
+    assert gained == ["first"] * 8 + ["second"] * 8  # once per slot claimed, not per tick
     # the stale owner's renewal is refused: it learns it lost the slots
     first.tick()
     assert first.owned() == frozenset()

@@ -271,11 +271,15 @@ def test_a_runner_reads_a_slot_listing_again_only_when_its_mark_moved(
         assert topic.client.put(topic.url("/schedules/marked"), headers=auth, json={
             "cron": "0 9 * * *", "payload": 1}).status_code == 201
         runner.tick()
+        assert len(reads) == 1  # not woken (app.wakeups): marks read every MARKS_EVERY_MS
+        runner.wake()  # as the datagram the API sent after the listing's write does
+        runner.tick()
         uid = topic_uid(services, auth, topic.name)
         slot = schedule_slot_of(str(uid), "marked", services.config.release_slots)
         assert len(reads) == 2 and slot in reads[1]  # its slot, and others changed meanwhile
         assert (uid, "marked") in runner._known
         assert client_delete(topic, "marked") == 204
+        runner.wake()
         runner.tick()
         assert (uid, "marked") not in runner._known
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from app.services import Clock
 from app.store.ownership import OwnershipStore, SlotLease
@@ -28,8 +29,13 @@ class SlotOwnership:
     """Thread-safe view of the slots held, with the tick that keeps it."""
 
     def __init__(self, store: OwnershipStore, member: str, slots: int, lease_ms: int,
-                 clock: Clock) -> None:
+                 clock: Clock, wake_addr: str | None = None,
+                 on_gained: Callable[[], None] = lambda: None) -> None:
+        """on_gained runs after each slot claimed: the steps that act on owned slots should
+        look at once, not at their idle period."""
         self.store = store
+        self.on_gained = on_gained
+        self.wake_addr = wake_addr
         self.member = member
         self.slots = slots
         self.lease_ms = lease_ms
@@ -64,7 +70,8 @@ class SlotOwnership:
     def tick(self) -> None:
         """One idempotent ownership step; errors leave held slots to their local validity."""
         self._renew()  # first: nothing may delay keeping what is held
-        self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000))
+        self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000),
+                             self.wake_addr)
         with self._lock:
             held = sorted(self._held)
         target = fair_share(self.store.members(), self.member, self.slots)
@@ -103,6 +110,7 @@ class SlotOwnership:
                 self._keep(lease, sent_at)
                 wanted -= 1
                 log.info("slot %d claimed epoch=%d member=%s", slot, lease.epoch, self.member)
+                self.on_gained()
 
     def _give_back(self, slots: list[int], why: str = "rebalance") -> None:
         with self._lock:

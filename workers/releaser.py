@@ -1,15 +1,21 @@
 """`duetime releaser`: walks the owned shards of the timeline and releases due messages.
 
-Periodic jobs (APScheduler), each one idempotent step:
+Its steps are idempotent. Four run on threads of their own at two paces (workers/paced.py):
+soon after a wake-up (app.wakeups: a datagram another process sends after a write the step
+must see) and otherwise every idle period, a safety net that costs a few reads a second for
+the whole releaser. The others are periodic jobs (APScheduler).
 - ownership (every lease/3): heartbeat, renew, rebalance release slots (workers/ownership.py);
-- topics (workers.topics.FOLLOW_EVERY_MS): the changes of topics other processes wrote, and
-  every topic_refresh_ms the whole list, so new topics start at once and deleted ones stop;
-- look-ahead (release_rescan_ms): for owned shards of webhook topics, pointers due in
+- topics (woken by "topics": FOLLOW_EVERY_MS; idle: IDLE_EVERY_MS): the changes of topics
+  other processes wrote, and every topic_refresh_ms the whole list, so new topics start at
+  once and deleted ones stop;
+- look-ahead (woken by "due": release_rescan_ms; idle: release_idle_ms): for owned shards
+  of webhook topics, pointers due in
   [now - RECENT_MS, now + lookahead] go into the timer heap, so a message scheduled a moment
   ahead is still released on time; only topics listed in active_topics for the window's
   buckets are polled, and a (bucket, shard) is re-read only when its write count moved
   (bucket_writes), so frequent re-scans stay cheap;
-- sweep (release_sweep_ms): move stragglers (pointers written behind a cursor, found by
+- sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
+  move stragglers (pointers written behind a cursor, found by
   their partition's write count) to now; from each owned shard's stored cursor, put what the
   look-ahead missed into the heap, then move the cursor forward. For pull topics the sweep
   only keeps cursors moving, so consumers' lease scans stay short. A quiet topic (cursors
@@ -18,9 +24,9 @@ Periodic jobs (APScheduler), each one idempotent step:
   written behind its cursors also records), or up to five minutes have passed: two reads a
   sweep for all topics.
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
-  (workers/schedules.py);
-- operations (OPERATIONS_EVERY_MS): run pending campaign operations (workers/operations.py),
-  on a thread of their own so a long one never delays the other steps;
+  (workers/schedules.py; their listings are read again when "schedules" wakes it);
+- operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
+  campaign operations (workers/operations.py);
 - clock (CLOCK_EVERY_MS): this clock against Cassandra's and against the other releasers'
   (app.clock_skew), gauges and a warning past half the safety lag.
 A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
@@ -42,7 +48,7 @@ from types import FrameType
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import start_http_server
 
-from app import clock_skew, metrics
+from app import clock_skew, metrics, wakeups
 from app.errors import StoreUnavailable
 from app.leasing import passed_over
 from app.models import Topic
@@ -52,10 +58,12 @@ from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_has
 from app.transitions import replace_ahead
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
+from workers.paced import PacedStep
 from workers.push import PushDispatcher
 from workers.schedules import ScheduleRunner
 from workers.timers import Timer, TimerHeap, earliest_by_shard
 from workers.topics import FOLLOW_EVERY_MS, KnownTopics
+from workers.wake_listener import WakeListener
 
 RECENT_MS = 250  # pointers written this far behind now are still caught by the look-ahead
 MAX_TIMERS_PER_SCAN = 20_000
@@ -75,6 +83,11 @@ PULL_KEEP_EVERY_MS = 10_000
 PREPARE_EVERY_MS = 100
 OPERATIONS_EVERY_MS = 1000
 SCHEDULES_EVERY_MS = 500
+# Without a wake-up, topics, sweep (when every topic is quiet) and operations run this often.
+IDLE_EVERY_MS = 5000
+# A new releaser polls at the busy paces until every process has read its wake address.
+WARM_MS = 2 * wakeups.ADDRESSES_EVERY_MS
+MAX_ASKED = 10_000
 UNAVAILABLE_WARN_EVERY_S = 10
 # A quiet topic is swept again at least this often (a safety net), each at its own moment
 # within the period, so 10,000 topics found quiet together are not re-read together.
@@ -91,8 +104,10 @@ class Releaser:
         cfg = services.config
         self.services = services
         self.member = member or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.wakes = WakeListener(cfg)
         self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
-                                       cfg.release_slots, cfg.release_lease_ms, services.clock)
+                                       cfg.release_slots, cfg.release_lease_ms, services.clock,
+                                       self.wakes.address, self._gained_slots)
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._known = KnownTopics(services)
         self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
@@ -102,7 +117,9 @@ class Releaser:
         self._last_catch_up = 0
         self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
         self._quiet: dict[uuid.UUID, int] = {}  # topic -> when a sweep last found it quiet
+        self._swept_slots: frozenset[int] = frozenset()  # the slots _quiet was judged on
         self._slot_maps: dict[tuple[uuid.UUID, int], dict[int, int]] = {}
+        self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.holds)
         self._stop = threading.Event()
@@ -112,33 +129,46 @@ class Releaser:
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher")
         self.scheduler = BackgroundScheduler(job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        self._following = PacedStep("topics", self.follow_topics, FOLLOW_EVERY_MS,
+                                    IDLE_EVERY_MS, self._safely, WARM_MS)
+        self._looking = PacedStep("look-ahead", self.look_ahead, cfg.release_rescan_ms,
+                                  cfg.release_idle_ms, self._safely, WARM_MS)
+        self._sweeping = PacedStep("sweep", self.sweep, cfg.release_sweep_ms, IDLE_EVERY_MS,
+                                   self._safely, WARM_MS)
+        self._operating = PacedStep("operations", self.run_operations, OPERATIONS_EVERY_MS,
+                                    IDLE_EVERY_MS, self._safely, WARM_MS)
+        self.paced = [self._following, self._looking, self._sweeping, self._operating]
+        self.wakes.on("topics", self._following.wake)
+        self.wakes.on("due", self._looking.wake)
+        self.wakes.on("due", self._sweeping.wake)
+        self.wakes.on("schedules", self.schedules.wake)
+        self.wakes.on("operations", self._operating.wake)
 
     def start(self) -> None:
         cfg = self.services.config
         self._safely(self.ownership.tick)
         self._safely(self.follow_topics)
         jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
-                (self.follow_topics, FOLLOW_EVERY_MS),
-                (self.look_ahead, cfg.release_rescan_ms),
-                (self.sweep, cfg.release_sweep_ms),
                 (self.report, REPORT_EVERY_MS),
-                (self.run_operations, OPERATIONS_EVERY_MS),
                 (self.produce_fires, SCHEDULES_EVERY_MS),
                 (self.check_clock, CLOCK_EVERY_MS)]
         for job, every_ms in jobs:
             self.scheduler.add_job(self._safely, "interval", args=[job],
                                    seconds=every_ms / 1000, id=job.__name__)
+        self.wakes.start()
         self.scheduler.start()
+        for step in self.paced:
+            step.start()
         self._dispatcher.start()
         log.info("releaser %s started", self.member)
 
-    def _safely(self, job: Callable[[], None]) -> None:
+    def _safely(self, job: Callable[[], bool | None]) -> bool | None:
         """Log and continue: one failing step never stops the releaser. Cassandra being
         unreachable is one warning line per step every UNAVAILABLE_WARN_EVERY_S, not a
         traceback every run (the look-ahead runs 20 times a second)."""
         name = getattr(job, "__name__", str(job))
         try:
-            job()
+            return job()
         except StoreUnavailable as exc:
             now = time.monotonic()
             if now - self._unavailable_warned.get(name, -UNAVAILABLE_WARN_EVERY_S) >= \
@@ -147,6 +177,7 @@ class Releaser:
                 log.warning("releaser step %s skipped: %s", name, exc.detail)
         except Exception:
             log.exception("releaser step %s failed", name)
+        return None
 
     def report(self) -> None:
         """One log line of what this releaser holds and has done (for operators)."""
@@ -154,8 +185,9 @@ class Releaser:
                  len(self.ownership.owned()), len(self.timers), self.timers.waiting(),
                  " ".join(f"{k}={v}" for k, v in self.push.stats().items()))
 
-    def run_operations(self) -> None:
-        self.operations.tick()
+    def run_operations(self) -> bool:
+        """Run the pending operations; busy (run again soon) when one finished."""
+        return self.operations.tick() > 0
 
     def check_clock(self) -> None:
         """This clock against Cassandra's, published for the other processes, then against
@@ -164,16 +196,28 @@ class Releaser:
         self.services.clocks.report(self.member, skew, self.services.clock())
         clock_skew.releaser_gap_ms(self.services, skew, self.member)
 
+    def _gained_slots(self) -> None:
+        """A slot was claimed (start, failover, rebalance): its due pointers, cursors,
+        operations and schedules are this releaser's now, so every step looks at once."""
+        for step in self.paced:
+            step.wake()
+        self.schedules.wake()
+
     def produce_fires(self) -> None:
         self.schedules.tick()
 
     def follow_topics(self) -> None:
         """New, changed and deleted topics (workers.topics.KnownTopics); an outage is logged
-        by _safely, as for every step."""
+        by _safely, as for every step. New topics wake the look-ahead and the sweep: a
+        message of a topic created a moment ago may already be due."""
+        before = set(self._topics)
         gone = self._known.step()
         for uid in gone:
             self._pull_kept.pop(uid, None)
             self._quiet.pop(uid, None)
+        if any(uid not in before for uid in self._topics):
+            self._looking.wake()
+            self._sweeping.wake()
 
     def _owned_shards(self, topics: Iterable[Topic] | None = None
                       ) -> Iterator[tuple[Topic, dict[int, int]]]:
@@ -206,8 +250,13 @@ class Releaser:
         # one read for all topics: only those with pointers in the window are polled
         active = self.services.timeline.active_topics(
             range(bucket_of(now - RECENT_MS, bucket_ms), bucket_of(horizon, bucket_ms) + 1))
-        webhook = [t for uid in active if (t := self._topics.get(uid)) is not None
-                   and t.settings.delivery_mode == "webhook"]
+        unknown = active.difference(self._topics, self._asked)
+        if unknown:  # a topic whose "topics" wake-up was lost: follow the changes once
+            if len(self._asked) > MAX_ASKED:
+                self._asked.clear()
+            self._asked |= unknown
+            self._following.wake()
+        webhook = [t for uid in active if (t := self._topics.get(uid)) is not None and t.pushed]
         for topic, mine in self._owned_shards(webhook):
             self._into_heap(topic, mine, dict.fromkeys(mine, now - RECENT_MS), horizon,
                             self._seen_for(topic, mine))
@@ -229,23 +278,30 @@ class Releaser:
         self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
         return result.frontier_ms
 
-    def sweep(self) -> None:
+    def sweep(self) -> bool:
+        """One sweep; busy (the next at release_sweep_ms) while any owned topic is awake."""
         now = self.services.clock()
         cfg = self.services.config
         catching_up = now - self._last_catch_up >= CATCH_UP_EVERY_MS
         if catching_up:
             self._last_catch_up = now
+        owned = self.ownership.owned()
+        if owned != self._swept_slots:  # quiet was judged on other shards' cursors
+            self._swept_slots = owned
+            self._quiet.clear()
         recent = self._recent_topics(now)
         awake = [t for t in list(self._topics.values())
                  if t.uid in recent or now - self._quiet.get(t.uid, -QUIET_RECHECK_MS)
                  >= QUIET_RECHECK_MS]
+        busy = False
         for topic, mine in self._owned_shards(awake):  # quiet ones skipped before any work
+            busy = True
             stored = self.services.timeline.cursors(topic.uid)
             default = topic.created_at_ms - cfg.safety_lag_ms
             starts = {s: stored.get(s, default) for s in mine}
             if catching_up:
                 self._catch_up(topic, mine, starts, now)
-            if topic.settings.delivery_mode != "webhook":
+            if not topic.pushed:
                 behind = {s for s, start in starts.items()
                           if start < now - cfg.safety_lag_ms - CURSOR_STEP_MS}
                 moves = self._keep_pull_cursors(topic, behind, stored, now)
@@ -253,6 +309,7 @@ class Releaser:
                 moves = self._sweep_webhook(topic, mine, starts, now)
             self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
                              topic.uid in recent, now)
+        return busy
 
     def _recent_topics(self, now: int) -> set[uuid.UUID]:
         """Topics a sweep must look at even if found quiet before (two reads for all topics):
@@ -352,6 +409,9 @@ class Releaser:
         log.info("releaser %s stopping", self.member)
         self._stopping.set()
         self.scheduler.shutdown(wait=True)
+        for step in self.paced:
+            step.stop()
+        self.wakes.close()
         self.schedules.stop()
         self._stop.set()
         self.timers.wake()

@@ -1,9 +1,11 @@
 """Produces the fires of the schedules whose release slot this releaser owns.
 
-What it costs when nothing fires: every tick one read of the slots' marks
-(app.store.schedules.ScheduleStore.marks); a slot's listing is read again only when its mark
-moved, when the slot became ours, or every RELIST_MS as a safety net; a schedule's row only
-when its listed version moved. Schedules are kept in memory with their cursor, so a tick
+What it costs when nothing fires: one read of the slots' marks
+(app.store.schedules.ScheduleStore.marks) when a process that changed a listing woke it
+(app.wakeups "schedules"), when the owned slots changed, or every MARKS_EVERY_MS as the
+safety net of a lost wake-up; a slot's listing is read again only when its mark moved, when
+the slot became ours, or every RELIST_MS; a schedule's row only when its listed version
+moved. Schedules are kept in memory with their cursor, so a tick
 walks them without a round trip and produces those due within app.schedules.AHEAD_MS
 together, per topic, in steps of PRODUCE_STEP (app.schedules.produce); when many fires come
 close together it starts earlier, by what it takes to make them (ScheduleRunner.due).
@@ -14,6 +16,7 @@ from the value read.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -30,6 +33,7 @@ log = logging.getLogger("duetime.schedules")
 PRODUCERS = 4  # steps produced at once: each is a few batched round trips
 PRODUCE_STEP = 1000  # schedules of one topic produced by one step
 RELIST_MS = 60_000  # owned slots' listings are read again at least this often
+MARKS_EVERY_MS = 5000  # the marks are read at least this often without a wake-up
 MAX_LEAD_MS = 30_000  # how far ahead a crowd of fires may start being made
 MIN_RATE = 100.0  # fires/s assumed at worst when planning a crowd's lead
 PLAN_MARGIN = 2.0  # a crowd is planned at half the rate measured: rates vary tick to tick
@@ -46,6 +50,8 @@ class ScheduleRunner:
         self._listed: dict[int, dict[Key, int]] = {}  # slot -> schedule -> version listed
         self._marks: dict[int, uuid.UUID | None] = {}  # slot -> mark when last listed
         self._listed_at = 0
+        self._marked_at = 0  # when the marks were last read (this process's clock, ms)
+        self._woken = threading.Event()
         self._known: dict[Key, Schedule] = {}  # as last read or produced
         self._pool = ThreadPoolExecutor(PRODUCERS, thread_name_prefix="schedule")
         self.rate = 1000.0  # fires/s this runner makes (measured on crowds)
@@ -92,11 +98,24 @@ class ScheduleRunner:
         """After the last tick: end the producer threads."""
         self._pool.shutdown(wait=True)
 
+    def wake(self) -> None:
+        """A listing changed (app.wakeups): read the marks at the next tick."""
+        self._woken.set()
+
     def _refresh_listing(self) -> bool:
         """Read the listings of owned slots that changed; True when any listing did."""
         owned = sorted(self.owned())
         now = self.services.clock()
-        marks = self.services.schedules.marks()
+        if not self._woken.is_set() and now - self._marked_at < MARKS_EVERY_MS and \
+                set(owned) == set(self._listed):
+            return False
+        self._woken.clear()  # before the read: a wake-up during it reads again
+        try:
+            marks = self.services.schedules.marks()
+        except DuetimeError:
+            self._woken.set()  # not read: the next tick tries again
+            raise
+        self._marked_at = now
         if now - self._listed_at >= RELIST_MS:
             self._marks, self._listed_at = {}, now
         changed = [slot for slot in owned

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from app.store.session import CassandraSession
@@ -68,8 +69,10 @@ def _operation(row: dict[str, Any]) -> Operation:
 
 
 class OperationStore:
-    def __init__(self, db: CassandraSession) -> None:
+    def __init__(self, db: CassandraSession, wake: Callable[[str], None] = lambda kind: None
+                 ) -> None:
         self.db = db
+        self._wake = wake  # app.wakeups: tells the releasers after the write
 
     def record(self, op: Operation) -> None:
         """Write a new operation's row (not yet listed for the runners)."""
@@ -83,6 +86,7 @@ class OperationStore:
         """List a recorded operation for the runners."""
         self.db.execute("INSERT INTO {ks}.pending_operations (part, id, topic_uid) "
                         "VALUES (?, ?, ?)", (PENDING_PART, op.id, op.topic_uid))
+        self._wake("operations")
 
     def get(self, topic_uid: uuid.UUID, op_id: uuid.UUID, serial: bool = False
             ) -> Operation | None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from cassandra.query import UNSET_VALUE
+
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms, from_ms
@@ -106,11 +108,14 @@ class OwnershipStore:
         """End held leases now so other releasers may claim the slots at once."""
         self.renew_all(leases, now_ms - 1)
 
-    def heartbeat(self, member: str, now_ms: int, ttl_s: int) -> None:
-        """Say this releaser is alive for ttl_s more seconds."""
+    def heartbeat(self, member: str, now_ms: int, ttl_s: int, wake_addr: str | None = None
+                  ) -> None:
+        """Say this releaser is alive for ttl_s more seconds, and where it is woken."""
         self.db.execute(
-            "INSERT INTO {ks}.releaser_members (ring, member, seen_at) VALUES (?, ?, ?) "
-            "USING TTL ?", (self.ring, member, from_ms(now_ms), ttl_s))
+            "INSERT INTO {ks}.releaser_members (ring, member, seen_at, wake_addr) "
+            "VALUES (?, ?, ?, ?) USING TTL ?",
+            (self.ring, member, from_ms(now_ms),
+             UNSET_VALUE if wake_addr is None else wake_addr, ttl_s))
 
     def leave(self, member: str) -> None:
         """Drop this releaser from the membership at once (graceful stop). The row is in a
@@ -123,3 +128,9 @@ class OwnershipStore:
         rows = self.db.execute(
             "SELECT member FROM {ks}.releaser_members WHERE ring = ?", (self.ring,))
         return sorted(r["member"] for r in rows)
+
+    def wake_addresses(self) -> list[str]:
+        """"host:port" of every live releaser that can be woken (app.wakeups)."""
+        rows = self.db.execute(
+            "SELECT wake_addr FROM {ks}.releaser_members WHERE ring = ?", (self.ring,))
+        return [r["wake_addr"] for r in rows if r["wake_addr"]]

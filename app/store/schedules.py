@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from app.store.session import CassandraSession
@@ -55,8 +56,10 @@ def _values(s: Schedule) -> list[Any]:
 
 
 class ScheduleStore:
-    def __init__(self, db: CassandraSession) -> None:
+    def __init__(self, db: CassandraSession, wake: Callable[[str], None] = lambda kind: None
+                 ) -> None:
         self.db = db
+        self._wake = wake  # app.wakeups: tells the releasers after the write
 
     def get(self, topic_uid: uuid.UUID, name: str) -> Schedule | None:
         rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM {{ks}}.schedules "
@@ -139,6 +142,7 @@ class ScheduleStore:
         # after the listing's write: a reader that sees the new mark then reads the new list
         self.db.execute("UPDATE {ks}.schedule_marks SET changed = now() WHERE part = 0 "
                         "AND slot = ?", (slot,))
+        self._wake("schedules")
 
     def marks(self) -> dict[int, uuid.UUID]:
         """Each slot's last listing change (slots never changed are absent): one read."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from app.models import Topic, TopicSettings
@@ -28,8 +29,10 @@ class TopicStore:
     apply only to the incarnation (uid) the caller read, so a concurrent re-create is never
     clobbered."""
 
-    def __init__(self, db: CassandraSession) -> None:
+    def __init__(self, db: CassandraSession, wake: Callable[[str], None] = lambda kind: None
+                 ) -> None:
         self.db = db
+        self._wake = wake  # app.wakeups: tells the releasers after the write
 
     def get(self, tenant: str, name: str) -> Topic | None:
         rows = self.db.execute(
@@ -85,6 +88,7 @@ class TopicStore:
         if applied:
             self.db.execute("INSERT INTO {ks}.topic_changes (part, changed, tenant, name) "
                             "VALUES (0, now(), ?, ?)", (tenant, name))
+            self._wake("topics")
         return applied
 
     def changes_since(self, since_ms: int) -> list[tuple[uuid.UUID, str, str]]:

@@ -12,9 +12,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from app.config import Config, load_config
+from app.errors import StoreUnavailable
 from app.services import Services
 from app.store import migrations
 from tests.serving import start_api, wait_ready
@@ -122,10 +124,23 @@ class FaultStack:
             self.api = None
         services = Services(self.config())
         try:
-            services.db.execute_raw(f"DROP KEYSPACE IF EXISTS {self.keyspace}", timeout=120)
+            self._drop_keyspace(services)
         finally:
             services.close()
             devstack("stop", "cluster" if self.cluster else NODE)
+
+    def _drop_keyspace(self, services: Services, attempts: int = 3) -> None:
+        """Clean-up, not a promise under test: after a nemesis a node's connection may still
+        be defunct (a DROP timed out so on the cluster once), so try again, then leave the
+        keyspace to the next run's disk and say so."""
+        for attempt in range(1, attempts + 1):
+            try:
+                services.db.execute_raw(f"DROP KEYSPACE IF EXISTS {self.keyspace}", timeout=120)
+                return
+            except StoreUnavailable as exc:
+                print(f"dropping {self.keyspace} failed ({exc}), attempt {attempt} of {attempts}",
+                      flush=True)
+                time.sleep(5)
 
     def config(self) -> Config:
         return load_config({**self.settings(), "DUETIME_KEYSPACE": self.keyspace})

@@ -1,0 +1,127 @@
+"""Wake-ups: a process that writes something a releaser must act on soon tells the releasers
+with one UDP datagram, so releasers need not poll Cassandra every few milliseconds to be on
+time, and an idle stack makes almost no requests.
+
+What wakes what (KINDS):
+- "due": pointers of a webhook topic due within the look-ahead were written; the releasers'
+  look-ahead reads them at once (it otherwise runs every DUETIME_RELEASE_IDLE_MS).
+- "topics": a topic was created, changed or deleted; the releasers follow the change at once.
+- "schedules": a schedule's listing changed; the releasers read the listings' marks.
+- "operations": a campaign operation was enlisted; a releaser claims it at once.
+
+A wake is a hint, never the record: the write it follows is in Cassandra first, and every
+releaser still polls at an idle period, so a lost datagram costs a delay of at most that
+period, never a message. Wakes of a process are coalesced: the sender thread sends what came
+in during the last COALESCE_MS in one datagram per releaser, always after the writes that
+asked for it. The releasers' addresses come from their membership rows (releaser_members),
+read again at most every ADDRESSES_EVERY_MS and only while there is something to send: an
+idle process reads and sends nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from app import metrics
+from app.errors import DuetimeError
+
+KINDS = frozenset({"due", "topics", "schedules", "operations"})
+PREFIX = b"duetime-wake "
+COALESCE_MS = 2
+ADDRESSES_EVERY_MS = 2000
+log = logging.getLogger(__name__)
+
+Addresses = Callable[[], list[str]]
+
+
+def encode(kinds: set[str]) -> bytes:
+    return PREFIX + ",".join(sorted(kinds)).encode()
+
+
+def decode(datagram: bytes) -> set[str]:
+    """The kinds a datagram asks for (unknown kinds and foreign datagrams: none)."""
+    if not datagram.startswith(PREFIX):
+        return set()
+    return {k for k in datagram[len(PREFIX):].decode("ascii", "replace").split(",")
+            if k in KINDS}
+
+
+def parse_address(address: str) -> tuple[str, int] | None:
+    """("host", port) of a "host:port" membership value; None when malformed."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+class Waker:
+    """Thread-safe; one per process. wake() never blocks on the network or Cassandra."""
+
+    def __init__(self, addresses: Addresses) -> None:
+        self._addresses = addresses
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._signal = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._known: list[tuple[str, int]] = []
+        self._known_at = -ADDRESSES_EVERY_MS / 1000
+        self._socket: socket.socket | None = None
+
+    def wake(self, kind: str) -> None:
+        """Ask the releasers to run the step of `kind` soon (after this call's writes)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._pending.add(kind)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="waker", daemon=True)
+                self._thread.start()
+        self._signal.set()
+
+    def _run(self) -> None:
+        while True:
+            self._signal.wait()
+            time.sleep(COALESCE_MS / 1000)  # wakes of the next moments go in one datagram
+            self._signal.clear()
+            with self._lock:
+                kinds, self._pending = self._pending, set()
+                closed = self._closed
+            if kinds:
+                self._send(kinds)
+            if closed:
+                return
+
+    def _send(self, kinds: set[str]) -> None:
+        now = time.monotonic()
+        if now - self._known_at >= ADDRESSES_EVERY_MS / 1000:
+            try:
+                self._known = [a for a in map(parse_address, self._addresses()) if a]
+                self._known_at = now
+            except DuetimeError as exc:  # keep the last known; the idle polls cover the rest
+                log.debug("releaser addresses not read: %s", exc)
+        if self._socket is None:
+            self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        datagram = encode(kinds)
+        for address in self._known:
+            try:
+                self._socket.sendto(datagram, address)
+                for kind in kinds:
+                    metrics.WAKEUPS_SENT.labels(kind).inc()
+            except OSError as exc:  # a releaser gone or unreachable: its polls cover it
+                log.debug("wake to %s not sent: %s", address, exc)
+
+    def close(self) -> None:
+        """Send what is pending, then stop the sender thread."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._signal.set()
+        if thread is not None:
+            thread.join(timeout=5)
+        if self._socket is not None:
+            self._socket.close()

@@ -1,0 +1,222 @@
+"""Wake-ups: writes a releaser must act on soon wake it by datagram (app.wakeups), its steps
+run at a busy pace when woken and an idle pace otherwise (workers/paced.py), and a lost
+wake-up costs a delay, never a message."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from flask.testing import FlaskClient
+
+from app import metrics, wakeups
+from app.config import Config
+from app.services import Services
+from app.store.ownership import OwnershipStore
+from app.timeparse import parse_instant
+from tests.consumers import TopicClient, now_ms
+from tests.receiver import Receiver, receiving
+from tests.test_releaser import releaser, webhook_topic
+from workers.paced import PacedStep
+from workers.releaser import WARM_MS
+from workers.wake_listener import WakeListener
+
+
+def wait_until(predicate: Callable[[], bool], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@contextmanager
+def paced(step: Callable[[], bool | None], busy_ms: int, idle_ms: int,
+          warm_ms: int = 0) -> Iterator[PacedStep]:
+    s = PacedStep("test", step, busy_ms, idle_ms, lambda f: f(), warm_ms)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_paced_step_runs_soon_after_a_wake_and_otherwise_at_its_idle_period() -> None:
+    runs: list[float] = []
+    with paced(lambda: runs.append(time.monotonic()) and None, 20, 1500) as step:
+        assert wait_until(lambda: len(runs) == 1, 2)  # the first run at once
+        time.sleep(0.5)
+        assert len(runs) == 1  # not woken: nothing before the idle period
+        step.wake()
+        assert wait_until(lambda: len(runs) == 2, 0.5)
+        assert wait_until(lambda: len(runs) == 3, 3)
+        assert step.woken_runs == 1  # of three runs, the second
+    assert runs[2] - runs[1] >= 1.4  # the idle period, without a wake
+
+
+def test_a_wake_during_a_run_makes_one_more_run_after_it() -> None:
+    running, finish = threading.Event(), threading.Event()
+    runs: list[float] = []
+
+    def step() -> None:
+        runs.append(time.monotonic())
+        if len(runs) == 2:  # the woken run: it may have read before the write
+            running.set()
+            finish.wait(5)
+
+    with paced(step, 20, 60_000) as s:
+        assert wait_until(lambda: len(runs) == 1, 2)
+        s.wake()
+        assert running.wait(2)
+        s.wake()  # arrives while the run is under way
+        finish.set()
+        assert wait_until(lambda: len(runs) == 3, 1)
+
+
+def test_a_busy_step_and_a_warm_one_keep_the_busy_pace_without_a_wake() -> None:
+    runs: list[float] = []
+
+    def busy_four_times() -> bool:
+        runs.append(time.monotonic())
+        return len(runs) <= 4
+
+    with paced(busy_four_times, 20, 60_000):
+        assert wait_until(lambda: len(runs) == 5, 2)  # four busy runs, then one more
+        time.sleep(0.3)
+        assert len(runs) == 5  # then idle
+    warm: list[float] = []
+    with paced(lambda: warm.append(0) and None, 20, 60_000, warm_ms=600):
+        assert wait_until(lambda: len(warm) >= 10, 1)
+        time.sleep(0.6)
+        settled = len(warm)
+        time.sleep(0.3)
+        assert len(warm) == settled  # warm-up over: idle
+
+
+def test_a_foreign_or_unknown_datagram_wakes_nothing() -> None:
+    assert wakeups.decode(b"duetime-wake due,topics,bogus") == {"due", "topics"}
+    assert wakeups.decode(b"GET / HTTP/1.1") == set()
+    assert wakeups.parse_address("10.0.0.7:4242") == ("10.0.0.7", 4242)
+    assert wakeups.parse_address("[::1]:4242") == ("::1", 4242)
+    assert wakeups.parse_address("nonsense") is None
+
+
+@pytest.fixture
+def woken(config: Config, services: Services) -> Iterator[queue.Queue[str]]:
+    """A wake listener registered as a releaser of the test ring: the kinds it receives."""
+    listener = WakeListener(config.replace(wake_host="127.0.0.1"))
+    got: queue.Queue[str] = queue.Queue()
+    for kind in wakeups.KINDS:
+        listener.on(kind, lambda k=kind: got.put(k))  # type: ignore[misc]
+    listener.start()
+    members = OwnershipStore(services.db, config.release_ring)
+    members.heartbeat("wake-test", now_ms(), 30, listener.address)
+    time.sleep(wakeups.ADDRESSES_EVERY_MS / 1000 + 0.2)  # every sender has read it
+    try:
+        yield got
+    finally:
+        members.leave("wake-test")
+        listener.close()
+
+
+def counted(way: str, kind: str) -> float:
+    """This process's duetime_wakeups_{way}_total{kind}."""
+    counter = metrics.WAKEUPS_SENT if way == "sent" else metrics.WAKEUPS_RECEIVED
+    return float(counter.labels(kind)._value.get())
+
+
+def kinds_within(got: queue.Queue[str], seconds: float) -> set[str]:
+    kinds: set[str] = set()
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            kinds.add(got.get(timeout=left))
+        except queue.Empty:
+            break
+    return kinds
+
+
+def test_writes_a_releaser_must_see_soon_wake_it_and_others_do_not(
+        woken: queue.Queue[str], client: FlaskClient, auth: dict[str, str]) -> None:
+    with receiving(Receiver()) as target:
+        pushed, _ = webhook_topic(client, auth, target.url)
+        assert kinds_within(woken, 1) == {"topics"}
+        sent, received = counted("sent", "due"), counted("received", "due")
+        assert pushed.enqueue(id="soon", delay_ms=1000).status_code == 201
+        assert kinds_within(woken, 1) == {"due"}
+        assert counted("sent", "due") > sent and counted("received", "due") > received
+        # due beyond the look-ahead: the look-ahead's idle reads find it in time
+        assert pushed.enqueue(id="later", delay_ms=60_000).status_code == 201
+        pulled = TopicClient(client, auth)
+        assert kinds_within(woken, 1) == {"topics"}
+        assert pulled.enqueue(id="pull-soon").status_code == 201  # consumers lease it
+        assert kinds_within(woken, 1) == set()
+        assert pulled.client.put(pulled.url("/schedules/hourly"), headers=auth, json={
+            "cron": "0 * * * *", "payload": {}}).status_code == 201
+        assert kinds_within(woken, 1) == {"schedules"}
+        assert pulled.enqueue(id="c1", campaign="spring", delay_ms=60_000).status_code == 201
+        assert client.delete(pulled.url("/campaigns/spring"), headers=auth).status_code == 202
+        assert "operations" in kinds_within(woken, 1)
+
+
+def test_an_idle_releaser_reads_seldom_and_a_new_topic_is_still_on_time(
+        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+    with receiving(Receiver()) as target, \
+            releaser(config, "r-idle", release_idle_ms=4000) as r:
+        time.sleep(WARM_MS / 1000 + 0.5)
+        looked = r._looking.runs - r._looking.woken_runs
+        time.sleep(2)
+        # not every 50 ms: once per idle period at most. Runs a wake-up prompted do not
+        # count: in a shared keyspace, schedules and retries of other tests' topics wake it.
+        assert r._looking.runs - r._looking.woken_runs - looked <= 1
+        topic, _ = webhook_topic(client, auth, target.url)  # "topics", then "due"
+        assert topic.enqueue(id="first", delay_ms=200).status_code == 201
+        assert target.wait_for(lambda got: len(got) >= 1, 10)
+    first = target.arrivals[0]
+    lag = first.received_ms - parse_instant(first.headers["Duetime-Deliver-At"])
+    assert 0 <= lag < 1000, lag  # not the idle periods: 5 s to learn the topic, 4 s to look
+
+
+def test_a_lost_wake_costs_a_delay_never_the_message(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with receiving(Receiver()) as target, releaser(config, "r-deaf") as r:
+        topic, _ = webhook_topic(client, auth, target.url)
+        assert wait_until(lambda: any(t.name == topic.name for t in r._topics.values()), 10)
+        time.sleep(WARM_MS / 1000)
+        monkeypatch.setattr(services.waker, "_send", lambda kinds: None)  # every wake lost
+        sent = now_ms()
+        assert topic.enqueue(id="unannounced", delay_ms=300).status_code == 201
+        assert target.wait_for(lambda got: len(got) >= 1, 20)
+    arrival = target.arrivals[0]
+    assert arrival.message_id == "unannounced"
+    assert arrival.received_ms >= parse_instant(arrival.headers["Duetime-Deliver-At"]) >= sent
+
+
+def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    """Failover: a releaser claims a slot when a dead owner's lease runs out, long after its
+    warm-up; the claim wakes its steps, so the message waiting there is not left to the idle
+    periods (look-ahead 20 s here, sweep 5 s)."""
+    ring = 7000 + os.getpid() % 1000
+    store = OwnershipStore(services.db, ring)
+    now = now_ms()
+    free_at = now + WARM_MS + 3000  # a dead releaser holds every slot until then
+    rows = store.slots(config.release_slots)
+    for slot in range(config.release_slots):
+        assert store.claim(rows.get(slot), slot, "dead", now, free_at) is not None
+    with receiving(Receiver()) as target, releaser(config, "r-heir", release_ring=ring,
+                                                   release_idle_ms=20_000):
+        topic, _ = webhook_topic(client, auth, target.url)
+        assert topic.enqueue(id="orphan", delay_ms=200).status_code == 201
+        assert target.wait_for(lambda got: len(got) >= 1, 20)
+    arrival = target.arrivals[0]
+    assert arrival.message_id == "orphan"
+    assert arrival.received_ms >= free_at  # nobody acted on a slot the dead one still held
+    assert arrival.received_ms - free_at < 1500  # a renewal tick (lease / 3), then at once

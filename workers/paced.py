@@ -1,0 +1,67 @@
+"""A releaser step run on a thread of its own, at two paces: soon after a wake-up
+(app.wakeups), at most every busy_ms, and without one every idle_ms (the safety net of a lost
+wake-up). A step that reports itself busy (returns True) runs again at the busy pace without
+a wake.
+
+A wake-up that arrives while the step runs makes one more run after it: the run under way
+may have read before the write the wake-up announced. For its first warm_ms a step runs at
+the busy pace: other processes learn of a new releaser's address only that long after it
+started (app.wakeups.ADDRESSES_EVERY_MS), and until then its wake-ups go elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("duetime.releaser")
+
+Step = Callable[[], "bool | None"]
+
+
+class PacedStep:
+    def __init__(self, name: str, step: Step, busy_ms: int, idle_ms: int,
+                 run: Callable[[Step], bool | None], warm_ms: int = 0) -> None:
+        """run(step) runs one step and returns what it returned (the releaser's error
+        handling); busy_ms <= idle_ms."""
+        self.name = name
+        self.busy_ms = busy_ms
+        self.idle_ms = max(busy_ms, idle_ms)
+        self.warm_ms = warm_ms
+        self._warm_until = 0.0
+        self.runs = 0
+        self.woken_runs = 0  # of runs, those a wake-up prompted
+        self._step = step
+        self._run = run
+        self._woken = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._warm_until = time.monotonic() + self.warm_ms / 1000
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def stop(self) -> None:
+        """Stop after the run under way (if any) and wait for it."""
+        self._stopping.set()
+        self._woken.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            began = time.monotonic()
+            woken = self._woken.is_set()
+            self._woken.clear()
+            busy = self._run(self._step)
+            self.runs += 1
+            self.woken_runs += woken
+            if self._stopping.wait(self.busy_ms / 1000 - (time.monotonic() - began)):
+                return
+            if not busy and time.monotonic() >= self._warm_until:
+                self._woken.wait(self.idle_ms / 1000 - (time.monotonic() - began))
