@@ -95,12 +95,17 @@ def test_the_api_probes_answer_on_the_served_api(served: str) -> None:
         assert requests.get(served + path, timeout=10).status_code == 200, probe
 
 
-def test_the_releaser_probe_is_its_metrics_port() -> None:
+def test_the_releaser_probe_is_its_metrics_port_and_it_is_woken_where_it_says() -> None:
     container = _container("duetime-releaser")
     settings = _one("ConfigMap", "duetime")["data"]
-    [port] = container["ports"]
-    assert port["containerPort"] == int(settings["DUETIME_RELEASER_METRICS_PORT"])
-    assert container["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": port["name"]}
+    ports = {p["name"]: p for p in container["ports"]}
+    assert set(ports) == {"metrics", "wake"}
+    assert ports["metrics"]["containerPort"] == int(settings["DUETIME_RELEASER_METRICS_PORT"])
+    assert container["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    env = {e["name"]: e for e in container["env"]}
+    assert ports["wake"]["protocol"] == "UDP"
+    assert ports["wake"]["containerPort"] == int(env["DUETIME_WAKE_PORT"]["value"])
+    assert env["DUETIME_WAKE_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert container["command"][:2] == ["duetime", "releaser"]
 
 

@@ -12,7 +12,10 @@ Against the running stack (`make up`: gunicorn with its workers, one releaser, t
    second;
 4. delete the topics.
 Issue 14's goal: under 0.03 of a core for all three together, at most one LWT a second per
-releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T]
+releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T] [SETTLE_S]
+(a topic written to in the last minute is still swept: SETTLE_S 100 measures the stack
+once every topic is quiet). Run it on a keyspace of its own (DUETIME_KEYSPACE=idlebench
+make up): a keyspace holding backlogs nobody consumes is not idle.
 """
 
 from __future__ import annotations
@@ -106,11 +109,13 @@ def measure(seconds: float) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 100
+    settle_s = int(argv[1]) if len(argv) > 1 else SETTLE_S
     headers = dev_headers()
     with receiving(Receiver()) as target:
         names = make_drained_topics(headers, count, target)
-        time.sleep(SETTLE_S)
-        result = {"topics": count, "measured_s": MEASURE_S, **measure(MEASURE_S)}
+        time.sleep(settle_s)
+        result = {"topics": count, "settled_s": settle_s, "measured_s": MEASURE_S,
+                  **measure(MEASURE_S)}
     for name in names:
         requests.delete(f"{URL}/v1/topics/{name}", headers=headers, timeout=30)
     report("idle.json", result)

@@ -46,8 +46,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def dev_headers() -> dict[str, str]:
-    """The Authorization header of the dev key `make up` wrote."""
-    return {"Authorization": f"Bearer {(ROOT / 'var/dev-key').read_text().strip()}"}
+    """The Authorization header of the dev key `make up` wrote (for DUETIME_KEYSPACE)."""
+    keyspace = os.environ.get("DUETIME_KEYSPACE", "duetime")
+    name = "dev-key" if keyspace == "duetime" else f"dev-key-{keyspace}"
+    return {"Authorization": f"Bearer {(ROOT / 'var' / name).read_text().strip()}"}
 
 
 def releaser_pid() -> int:

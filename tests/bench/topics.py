@@ -7,7 +7,9 @@ Against the running stack (`make up`: the API and one releaser):
 3. the releaser's CPU over 20 s with all of them (nothing due anywhere), from 30 s after the
    last was created (its first sweep of each new topic is done);
 4. twenty times: create a webhook topic and at once enqueue one message due 200 ms later;
-   its lag at the target (arrival - deliver_at), p50/p99/max, and none early;
+   its lag at the target (arrival - deliver_at), p50/p99/max, and none early; then the same
+   with a pull topic and a consumer long-polling it from the moment it exists (lag: the
+   answer's arrival - deliver_at);
 5. delete every topic made, and revoke the tenants' keys.
 Writes bench-results/topics.json and prints a table. Usage:
 python -m tests.bench.topics [T] [K]
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -77,6 +80,38 @@ def new_topic_lags(key: str, receiver: Receiver) -> list[int]:
             for a in receiver.arrivals if a.message_id.startswith("new")]
 
 
+def long_poll(url: str, key: str, out: list[tuple[int, list[dict[str, Any]]]]) -> None:
+    """One lease call of `max: 1` waiting up to 5 s; appends (answered at ms, messages)."""
+    answer = requests.post(f"{url}/leases", headers=_auth(key), timeout=60,
+                           json={"max": 1, "wait_ms": 5000})
+    answer.raise_for_status()
+    out.append((int(time.time() * 1000), answer.json()["messages"]))
+
+
+def new_pull_topic_lags(key: str) -> list[int]:
+    """Lag (ms) of a message due 200 ms after its pull topic was created, to a consumer
+    long-polling since the topic exists, NEW_TOPICS times."""
+    session = requests.Session()
+    answers: list[tuple[int, list[dict[str, Any]]]] = []
+    for n in range(NEW_TOPICS):
+        url = f"{URL}/v1/topics/freshpull{uuid.uuid4().hex[:6]}"
+        session.put(url, headers=_auth(key), timeout=60, json={}).raise_for_status()
+        consumer = threading.Thread(target=long_poll, args=(url, key, answers))
+        consumer.start()
+        session.post(f"{url}/messages", headers=_auth(key), timeout=60,
+                     json={"id": f"pull{n}", "delay_ms": 200, "payload": n}).raise_for_status()
+        consumer.join()
+        session.delete(url, headers=_auth(key), timeout=60)
+    return [received_ms - parse_instant(m["deliver_at"])
+            for received_ms, messages in answers for m in messages]
+
+
+def _lag_summary(lags: list[int]) -> dict[str, int]:
+    return {"p50": percentile(lags, 0.5), "p99": percentile(lags, 0.99),
+            "max": max(lags, default=0), "early": sum(1 for x in lags if x < 0),
+            "delivered": len(lags)}
+
+
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 10_000
     tenants = int(argv[1]) if len(argv) > 1 else 100
@@ -90,6 +125,7 @@ def main(argv: list[str]) -> int:
         time.sleep(30)  # the releaser has followed every change and swept every topic once
         after = releaser_cores(pid)
         lags = new_topic_lags(keys[0], receiver)
+        pull_lags = new_pull_topic_lags(keys[0])
     for key, name in made:
         requests.delete(f"{URL}/v1/topics/{name}", headers=_auth(key), timeout=60)
     for info in services.keys.all():
@@ -100,14 +136,13 @@ def main(argv: list[str]) -> int:
         "topics": count, "tenants": tenants, "create_topics_per_s": round(count / created_s, 1),
         "idle_releaser_cores_before": round(before, 3),
         "idle_releaser_cores_with_topics": round(after, 3),
-        "new_topic_lag_ms": {"p50": percentile(lags, 0.5), "p99": percentile(lags, 0.99),
-                             "max": max(lags, default=0), "early": sum(1 for x in lags if x < 0),
-                             "delivered": len(lags)}}
+        "new_topic_lag_ms": _lag_summary(lags),
+        "new_pull_topic_lag_ms": _lag_summary(pull_lags)}
     OUT.mkdir(exist_ok=True)
     (OUT / "topics.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
         print(f"{name:32} {json.dumps(value) if isinstance(value, dict) else value}")
-    return 0 if len(lags) == NEW_TOPICS and all(x >= 0 for x in lags) else 1
+    return 0 if all(len(x) == NEW_TOPICS and min(x) >= 0 for x in (lags, pull_lags)) else 1
 
 
 if __name__ == "__main__":
