@@ -21,14 +21,15 @@ def bar(done: int, total: int | None, width: int = WIDTH) -> str:
 
 class ProgressBar:
     """Shows `label bar` on stream: every call redraws the line when stream is a terminal;
-    otherwise a line is written at most every every_s seconds (and always at finish)."""
+    otherwise the first call writes a line, then at most one every every_s seconds (and
+    always one at finish)."""
 
     def __init__(self, stream: TextIO | None = None, every_s: float = 2.0) -> None:
         self.stream = stream or sys.stderr
         self.every_s = every_s
         self.live = self.stream.isatty()
         self.started = time.monotonic()
-        self._last_line = 0.0
+        self._last_line: float | None = None  # monotonic s of the last line written
         self._drawn = False
 
     def show(self, label: str, done: int, total: int | None) -> None:
@@ -36,7 +37,7 @@ class ProgressBar:
         if self.live:
             self.stream.write("\r\x1b[2K" + line)
             self._drawn = True
-        elif time.monotonic() - self._last_line >= self.every_s:
+        elif self._last_line is None or time.monotonic() - self._last_line >= self.every_s:
             self.stream.write(line + "\n")
             self._last_line = time.monotonic()
         self.stream.flush()

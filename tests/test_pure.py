@@ -205,6 +205,20 @@ def test_a_progress_bar_in_a_log_writes_a_line_at_most_every_interval() -> None:
     assert lines[0].startswith("cancel c [") and lines[1].startswith("cancel c succeeded")
 
 
+def test_a_progress_bar_writes_its_first_line_at_once_on_a_host_just_booted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import types
+
+    from app import progress as progress_module
+
+    # this module's clock only: other threads of the run keep the real one
+    monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(monotonic=lambda: 5.0))
+    log = io.StringIO()
+    progress_module.ProgressBar(log, every_s=60).show("import", 1, 10)
+    assert log.getvalue().startswith("import [")
+
+
 def test_a_restored_message_keeps_its_state_and_waits_no_earlier_than_now() -> None:
     import uuid as uuid_module
 
