@@ -7,6 +7,7 @@ with a retry hint); the next call after it is back reconnects.
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -88,7 +89,7 @@ class CassandraSession:
         self._cluster: Cluster | None = None
         self._session: Session | None = None
         self._prepared: dict[str, PreparedStatement] = {}
-        self._last_failure = 0.0
+        self._last_failure = -math.inf  # monotonic s; none yet (a host may be up < 1 s)
 
     def _build_cluster(self) -> Cluster:
         cfg = self.config
