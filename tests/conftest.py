@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,15 +38,24 @@ def devstack(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
     return subprocess.run([*DEVSTACK, *args], capture_output=True, text=True, check=check)
 
 
-@pytest.fixture(scope="session")
-def config() -> Iterator[Config]:
-    keyspace = f"duetime_test_{os.getpid()}_{secrets.token_hex(3)}"
+@contextmanager
+def own_keyspace(label: str) -> Iterator[Config]:
+    """The config of a new keyspace with the schema applied; dropped afterwards."""
+    keyspace = f"duetime_{label}_{os.getpid()}_{secrets.token_hex(3)}"
     cfg = load_config(keyspace=keyspace, rate_limit_per_s=0.0)
     db = CassandraSession(cfg)
     migrations.apply(db)
     db.shutdown()
-    yield cfg
-    _drop_keyspace(cfg)
+    try:
+        yield cfg
+    finally:
+        _drop_keyspace(cfg)
+
+
+@pytest.fixture(scope="session")
+def config() -> Iterator[Config]:
+    with own_keyspace("test") as cfg:
+        yield cfg
 
 
 def _drop_keyspace(cfg: Config, within_s: float = 60.0) -> None:

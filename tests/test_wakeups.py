@@ -19,12 +19,30 @@ from app.config import Config
 from app.services import Services
 from app.store.ownership import OwnershipStore
 from app.timeparse import parse_instant
+from tests.conftest import own_keyspace
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
 from tests.test_releaser import releaser, webhook_topic
 from workers.paced import PacedStep
 from workers.releaser import WARM_MS
 from workers.wake_listener import WakeListener
+
+
+@pytest.fixture(scope="module")
+def config() -> Iterator[Config]:
+    """A keyspace of this module's own. The shared one holds what every earlier test left
+    (hundreds of topics, backlogs, webhook retries to receivers long gone), and a releaser
+    started there first works through all of it: these tests time a releaser's wake-ups,
+    not its first pass over a crowd (docs/design.md, Known limits)."""
+    with own_keyspace("wakeups") as cfg:
+        yield cfg
+
+
+@pytest.fixture(scope="module")
+def services(config: Config) -> Iterator[Services]:
+    svc = Services(config)
+    yield svc
+    svc.close()
 
 
 def wait_until(predicate: Callable[[], bool], within_s: float) -> bool:
@@ -175,12 +193,23 @@ def test_an_idle_releaser_reads_seldom_and_a_new_topic_is_still_on_time(
         # not every 50 ms: once per idle period at most. Runs a wake-up prompted do not
         # count: in a shared keyspace, schedules and retries of other tests' topics wake it.
         assert r._looking.runs - r._looking.woken_runs - looked <= 1
+        heard: list[tuple[str, int]] = []
+        def hearing(kind: str) -> Callable[[], None]:
+            return lambda: heard.append((kind, now_ms()))
+
+        for kind in ("topics", "due"):
+            r.wakes.on(kind, hearing(kind))
+        created_at = now_ms()
         topic, _ = webhook_topic(client, auth, target.url)  # "topics", then "due"
         assert topic.enqueue(id="first", delay_ms=200).status_code == 201
         assert target.wait_for(lambda got: len(got) >= 1, 10)
+        state = (f"owned {sorted(r.ownership.owned())}; wakes heard (ms after the topic was "
+                 f"created) {[(k, t - created_at) for k, t in heard]}; runs (woken) "
+                 f"{[(s.name, s.runs, s.woken_runs) for s in r.paced]}")
     first = target.arrivals[0]
     lag = first.received_ms - parse_instant(first.headers["Duetime-Deliver-At"])
-    assert 0 <= lag < 1000, lag  # not the idle periods: 5 s to learn the topic, 4 s to look
+    # not the idle periods: 5 s to learn the topic, 4 s to look
+    assert 0 <= lag < 1000, f"lag {lag} ms; {state}"
 
 
 def test_a_lost_wake_costs_a_delay_never_the_message(
@@ -211,12 +240,23 @@ def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
     rows = store.slots(config.release_slots)
     for slot in range(config.release_slots):
         assert store.claim(rows.get(slot), slot, "dead", now, free_at) is not None
+    claimed: list[int] = []  # when r-heir claimed each slot (ms)
     with receiving(Receiver()) as target, releaser(config, "r-heir", release_ring=ring,
-                                                   release_idle_ms=20_000):
+                                                   release_idle_ms=20_000) as r:
+        wake_steps = r.ownership.on_gained
+
+        def claim_noted() -> None:
+            claimed.append(now_ms())
+            wake_steps()
+
+        r.ownership.on_gained = claim_noted  # nothing is claimable before free_at
         topic, _ = webhook_topic(client, auth, target.url)
         assert topic.enqueue(id="orphan", delay_ms=200).status_code == 201
         assert target.wait_for(lambda got: len(got) >= 1, 20)
     arrival = target.arrivals[0]
     assert arrival.message_id == "orphan"
-    assert arrival.received_ms >= free_at  # nobody acted on a slot the dead one still held
-    assert arrival.received_ms - free_at < 1500  # a renewal tick (lease / 3), then at once
+    assert len(claimed) == config.release_slots
+    assert claimed[0] >= free_at  # nobody acted on a slot the dead one still held
+    # the claim woke the steps: the message went at once, not at the next idle run (look-ahead
+    # 20 s, sweep up to 5 s); when the slot was claimed depends on the renewal tick and the load
+    assert arrival.received_ms - claimed[-1] < 1000, (claimed, arrival.received_ms)
