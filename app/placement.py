@@ -11,7 +11,7 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from cassandra.cluster import ResponseFuture
 
@@ -20,6 +20,7 @@ from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.timeline import TimelineStore
 from app.timeline import COUNTED_AHEAD_MS, WRITE_WINDOW_MS, bucket_of, lane_part, ttl_s
+from app.wakeups import Wake, no_wake
 
 _MAX_CACHED = 20_000
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class PointerPlacer:
     """Thread-safe; one per process."""
 
     def __init__(self, store: TimelineStore, config: Config,
-                 wake: Callable[[str], None] = lambda kind: None) -> None:
+                 wake: Wake = no_wake) -> None:
         self.store = store
         self.config = config
         self._wake = wake  # app.wakeups

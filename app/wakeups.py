@@ -36,6 +36,11 @@ ADDRESSES_EVERY_MS = 2000
 log = logging.getLogger(__name__)
 
 Addresses = Callable[[], list[str]]
+Wake = Callable[[str], None]  # Waker.wake, as the stores and the placer take it
+
+
+def no_wake(kind: str) -> None:
+    """A Wake that tells no releaser (stores built outside Services, test doubles)."""
 
 
 def encode(kinds: set[str]) -> bytes:

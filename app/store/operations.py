@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms, from_ms
+from app.wakeups import Wake, no_wake
 
 PENDING_PART = 0  # all unfinished operations share one small partition
 _COLUMNS = ("topic_uid", "id", "tenant", "topic", "kind", "campaign", "state", "shift_ms",
@@ -69,8 +69,7 @@ def _operation(row: dict[str, Any]) -> Operation:
 
 
 class OperationStore:
-    def __init__(self, db: CassandraSession, wake: Callable[[str], None] = lambda kind: None
-                 ) -> None:
+    def __init__(self, db: CassandraSession, wake: Wake = no_wake) -> None:
         self.db = db
         self._wake = wake  # app.wakeups: tells the releasers after the write
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms, from_ms
+from app.wakeups import Wake, no_wake
 
 _COLUMNS = ("name", "cron", "timezone", "payload", "encoding", "priority", "campaign",
             "start_at", "end_at", "misfire", "version", "next_fire", "created_at", "updated_at")
@@ -56,8 +56,7 @@ def _values(s: Schedule) -> list[Any]:
 
 
 class ScheduleStore:
-    def __init__(self, db: CassandraSession, wake: Callable[[str], None] = lambda kind: None
-                 ) -> None:
+    def __init__(self, db: CassandraSession, wake: Wake = no_wake) -> None:
         self.db = db
         self._wake = wake  # app.wakeups: tells the releasers after the write
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from app.models import Topic, TopicSettings
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms, from_ms
+from app.wakeups import Wake, no_wake
 
 _SETTING_COLUMNS = [f.name for f in dataclasses.fields(TopicSettings)]
 _COLUMNS = ["uid", *_SETTING_COLUMNS, "signing_secret", "created_at", "updated_at"]
@@ -29,8 +29,7 @@ class TopicStore:
     apply only to the incarnation (uid) the caller read, so a concurrent re-create is never
     clobbered."""
 
-    def __init__(self, db: CassandraSession, wake: Callable[[str], None] = lambda kind: None
-                 ) -> None:
+    def __init__(self, db: CassandraSession, wake: Wake = no_wake) -> None:
         self.db = db
         self._wake = wake  # app.wakeups: tells the releasers after the write
 
