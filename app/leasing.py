@@ -23,6 +23,7 @@ from app.errors import (
     StoreUnavailable,
 )
 from app.fairness import fair_order
+from app.found_due import Found
 from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
 from app.pull_ahead import HeldLease
@@ -76,65 +77,119 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
 
 def _pass(services: Services, topic: Topic,
           waiters: Sequence[Waiter[Leased]]) -> list[list[Leased]]:
-    """One pass over every shard of the topic for these calls: first the messages held for
-    them that are due (_hand_held); then the due messages are read once, put in fair order
-    (app.fairness.fair_order), and leased in the calls' order (a paused campaign's are
-    passed over), each call up to its want on its own terms; a message another process took
-    first is replaced by the next due one (in up to TAKE_ROUNDS takes). Messages due within
-    the pull look-ahead are leased too, for the calls that will still be waiting then, and
-    held until their due time (app.pull_ahead). Then the cursors move past what is spent,
-    in steps of at least CURSOR_STEP_MS. Returns each call's share."""
+    """One pass for these calls: first the messages held for them that are due
+    (_hand_held); then the due messages an earlier pass of this process found and left
+    (app.found_due); then, for what those did not fill, the due messages of every shard are
+    read once, put in fair order (app.fairness.fair_order), and leased in the calls' order
+    (a paused campaign's are passed over), each call up to its want on its own terms; a
+    message another process took first is replaced by the next due one (in up to
+    TAKE_ROUNDS takes). A read looks for at least FIND_AT_LEAST messages, and what it found
+    due and this pass left is kept for the next passes. Messages due within the pull
+    look-ahead are leased too, for the calls that will still be waiting then, and held
+    until their due time (app.pull_ahead). Then the cursors move past what is spent, in
+    steps of at least CURSOR_STEP_MS. Returns each call's share."""
     now = services.clock()
-    shares: list[list[Leased]] = [[] for _ in waiters]
-    _hand_held(services, topic, waiters, shares, now)
-    handed = [len(share) for share in shares]  # held ones, observed as they were handed
-    counted = list(handed)  # leased, with or without a payload
-    wanted = sum(w.want for w in waiters) - sum(counted)
-    if wanted <= 0:
-        return shares
+    run = _Run(waiters, now)
+    _hand_held(services, topic, waiters, run.shares, now)
+    handed = [len(share) for share in run.shares]  # held ones, observed as they were handed
+    run.counted = list(handed)  # leased, with or without a payload
+    if run.wanted() > 0:
+        found = services.found_due.take(topic.uid)
+        if found is not None:
+            order = _not_paused(services, topic, found.due)
+            used = _take_rounds(services, topic, run, order, 0, [], 0, [])
+            services.found_due.keep(topic.uid, dataclasses.replace(found, due=order[used:]))
+    if run.wanted() > 0:
+        _read_and_take(services, topic, run)
+    services.held.hold(topic, run.held)
+    services.lag.observe(topic.uid, "pull", [now - m.due_ms for share, first
+                                  in zip(run.shares, handed, strict=True) for m in share[first:]])
+    return run.shares
+
+
+# A timeline read for a pass looks for at least this many due messages, and what the pass
+# does not take is kept for the next ones (app.found_due): one message per call then costs
+# the take alone, not a read of cursors, partitions, pointers and rows first.
+FIND_AT_LEAST = 32
+
+
+@dataclasses.dataclass
+class _Run:
+    """The state of one pass: its calls, each one's share and count leased so far (with or
+    without a payload), what it leased ahead to hold, and its clock (epoch ms)."""
+
+    waiters: Sequence[Waiter[Leased]]
+    now: int
+    shares: list[list[Leased]] = dataclasses.field(default_factory=list)
+    counted: list[int] = dataclasses.field(default_factory=list)
+    held: list[HeldLease] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.shares = [[] for _ in self.waiters]
+        self.counted = [0] * len(self.waiters)
+
+    def wanted(self) -> int:
+        return sum(w.want for w in self.waiters) - sum(self.counted)
+
+
+def _not_paused(services: Services, topic: Topic, due: list[Due]) -> list[Due]:
+    """due without the messages of paused campaigns, which are spent for this pass."""
+    paused = passed_over(services, topic, due)
+    services.scanner.spend(topic, [d.pointer for d in due if d.row.id in paused])
+    return [d for d in due if d.row.id not in paused]
+
+
+def _read_and_take(services: Services, topic: Topic, run: _Run) -> None:
+    """Read the due messages of every shard and lease them for the run's calls; keep what is
+    left (app.found_due) and move the cursors."""
+    now, waiters = run.now, run.waiters
     ahead_ms = services.config.pull_ahead_ms
     patient = [n for n, w in enumerate(waiters)
                if w.deadline - time.monotonic() > ahead_ms / 1000] if ahead_ms else []
     held_before = services.held.count(topic.uid) if patient else 0
-    if len([n for n in patient if not counted[n]]) <= held_before:
+    if len([n for n in patient if not run.counted[n]]) <= held_before:
         ahead_ms = 0  # what is held already covers every call that waits
-    result = services.scanner.scan(topic, now, wanted, ahead_ms=ahead_ms)
+    mark = services.found_due.mark()
+    result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
+                                   ahead_ms=ahead_ms)
     # Lower priority values first, then round-robin across groups (app.fairness), each in
     # the order of deliver_at: messages brought back at once (a campaign resumed, a retry)
     # go in their due order. Otherwise that is timeline order within each lane: what is
     # taken is then a prefix of each partition, which moves its resume point
     # (app.scan.ResumePoints).
-    paused = passed_over(services, topic, result.due)
-    services.scanner.spend(topic, [d.pointer for d in result.due if d.row.id in paused])
-    order = fair_order([d for d in result.due if d.row.id not in paused])
+    order = fair_order(_not_paused(services, topic, result.due))
     untaken: list[Due] = []
-    held: list[HeldLease] = []
-    used = 0
+    used = _take_rounds(services, topic, run, order, ahead_ms, patient, held_before, untaken)
+    services.found_due.keep(topic.uid, Found(now, mark, order[used:]))
+    moves = result.moves(untaken + order[used:])
+    services.scanner.advance(topic, {s: ms for s, ms in moves.items()
+                                     if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
+
+
+def _take_rounds(services: Services, topic: Topic, run: _Run, order: list[Due], ahead_ms: int,
+                 patient: list[int], held_before: int, untaken: list[Due]) -> int:
+    """Lease from `order` for the run's calls, in up to TAKE_ROUNDS takes, and hold those
+    leased ahead for the patient calls. Returns how much of `order` was used."""
+    waiters, used = run.waiters, 0
     for _ in range(TAKE_ROUNDS):
-        chunk, owners, used = _next_chunk(order, used, waiters, counted, patient,
-                                          held_before + len(held), now, untaken)
+        chunk, owners, used = _next_chunk(order, used, waiters, run.counted, patient,
+                                          held_before + len(run.held), run.now, untaken)
         if not chunk:
             break
         owner_of = {d.row.id: owner for d, owner in zip(chunk, owners, strict=True)}
         before = {d.row.id: d.row for d in chunk}
         holds = [waiters[owner if owner >= 0 else patient[0]].terms for owner in owners]
-        for row, payload in take_with_payloads(services, topic, chunk, now, holds,
+        for row, payload in take_with_payloads(services, topic, chunk, run.now, holds,
                                                ahead_ms=ahead_ms):
             owner = owner_of[row.id]
             if owner >= 0:
-                counted[owner] += 1
+                run.counted[owner] += 1
                 if payload is not None:
-                    shares[owner].append(Leased(row, payload, before[row.id].due_at_ms))
+                    run.shares[owner].append(Leased(row, payload, before[row.id].due_at_ms))
             elif payload is not None:
-                held.append(HeldLease(before[row.id].due_at_ms, before[row.id], row, payload,
-                                      waiters[patient[0]].terms))
-    services.held.hold(topic, held)
-    services.lag.observe(topic.uid, "pull", [now - m.due_ms for share, first
-                                  in zip(shares, handed, strict=True) for m in share[first:]])
-    moves = result.moves(untaken + order[used:])
-    services.scanner.advance(topic, {s: ms for s, ms in moves.items()
-                                     if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
-    return shares
+                run.held.append(HeldLease(before[row.id].due_at_ms, before[row.id], row,
+                                          payload, waiters[patient[0]].terms))
+    return used
 
 
 def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],

@@ -11,7 +11,7 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cassandra.cluster import ResponseFuture
 
@@ -29,11 +29,12 @@ log = logging.getLogger(__name__)
 class PointerPlacer:
     """Thread-safe; one per process."""
 
-    def __init__(self, store: TimelineStore, config: Config,
-                 wake: Wake = no_wake) -> None:
+    def __init__(self, store: TimelineStore, config: Config, wake: Wake = no_wake,
+                 placed: Callable[[uuid.UUID, int], None] | None = None) -> None:
         self.store = store
         self.config = config
         self._wake = wake  # app.wakeups
+        self._placed = placed  # (topic uid, earliest due ms) of what was written: FoundDue
         self._lock = threading.Lock()
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
@@ -115,7 +116,8 @@ class PointerPlacer:
         written, else the exception. TTL: until due plus the retention window. Written
         pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. For a
         topic the releasers push (`pushed`), written pointers due within their look-ahead
-        wake them (app.wakeups) once all is written."""
+        wake them (app.wakeups) once all is written. Then `placed` (app.found_due) hears of
+        the earliest due time written, whatever the outcomes."""
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, p in enumerate(pointers):
             groups[(bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard)].append(index)
@@ -144,6 +146,8 @@ class PointerPlacer:
             if err is None and p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
                 written[(bucket, shard)] += 1
         self.store.count_writes(topic_uid, written)
+        if self._placed is not None and pointers:
+            self._placed(topic_uid, min(p.due_at_ms for p in pointers))
         if pushed and any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms
                           for (_, _, _, p, _), err in zip(placed, outcomes, strict=True)
                           if err is None):

@@ -13,6 +13,7 @@ from typing import Any
 
 from app.campaign_rules import CampaignRules
 from app.config import Config
+from app.found_due import FoundDue
 from app.host_locks import HostLocks
 from app.lag_log import LagLog
 from app.models import Topic
@@ -74,7 +75,9 @@ class Services:
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)
-        self.placer = PointerPlacer(self.timeline, config, self.waker.wake)
+        self.found_due = FoundDue(clock)
+        self.placer = PointerPlacer(self.timeline, config, self.waker.wake,
+                                    self.found_due.placed)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.quotas = Quotas(self.db, {
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),

@@ -1,0 +1,78 @@
+"""app.found_due on its own (no Cassandra): what is kept, for how long, and what drops it.
+Its use by lease passes is tested against the real node in tests/test_leasing.py."""
+
+from __future__ import annotations
+
+import uuid
+
+from app.found_due import Found, FoundDue
+from app.models import MessageState, Pointer
+from app.scan import Due
+
+TOPIC = uuid.uuid4()
+
+
+class Clock:
+    def __init__(self, ms: int = 1_000_000) -> None:
+        self.ms = ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def _due(message_id: str, due_ms: int) -> Due:
+    row = MessageState(TOPIC, message_id, "scheduled", 1, due_ms, due_ms, 0, None, 0, 0, "h",
+                       None, None, None, None, due_ms, due_ms)
+    return Due(Pointer(due_ms, message_id, 1, 0, 0), row)
+
+
+def test_kept_messages_are_taken_once_and_only_those_due_by_the_read() -> None:
+    clock = Clock()
+    found = FoundDue(clock, keep_ms=200)
+    read_at = clock.ms
+    found.keep(TOPIC, Found(read_at, found.mark(),
+                            [_due("a", read_at - 5), _due("b", read_at), _due("late", read_at + 1)]))
+    clock.ms += 50
+    taken = found.take(TOPIC)
+    assert taken is not None and [d.row.id for d in taken.due] == ["a", "b"]
+    assert taken.read_at_ms == read_at
+    assert found.take(TOPIC) is None  # taken: no longer kept
+
+
+def test_a_list_older_than_keep_ms_is_neither_kept_nor_given() -> None:
+    clock = Clock()
+    found = FoundDue(clock, keep_ms=200)
+    found.keep(TOPIC, Found(clock.ms, found.mark(), [_due("a", clock.ms)]))
+    clock.ms += 200
+    assert found.take(TOPIC) is None
+    stale = Found(clock.ms - 200, found.mark(), [_due("b", clock.ms - 300)])
+    found.keep(TOPIC, stale)
+    assert found.take(TOPIC) is None
+
+
+def test_a_pointer_written_that_could_come_due_meanwhile_drops_the_list() -> None:
+    clock = Clock()
+    found = FoundDue(clock, keep_ms=200)
+    found.keep(TOPIC, Found(clock.ms, found.mark(), [_due("a", clock.ms)]))
+    found.placed(TOPIC, clock.ms + 30_000)  # a lease's expiry: comes due long after
+    found.placed(uuid.uuid4(), clock.ms)  # another topic
+    kept = found.take(TOPIC)
+    assert kept is not None
+    found.keep(TOPIC, kept)
+    found.placed(TOPIC, clock.ms + 100)
+    assert found.take(TOPIC) is None
+
+
+def test_a_read_that_began_before_a_pointer_was_written_is_not_kept() -> None:
+    clock = Clock()
+    found = FoundDue(clock, keep_ms=200)
+    mark = found.mark()  # a pass starts reading the timeline
+    found.placed(TOPIC, clock.ms)  # meanwhile this process enqueues a message due now
+    found.keep(TOPIC, Found(clock.ms, mark, [_due("a", clock.ms)]))
+    assert found.take(TOPIC) is None
+    other = uuid.uuid4()
+    found.keep(other, Found(clock.ms, mark, [_due("b", clock.ms)]))
+    assert found.take(other) is not None  # the write was of another topic
+    later = found.mark()
+    found.keep(TOPIC, Found(clock.ms, later, [_due("c", clock.ms)]))
+    assert found.take(TOPIC) is not None
