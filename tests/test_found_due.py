@@ -30,8 +30,8 @@ def test_kept_messages_are_taken_once_and_only_those_due_by_the_read() -> None:
     clock = Clock()
     found = FoundDue(clock, keep_ms=200)
     read_at = clock.ms
-    found.keep(TOPIC, Found(read_at, found.mark(),
-                            [_due("a", read_at - 5), _due("b", read_at), _due("late", read_at + 1)]))
+    due = [_due("a", read_at - 5), _due("b", read_at), _due("late", read_at + 1)]
+    found.keep(TOPIC, Found(read_at, found.mark(), due))
     clock.ms += 50
     taken = found.take(TOPIC)
     assert taken is not None and [d.row.id for d in taken.due] == ["a", "b"]
