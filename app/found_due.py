@@ -27,6 +27,7 @@ from app.scan import Due
 KEEP_MS = 200
 MAX_KEPT = 1000  # per topic: a pass never finds more than it can lease in a few rounds
 MAX_TOPICS = 100_000  # topics whose latest pointer write is remembered
+MAX_LISTS = 1000  # topics with a list kept; lists expire unread when no call comes back
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +65,11 @@ class FoundDue:
         with self._lock:
             placed_since = (self._last_placed.get(topic_uid, -1) > found.mark
                             or self._forgot_at > found.mark)
+            self._kept.pop(topic_uid, None)  # so the dict's order is the order of keeping
             if due and not placed_since and self.clock() - found.read_at_ms < self.keep_ms:
                 self._kept[topic_uid] = Found(found.read_at_ms, found.mark, due)
-            else:
-                self._kept.pop(topic_uid, None)
+                while len(self._kept) > MAX_LISTS:  # the oldest first: topics no call came back to
+                    del self._kept[next(iter(self._kept))]
 
     def take(self, topic_uid: uuid.UUID) -> Found | None:
         """What is kept of the topic, no longer kept; None when nothing is or it is older

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
+from app import found_due
 from app.found_due import Found, FoundDue
 from app.models import MessageState, Pointer
 from app.scan import Due
@@ -76,3 +79,15 @@ def test_a_read_that_began_before_a_pointer_was_written_is_not_kept() -> None:
     later = found.mark()
     found.keep(TOPIC, Found(clock.ms, later, [_due("c", clock.ms)]))
     assert found.take(TOPIC) is not None
+
+
+def test_lists_no_call_came_back_for_are_dropped_oldest_first_past_max_lists(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(found_due, "MAX_LISTS", 3)
+    clock = Clock()
+    found = FoundDue(clock, keep_ms=200)
+    topics = [uuid.uuid4() for _ in range(4)]
+    for topic in topics:
+        found.keep(topic, Found(clock.ms, found.mark(), [_due("a", clock.ms)]))
+    assert found.take(topics[0]) is None
+    assert all(found.take(topic) is not None for topic in topics[1:])
