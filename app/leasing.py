@@ -95,9 +95,10 @@ def _pass(services: Services, topic: Topic,
     run.counted = list(handed)  # leased, with or without a payload
     if run.wanted() > 0:
         found = services.found_due.take(topic.uid)
-        if found is not None:
+        if found is not None:  # all due by now: nothing to lease ahead or leave untaken
             order = _not_paused(services, topic, found.due)
-            used = _take_rounds(services, topic, run, order, 0, [], 0, [])
+            used = _take_rounds(services, topic, run, order, ahead_ms=0, patient=[],
+                                held_before=0, untaken=[])
             services.found_due.keep(topic.uid, dataclasses.replace(found, due=order[used:]))
     if run.wanted() > 0:
         _read_and_take(services, topic, run)
@@ -120,8 +121,8 @@ class _Run:
 
     waiters: Sequence[Waiter[Leased]]
     now: int
-    shares: list[list[Leased]] = dataclasses.field(default_factory=list)
-    counted: list[int] = dataclasses.field(default_factory=list)
+    shares: list[list[Leased]] = dataclasses.field(init=False)
+    counted: list[int] = dataclasses.field(init=False)
     held: list[HeldLease] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
