@@ -3,7 +3,9 @@ process: a call for one message then costs the take (a pointer and one condition
 not a read of cursors, partitions, pointers and rows first.
 
 What is kept is a list of app.scan.Due in the order the pass would have leased them
-(priority, fairness, due time), for at most KEEP_MS after the timeline read that found them.
+(priority, fairness, due time), for at most KEEP_MS after the timeline read that found them;
+of a read cut short, only as far as a fresh read would hand them out first
+(app.fairness.known_turns_end).
 A pass leases from it first and reads the timeline only when it could not fill its calls
 from it, so a call answered with fewer messages than it wanted has had a fresh read. Every
 take is a conditional write on the row's version (app.leasing.take): a kept message that was

@@ -22,7 +22,7 @@ from app.errors import (
     NotFound,
     StoreUnavailable,
 )
-from app.fairness import fair_order
+from app.fairness import fair_order, known_turns_end
 from app.found_due import Found
 from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
@@ -161,7 +161,9 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> None:
     order = fair_order(_not_paused(services, topic, result.due))
     untaken: list[Due] = []
     used = _take_rounds(services, topic, run, order, ahead_ms, patient, held_before, untaken)
-    services.found_due.keep(topic.uid, Found(now, mark, order[used:]))
+    # a read that stopped short may have left out the next turns of a group that runs out
+    end = known_turns_end(order, used) if result.cut else len(order)
+    services.found_due.keep(topic.uid, Found(now, mark, order[used:end]))
     moves = result.moves(untaken + order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})

@@ -50,11 +50,13 @@ class Due:
 @dataclasses.dataclass
 class ScanResult:
     """Live pointers found; how far each shard's cursor could move were they all taken; the
-    cursors the scan started from."""
+    cursors the scan started from; whether the scan's caps stopped it before the end of some
+    partition (then more may be due than it found)."""
 
     due: list[Due]
     frontier_ms: dict[int, int]
     cursors_ms: dict[int, int]
+    cut: bool = False
 
     def moves(self, untaken: list[Due]) -> dict[int, int]:
         """Cursor moves once the live pointers not in `untaken` are spent: no cursor passes
@@ -304,10 +306,10 @@ class DueScanner:
             return ScanResult([], {}, {})
         frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
         plan = self._partitions(topic, cursors, now_ms + ahead_ms)
-        unknown, _ = self._read(topic, plan, want, frontier, lambda key: False,
-                                now_ms - self.config.safety_lag_ms)
+        unknown, whole = self._read(topic, plan, want, frontier, lambda key: False,
+                                    now_ms - self.config.safety_lag_ms)
         due, _ = self._settle(topic, unknown, lambda p, row: is_live(p, row, now_ms, ahead_ms))
-        return ScanResult(due, frontier, cursors)
+        return ScanResult(due, frontier, cursors, cut=len(whole) < len(plan))
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
                  pending: Callable[[PointerKey], bool],

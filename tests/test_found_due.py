@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from app import found_due
+from app.fairness import fair_order, known_turns_end
 from app.found_due import Found, FoundDue
 from app.models import MessageState, Pointer
 from app.scan import Due
@@ -23,10 +24,28 @@ class Clock:
         return self.ms
 
 
-def _due(message_id: str, due_ms: int) -> Due:
-    row = MessageState(TOPIC, message_id, "scheduled", 1, due_ms, due_ms, 0, None, 0, 0, "h",
-                       None, None, None, None, due_ms, due_ms)
+def _due(message_id: str, due_ms: int, campaign: str | None = None, priority: int = 0) -> Due:
+    row = MessageState(TOPIC, message_id, "scheduled", 1, due_ms, due_ms, priority, campaign,
+                       0, 0, "h", None, None, None, None, due_ms, due_ms)
     return Due(Pointer(due_ms, message_id, 1, 0, 0), row)
+
+
+def test_of_a_read_cut_short_what_is_kept_ends_where_the_first_group_runs_out() -> None:
+    big = [_due(f"b{n}", 1000 + n, "big") for n in range(6)]
+    small = [_due(f"s{n}", 2000 + n, "small") for n in range(3)]
+    order = fair_order(big + small)
+    assert [d.row.id for d in order[:6]] == ["b0", "s0", "b1", "s1", "b2", "s2"]
+    # two leased: kept through small's last found (s2), not the big ones after it
+    assert [d.row.id for d in order[2:known_turns_end(order, 2)]] == ["b1", "s1", "b2", "s2"]
+    # small's found ones all leased: it may have more unread, so nothing is kept
+    assert known_turns_end(order, 6) == 6
+    # a lower priority value goes first: its group running out ends what is kept
+    lower = [_due(f"l{n}", 1000 + n, "big", priority=5) for n in range(3)]
+    first = [_due("f0", 3000, "small", priority=0)]
+    order = fair_order(lower + first)
+    assert [d.row.id for d in order[:known_turns_end(order, 0)]] == ["f0"]
+    # one group: all of it
+    assert known_turns_end(fair_order(big), 1) == 6
 
 
 def test_kept_messages_are_taken_once_and_only_those_due_by_the_read() -> None:
