@@ -7,6 +7,9 @@ A wake-up that arrives while the step runs makes one more run after it: the run 
 may have read before the write the wake-up announced. For its first warm_ms a step runs at
 the busy pace: other processes learn of a new releaser's address only that long after it
 started (app.wakeups.ADDRESSES_EVERY_MS), and until then its wake-ups go elsewhere.
+
+With a beat (workers/beat.py), the idle runs of every step fall on the same instants, so an
+idle releaser's reads reach Cassandra together.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from workers.beat import Beat
+
 log = logging.getLogger("duetime.releaser")
 
 Step = Callable[[], "bool | None"]
@@ -23,10 +28,13 @@ Step = Callable[[], "bool | None"]
 
 class PacedStep:
     def __init__(self, name: str, step: Step, busy_ms: int, idle_ms: int,
-                 run: Callable[[Step], bool | None], warm_ms: int = 0) -> None:
+                 run: Callable[[Step], bool | None], warm_ms: int = 0,
+                 beat: Beat | None = None) -> None:
         """run(step) runs one step and returns what it returned (the releaser's error
-        handling); busy_ms <= idle_ms."""
+        handling); busy_ms <= idle_ms. With a beat, an idle run comes at the last beat at
+        most idle_ms after the previous one began."""
         self.name = name
+        self.beat = beat
         self.busy_ms = busy_ms
         self.idle_ms = max(busy_ms, idle_ms)
         self.warm_ms = warm_ms
@@ -55,7 +63,7 @@ class PacedStep:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            began = time.monotonic()
+            began, began_wall = time.monotonic(), time.time()
             woken = self._woken.is_set()
             self._woken.clear()
             busy = self._run(self._step)
@@ -64,4 +72,11 @@ class PacedStep:
             if self._stopping.wait(self.busy_ms / 1000 - (time.monotonic() - began)):
                 return
             if not busy and time.monotonic() >= self._warm_until:
-                self._woken.wait(self.idle_ms / 1000 - (time.monotonic() - began))
+                self._woken.wait(self._idle_wait_s(began, began_wall))
+
+    def _idle_wait_s(self, began: float, began_wall: float) -> float:
+        """How long to wait for a wake-up before the next idle run."""
+        if self.beat is None:
+            return self.idle_ms / 1000 - (time.monotonic() - began)
+        return self.beat.idle_until(began_wall, self.idle_ms / 1000,
+                                    self.busy_ms / 1000) - time.time()

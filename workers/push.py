@@ -117,6 +117,11 @@ class PushDispatcher:
             if not waiting:
                 del self._waiting[topic_uid]
 
+    def has_waiting(self) -> bool:
+        """Are timers submitted and not yet prepared (waiting for their topic's room)?
+        Called by the submitting thread."""
+        return bool(self._waiting)
+
     def _count(self, name: str, n: int) -> None:
         with self._lock:
             self.counts[name] += n

@@ -28,6 +28,7 @@ from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
 from app.store.schedules import Schedule
+from workers.beat import Beat
 
 log = logging.getLogger("duetime.schedules")
 PRODUCERS = 4  # steps produced at once: each is a few batched round trips
@@ -43,14 +44,18 @@ Key = tuple[uuid.UUID, str]
 
 class ScheduleRunner:
     def __init__(self, services: Services, owned: Callable[[], frozenset[int]],
-                 topic_of: Callable[[uuid.UUID], Topic | None]) -> None:
+                 topic_of: Callable[[uuid.UUID], Topic | None], beat: Beat | None = None
+                 ) -> None:
+        """With a beat (workers/beat.py), the marks are read without a wake-up at the last
+        beat at most MARKS_EVERY_MS after the last read (the releaser ticks on its grid)."""
         self.services = services
+        self.beat = beat
         self.owned = owned
         self.topic_of = topic_of
         self._listed: dict[int, dict[Key, int]] = {}  # slot -> schedule -> version listed
         self._marks: dict[int, uuid.UUID | None] = {}  # slot -> mark when last listed
         self._listed_at = 0
-        self._marked_at = 0  # when the marks were last read (this process's clock, ms)
+        self._marks_due = 0.0  # when the marks are read without a wake-up (epoch s)
         self._woken = threading.Event()
         self._known: dict[Key, Schedule] = {}  # as last read or produced
         self._pool = ThreadPoolExecutor(PRODUCERS, thread_name_prefix="schedule")
@@ -106,7 +111,7 @@ class ScheduleRunner:
         """Read the listings of owned slots that changed; True when any listing did."""
         owned = sorted(self.owned())
         now = self.services.clock()
-        if not self._woken.is_set() and now - self._marked_at < MARKS_EVERY_MS and \
+        if not self._woken.is_set() and time.time() < self._marks_due and \
                 set(owned) == set(self._listed):
             return False
         self._woken.clear()  # before the read: a wake-up during it reads again
@@ -115,7 +120,9 @@ class ScheduleRunner:
         except DuetimeError:
             self._woken.set()  # not read: the next tick tries again
             raise
-        self._marked_at = now
+        read_at = time.time()
+        self._marks_due = read_at + MARKS_EVERY_MS / 1000 if self.beat is None else \
+            self.beat.idle_until(read_at, MARKS_EVERY_MS / 1000, 0)
         if now - self._listed_at >= RELIST_MS:
             self._marks, self._listed_at = {}, now
         changed = [slot for slot in owned
