@@ -124,8 +124,10 @@ def set_controls(services: Services, topic: Topic, name: str,
                  changes: dict[str, Any]) -> dict[str, Any]:
     """Pause or resume, and set or clear max_per_second. Resuming starts an operation that
     brings the messages that came due while paused back to now (409 while another operation
-    runs)."""
+    runs). A cancelled campaign has nothing left to hold back or pace: 409."""
     c = get_campaign(services, topic, name)
+    if c.cancelled:
+        raise Conflict(f"Campaign {name!r} is cancelled.")
     paused = changes.get("paused", c.paused)
     rate = changes.get("max_per_second", c.max_per_second)
     resuming = c.paused and not paused

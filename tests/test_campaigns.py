@@ -301,6 +301,12 @@ def test_a_process_unaware_of_a_cancel_has_its_message_cancelled_after_writing(
     truth = states_of(services, found.uid, "gone")
     assert truth["cancelled"] == 11 and truth["scheduled"] == 0
     assert campaign(topic, "gone")["counts"] == truth
+    # a cancelled campaign cannot be paused, resumed, paced or shifted (409, as documented)
+    for change in ({"paused": True}, {"paused": False}, {"max_per_second": 5},
+                   {"shift_ms": 1000}):
+        _problem(topic.client.patch(topic.url("/campaigns/gone"), headers=auth, json=change),
+                 409)
+    assert campaign(topic, "gone")["paused"] is False
 
 
 def test_a_process_unaware_of_a_shift_shifts_its_own_message_once(
