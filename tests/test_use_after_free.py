@@ -88,8 +88,8 @@ def test_a_cancelled_campaign_stays_cancelled_and_takes_no_new_message(
     view = client.get(topic.url("/campaigns/c"), headers=auth).get_json()
     assert view["cancelled"] is True and view["counts"]["cancelled"] == 5
     assert topic.enqueue(campaign="c").status_code == 409
-    # controls of a cancelled campaign change nothing that matters: still cancelled
-    assert _status(client, "PATCH", topic.url("/campaigns/c"), auth, {"paused": False}) == 200
+    # nothing brings it back: resuming or shifting a cancelled campaign is a conflict
+    assert _status(client, "PATCH", topic.url("/campaigns/c"), auth, {"paused": False}) == 409
     assert _status(client, "PATCH", topic.url("/campaigns/c"), auth, {"shift_ms": 1000}) == 409
     assert client.get(topic.url("/campaigns/c"), headers=auth).get_json()["cancelled"] is True
     assert topic.lease(10, wait_ms=1500) == []
