@@ -26,6 +26,11 @@ T = TypeVar("T")
 MAX_TRACKED_GROUPS = 10_000  # then the groups with no turn ahead are forgotten
 
 
+def _turn_group(d: Due) -> tuple[int, str | None]:
+    """What takes turns: a group within one priority value."""
+    return d.row.priority, d.row.fair_group
+
+
 def fair_order(due: Sequence[Due]) -> list[Due]:
     """due ordered by (priority, turn within its group, deliver_at, due time, id)."""
     ordered = sorted(due, key=lambda d: (d.row.priority, d.row.deliver_at_ms,
@@ -33,7 +38,7 @@ def fair_order(due: Sequence[Due]) -> list[Due]:
     turns: dict[tuple[int, str | None], int] = defaultdict(int)
     ranked = []
     for position, d in enumerate(ordered):
-        group = (d.row.priority, d.row.fair_group)
+        group = _turn_group(d)
         ranked.append((d.row.priority, turns[group], position, d))
         turns[group] += 1
     return [d for *_, d in sorted(ranked, key=lambda r: r[:3])]
@@ -48,7 +53,7 @@ def known_turns_end(order: Sequence[Due], start: int) -> int:
     start (nothing)."""
     last: dict[tuple[int, str | None], int] = {}
     for position, d in enumerate(order):
-        last[(d.row.priority, d.row.fair_group)] = position
+        last[_turn_group(d)] = position
     return max(start, min(last.values(), default=-1) + 1)
 
 
