@@ -33,6 +33,7 @@ BURST_SHARE = 0.2
 SENT_AHEAD_MS = 5000  # each message is enqueued this long before it is due
 PRODUCERS = 4
 MOVE_DELAY_MS = 2000  # a move asks for delivery this long after it is sent
+STATE_READ_S = 30  # how long a state read asks again while the API answers 503
 
 
 def now_ms() -> int:
@@ -239,9 +240,17 @@ class Workload:
                                   a.received_ms, 204))
 
     def state_of(self, message_id: str) -> dict[str, Any] | None:
-        """What the API says of a message now (to explain a lost one)."""
+        """What the API says of a message now (to explain a lost one). A 503 or no answer is
+        not a state: like a client following the retry hint, it asks again, for up to
+        STATE_READ_S (after a node restart one API worker may reconnect a second after
+        another)."""
         topic = self.pull if int(message_id.rsplit("-m", 1)[1]) % 2 == 0 else self.hook
-        status, body = self._call("GET", f"{topic}/messages/{message_id}")
+        deadline = time.monotonic() + STATE_READ_S
+        while True:
+            status, body = self._call("GET", f"{topic}/messages/{message_id}")
+            if (status != 0 and status < 500) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         return {"status": status, **{k: (body or {}).get(k) for k in (
             "state", "attempts", "deliver_at", "updated_at", "last_error")}}
 
