@@ -71,7 +71,7 @@ class CampaignItem(MethodView):
         return _accepted(topic, usecases.cancel_campaign(services(), found, campaign))
 
     @blp.doc(security=SECURITY)
-    @blp.arguments(CampaignPatchSchema)
+    @blp.arguments(CampaignPatchSchema())
     @blp.response(200, CampaignSchema, description="paused / max_per_second set.")
     @blp.alt_response(202, schema=OperationAcceptedSchema,
                       description="shift_ms: the shift runs in the background.")

@@ -35,7 +35,7 @@ def _lease_seconds(body: dict[str, Any], default: int) -> int:
 @blp.route("/leases")
 class Leases(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(LeaseRequestSchema)
+    @blp.arguments(LeaseRequestSchema())
     @blp.response(200, LeaseResponseSchema)
     @blp.alt_response(409, description="A webhook topic: its messages are pushed, not leased.")
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
@@ -57,7 +57,7 @@ class Leases(MethodView):
 @blp.route("/messages/<string:message_id>/ack")
 class Ack(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(AckSchema)
+    @blp.arguments(AckSchema())
     @blp.response(204)
     @blp.alt_response(409, description="The lease is no longer held.")
     def post(self, body: dict[str, Any], topic: str, message_id: str) -> None:
@@ -72,7 +72,7 @@ class Ack(MethodView):
 @blp.route("/acks")
 class Acks(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(AckBatchSchema)
+    @blp.arguments(AckBatchSchema())
     @blp.response(200, AckBatchResultSchema)
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
         """Ack up to 1,000 leased messages in one call (like SQS DeleteMessageBatch): each
@@ -89,7 +89,7 @@ class Acks(MethodView):
 @blp.route("/messages/<string:message_id>/nack")
 class Nack(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(NackSchema)
+    @blp.arguments(NackSchema())
     @blp.response(204)
     @blp.alt_response(409, description="The lease is no longer held.")
     def post(self, body: dict[str, Any], topic: str, message_id: str) -> None:
@@ -103,7 +103,7 @@ class Nack(MethodView):
 @blp.route("/messages/<string:message_id>/extend")
 class Extend(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(ExtendSchema)
+    @blp.arguments(ExtendSchema())
     @blp.response(200, ExtendResponseSchema)
     @blp.alt_response(409, description="The lease is no longer held.")
     def post(self, body: dict[str, Any], topic: str, message_id: str) -> dict[str, Any]:

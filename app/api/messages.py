@@ -66,7 +66,7 @@ def problem_body(error: DuetimeError) -> dict[str, Any]:
 @blp.route("/messages")
 class MessageCollection(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(MessageInSchema)
+    @blp.arguments(MessageInSchema())
     @blp.response(201, EnqueuedSchema, description="Created.")
     @blp.alt_response(200, schema=EnqueuedSchema, description="Same id and content again.")
     @blp.alt_response(409, description="The id exists with different content.")
@@ -100,7 +100,7 @@ def _batch_item(raw: dict[str, Any], quiet: QuietHours | None
 @blp.route("/messages:batch")
 class MessageBatch(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(BatchInSchema)
+    @blp.arguments(BatchInSchema())
     @blp.response(200, BatchOutSchema)
     @blp.alt_response(413, description="More messages than the batch limit (1,000).")
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
@@ -142,7 +142,7 @@ class MessageItem(MethodView):
         return message_view(found, row, payload)
 
     @blp.doc(security=SECURITY)
-    @blp.arguments(RescheduleSchema)
+    @blp.arguments(RescheduleSchema())
     @blp.response(200, MessageSchema)
     @blp.alt_response(409, description="Not scheduled (leased, delivered, cancelled, dead).")
     def patch(self, body: dict[str, Any], topic: str, message_id: str) -> dict[str, Any]:
@@ -170,7 +170,7 @@ class MessageItem(MethodView):
 @blp.route("/dead-letters")
 class DeadLetters(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(DeadQuerySchema, location="query")
+    @blp.arguments(DeadQuerySchema(), location="query")
     @blp.response(200, DeadListSchema)
     def get(self, query: dict[str, Any], topic: str) -> dict[str, Any]:
         """The topic's dead messages (attempts exhausted), most recently dead first, each

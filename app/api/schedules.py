@@ -44,7 +44,7 @@ class ScheduleCollection(MethodView):
 @blp.route("/schedules/<string:name>")
 class ScheduleItem(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(SchedulePutSchema)
+    @blp.arguments(SchedulePutSchema())
     @blp.response(200, ScheduleSchema, description="Replaced.")
     @blp.alt_response(201, schema=ScheduleSchema, description="Created.")
     @blp.alt_response(409, description="Its waiting fires would change campaign.")

@@ -74,7 +74,7 @@ class TopicCollection(MethodView):
 @blp.route("/<string:topic>")
 class TopicItem(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(TopicPutSchema)
+    @blp.arguments(TopicPutSchema())
     @blp.response(200, TopicSchema, description="Updated.")
     @blp.alt_response(201, schema=TopicSchema, description="Created.")
     @blp.alt_response(409, description="shards changed while messages are live.")
@@ -100,7 +100,7 @@ class TopicItem(MethodView):
 @blp.route("/<string:topic>/stats")
 class TopicStats(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(StatsQuerySchema, location="query")
+    @blp.arguments(StatsQuerySchema(), location="query")
     @blp.response(200, TopicStatsSchema)
     def get(self, query: dict[str, Any], topic: str) -> dict[str, Any]:
         """Counts per state and the scheduled load ahead: per minute for the next hour, or
@@ -112,7 +112,7 @@ class TopicStats(MethodView):
 @blp.route("/<string:topic>/lag")
 class TopicLag(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(LagQuerySchema, location="query")
+    @blp.arguments(LagQuerySchema(), location="query")
     @blp.response(200, LagSchema)
     def get(self, query: dict[str, Any], topic: str) -> dict[str, Any]:
         """Delivery lag per minute over the last hour (or `minutes`): how late after their
