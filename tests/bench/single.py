@@ -8,7 +8,11 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
    of 1,000 from the same threads: the ratio;
 3. lease `max: 1` + ack, CONSUMERS threads on a backlog: msgs/s; and lease 100 + one batch
    ack on the same backlog size: the ratio;
-4. the raw-Cassandra ceiling of the same run (tests.bench.run.raw_ceiling).
+4. the raw-Cassandra ceiling of the same run (tests.bench.run.raw_ceiling);
+5. the HTTP floor of the same run: requests that touch no Cassandra from PRODUCERS threads
+   (`GET /healthz`; an authenticated enqueue answered 400 by validation) and one client's
+   p50 of each. No one-message path can beat them, so a one-message rate above the floor's
+   share of the batch rate is out of reach on that machine whatever the store does.
 Writes bench-results/single.json and prints a table. Usage:
 python -m tests.bench.single [N=2000]
 """
@@ -110,6 +114,36 @@ def lease_singly(headers: dict[str, str], topic: str, count: int) -> float:
     return count / timed_threads([work] * CONSUMERS)
 
 
+def http_floor(headers: dict[str, str], topic: str, count: int) -> dict[str, Any]:
+    """Requests/s from PRODUCERS threads, and one client's p50 (ms), of requests that touch
+    no Cassandra: `GET /healthz`, and an enqueue that validation refuses (400) after auth."""
+    calls = {
+        "healthz": lambda s: s.get(f"{URL}/healthz", timeout=60),
+        "refused_enqueue": lambda s: s.post(f"{URL}/v1/topics/{topic}/messages",
+                                            headers=headers, timeout=60,
+                                            json={"payload": {}, "deliver_at": "never"})}
+    floor: dict[str, Any] = {}
+    for name, call in calls.items():
+        session = requests.Session()
+        took = []
+        for _ in range(IDLE_CALLS):
+            began = time.perf_counter()
+            call(session)
+            took.append(time.perf_counter() - began)
+
+        def hammer(n: int, call: Any = call) -> None:
+            mine = requests.Session()
+            for _ in range(n):
+                call(mine)
+
+        share = count // PRODUCERS
+        floor[f"{name}_per_s"] = round(share * PRODUCERS / timed_threads(
+            [functools.partial(hammer, share)] * PRODUCERS), 1)
+        floor[f"{name}_idle_p50_ms"] = round(
+            percentile([int(t * 1_000_000) for t in took], 0.5) / 1000, 2)
+    return floor
+
+
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 2000
     headers = dev_headers()
@@ -122,6 +156,7 @@ def main(argv: list[str]) -> int:
     received, seconds = consume(headers, batch_topic, count * 5, CONSUMERS, 300)
     lease_batch = len(received) / seconds
     ceiling = raw_ceiling(5000)
+    floor = http_floor(headers, single_topic, count)
     result: dict[str, Any] = {
         "idle_one_client_ms": idle,
         "enqueue_one_per_request_msgs_per_s": round(single_rate, 1),
@@ -132,7 +167,12 @@ def main(argv: list[str]) -> int:
         "lease1_vs_batches": round(lease_one / lease_batch, 3),
         **{k: round(v) for k, v in ceiling.items()},
         "enqueue_one_vs_raw_insert": round(single_rate / ceiling["raw_insert_rows_per_s"], 3),
-        "lease1_ack_vs_raw_lwt_pairs": round(lease_one / (ceiling["raw_lwt_per_s"] / 2), 3)}
+        "lease1_ack_vs_raw_lwt_pairs": round(lease_one / (ceiling["raw_lwt_per_s"] / 2), 3),
+        "http_floor": floor,
+        # the most a one-message path could reach here: one request that does nothing per
+        # enqueue, two (lease and ack) per leased message
+        "floor_vs_enqueue_batches": round(floor["refused_enqueue_per_s"] / batch_rate, 3),
+        "floor_vs_lease_batches": round(floor["refused_enqueue_per_s"] / 2 / lease_batch, 3)}
     OUT.mkdir(exist_ok=True)
     (OUT / "single.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
