@@ -168,7 +168,9 @@ def _settled(workload: Workload, history: History) -> bool:
     left = checker.check(snapshot)["all_lost"]
     if not left or len(left) > SETTLE_READS:
         return not left
-    states = {i: str((workload.state_of(i) or {}).get("state")) for i in left}
+    # no patience here: a 503 leaves the message unsettled for now, and the drain loop,
+    # bounded by its deadline, asks again
+    states = {i: str((workload.state_of(i, patience_s=0) or {}).get("state")) for i in left}
     return bool(checker.check(snapshot, states=states)["lost"] == 0)
 
 

@@ -239,13 +239,14 @@ class Workload:
                 history.add(Event("ack", self.hook, a.message_id, a.received_ms,
                                   a.received_ms, 204))
 
-    def state_of(self, message_id: str) -> dict[str, Any] | None:
+    def state_of(self, message_id: str, patience_s: float = STATE_READ_S
+                 ) -> dict[str, Any] | None:
         """What the API says of a message now (to explain a lost one). A 503 or no answer is
         not a state: like a client following the retry hint, it asks again, for up to
-        STATE_READ_S (after a node restart one API worker may reconnect a second after
+        patience_s (after a node restart one API worker may reconnect a second after
         another)."""
         topic = self.pull if int(message_id.rsplit("-m", 1)[1]) % 2 == 0 else self.hook
-        deadline = time.monotonic() + STATE_READ_S
+        deadline = time.monotonic() + patience_s
         while True:
             status, body = self._call("GET", f"{topic}/messages/{message_id}")
             if (status != 0 and status < 500) or time.monotonic() > deadline:
