@@ -151,8 +151,7 @@ def http_floor(headers: dict[str, str], topic: str, count: int) -> dict[str, Any
         share = count // PRODUCERS
         floor[f"{name}_per_s"] = round(share * PRODUCERS / timed_threads(
             [functools.partial(hammer, share)] * PRODUCERS), 1)
-        floor[f"{name}_idle_p50_ms"] = round(
-            percentile([int(t * 1_000_000) for t in took], 0.5) / 1000, 2)
+        floor[f"{name}_idle_p50_ms"] = _summary(took)["p50"]
     return floor
 
 
