@@ -26,9 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from app.client import ApiError, Client
+from app.client import ApiError, ApiTimeout, ApiUnreachable, Client
 from app.progress import ProgressBar
 from app.timeparse import format_ms
 
@@ -108,7 +106,7 @@ def add_parsers(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run an API command: 0 done, 1 an error answer (its problem printed), 2 no key, 3 no
-    API at the URL."""
+    answer from the API at the URL (none there, or none within the timeout)."""
     key = args.key or (DEV_KEY.read_text().strip() if DEV_KEY.exists() else "")
     if not key:
         print("no API key: set DUETIME_API_KEY or pass --key", file=sys.stderr)
@@ -120,9 +118,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(exc.problem) if args.json else f"error {exc.status}: "
               f"{exc.problem.get('detail') or exc.problem.get('title')}", file=sys.stderr)
         return 1
-    except requests.ConnectionError:
+    except ApiUnreachable:
         print(f"cannot reach the API at {args.url} (is it running? `make up` starts one)",
               file=sys.stderr)
+        return 3
+    except ApiTimeout as exc:
+        print(f"no answer from the API at {args.url}: {exc}", file=sys.stderr)
         return 3
     if answer is not None:
         print(json.dumps(answer, indent=2) if args.json else _human(args.command, answer))

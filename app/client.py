@@ -3,13 +3,19 @@ import Client`).
 
 - Client: one typed call per route. Answers are the API's JSON as dicts; an error answer
   raises ApiError with its problem+json. 429 and 503 are retried with exponential backoff
-  (the answer's Retry-After when it gives one), `retries` times; so are connection errors of
-  idempotent calls (GET, PUT, DELETE, and enqueues that carry an id).
+  (the answer's Retry-After when it gives one), `retries` times. A connection that could not
+  be opened is retried for every call (the request never left); one cut after the request
+  was sent only for idempotent calls (GET, PUT, DELETE, and enqueues that carry an id).
+  No answer at all raises ApiUnreachable (a ConnectionError) or ApiTimeout (a TimeoutError).
 - Consumer: lease → handler → ack on threads of its own; an exception in the handler nacks
   the message with the error; a handler that runs long has its lease extended; stop() ends
   after the messages in hand are finished.
 - verify_signature and SignatureCheck: check a webhook POST's Duetime-Signature (HMAC-SHA256
   of the body with the topic's signing_secret), in any WSGI app.
+
+The transport is urllib3's keep-alive connection pool, shared by the client's threads: one
+call costs about a third of the client CPU of a requests.Session call (tests/bench/single.py
+measures the API through this client).
 """
 
 from __future__ import annotations
@@ -17,13 +23,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import io
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
-import requests
+import urllib3
+from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError
+from urllib3.exceptions import TimeoutError as NoAnswerInTime
 
 JSON = dict[str, Any]
 RETRIED_STATUSES = (429, 503)
@@ -39,49 +49,64 @@ class ApiError(Exception):
         self.problem = problem
 
 
+class ApiUnreachable(ConnectionError):
+    """No answer: the connection to the API could not be opened, or was cut before the
+    answer came (then the call may or may not have taken effect)."""
+
+
+class ApiTimeout(TimeoutError):
+    """No answer within the client's timeout_s (the call may or may not have taken effect)."""
+
+
 class Client:
-    """The API at base_url (e.g. http://127.0.0.1:8080) with one API key. Thread-safe."""
+    """The API at base_url (e.g. http://127.0.0.1:8080, or https://host/prefix) with one API
+    key. Thread-safe: threads share up to `connections` kept-alive connections (a thread
+    finding none idle opens one more, closed after its call)."""
 
     def __init__(self, base_url: str, api_key: str, timeout_s: float = 40.0,
-                 retries: int = 5, backoff_s: float = 0.2) -> None:
+                 retries: int = 5, backoff_s: float = 0.2, connections: int = 32) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
-        self._local = threading.local()
+        self._prefix = urlsplit(self.base_url).path
+        self._pool = urllib3.connection_from_url(
+            self.base_url, maxsize=connections, block=False,
+            timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s))
         self._headers = {"Authorization": f"Bearer {api_key}"}
+        self._json_headers = {**self._headers, "Content-Type": "application/json"}
 
-    def _session(self) -> requests.Session:
-        session: requests.Session | None = getattr(self._local, "session", None)
-        if session is None:
-            session = self._local.session = requests.Session()
-        return session
+    def close(self) -> None:
+        """Close the kept-alive connections (the next call opens new ones)."""
+        self._pool.close()
 
     def request(self, method: str, path: str, body: JSON | None = None,
                 idempotent: bool | None = None) -> Any:
         """One call; the JSON answer (None for 204). Retries as the module says."""
         idempotent = method in ("GET", "PUT", "DELETE") if idempotent is None else idempotent
+        data = None if body is None else json.dumps(body).encode()
+        headers = self._headers if data is None else self._json_headers
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                answer = self._session().request(method, self.base_url + path, json=body,
-                                                 headers=self._headers, timeout=self.timeout_s)
-            except requests.ConnectionError:
+                answer = self._pool.urlopen(method, self._prefix + path, body=data,
+                                            headers=headers, retries=False, redirect=False)
+            except (NewConnectionError, ConnectTimeoutError) as exc:  # never sent
+                if last:
+                    raise ApiUnreachable(f"{self.base_url}: {exc}") from exc
+            except NoAnswerInTime as exc:
+                raise ApiTimeout(f"{method} {path}: no answer within {self.timeout_s} s"
+                                 ) from exc
+            except HTTPError as exc:  # cut after sending, or a broken answer
                 if not idempotent or last:
-                    raise
-                time.sleep(self.backoff_s * 2 ** attempt)
-                continue
-            if answer.status_code in RETRIED_STATUSES and not last:
-                hint = answer.headers.get("Retry-After", "")
-                time.sleep(float(hint) if hint.isdigit() else self.backoff_s * 2 ** attempt)
-                continue
-            if answer.status_code >= 400:
-                try:
-                    problem = answer.json()
-                except ValueError:
-                    problem = {"detail": answer.text[:200]}
-                raise ApiError(answer.status_code, problem)
-            return answer.json() if answer.content else None
+                    raise ApiUnreachable(f"{method} {path}: {exc}") from exc
+            else:
+                if answer.status in RETRIED_STATUSES and not last:
+                    hint = answer.headers.get("Retry-After", "")
+                    time.sleep(float(hint) if hint.isdigit() else self.backoff_s * 2 ** attempt)
+                    continue
+                return _answer(answer)
+            time.sleep(self.backoff_s * 2 ** attempt)
         raise AssertionError("unreachable")
 
     # topics
@@ -209,6 +234,18 @@ class Client:
         self.request("DELETE", f"/v1/topics/{topic}/schedules/{name}")
 
 
+def _answer(answer: urllib3.BaseHTTPResponse) -> Any:
+    """The JSON of a 2xx answer (None when empty); ApiError for the others."""
+    if answer.status >= 400:
+        try:
+            problem = json.loads(answer.data)
+        except ValueError:
+            problem = {"detail": answer.data[:200].decode(errors="replace")}
+        raise ApiError(answer.status, problem if isinstance(problem, dict)
+                       else {"detail": str(problem)[:200]})
+    return json.loads(answer.data) if answer.data else None
+
+
 class Consumer:
     """Runs handler(message) for the messages of a pull topic on `concurrency` threads, each
     leasing up to `batch` at a time with long polls. A message is acked when its handler
@@ -245,7 +282,7 @@ class Consumer:
             try:
                 messages = self.client.lease(self.topic, self.batch, self.wait_ms,
                                              lease_seconds=self.lease_seconds)
-            except (ApiError, requests.RequestException) as exc:
+            except (ApiError, OSError) as exc:
                 log.warning("lease failed: %s", exc)
                 self._stop.wait(1.0)
                 continue
@@ -271,7 +308,7 @@ class Consumer:
         while not done.wait(self.lease_seconds / 2):
             try:
                 self.client.extend(self.topic, message, self.lease_seconds)
-            except (ApiError, requests.RequestException) as exc:
+            except (ApiError, OSError) as exc:
                 log.warning("extending %s failed: %s", message["id"], exc)
                 return
 
@@ -279,7 +316,7 @@ class Consumer:
     def _settle(call: Callable[[], None]) -> None:
         try:
             call()
-        except (ApiError, requests.RequestException) as exc:  # the lease will expire
+        except (ApiError, OSError) as exc:  # the lease will expire
             log.warning("ack/nack failed: %s", exc)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -14,7 +15,15 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from app.client import ApiError, Client, Consumer, SignatureCheck, verify_signature
+from app.client import (
+    ApiError,
+    ApiTimeout,
+    ApiUnreachable,
+    Client,
+    Consumer,
+    SignatureCheck,
+    verify_signature,
+)
 from app.config import Config
 from app.services import Services
 from tests.conftest import new_tenant_key
@@ -116,6 +125,61 @@ def test_429_and_503_are_retried_then_given_up() -> None:
         assert gave_up.value.status == 503 and _Flaky.answers == []
     finally:
         server.shutdown()
+
+
+class _Cutting(http.server.BaseHTTPRequestHandler):
+    """Reads each request, then closes the connection without an answer (or, with
+    `stall_s`, answers nothing for that long first)."""
+    seen: list[str] = []
+    stall_s = 0.0
+
+    def do_GET(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append(f"{self.command} {self.path}")
+        time.sleep(self.stall_s)
+        self.close_connection = True
+
+    def do_POST(self) -> None:
+        self.do_GET()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_no_answer_is_retried_only_where_a_repeat_is_harmless() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Cutting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/prefix"
+    try:
+        client = Client(url, "k", retries=2, backoff_s=0.01)
+        with pytest.raises(ApiUnreachable):
+            client.enqueue("t", 1)  # no id: a repeat could enqueue it twice
+        assert _Cutting.seen == ["POST /prefix/v1/topics/t/messages"]
+        _Cutting.seen.clear()
+        with pytest.raises(ApiUnreachable):
+            client.enqueue("t", 1, id="m1")
+        with pytest.raises(ApiUnreachable):
+            client.get("t", "m1")
+        assert _Cutting.seen == ["POST /prefix/v1/topics/t/messages"] * 3 + [
+            "GET /prefix/v1/topics/t/messages/m1"] * 3
+        _Cutting.seen.clear()
+        _Cutting.stall_s = 0.5
+        with pytest.raises(ApiTimeout):
+            Client(url, "k", timeout_s=0.2, retries=2).get("t", "m1")
+        assert len(_Cutting.seen) == 1  # the call may have taken effect: not repeated
+    finally:
+        _Cutting.stall_s = 0.0
+        server.shutdown()
+
+
+def test_an_api_not_there_is_unreachable_after_the_retries() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    began = time.monotonic()
+    with pytest.raises(ApiUnreachable):
+        Client(f"http://127.0.0.1:{port}", "k", retries=3, backoff_s=0.05).enqueue("t", 1)
+    assert time.monotonic() - began >= 0.05 + 0.1 + 0.2  # each retry after its backoff
 
 
 def test_a_real_push_verifies_and_a_tampered_one_does_not(api: Client, config: Config) -> None:

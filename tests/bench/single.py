@@ -12,7 +12,13 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
 5. the HTTP floor of the same run: requests that touch no Cassandra from PRODUCERS threads
    (`GET /healthz`; an authenticated enqueue answered 400 by validation) and one client's
    p50 of each. No one-message path can beat them, so a one-message rate above the floor's
-   share of the batch rate is out of reach on that machine whatever the store does.
+   share of the batch rate is out of reach on that machine whatever the store does;
+6. the client's own cost: `GET /healthz` through duetime's client and through requests.
+Every call goes through duetime's own client (app.client.Client, urllib3 keep-alive, no
+retries, so a 429 or 503 fails the run instead of hiding in it), the path the README shows
+Python producers and consumers. What the client itself costs is measured too (6.): one
+client's `GET /healthz` through it and through a `requests.Session`, p50 and client CPU per
+call, since on a small machine the client shares the cores with the API and Cassandra.
 Writes bench-results/single.json and prints a table. Usage:
 python -m tests.bench.single [N=2000]
 """
@@ -24,10 +30,12 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import requests
 
+from app.client import ApiError, Client
 from tests.bench.run import (
     OUT,
     URL,
@@ -53,100 +61,97 @@ def _summary(values: list[float]) -> dict[str, float]:
             "max": max(tenths, default=0) / 10}
 
 
-def idle_latency(headers: dict[str, str]) -> dict[str, dict[str, float]]:
+def client_of(headers: dict[str, str]) -> Client:
+    """duetime's client with the dev key, shared by the run's threads; no retries."""
+    return Client(URL, headers["Authorization"].split()[1], timeout_s=60, retries=0,
+                  connections=CONSUMERS)
+
+
+def idle_latency(api: Client, headers: dict[str, str]) -> dict[str, dict[str, float]]:
     """One client, one call at a time, on a topic created a moment ago."""
     topic = make_topic(headers)
-    session = requests.Session()
-    url = f"{URL}/v1/topics/{topic}"
     took: dict[str, list[float]] = {"enqueue": [], "lease": [], "ack": []}
     for n in range(IDLE_CALLS):
         began = time.perf_counter()
-        session.post(f"{url}/messages", headers=headers,
-                     json={"payload": {"n": n}}).raise_for_status()
+        api.enqueue(topic, {"n": n})
         took["enqueue"].append(time.perf_counter() - began)
     for _ in range(IDLE_CALLS):
         began = time.perf_counter()
-        answer = session.post(f"{url}/leases", headers=headers, json={"max": 1, "wait_ms": 1000})
+        leased = api.lease(topic, 1, 1000)
         took["lease"].append(time.perf_counter() - began)
-        leased = answer.json()["messages"]
         if not leased:
             continue
         began = time.perf_counter()
-        session.post(f"{url}/messages/{leased[0]['id']}/ack", headers=headers,
-                     json={"lease_token": leased[0]["lease"]["token"]}).raise_for_status()
+        api.ack(topic, leased[0])
         took["ack"].append(time.perf_counter() - began)
-    session.delete(url, headers=headers, timeout=60)
+    api.delete_topic(topic)
     return {name: _summary(values) for name, values in took.items()}
 
 
-def enqueue_singly(headers: dict[str, str], topic: str, count: int) -> float:
+def enqueue_singly(api: Client, topic: str, count: int) -> float:
     """msgs/s of count single-message enqueues from PRODUCERS threads."""
     def produce(mine: range) -> None:
-        session = requests.Session()
         for n in mine:
-            session.post(f"{URL}/v1/topics/{topic}/messages", headers=headers, timeout=60,
-                         json={"payload": {"n": n}}).raise_for_status()
+            api.enqueue(topic, {"n": n})
 
     return count / timed_threads([functools.partial(produce, range(k, count, PRODUCERS))
                                   for k in range(PRODUCERS)])
 
 
-def lease_singly(headers: dict[str, str], topic: str, count: int) -> float:
-    """msgs/s of lease `max: 1` + ack from CONSUMERS threads until count are acked."""
+def lease_singly(api: Client, topic: str, count: int) -> float:
+    """msgs/s of lease `max: 1` + ack from CONSUMERS threads until count are acked (an ack
+    refused because the lease was lost is not counted)."""
     acked = 0
     lock = threading.Lock()
 
     def work() -> None:
         nonlocal acked
-        session = requests.Session()
-        url = f"{URL}/v1/topics/{topic}"
         while True:
             with lock:
                 if acked >= count:
                     return
-            leased = session.post(f"{url}/leases", headers=headers, timeout=60,
-                                  json={"max": 1, "wait_ms": 1000}).json()["messages"]
-            for m in leased:
-                answer = session.post(f"{url}/messages/{m['id']}/ack", headers=headers,
-                                      timeout=60, json={"lease_token": m["lease"]["token"]})
-                if answer.status_code == 204:
-                    with lock:
-                        acked += 1
+            for message in api.lease(topic, 1, 1000):
+                try:
+                    api.ack(topic, message)
+                except ApiError as refused:
+                    if refused.status != 409:
+                        raise
+                    continue
+                with lock:
+                    acked += 1
 
     return count / timed_threads([work] * CONSUMERS)
 
 
-def _expect(status: int, answer: requests.Response) -> None:
-    """The floor measures what it says only while the API answers as expected."""
-    if answer.status_code != status:
-        raise RuntimeError(f"{answer.request.method} {answer.url}: {answer.status_code}, "
-                           f"not {status}")
-
-
-def http_floor(headers: dict[str, str], topic: str, count: int) -> dict[str, Any]:
+def http_floor(api: Client, topic: str, count: int) -> dict[str, Any]:
     """Requests/s from PRODUCERS threads, and one client's p50 (ms), of requests that touch
-    no Cassandra: `GET /healthz`, and an enqueue that validation refuses (400) after auth."""
-    def healthz(session: requests.Session) -> None:
-        _expect(200, session.get(f"{URL}/healthz", timeout=60))
+    no Cassandra: `GET /healthz`, and an enqueue that validation refuses (400) after auth.
+    Each call checks its answer: a floor that measured something else fails the run."""
+    def healthz() -> None:
+        if api.request("GET", "/healthz") != {"status": "ok"}:
+            raise RuntimeError("GET /healthz did not answer its status")
 
-    def refused_enqueue(session: requests.Session) -> None:
-        _expect(400, session.post(f"{URL}/v1/topics/{topic}/messages", headers=headers,
-                                  timeout=60, json={"payload": {}, "deliver_at": "never"}))
+    def refused_enqueue() -> None:
+        try:
+            api.enqueue(topic, {}, deliver_at="never")
+        except ApiError as refused:
+            if refused.status == 400:
+                return
+            raise
+        raise RuntimeError("an enqueue due 'never' was accepted")
 
     calls = {"healthz": healthz, "refused_enqueue": refused_enqueue}
     floor: dict[str, Any] = {}
     for name, call in calls.items():
-        session = requests.Session()
         took = []
         for _ in range(IDLE_CALLS):
             began = time.perf_counter()
-            call(session)
+            call()
             took.append(time.perf_counter() - began)
 
         def hammer(n: int, call: Any = call) -> None:
-            mine = requests.Session()
             for _ in range(n):
-                call(mine)
+                call()
 
         share = count // PRODUCERS
         floor[f"{name}_per_s"] = round(share * PRODUCERS / timed_threads(
@@ -155,19 +160,46 @@ def http_floor(headers: dict[str, str], topic: str, count: int) -> dict[str, Any
     return floor
 
 
+def client_cost(api: Client) -> dict[str, dict[str, float]]:
+    """One client's `GET /healthz`, one call at a time, through duetime's client and through a
+    requests.Session: latency p50 (ms) and the calling process's CPU per call (ms)."""
+    session = requests.Session()
+
+    def through_requests() -> None:
+        session.get(f"{URL}/healthz", timeout=60).raise_for_status()
+
+    def through_duetime() -> None:
+        api.request("GET", "/healthz")
+
+    cost: dict[str, dict[str, float]] = {}
+    calls: dict[str, Callable[[], None]] = {"duetime_client": through_duetime,
+                                            "requests": through_requests}
+    for name, call in calls.items():
+        took = []
+        cpu_began = time.process_time()
+        for _ in range(IDLE_CALLS):
+            began = time.perf_counter()
+            call()
+            took.append(time.perf_counter() - began)
+        cpu_ms = (time.process_time() - cpu_began) * 1000 / IDLE_CALLS
+        cost[name] = {"p50_ms": _summary(took)["p50"], "cpu_ms_per_call": round(cpu_ms, 2)}
+    return cost
+
+
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 2000
     headers = dev_headers()
-    idle = idle_latency(headers)
+    api = client_of(headers)
+    idle = idle_latency(api, headers)
     single_topic = make_topic(headers)
-    single_rate = enqueue_singly(headers, single_topic, count)
+    single_rate = enqueue_singly(api, single_topic, count)
     batch_topic = make_topic(headers)
     batch_rate, _ = enqueue(headers, batch_topic, count * 5, now_ms(), 0, PRODUCERS)
-    lease_one = lease_singly(headers, single_topic, count)
+    lease_one = lease_singly(api, single_topic, count)
     received, seconds = consume(headers, batch_topic, count * 5, CONSUMERS, 300)
     lease_batch = len(received) / seconds
     ceiling = raw_ceiling(5000)
-    floor = http_floor(headers, single_topic, count)
+    floor = http_floor(api, single_topic, count)
     result: dict[str, Any] = {
         "idle_one_client_ms": idle,
         "enqueue_one_per_request_msgs_per_s": round(single_rate, 1),
@@ -180,6 +212,7 @@ def main(argv: list[str]) -> int:
         "enqueue_one_vs_raw_insert": round(single_rate / ceiling["raw_insert_rows_per_s"], 3),
         "lease1_ack_vs_raw_lwt_pairs": round(lease_one / (ceiling["raw_lwt_per_s"] / 2), 3),
         "http_floor": floor,
+        "client_cost_healthz": client_cost(api),
         # the most a one-message path could reach here: one request that does nothing per
         # enqueue, two (lease and ack) per leased message
         "floor_vs_enqueue_batches": round(floor["refused_enqueue_per_s"] / batch_rate, 3),
@@ -189,7 +222,7 @@ def main(argv: list[str]) -> int:
     for name, value in result.items():
         print(f"{name:36} {json.dumps(value) if isinstance(value, dict) else value}")
     for topic in (single_topic, batch_topic):
-        requests.delete(f"{URL}/v1/topics/{topic}", headers=headers, timeout=60)
+        api.delete_topic(topic)
     return 0
 
 
