@@ -10,7 +10,10 @@ A pass leases from it first and reads the timeline only when it could not fill i
 from it, so a call answered with fewer messages than it wanted has had a fresh read. Every
 take is a conditional write on the row's version (app.leasing.take): a kept message that was
 cancelled, moved or leased by another process meanwhile loses that write and is never handed
-out. What the list cannot know is a message that came due after the read: it waits for the
+out; and the processes of one host, which take turns per topic (app.host_locks) and so keep
+the same messages, tell each other what they took (app.taken_log): a pass first drops from
+its list what the others took since its last one. What the list cannot know is a message
+that came due after the read: it waits for the
 next read, at most KEEP_MS later. So this process drops a topic's list when it writes a
 pointer due before the list could expire (an enqueue, a nack, a lease given back), and a
 message of higher priority put on the timeline by another process may be handed out up to
@@ -25,6 +28,7 @@ import uuid
 from collections.abc import Callable
 
 from app.scan import Due
+from app.taken_log import TakenLog
 
 KEEP_MS = 200
 MAX_KEPT = 1000  # per topic: a pass never finds more than it can lease in a few rounds
@@ -45,9 +49,11 @@ class Found:
 class FoundDue:
     """Thread-safe; one per process. Times are epoch ms of the process clock."""
 
-    def __init__(self, clock: Callable[[], int], keep_ms: int = KEEP_MS) -> None:
+    def __init__(self, clock: Callable[[], int], keep_ms: int = KEEP_MS,
+                 shared: TakenLog | None = None) -> None:
         self.clock = clock
         self.keep_ms = keep_ms
+        self.shared = shared
         self._kept: dict[uuid.UUID, Found] = {}
         self._placements = 0  # pointer writes heard of, of any topic
         self._last_placed: dict[uuid.UUID, int] = {}  # topic: its latest such write
@@ -81,6 +87,29 @@ class FoundDue:
         if found is None or self.clock() - found.read_at_ms >= self.keep_ms:
             return None
         return found
+
+    def catch_up(self, topic_uid: uuid.UUID) -> None:
+        """At the start of a pass, under the topic's host lock: what this host's other
+        processes took since this one's last pass leaves the topic's list (all of it, when
+        that is not known)."""
+        if self.shared is None:
+            return
+        elsewhere = self.shared.taken_elsewhere(topic_uid)
+        with self._lock:
+            found = self._kept.get(topic_uid)
+            if found is None:
+                return
+            if elsewhere is None:
+                del self._kept[topic_uid]
+            elif elsewhere:
+                self._kept[topic_uid] = dataclasses.replace(
+                    found, due=[d for d in found.due if d.row.id not in elsewhere])
+
+    def took(self, topic_uid: uuid.UUID, message_ids: list[str]) -> None:
+        """At the end of a pass, under the topic's host lock: tell this host's other
+        processes what it leased."""
+        if self.shared is not None:
+            self.shared.record(topic_uid, message_ids)
 
     def placed(self, topic_uid: uuid.UUID, earliest_due_ms: int) -> None:
         """Pointers of the topic were written, the earliest due at earliest_due_ms: when that

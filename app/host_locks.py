@@ -4,7 +4,9 @@ Lease passes of different processes over the same topic read the same due messag
 for them: with two API workers a third of the lease attempts lost to the other worker, and each
 loss had already cost a state read, a lease pointer write and a conditional batch retried
 without it. Taking turns per topic removed that waste and lowered lease latency
-(docs/design.md, "Pull leases").
+(docs/design.md, "Pull leases"). What each process keeps of a read for its next passes
+(app.found_due) is the same in every process, so they also tell each other what they took
+(app.taken_log, a file beside the lock).
 
 The lock is flock(2) on one file per topic in a directory of this host (one per OS user):
 the kernel releases it when its holder dies, so a killed worker never leaves a topic locked.

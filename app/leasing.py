@@ -90,6 +90,7 @@ def _pass(services: Services, topic: Topic,
     steps of at least CURSOR_STEP_MS. Returns each call's share."""
     now = services.clock()
     run = _Run(waiters, now)
+    services.found_due.catch_up(topic.uid)
     _hand_held(services, topic, waiters, run.shares, now)
     handed = [len(share) for share in run.shares]  # held ones, observed as they were handed
     run.counted = list(handed)  # leased, with or without a payload
@@ -103,6 +104,7 @@ def _pass(services: Services, topic: Topic,
     if run.wanted() > 0:
         _read_and_take(services, topic, run)
     services.held.hold(topic, run.held)
+    services.found_due.took(topic.uid, run.taken)
     services.lag.observe(topic.uid, "pull", [now - m.due_ms for share, first
                                   in zip(run.shares, handed, strict=True) for m in share[first:]])
     return run.shares
@@ -124,6 +126,7 @@ class _Run:
     shares: list[list[Leased]] = dataclasses.field(init=False)
     counted: list[int] = dataclasses.field(init=False)
     held: list[HeldLease] = dataclasses.field(default_factory=list)
+    taken: list[str] = dataclasses.field(default_factory=list)  # ids of the takes that applied
 
     def __post_init__(self) -> None:
         self.shares = [[] for _ in self.waiters]
@@ -184,6 +187,7 @@ def _take_rounds(services: Services, topic: Topic, run: _Run, order: list[Due], 
         holds = [waiters[owner if owner >= 0 else patient[0]].terms for owner in owners]
         for row, payload in take_with_payloads(services, topic, chunk, run.now, holds,
                                                ahead_ms=ahead_ms):
+            run.taken.append(row.id)
             owner = owner_of[row.id]
             if owner >= 0:
                 run.counted[owner] += 1

@@ -35,6 +35,7 @@ from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
+from app.taken_log import TakenLog
 from app.topic_cache import TopicCache
 from app.wakeups import Waker
 
@@ -75,7 +76,8 @@ class Services:
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)
-        self.found_due = FoundDue(clock)
+        host_locks = HostLocks()
+        self.found_due = FoundDue(clock, shared=TakenLog(host_locks.directory))
         self.placer = PointerPlacer(self.timeline, config, self.waker.wake,
                                     self.found_due.placed)
         self.scanner = DueScanner(self.timeline, self.messages, config)
@@ -84,7 +86,7 @@ class Services:
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
         self.held = HeldLeases(clock, self._give_back)
-        self.poll_groups: PollGroups[Any] = PollGroups(host_lock=HostLocks().hold,
+        self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
                                                        wake_at=self._hand_out_at)
 
     def _give_back(self, topic: Topic, items: list[HeldLease]) -> None:

@@ -1,17 +1,21 @@
-"""app.found_due on its own (no Cassandra): what is kept, for how long, and what drops it.
+"""app.found_due on its own (no Cassandra): what is kept, for how long, and what drops it,
+with what another process of the host took (app.taken_log, files in a temporary directory).
 Its use by lease passes is tested against the real node in tests/test_leasing.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from pathlib import Path
 
 import pytest
 
-from app import found_due
+from app import found_due, taken_log
 from app.fairness import fair_order, known_turns_end
 from app.found_due import Found, FoundDue
 from app.models import MessageState, Pointer
 from app.scan import Due
+from app.taken_log import TakenLog
 
 TOPIC = uuid.uuid4()
 
@@ -110,3 +114,62 @@ def test_lists_no_call_came_back_for_are_dropped_oldest_first_past_max_lists(
         found.keep(topic, Found(clock.ms, found.mark(), [_due("a", clock.ms)]))
     assert found.take(topics[0]) is None
     assert all(found.take(topic) is not None for topic in topics[1:])
+
+
+def test_what_another_process_of_the_host_took_leaves_the_list(tmp_path: Path) -> None:
+    clock = Clock()
+    mine = FoundDue(clock, keep_ms=200, shared=TakenLog(tmp_path))
+    other = FoundDue(clock, keep_ms=200, shared=TakenLog(tmp_path))
+    due = [_due(f"m{n}", clock.ms - 10 + n) for n in range(5)]
+    for process in (mine, other):  # each pass: catch up, read, keep, record its takes
+        process.catch_up(TOPIC)
+        process.keep(TOPIC, Found(clock.ms, process.mark(), due))
+        process.took(TOPIC, [])
+    other.catch_up(TOPIC)
+    taken = other.take(TOPIC)
+    assert taken is not None and taken.due[0].row.id == "m0"
+    other.keep(TOPIC, dataclasses.replace(taken, due=taken.due[2:]))
+    other.took(TOPIC, ["m0", "m1"])
+    mine.catch_up(TOPIC)
+    left = mine.take(TOPIC)
+    assert left is not None and [d.row.id for d in left.due] == ["m2", "m3", "m4"]
+    mine.took(TOPIC, ["m2"])
+    other.catch_up(TOPIC)  # its own takes are not news to it; the other's are
+    left = other.take(TOPIC)
+    assert left is not None and [d.row.id for d in left.due] == ["m3", "m4"]
+
+
+def test_a_log_started_over_or_never_read_drops_the_list(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(taken_log, "MAX_BYTES", taken_log.HEADER_BYTES + 40)
+    clock = Clock()
+    shared = TakenLog(tmp_path)
+    mine, other = FoundDue(clock, shared=shared), FoundDue(clock, shared=TakenLog(tmp_path))
+    due = [_due(f"m{n}", clock.ms) for n in range(3)]
+    mine.keep(TOPIC, Found(clock.ms, mine.mark(), due))
+    mine.catch_up(TOPIC)  # never read: what others took is unknown
+    assert mine.take(TOPIC) is None
+    mine.keep(TOPIC, Found(clock.ms, mine.mark(), due))
+    mine.took(TOPIC, [])
+    other.catch_up(TOPIC)
+    other.took(TOPIC, [f"id-{n:02d}" for n in range(6)])  # 36 bytes: fits
+    mine.catch_up(TOPIC)
+    assert mine.take(TOPIC) is not None  # nothing of its list among them
+    mine.keep(TOPIC, Found(clock.ms, mine.mark(), due))
+    mine.took(TOPIC, [])
+    other.catch_up(TOPIC)
+    other.took(TOPIC, ["m0", "m1"])  # past MAX_BYTES: the file starts over
+    assert (tmp_path / f"{TOPIC}.taken").read_bytes() == b"%015d\nm0\nm1\n" % 1
+    mine.catch_up(TOPIC)
+    assert mine.take(TOPIC) is None  # what came before the new start is lost to it
+
+
+def test_an_unusable_directory_only_stops_the_sharing(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    clock = Clock()
+    process = FoundDue(clock, shared=TakenLog(tmp_path / "file" / "below"))
+    process.keep(TOPIC, Found(clock.ms, process.mark(), [_due("a", clock.ms)]))
+    process.took(TOPIC, ["x"])
+    process.catch_up(TOPIC)
+    kept = process.take(TOPIC)  # kept as by a process alone: the conditional write decides
+    assert kept is not None and [d.row.id for d in kept.due] == ["a"]

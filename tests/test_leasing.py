@@ -13,7 +13,7 @@ from typing import Any
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app
+from app import create_app, metrics
 from app.config import Config
 from app.ids import home_of
 from app.models import Pointer
@@ -406,6 +406,33 @@ def test_one_message_calls_lease_what_the_first_pass_found_without_reading_again
     assert [topic.lease(1)[0]["id"] for _ in range(7)] == ids[1:]
     assert services.scanner.pointers_read == read  # each came from the first pass's list
     assert topic.lease(1) == []
+
+
+def test_two_processes_of_a_host_do_not_race_for_what_the_other_just_took(
+        app: Flask, config: Config, auth: dict[str, str]) -> None:
+    """Two apps stand for two API workers of one host: both keep what their first reads
+    found, and each pass leaves out what the other took (app.taken_log), so taking turns
+    one message at a time loses no conditional write."""
+    second = create_app(config)
+    try:
+        mine, theirs = _keeping_found_due(app), _keeping_found_due(second)
+        topic = TopicClient(app.test_client(), auth)
+        other = TopicClient(second.test_client(), auth, name=topic.name)
+        start = now_ms() - 10_000
+        ids = [r["id"] for r in topic.batch([{"deliver_at": format_ms(start + n * 100)}
+                                             for n in range(8)])]
+        lost = metrics.CONDITIONAL_NOT_APPLIED.labels("message_states")
+        lost_before = lost._value.get()
+        leased = [topic.lease(1)[0]["id"], other.lease(1)[0]["id"]]  # a read each
+        read = mine.scanner.pointers_read + theirs.scanner.pointers_read
+        for _ in range(3):
+            leased += [topic.lease(1)[0]["id"], other.lease(1)[0]["id"]]
+        assert leased == ids
+        assert mine.scanner.pointers_read + theirs.scanner.pointers_read == read  # kept lists
+        assert lost._value.get() == lost_before
+        assert topic.lease(1) == [] and other.lease(1) == []
+    finally:
+        second.extensions["duetime"].close()
 
 
 def test_a_kept_message_cancelled_meanwhile_is_never_handed_out(

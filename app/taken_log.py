@@ -1,0 +1,115 @@
+"""What the lease passes of this host's processes took from a topic, shared through a small
+file per topic beside the host lock (app.host_locks), so that what one process keeps
+(app.found_due) loses what another took before it tries to take it.
+
+Why: a pass keeps the due messages its timeline read found and left, and the processes of
+one host take turns per topic, so with two API workers both keep the same messages. Each
+turn then began by losing a conditional write on the message the other process had just
+taken: about 0.8 lost writes per message leased one at a time by 2 consumers (`make up`'s
+two workers), each a Paxos round for nothing and a round trip more for the call.
+
+The file is a header line (the generation, `%015d`) then one taken id a line. Every call
+must be made under the topic's host lock, which is what orders the processes' reads and
+appends. A process remembers, per topic, the generation and how far it has read. Past
+MAX_BYTES the file is started over with the next generation, and a process that finds
+another generation than its own cannot know what it missed: it is told so (None), and drops
+what it kept. Nothing depends on the file for correctness (the conditional write decides,
+as between hosts), so when it cannot be used the waste comes back, with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Hashable, Iterable
+from pathlib import Path
+
+log = logging.getLogger("duetime.taken_log")
+
+MAX_BYTES = 64 * 1024  # about 2,000 ids; a kept list lives 200 ms
+HEADER_BYTES = 16  # b"%015d\n"
+MAX_TOPICS = 10_000  # topics whose read position is remembered
+
+
+class TakenLog:
+    """Thread-safe; one per process. Calls on one topic must hold its host lock."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._read: dict[Hashable, tuple[int, int]] = {}  # topic: (generation, read up to)
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def taken_elsewhere(self, key: Hashable) -> set[str] | None:
+        """The ids other processes recorded for the topic since this one last read or
+        recorded; None when that is not known (never read, or started over since). When
+        the file cannot be used, none: each process then keeps its list as if alone."""
+        try:
+            fd = self._open(key)
+        except (OSError, ValueError) as exc:
+            self._warn(exc)
+            return set()
+        try:
+            generation, size = self._generation(fd), os.fstat(fd).st_size
+            with self._lock:
+                seen = self._read.get(key)
+            if seen is None or seen[0] != generation or seen[1] > size:
+                self._remember(key, generation, size)
+                return None
+            new = os.pread(fd, size - seen[1], seen[1]) if size > seen[1] else b""
+            self._remember(key, generation, size)
+            return set(new.decode().split())
+        except (OSError, ValueError) as exc:
+            self._warn(exc)
+            return set()
+        finally:
+            os.close(fd)
+
+    def record(self, key: Hashable, ids: Iterable[str]) -> None:
+        """Append the ids this process took, and count the file as read to its end (call
+        taken_elsewhere first: what others appended before is skipped)."""
+        lines = "".join(f"{message_id}\n" for message_id in ids).encode()
+        try:
+            fd = self._open(key)
+        except (OSError, ValueError) as exc:
+            self._warn(exc)
+            return
+        try:
+            generation, size = self._generation(fd), os.fstat(fd).st_size
+            if size + len(lines) > MAX_BYTES:
+                generation, size = generation + 1, HEADER_BYTES
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, b"%015d\n" % generation, 0)
+            if lines:
+                os.pwrite(fd, lines, size)
+            self._remember(key, generation, size + len(lines))
+        except (OSError, ValueError) as exc:
+            self._warn(exc)
+        finally:
+            os.close(fd)
+
+    def _open(self, key: Hashable) -> int:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / f"{key}.taken", os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(fd).st_size < HEADER_BYTES:
+            os.pwrite(fd, b"%015d\n" % 0, 0)
+        return fd
+
+    @staticmethod
+    def _generation(fd: int) -> int:
+        """The header's number (ValueError when it is not one)."""
+        return int(os.pread(fd, HEADER_BYTES, 0))
+
+    def _remember(self, key: Hashable, generation: int, offset: int) -> None:
+        with self._lock:
+            self._read.pop(key, None)  # so the dict's order is the order of use
+            self._read[key] = (generation, offset)
+            while len(self._read) > MAX_TOPICS:
+                del self._read[next(iter(self._read))]
+
+    def _warn(self, exc: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("kept lease lists are not shared between this host's processes: %s",
+                        exc)
