@@ -91,9 +91,11 @@ class FoundDue:
     def catch_up(self, topic_uid: uuid.UUID) -> None:
         """At the start of a pass, under the topic's host lock: what this host's other
         processes took since this one's last pass leaves the topic's list (all of it, when
-        that is not known)."""
-        if self.shared is None:
-            return
+        that is not known). With no list kept there is nothing to read: a list this pass
+        keeps comes from its own read, which saw every take before it."""
+        with self._lock:
+            if self.shared is None or topic_uid not in self._kept:
+                return
         elsewhere = self.shared.taken_elsewhere(topic_uid)
         with self._lock:
             found = self._kept.get(topic_uid)
@@ -107,9 +109,14 @@ class FoundDue:
 
     def took(self, topic_uid: uuid.UUID, message_ids: list[str]) -> None:
         """At the end of a pass, under the topic's host lock: tell this host's other
-        processes what it leased."""
-        if self.shared is not None:
+        processes what it leased. A pass that leased nothing (an idle long poll's) touches
+        no file once this process follows the topic's."""
+        if self.shared is None:
+            return
+        if message_ids:
             self.shared.record(topic_uid, message_ids)
+        else:
+            self.shared.follow(topic_uid)
 
     def placed(self, topic_uid: uuid.UUID, earliest_due_ms: int) -> None:
         """Pointers of the topic were written, the earliest due at earliest_due_ms: when that

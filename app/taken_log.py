@@ -10,11 +10,16 @@ two workers), each a Paxos round for nothing and a round trip more for the call.
 
 The file is a header line (the generation, `%015d`) then one taken id a line. Every call
 must be made under the topic's host lock, which is what orders the processes' reads and
-appends. A process remembers, per topic, the generation and how far it has read. Past
-MAX_BYTES the file is started over with the next generation, and a process that finds
-another generation than its own cannot know what it missed: it is told so (None), and drops
-what it kept. Nothing depends on the file for correctness (the conditional write decides,
-as between hosts), so when it cannot be used the waste comes back, with one warning.
+appends. A process remembers, per topic, the generation and how far it has read. A write
+starts the file over, with the next generation, when it was last written more than QUIET_S
+ago or would pass MAX_BYTES. A process that finds another generation than its own cannot
+know what it missed: it is told so (None), and drops what it kept, which costs its next
+pass a timeline read (after a quiet start-over, only a process that read since the last
+write and took nothing can still hold a list: a list lives 200 ms). So a topic's file
+holds at most MAX_BYTES, and one leased from now and then a few lines. Nothing depends on
+the file for correctness (the conditional write decides, as between hosts), so when it
+cannot be used the waste comes back, with one warning. A pass that leases nothing (an idle
+long poll) reads and writes no file once its process follows the topic's.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Hashable, Iterable
 from pathlib import Path
 
 log = logging.getLogger("duetime.taken_log")
 
-MAX_BYTES = 64 * 1024  # about 2,000 ids; a kept list lives 200 ms
+MAX_BYTES = 16 * 1024  # about 500 server-made ids
+QUIET_S = 1.0  # longer than a kept list lives (app.found_due.KEEP_MS)
 HEADER_BYTES = 16  # b"%015d\n"
 MAX_TOPICS = 10_000  # topics whose read position is remembered
 
@@ -66,6 +73,24 @@ class TakenLog:
         finally:
             os.close(fd)
 
+    def follow(self, key: Hashable) -> None:
+        """Start following the topic's file from its end, unless this process already does
+        (a position behind the end only makes the next read longer)."""
+        with self._lock:
+            if key in self._read:
+                return
+        try:
+            fd = self._open(key)
+        except (OSError, ValueError) as exc:
+            self._warn(exc)
+            return
+        try:
+            self._remember(key, self._generation(fd), os.fstat(fd).st_size)
+        except (OSError, ValueError) as exc:
+            self._warn(exc)
+        finally:
+            os.close(fd)
+
     def record(self, key: Hashable, ids: Iterable[str]) -> None:
         """Append the ids this process took, and count the file as read to its end (call
         taken_elsewhere first: what others appended before is skipped)."""
@@ -76,8 +101,10 @@ class TakenLog:
             self._warn(exc)
             return
         try:
-            generation, size = self._generation(fd), os.fstat(fd).st_size
-            if size + len(lines) > MAX_BYTES:
+            generation, stat = self._generation(fd), os.fstat(fd)
+            size = stat.st_size
+            if (size + len(lines) > MAX_BYTES
+                    or (size > HEADER_BYTES and time.time() - stat.st_mtime > QUIET_S)):
                 generation, size = generation + 1, HEADER_BYTES
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, b"%015d\n" % generation, 0)

@@ -173,3 +173,15 @@ def test_an_unusable_directory_only_stops_the_sharing(tmp_path: Path) -> None:
     process.catch_up(TOPIC)
     kept = process.take(TOPIC)  # kept as by a process alone: the conditional write decides
     assert kept is not None and [d.row.id for d in kept.due] == ["a"]
+
+
+def test_a_quiet_log_starts_over_small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = TakenLog(tmp_path)
+    shared.record(TOPIC, [f"id-{n}" for n in range(100)])
+    path = tmp_path / f"{TOPIC}.taken"
+    assert path.stat().st_size > 500
+    shared.record(TOPIC, ["soon"])  # written a moment ago: appended
+    assert path.read_bytes().endswith(b"id-99\nsoon\n")
+    monkeypatch.setattr(taken_log, "QUIET_S", 0.0)
+    shared.record(TOPIC, ["later"])
+    assert path.read_bytes() == b"%015d\nlater\n" % 1
