@@ -28,10 +28,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger("duetime.taken_log")
+Result = TypeVar("Result")
 
 MAX_BYTES = 16 * 1024  # about 500 server-made ids
 QUIET_S = 1.0  # longer than a kept list lives (app.found_due.KEEP_MS)
@@ -52,26 +54,18 @@ class TakenLog:
         """The ids other processes recorded for the topic since this one last read or
         recorded; None when that is not known (never read, or started over since). When
         the file cannot be used, none: each process then keeps its list as if alone."""
-        try:
-            fd = self._open(key)
-        except (OSError, ValueError) as exc:
-            self._warn(exc)
-            return set()
-        try:
+        def read(fd: int) -> set[str] | None:
             generation, size = self._generation(fd), os.fstat(fd).st_size
             with self._lock:
                 seen = self._read.get(key)
+            self._remember(key, generation, size)
             if seen is None or seen[0] != generation or seen[1] > size:
-                self._remember(key, generation, size)
                 return None
             new = os.pread(fd, size - seen[1], seen[1]) if size > seen[1] else b""
-            self._remember(key, generation, size)
             return set(new.decode().split())
-        except (OSError, ValueError) as exc:
-            self._warn(exc)
-            return set()
-        finally:
-            os.close(fd)
+
+        nothing: set[str] | None = set()
+        return self._with_file(key, read, nothing)
 
     def follow(self, key: Hashable) -> None:
         """Start following the topic's file from its end, unless this process already does
@@ -79,28 +73,15 @@ class TakenLog:
         with self._lock:
             if key in self._read:
                 return
-        try:
-            fd = self._open(key)
-        except (OSError, ValueError) as exc:
-            self._warn(exc)
-            return
-        try:
-            self._remember(key, self._generation(fd), os.fstat(fd).st_size)
-        except (OSError, ValueError) as exc:
-            self._warn(exc)
-        finally:
-            os.close(fd)
+        self._with_file(key, lambda fd: self._remember(
+            key, self._generation(fd), os.fstat(fd).st_size), None)
 
     def record(self, key: Hashable, ids: Iterable[str]) -> None:
         """Append the ids this process took, and count the file as read to its end (call
         taken_elsewhere first: what others appended before is skipped)."""
         lines = "".join(f"{message_id}\n" for message_id in ids).encode()
-        try:
-            fd = self._open(key)
-        except (OSError, ValueError) as exc:
-            self._warn(exc)
-            return
-        try:
+
+        def append(fd: int) -> None:
             generation, stat = self._generation(fd), os.fstat(fd)
             size = stat.st_size
             if (size + len(lines) > MAX_BYTES
@@ -111,17 +92,26 @@ class TakenLog:
             if lines:
                 os.pwrite(fd, lines, size)
             self._remember(key, generation, size + len(lines))
+
+        self._with_file(key, append, None)
+
+    def _with_file(self, key: Hashable, work: Callable[[int], Result],
+                   failed: Result) -> Result:
+        """work(descriptor of the topic's file, with its header); `failed` when the file
+        cannot be opened or used (warned once)."""
+        fd = -1
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.directory / f"{key}.taken", os.O_RDWR | os.O_CREAT, 0o600)
+            if os.fstat(fd).st_size < HEADER_BYTES:
+                os.pwrite(fd, b"%015d\n" % 0, 0)
+            return work(fd)
         except (OSError, ValueError) as exc:
             self._warn(exc)
+            return failed
         finally:
-            os.close(fd)
-
-    def _open(self, key: Hashable) -> int:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / f"{key}.taken", os.O_RDWR | os.O_CREAT, 0o600)
-        if os.fstat(fd).st_size < HEADER_BYTES:
-            os.pwrite(fd, b"%015d\n" % 0, 0)
-        return fd
+            if fd >= 0:
+                os.close(fd)
 
     @staticmethod
     def _generation(fd: int) -> int:
