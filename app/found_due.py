@@ -13,11 +13,10 @@ cancelled, moved or leased by another process meanwhile loses that write and is 
 out; and the processes of one host, which take turns per topic (app.host_locks) and so keep
 the same messages, tell each other what they took (app.taken_log): a pass first drops from
 its list what the others took since its last one. What the list cannot know is a message
-that came due after the read: it waits for the
-next read, at most KEEP_MS later. So this process drops a topic's list when it writes a
-pointer due before the list could expire (an enqueue, a nack, a lease given back), and a
-message of higher priority put on the timeline by another process may be handed out up to
-KEEP_MS after kept messages of lower priority.
+that came due after the read: it waits for the next read, at most KEEP_MS later. So this
+process drops a topic's list when it writes a pointer due before the list could expire (an
+enqueue, a nack, a lease given back), and a message of higher priority put on the timeline
+by another process may be handed out up to KEEP_MS after kept messages of lower priority.
 """
 
 from __future__ import annotations
