@@ -123,6 +123,16 @@ def lease_singly(api: Client, topic: str, count: int) -> float:
     return count / timed_threads([work] * CONSUMERS)
 
 
+def _one_at_a_time(call: Callable[[], None]) -> list[float]:
+    """Seconds each of IDLE_CALLS calls took, made one after another."""
+    took = []
+    for _ in range(IDLE_CALLS):
+        began = time.perf_counter()
+        call()
+        took.append(time.perf_counter() - began)
+    return took
+
+
 def http_floor(api: Client, topic: str, count: int) -> dict[str, Any]:
     """Requests/s from PRODUCERS threads, and one client's p50 (ms), of requests that touch
     no Cassandra: `GET /healthz`, and an enqueue that validation refuses (400) after auth.
@@ -143,11 +153,7 @@ def http_floor(api: Client, topic: str, count: int) -> dict[str, Any]:
     calls = {"healthz": healthz, "refused_enqueue": refused_enqueue}
     floor: dict[str, Any] = {}
     for name, call in calls.items():
-        took = []
-        for _ in range(IDLE_CALLS):
-            began = time.perf_counter()
-            call()
-            took.append(time.perf_counter() - began)
+        took = _one_at_a_time(call)
 
         def hammer(n: int, call: Any = call) -> None:
             for _ in range(n):
@@ -175,12 +181,8 @@ def client_cost(api: Client) -> dict[str, dict[str, float]]:
     calls: dict[str, Callable[[], None]] = {"duetime_client": through_duetime,
                                             "requests": through_requests}
     for name, call in calls.items():
-        took = []
         cpu_began = time.process_time()
-        for _ in range(IDLE_CALLS):
-            began = time.perf_counter()
-            call()
-            took.append(time.perf_counter() - began)
+        took = _one_at_a_time(call)
         cpu_ms = (time.process_time() - cpu_began) * 1000 / IDLE_CALLS
         cost[name] = {"p50_ms": _summary(took)["p50"], "cpu_ms_per_call": round(cpu_ms, 2)}
     return cost
