@@ -35,23 +35,30 @@ def parse_instant(value: object) -> int:
     return to_ms(parsed)
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
+_MS = dt.timedelta(milliseconds=1)
+
+
 def to_ms(moment: dt.datetime) -> int:
-    delta = moment - dt.datetime(1970, 1, 1, tzinfo=UTC)
-    return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+    """An aware datetime → epoch ms (floored)."""
+    return (moment - _EPOCH) // _MS
 
 
 def from_ms(epoch_ms: int) -> dt.datetime:
-    return dt.datetime(1970, 1, 1, tzinfo=UTC) + dt.timedelta(milliseconds=epoch_ms)
+    """Epoch ms → an aware UTC datetime. (Timestamps go to the driver as epoch ms ints: it
+    writes an int as the timestamp's milliseconds, with no datetime made.)"""
+    return _EPOCH + epoch_ms * _MS
 
 
 def cql_ms(value: dt.datetime) -> int:
     """A timestamp as the driver returns it (naive, UTC) → epoch ms."""
-    return to_ms(value.replace(tzinfo=UTC) if value.tzinfo is None else value)
+    return (value - _EPOCH_NAIVE) // _MS if value.tzinfo is None else to_ms(value)
 
 
 def format_ms(epoch_ms: int) -> str:
     """Epoch ms → RFC 3339 UTC with millisecond precision, e.g. 2026-12-01T09:00:00.250Z."""
-    return from_ms(epoch_ms).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return (_EPOCH_NAIVE + epoch_ms * _MS).isoformat(timespec="milliseconds") + "Z"
 
 
 def zone(name: str) -> ZoneInfo:

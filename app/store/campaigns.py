@@ -20,7 +20,7 @@ from typing import Any
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
 from app.timeline import CAMPAIGN_SPREAD
-from app.timeparse import cql_ms, from_ms
+from app.timeparse import cql_ms
 
 # Bounds cells are written USING TIMESTAMP = ms (latest wins) or BOUNDS_BASE - ms (earliest
 # wins); epoch ms stay below 2^43 until the year 2248.
@@ -82,7 +82,7 @@ class CampaignStore:
         rows = self.db.execute(
             "INSERT INTO {ks}.campaigns (topic_uid, campaign, created_at, bounds_gen, "
             "controls_version, updated_at) VALUES (?, ?, ?, 0, 0, ?) IF NOT EXISTS",
-            (topic_uid, name, from_ms(now_ms), from_ms(now_ms)))
+            (topic_uid, name, now_ms, now_ms))
         if rows[0]["[applied]"]:
             return Campaign(name, now_ms, updated_at_ms=now_ms)
         return _campaign({c: rows[0].get(c) for c in _COLUMNS})
@@ -94,7 +94,7 @@ class CampaignStore:
         rows = self.db.execute(
             "UPDATE {ks}.campaigns SET paused = ?, max_per_second = ?, controls_version = ?, "
             "updated_at = ? WHERE topic_uid = ? AND campaign = ? IF controls_version = ?",
-            (paused, max_per_second, seen.controls_version + 1, from_ms(now_ms), topic_uid,
+            (paused, max_per_second, seen.controls_version + 1, now_ms, topic_uid,
              seen.name, seen.controls_version))
         return bool(rows[0]["[applied]"])
 
@@ -107,7 +107,7 @@ class CampaignStore:
         rows = self.db.execute(
             f"UPDATE {{ks}}.campaigns SET op_id = ?, op_kind = ?, updated_at = ?{cancelled} "
             "WHERE topic_uid = ? AND campaign = ? IF op_id = null",
-            (op_id, kind, from_ms(now_ms), topic_uid, name))
+            (op_id, kind, now_ms, topic_uid, name))
         if rows[0]["[applied]"]:
             return None
         return self.get(topic_uid, name)
@@ -116,7 +116,7 @@ class CampaignStore:
                bounds_gen: int | None, now_ms: int) -> bool:
         """Clear the running operation op_id (making bounds_gen current, given one)."""
         gen = "" if bounds_gen is None else ", bounds_gen = ?"
-        params: tuple[Any, ...] = (from_ms(now_ms),) + (() if bounds_gen is None
+        params: tuple[Any, ...] = (now_ms,) + (() if bounds_gen is None
                                                          else (bounds_gen,))
         rows = self.db.execute(
             f"UPDATE {{ks}}.campaigns SET op_id = null, op_kind = null, updated_at = ?{gen} "
@@ -126,8 +126,8 @@ class CampaignStore:
 
     def widen(self, topic_uid: uuid.UUID, spans: Mapping[tuple[str, int], Span]) -> None:
         """Widen the bounds of (campaign, generation)s to cover these spans."""
-        batches = [[(_FIRST, (BOUNDS_BASE - first, from_ms(first), topic_uid, name, gen)),
-                    (_LAST, (last, from_ms(last), topic_uid, name, gen))]
+        batches = [[(_FIRST, (BOUNDS_BASE - first, first, topic_uid, name, gen)),
+                    (_LAST, (last, last, topic_uid, name, gen))]
                    for (name, gen), (first, last) in spans.items()]
         for ok, result in self.db.run_batches(batches):
             if not ok:

@@ -4,7 +4,6 @@ releaser with its measurement, read by every process to compare its clock with t
 from __future__ import annotations
 
 from app.store.session import CassandraSession
-from app.timeparse import from_ms
 
 PART = 0  # every releaser of every ring: a handful of rows
 TTL_S = 60
@@ -18,7 +17,7 @@ class ClockStore:
         """This releaser's clock minus Cassandra's (ms), measured at now_ms; kept TTL_S."""
         self.db.execute(
             "INSERT INTO {ks}.process_clocks (part, member, skew_ms, measured_at) "
-            "VALUES (?, ?, ?, ?) USING TTL ?", (PART, member, skew_ms, from_ms(now_ms), TTL_S))
+            "VALUES (?, ?, ?, ?) USING TTL ?", (PART, member, skew_ms, now_ms, TTL_S))
 
     def skews(self) -> dict[str, int]:
         """Each releaser's last skew (ms) of the last TTL_S seconds, by member."""

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 
 from app.store.session import CassandraSession, item_errors
-from app.timeparse import cql_ms, from_ms
+from app.timeparse import cql_ms
 
 MS_PER_WEEK = 7 * 86_400_000
 _INSERT = ("INSERT INTO {ks}.dead_letters (topic_uid, week, dead_at, id) VALUES (?, ?, ?, ?) "
@@ -36,7 +36,7 @@ class DeadLetterStore:
             by_week.setdefault(at // MS_PER_WEEK, []).append(index)
         chunks = list(by_week.values())
         outcomes = self.db.execute_batches(
-            _INSERT, [[(topic_uid, dead[i][1] // MS_PER_WEEK, from_ms(dead[i][1]), dead[i][0],
+            _INSERT, [[(topic_uid, dead[i][1] // MS_PER_WEEK, dead[i][1], dead[i][0],
                         self.ttl_s) for i in chunk] for chunk in chunks])
         return item_errors(chunks, outcomes, len(dead))
 

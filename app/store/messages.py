@@ -28,7 +28,7 @@ from app.ids import home_of
 from app.models import MessageState, Payload
 from app.store.session import CassandraSession, item_errors
 from app.timeline import campaign_spread, ttl_s
-from app.timeparse import cql_ms, from_ms
+from app.timeparse import cql_ms
 
 _COLUMNS = [
     "state", "version", "due_at", "deliver_at", "priority", "campaign", "shard", "attempts",
@@ -149,11 +149,10 @@ def _whole(row: dict[str, Any]) -> bool:
 
 
 def _column_values(m: MessageState) -> list[Any]:
-    expires = None if m.lease_expires_at_ms is None else from_ms(m.lease_expires_at_ms)
     return [
-        m.state, m.version, from_ms(m.due_at_ms), from_ms(m.deliver_at_ms), m.priority,
-        m.campaign, m.shard, m.attempts, m.content_hash, m.lease_token, expires, m.consumer,
-        m.last_error, from_ms(m.created_at_ms), from_ms(m.updated_at_ms),
+        m.state, m.version, m.due_at_ms, m.deliver_at_ms, m.priority, m.campaign, m.shard,
+        m.attempts, m.content_hash, m.lease_token, m.lease_expires_at_ms, m.consumer,
+        m.last_error, m.created_at_ms, m.updated_at_ms,
         # a transition carries last_op forward; unset, not null, keeps it without a tombstone
         UNSET_VALUE if m.last_op is None else m.last_op, m.paced,
         UNSET_VALUE if m.group is None else m.group,
@@ -342,8 +341,8 @@ class MessageStore:
             # retention window; these end up to 2 s sooner, never later (second rounding)
             ttl = max(1, ttl_s(expires_ms, now_ms, retention_days) - 2)
             entries.append((_home(topic_uid, i), i, (
-                ttl, v + 1, from_ms(now_ms), from_ms(now_ms), topic_uid, home_of(i), i, v,
-                token, from_ms(expires_ms), campaign)))
+                ttl, v + 1, now_ms, now_ms, topic_uid, home_of(i), i, v,
+                token, expires_ms, campaign)))
 
         def holds(index: int, found: dict[str, Any] | None) -> bool:
             _, token, v, expires_ms, campaign = acks[index]

@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms, from_ms
+from app.timeparse import cql_ms
 from app.wakeups import Wake, no_wake
 
 PENDING_PART = 0  # all unfinished operations share one small partition
@@ -75,8 +75,7 @@ class OperationStore:
 
     def record(self, op: Operation) -> None:
         """Write a new operation's row (not yet listed for the runners)."""
-        values = [from_ms(v) if c in _TIMES and v is not None else v
-                  for c, v in ((c, getattr(op, c)) for c in _COLUMNS)]
+        values = [getattr(op, c) for c in _COLUMNS]
         self.db.execute(
             f"INSERT INTO {{ks}}.operations ({', '.join(_COLUMNS)}) "
             f"VALUES ({', '.join('?' for _ in _COLUMNS)}) IF NOT EXISTS", values)
@@ -106,7 +105,7 @@ class OperationStore:
         rows = self.db.execute(
             "UPDATE {ks}.operations SET owner = ?, lease_until = ? WHERE topic_uid = ? AND id = ? "
             "IF state = 'running' AND lease_until < ?",
-            (owner, from_ms(lease_until_ms), op.topic_uid, op.id, from_ms(now_ms)))
+            (owner, lease_until_ms, op.topic_uid, op.id, now_ms))
         return bool(rows[0]["[applied]"])
 
     def checkpoint(self, op: Operation, lease_until_ms: int) -> bool:
@@ -117,7 +116,7 @@ class OperationStore:
             "after_id = ?, lease_until = ? WHERE topic_uid = ? AND id = ? "
             "IF owner = ? AND state = 'running'",
             (op.processed, op.changed, op.delivering, op.walked, op.after_id,
-             from_ms(lease_until_ms), op.topic_uid, op.id, op.owner))
+             lease_until_ms, op.topic_uid, op.id, op.owner))
         return bool(rows[0]["[applied]"])
 
     def finish(self, op: Operation, state: str, error: str | None, now_ms: int) -> bool:
@@ -127,7 +126,7 @@ class OperationStore:
             "UPDATE {ks}.operations SET state = ?, error = ?, finished_at = ?, processed = ?, "
             "changed = ?, delivering = ? WHERE topic_uid = ? AND id = ? "
             "IF owner = ? AND state = 'running'",
-            (state, error, from_ms(now_ms), op.processed, op.changed, op.delivering,
+            (state, error, now_ms, op.processed, op.changed, op.delivering,
              op.topic_uid, op.id, op.owner))
         applied = bool(rows[0]["[applied]"])
         if applied:

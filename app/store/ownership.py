@@ -18,7 +18,7 @@ from cassandra.query import UNSET_VALUE
 
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms, from_ms
+from app.timeparse import cql_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,15 +59,15 @@ class OwnershipStore:
                 rows = self.db.execute(
                     "INSERT INTO {ks}.release_leases (ring, slot, owner, epoch, expires_at) "
                     "VALUES (?, ?, ?, 1, ?) IF NOT EXISTS",
-                    (self.ring, slot, owner, from_ms(until_ms)))
+                    (self.ring, slot, owner, until_ms))
                 epoch = 1
             else:
                 epoch = current.epoch + 1
                 rows = self.db.execute(
                     "UPDATE {ks}.release_leases SET owner = ?, epoch = ?, expires_at = ? "
                     "WHERE ring = ? AND slot = ? IF epoch = ? AND expires_at < ?",
-                    (owner, epoch, from_ms(until_ms), self.ring, slot, current.epoch,
-                     from_ms(now_ms)))
+                    (owner, epoch, until_ms, self.ring, slot, current.epoch,
+                     now_ms))
         except StoreUnavailable:
             return None
         return SlotLease(slot, owner, epoch, until_ms) if rows[0]["[applied]"] else None
@@ -102,7 +102,7 @@ class OwnershipStore:
                 for lease, (ok, result) in zip(leases, outcomes, strict=True)]
 
     def _renew_params(self, lease: SlotLease, until_ms: int) -> tuple[object, ...]:
-        return (from_ms(until_ms), self.ring, lease.slot, lease.owner, lease.epoch)
+        return (until_ms, self.ring, lease.slot, lease.owner, lease.epoch)
 
     def give_back_all(self, leases: list[SlotLease], now_ms: int) -> None:
         """End held leases now so other releasers may claim the slots at once."""
@@ -114,7 +114,7 @@ class OwnershipStore:
         self.db.execute(
             "INSERT INTO {ks}.releaser_members (ring, member, seen_at, wake_addr) "
             "VALUES (?, ?, ?, ?) USING TTL ?",
-            (self.ring, member, from_ms(now_ms),
+            (self.ring, member, now_ms,
              UNSET_VALUE if wake_addr is None else wake_addr, ttl_s))
 
     def leave(self, member: str) -> None:

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms, from_ms
+from app.timeparse import cql_ms
 from app.wakeups import Wake, no_wake
 
 _COLUMNS = ("name", "cron", "timezone", "payload", "encoding", "priority", "campaign",
@@ -51,8 +51,7 @@ def _schedule(topic_uid: uuid.UUID, row: dict[str, Any]) -> Schedule:
 
 
 def _values(s: Schedule) -> list[Any]:
-    return [from_ms(v) if c in _TIMES and v is not None else v
-            for c, v in ((c, getattr(s, c)) for c in _COLUMNS)]
+    return [getattr(s, c) for c in _COLUMNS]
 
 
 class ScheduleStore:
@@ -118,8 +117,7 @@ class ScheduleStore:
 
     @staticmethod
     def _advance_params(s: Schedule, next_fire: int | None) -> tuple[Any, ...]:
-        return (None if next_fire is None else from_ms(next_fire), s.topic_uid, s.name,
-                s.version, None if s.next_fire is None else from_ms(s.next_fire))
+        return (next_fire, s.topic_uid, s.name, s.version, s.next_fire)
 
     def delete(self, s: Schedule) -> bool:
         rows = self.db.execute("DELETE FROM {ks}.schedules WHERE topic_uid = ? AND name = ? "

@@ -21,7 +21,7 @@ from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.session import CassandraSession, item_errors, translate_errors
 from app.timeline import LANE_STRIDE, MS_PER_DAY, parts_for
-from app.timeparse import cql_ms, from_ms
+from app.timeparse import cql_ms
 
 CAS_ATTEMPTS = 64
 FETCH_SIZE = 500  # the largest page; callers that want fewer pointers ask for smaller pages
@@ -178,7 +178,7 @@ class TimelineStore:
         outcomes = self.db.execute_batches(
             "INSERT INTO {ks}.timeline (topic_uid, bucket, shard, part, due_at, id, version, "
             "priority) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
-            [[(topic_uid, b, s, part, from_ms(p.due_at_ms), p.id, p.version, p.priority, ttl)
+            [[(topic_uid, b, s, part, p.due_at_ms, p.id, p.version, p.priority, ttl)
               for b, s, part, p, ttl in (placed[i] for i in chunk)] for chunk in chunks])
         return item_errors(chunks, outcomes, len(placed))
 
@@ -222,10 +222,10 @@ class TimelineStore:
         b, s, part, lo, hi = entry
         if after is None:
             return self.db.execute_async(_SLICE_FROM_TIME, (
-                topic_uid, b, s, part, from_ms(lo), from_ms(hi)), page)
+                topic_uid, b, s, part, lo, hi), page)
         due_ms, message_id, version = after
         return self.db.execute_async(_SLICE_AFTER, (
-            topic_uid, b, s, part, from_ms(due_ms), message_id, version, from_ms(hi)), page)
+            topic_uid, b, s, part, due_ms, message_id, version, hi), page)
 
     def cursors(self, topic_uid: uuid.UUID) -> dict[int, int]:
         """{shard: through_ms}: every pointer of the shard due before through_ms is spent."""
@@ -238,7 +238,7 @@ class TimelineStore:
         self._check(self.db.execute_many(
             "UPDATE {ks}.cursors USING TIMESTAMP ? SET through = ? WHERE topic_uid = ? "
             "AND shard = ?",
-            [(ms * 1000, from_ms(ms), topic_uid, shard) for shard, ms in positions.items()]))
+            [(ms * 1000, ms, topic_uid, shard) for shard, ms in positions.items()]))
 
     @staticmethod
     def _check(outcomes: list[tuple[bool, Any]]) -> None:

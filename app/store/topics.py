@@ -8,7 +8,7 @@ from typing import Any
 
 from app.models import Topic, TopicSettings
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms, from_ms
+from app.timeparse import cql_ms
 from app.wakeups import Wake, no_wake
 
 _SETTING_COLUMNS = [f.name for f in dataclasses.fields(TopicSettings)]
@@ -69,7 +69,7 @@ class TopicStore:
         settings = [getattr(topic.settings, c) for c in _SETTING_COLUMNS]
         rows = self.db.execute(
             f"UPDATE {{ks}}.topics SET {assignments} WHERE tenant = ? AND name = ? IF uid = ?",
-            (*settings, from_ms(topic.updated_at_ms), topic.tenant, topic.name, topic.uid),
+            (*settings, topic.updated_at_ms, topic.tenant, topic.name, topic.uid),
         )
         return self._noted(bool(rows[0]["[applied]"]), topic.tenant, topic.name)
 
@@ -95,12 +95,12 @@ class TopicStore:
         first (one read)."""
         rows = self.db.execute(
             "SELECT changed, tenant, name FROM {ks}.topic_changes WHERE part = 0 "
-            "AND changed > minTimeuuid(?)", (from_ms(since_ms),))
+            "AND changed > minTimeuuid(?)", (since_ms,))
         return [(r["changed"], r["tenant"], r["name"]) for r in rows]
 
     @staticmethod
     def _values(topic: Topic) -> list[Any]:
         return [
             topic.uid, *[getattr(topic.settings, c) for c in _SETTING_COLUMNS],
-            topic.signing_secret, from_ms(topic.created_at_ms), from_ms(topic.updated_at_ms),
+            topic.signing_secret, topic.created_at_ms, topic.updated_at_ms,
         ]
