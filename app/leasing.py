@@ -151,8 +151,8 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> None:
     patient = [n for n, w in enumerate(waiters)
                if w.deadline - time.monotonic() > ahead_ms / 1000] if ahead_ms else []
     held_before = services.held.count(topic.uid) if patient else 0
-    if len([n for n in patient if not run.counted[n]]) <= held_before:
-        ahead_ms = 0  # what is held already covers every call that waits
+    if sum(waiters[n].want - run.counted[n] for n in patient) <= held_before:
+        ahead_ms = 0  # what is held already fills every call that waits
     mark = services.found_due.mark()
     result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
                                    ahead_ms=ahead_ms)
@@ -204,8 +204,9 @@ def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],
                 untaken: list[Due]) -> tuple[list[Due], list[int], int]:
     """The next messages of `order` (from `used` on) to take, each with its owner: a call
     with room left for one due now, -1 (held) for one due later while fewer are held than
-    calls wait with nothing yet (a call leaves with what its first hand-out finds, so more
-    would only be given back). Those skipped (due later, enough held) go to `untaken`.
+    the patient calls have room for (a call leaves with what its first hand-out finds; the
+    rest wait for the consumer's next call, which a steady consumer makes well within
+    GIVE_BACK_AFTER_MS). Those skipped (due later, enough held) go to `untaken`.
     Returns (chunk, owners, where the next chunk starts)."""
     chunk: list[Due] = []
     owners: list[int] = []
@@ -217,8 +218,8 @@ def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],
         owner: int | None = None
         if d.row.due_at_ms <= now:
             owner = next((n for n, r in enumerate(room) if r > 0), None)
-        elif sum(1 for n in patient if not counted[n] and not pending[n]) > held + holding:
-            owner = -1  # one per call that waits: the first hand-out that finds it answers it
+        elif sum(waiters[n].want - counted[n] - pending[n] for n in patient) > held + holding:
+            owner = -1  # held while the calls that wait have room for it
         if owner is None and not any(r > 0 for r in room):
             break
         used += 1

@@ -62,6 +62,34 @@ def test_a_waiting_call_gets_a_message_leased_before_its_due_time_at_that_time(
     app.extensions["duetime"].close()
 
 
+def test_a_waiting_call_has_as_many_leased_ahead_as_it_has_room_for_each_handed_at_its_time(
+        config: Config, auth: dict[str, str]) -> None:
+    """One consumer at a steady rate: everything due within the look-ahead is held for its
+    call, not only the next message, so each of its next calls finds the next message
+    already leased and is handed it at its due time, with no pass of its own."""
+    app = _ahead(config)
+    topic = TopicClient(app.test_client(), auth)
+    first = now_ms() + 2000
+    dues = {f"m{n}": first + n * 300 for n in range(3)}
+    for name, due in dues.items():
+        assert topic.enqueue(id=name, deliver_at=format_ms(due)).status_code == 201
+    waiting, out = _in_background(lambda: topic.lease(max_messages=5, wait_ms=5000))
+    deadline = time.monotonic() + 3
+    while _held(app) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _held(app) == 3 and now_ms() < first
+    waiting.join()
+    got = list(out["value"])
+    while len(got) < 3:
+        got += topic.lease(max_messages=5, wait_ms=2000)  # TopicClient: none early
+    assert [m["id"] for m in got] == ["m0", "m1", "m2"]
+    for m in got:
+        assert m["attempt"] == 1 and m["received_at"] - dues[m["id"]] < 250, m
+        assert topic.ack(m) == 204
+    assert _held(app) == 0
+    app.extensions["duetime"].close()
+
+
 def test_a_cancel_before_the_due_time_wins_over_a_lease_taken_ahead(
         config: Config, auth: dict[str, str]) -> None:
     app = _ahead(config)
@@ -69,7 +97,7 @@ def test_a_cancel_before_the_due_time_wins_over_a_lease_taken_ahead(
     due = now_ms() + 2000
     for name in ("kept", "dropped"):
         assert topic.enqueue(id=name, deliver_at=format_ms(due)).status_code == 201
-    # one message is leased ahead per waiting call: two calls, both held
+    # leased ahead as far as the waiting calls have room: two calls of one, both held
     calls = [_in_background(lambda: topic.lease(max_messages=1, wait_ms=4000))
              for _ in range(2)]
     deadline = time.monotonic() + 3
