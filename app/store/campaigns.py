@@ -116,8 +116,7 @@ class CampaignStore:
                bounds_gen: int | None, now_ms: int) -> bool:
         """Clear the running operation op_id (making bounds_gen current, given one)."""
         gen = "" if bounds_gen is None else ", bounds_gen = ?"
-        params: tuple[Any, ...] = (now_ms,) + (() if bounds_gen is None
-                                                         else (bounds_gen,))
+        params: tuple[Any, ...] = (now_ms,) + (() if bounds_gen is None else (bounds_gen,))
         rows = self.db.execute(
             f"UPDATE {{ks}}.campaigns SET op_id = null, op_kind = null, updated_at = ?{gen} "
             "WHERE topic_uid = ? AND campaign = ? IF op_id = ?",

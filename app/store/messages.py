@@ -341,8 +341,8 @@ class MessageStore:
             # retention window; these end up to 2 s sooner, never later (second rounding)
             ttl = max(1, ttl_s(expires_ms, now_ms, retention_days) - 2)
             entries.append((_home(topic_uid, i), i, (
-                ttl, v + 1, now_ms, now_ms, topic_uid, home_of(i), i, v,
-                token, expires_ms, campaign)))
+                ttl, v + 1, now_ms, now_ms, topic_uid, home_of(i), i, v, token, expires_ms,
+                campaign)))
 
         def holds(index: int, found: dict[str, Any] | None) -> bool:
             _, token, v, expires_ms, campaign = acks[index]

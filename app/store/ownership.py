@@ -66,8 +66,7 @@ class OwnershipStore:
                 rows = self.db.execute(
                     "UPDATE {ks}.release_leases SET owner = ?, epoch = ?, expires_at = ? "
                     "WHERE ring = ? AND slot = ? IF epoch = ? AND expires_at < ?",
-                    (owner, epoch, until_ms, self.ring, slot, current.epoch,
-                     now_ms))
+                    (owner, epoch, until_ms, self.ring, slot, current.epoch, now_ms))
         except StoreUnavailable:
             return None
         return SlotLease(slot, owner, epoch, until_ms) if rows[0]["[applied]"] else None
