@@ -218,7 +218,7 @@ def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],
         owner: int | None = None
         if d.row.due_at_ms <= now:
             owner = next((n for n, r in enumerate(room) if r > 0), None)
-        elif sum(waiters[n].want - counted[n] - pending[n] for n in patient) > held + holding:
+        elif sum(room[n] for n in patient) > held + holding:
             owner = -1  # held while the calls that wait have room for it
         if owner is None and not any(r > 0 for r in room):
             break

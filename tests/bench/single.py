@@ -13,12 +13,12 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
    (`GET /healthz`; an authenticated enqueue answered 400 by validation) and one client's
    p50 of each. No one-message path can beat them, so a one-message rate above the floor's
    share of the batch rate is out of reach on that machine whatever the store does;
-6. the client's own cost: `GET /healthz` through duetime's client and through requests.
+6. the client's own cost: one client's `GET /healthz` through duetime's client and through
+   a `requests.Session`, p50 and client CPU per call (on a small machine the client shares
+   the cores with the API and Cassandra).
 Every call goes through duetime's own client (app.client.Client, urllib3 keep-alive, no
 retries, so a 429 or 503 fails the run instead of hiding in it), the path the README shows
-Python producers and consumers. What the client itself costs is measured too (6.): one
-client's `GET /healthz` through it and through a `requests.Session`, p50 and client CPU per
-call, since on a small machine the client shares the cores with the API and Cassandra.
+Python producers and consumers.
 Writes bench-results/single.json and prints a table. Usage:
 python -m tests.bench.single [N=2000]
 """
