@@ -3,7 +3,10 @@
 Write order per message: payload (plain insert) → state row → pointer. The state row is an LWT
 IF NOT EXISTS for a client id; a server-made id cannot exist yet, so its row is a plain write
 below every LWT's write time (MessageStore.insert_fresh_many), sent in one batch with its
-payload when the message has no campaign (MessageStore.stage: one mutation, one round trip).
+payload when the message has no campaign (MessageStore.stage: one mutation). Such a message's
+pointer and counters are sent beside that batch, so its enqueue is one round trip: a reader
+that finds the pointer first leaves it unspent (app.scan.is_spent), and none is woken for it
+before the row is written (_write_fresh).
 The server-made ids of one request share one home per shard (app.ids.homes_for_request),
 each home taking a run of messages adjacent in due time, so each write and each later
 transition of those messages is one batch per shard, not one per message (home_by_due_time).
@@ -31,10 +34,10 @@ from app.ids import homes_for_request, new_message_id
 from app.models import MessageState, Payload, Pointer, Topic
 from app.quiet_hours import QuietHours
 from app.services import Services
-from app.store.messages import PayloadRow
+from app.store.messages import PayloadRow, Staging
 from app.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
 from app.timeparse import TimeFormatError, parse_local_time, zone
-from app.transitions import count_moves
+from app.transitions import count_ahead, count_applied, count_moves
 
 log = logging.getLogger(__name__)
 # Deep enough for any real payload, and far from the interpreter's recursion limit (about
@@ -207,11 +210,13 @@ def _conflict(message_id: str) -> DuetimeError:
 def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
            rows: list[MessageState], todo: list[int], results: list[EnqueueResult | None],
            now: int) -> None:
-    inserting, inserted = _stage(services, topic, items, rows,
-                                 _admitted(services, topic, rows, todo, results), results, now)
-    outcomes = [*_insert(services, items, rows, inserting, now), *[(True, None)] * len(inserted)]
+    stage = _start_stage(services, topic, items, rows,
+                         _admitted(services, topic, rows, todo, results), now)
+    _write_fresh(services, topic, rows, stage.fresh, stage.writing, results, now)
+    inserting = _staged(stage, rows, results)
+    outcomes = _insert(services, items, rows, inserting, now)
     created, pointers, placed_for = [], [], []
-    for i, outcome in zip(inserting + inserted, outcomes, strict=True):
+    for i, outcome in zip(inserting, outcomes, strict=True):
         row = rows[i]
         if isinstance(outcome, Exception):
             results[i] = EnqueueResult(row.id, 503, error=_unavailable(outcome))
@@ -222,6 +227,8 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
             results[i] = EnqueueResult(row.id, 201, row.deliver_at_ms, "scheduled")
         else:
             results[i] = _existing(outcome[1], row, now, pointers, placed_for, i)
+    if not pointers:
+        return
     counting = _start_counts(services, topic, [rows[i] for i in created])
     errors = services.placer.place(topic.uid, pointers, now, topic.pushed)
     for i, err in zip(placed_for, errors, strict=True):
@@ -229,6 +236,40 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
     _finish_counts(services, counting)
     _cover(services, topic, rows, [i for i in placed_for if _fresh(results[i])], results)
+
+
+def _write_fresh(services: Services, topic: Topic, rows: list[MessageState], fresh: list[int],
+                 staging: Staging, results: list[EnqueueResult | None], now: int) -> None:
+    """Messages with a server-made id and no campaign: their pointers and counters are sent
+    while their payload-and-row batches (`staging`) are written, so the whole enqueue is one
+    round trip. A reader that finds such a pointer before its row leaves it unspent, as it
+    does a transition's pointer written before its LWT (app.scan.is_spent), and no reader is
+    woken for the pointers before the rows are written (PointerPlacer.place's `landed`).
+    Each answers 201 when both were written, else 503; its counters are taken back when its
+    row was not written (one whose pointer alone failed stays counted: its row exists)."""
+    if not fresh:
+        return
+    made = [rows[i] for i in fresh]
+    ahead = count_ahead(services, topic, [(None, "scheduled", None)] * len(made),
+                        also=services.counts.upcoming_updates_at(
+                            topic.uid, [r.due_at_ms for r in made]))
+    try:
+        pointer_errors: list[Exception | None] = services.placer.place(
+            topic.uid, [pointer_of(r, version=1) for r in made], now, topic.pushed,
+            landed=staging.errors)
+    except StoreUnavailable as exc:
+        pointer_errors = [exc] * len(made)
+    row_errors = staging.errors()[2]
+    for i, row_error, pointer_error in zip(fresh, row_errors, pointer_errors, strict=True):
+        err = row_error or pointer_error
+        results[i] = (EnqueueResult(rows[i].id, 201, rows[i].deliver_at_ms, "scheduled")
+                      if err is None else EnqueueResult(rows[i].id, 503, error=_unavailable(err)))
+    unwritten = [r for r, err in zip(made, row_errors, strict=True) if err is not None]
+    with contextlib.suppress(StoreUnavailable):  # accepted messages never turn into errors
+        count_applied(services, topic, ahead,
+                      [(None, "scheduled", None)] * (len(made) - len(unwritten)),
+                      also=services.counts.upcoming_updates_at(
+                          topic.uid, [r.due_at_ms for r in unwritten], sign=-1))
 
 
 def _fresh(result: EnqueueResult | None) -> bool:
@@ -250,14 +291,25 @@ def _admitted(services: Services, topic: Topic, rows: list[MessageState], todo: 
     return admitted
 
 
-def _stage(services: Services, topic: Topic, items: Sequence[NewMessage],
-           rows: list[MessageState], todo: list[int], results: list[EnqueueResult | None],
-           now: int) -> tuple[list[int], list[int]]:
-    """Payloads and campaign index entries, before any state row: a campaign operation that
-    reads the index after a message's row exists finds its entry. A message with a
-    server-made id and no campaign has its state row written with its payload, in the same
-    round (MessageStore.stage). Returns the items whose state rows are still to write and
-    those whose state rows are written; the others (a write failed) answer 503."""
+@dataclasses.dataclass(frozen=True)
+class _Stage:
+    """An enqueue's payloads, campaign index entries and fresh rows being written: `others`
+    are the items whose state rows come after (in the order of the stage's payloads),
+    `members` those with a campaign (the order of its index entries), `fresh` those whose
+    state rows are written with their payloads (the order of its fresh entries)."""
+
+    writing: Staging
+    others: list[int]
+    members: list[int]
+    fresh: list[int]
+
+
+def _start_stage(services: Services, topic: Topic, items: Sequence[NewMessage],
+                 rows: list[MessageState], todo: list[int], now: int) -> _Stage:
+    """Start writing payloads and campaign index entries, before any state row: a campaign
+    operation that reads the index after a message's row exists finds its entry. A message
+    with a server-made id and no campaign has its state row written with its payload, in
+    the same round (MessageStore.stage)."""
     cfg = services.config
     slack = cfg.horizon_days * MS_PER_DAY
     members = [i for i in todo if rows[i].campaign]
@@ -269,22 +321,28 @@ def _stage(services: Services, topic: Topic, items: Sequence[NewMessage],
         return (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
                 ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack))
 
-    payload_errors, member_errors, fresh_errors = services.messages.stage(
+    writing = services.messages.start_stage(
         topic.uid, [body(i) for i in others],
         [(rows[i].campaign or "", rows[i].id, ttl_s(rows[i].due_at_ms, now, cfg.retention_days))
          for i in members],
         [(body(i), rows[i], ttl_s(rows[i].due_at_ms, now, cfg.retention_days)) for i in fresh])
-    index_errors = dict(zip(members, member_errors, strict=True))
-    staged: list[int] = []
-    written: list[int] = []
-    for i, err in [*zip(others, payload_errors, strict=True),
-                   *zip(fresh, fresh_errors, strict=True)]:
+    return _Stage(writing, others, members, fresh)
+
+
+def _staged(stage: _Stage, rows: list[MessageState],
+            results: list[EnqueueResult | None]) -> list[int]:
+    """Of the items whose state rows come after the stage, those whose payload and campaign
+    index entry were written; the others answer 503."""
+    payload_errors, member_errors, _ = stage.writing.errors()
+    index_errors = dict(zip(stage.members, member_errors, strict=True))
+    staged = []
+    for i, err in zip(stage.others, payload_errors, strict=True):
         err = err or index_errors.get(i)
-        if err is not None:
-            results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
+        if err is None:
+            staged.append(i)
         else:
-            (written if i in fresh_set else staged).append(i)
-    return staged, written
+            results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
+    return staged
 
 
 def _cover(services: Services, topic: Topic, rows: list[MessageState], written: list[int],

@@ -31,7 +31,14 @@ from app.scan import Due
 from app.services import Services
 from app.store.campaigns import Campaign
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
-from app.transitions import apply_transition, count_moves, move_many, place_then
+from app.transitions import (
+    apply_transition,
+    count_ahead,
+    count_applied,
+    count_moves,
+    move_many,
+    place_then,
+)
 
 # Leases write a cursor only when it moves this far: the in-process resume points
 # (app.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
@@ -350,6 +357,10 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     ending = [r for r in ending if r.id not in unrecorded]
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + ending]
+    rows = {d.row.id: d.row for d in chunk}
+    # a waiting caller's counters go out beside the LWTs, not after them (count_ahead)
+    ahead = count_ahead(services, topic, [(rows[r.id].state, r.state, r.campaign)
+                                          for r, _, _ in changes]) if wait_counts else None
     outcomes = services.messages.cas_many(changes)
     # a pointer is spent once its row's move was decided (won, or lost to another writer);
     # one whose next pointer or LWT failed stays unspent, or no pass would look at it again
@@ -358,9 +369,11 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
                   if isinstance(ok, Exception)}
     services.scanner.spend(topic, [d.pointer for d, _ in terms if d.row.id not in undecided])
     won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
-    rows = {d.row.id: d.row for d in chunk}
-    count_moves(services, topic, [(rows[r.id].state, r.state, r.campaign) for r in won],
-                wait_counts)
+    moves = [(rows[r.id].state, r.state, r.campaign) for r in won]
+    if ahead is None:
+        count_moves(services, topic, moves, wait=False)
+    else:
+        count_applied(services, topic, ahead, moves)
     _count_slots(services, topic, [(rows[r.id], r) for r in won
                                    if r.paced and r.state == "scheduled"])
     leased = [r for r in won if r.state == "leased"]
@@ -526,6 +539,8 @@ def ack_many(services: Services, topic: Topic,
         except DuetimeError as err:
             answers[index] = err
     blind = [(index, i, lease, held) for index, i, (lease, held) in presented if held]
+    ahead = count_ahead(services, topic, [("leased", "delivered", h.campaign)
+                                          for _, _, _, h in blind])
     applied = services.messages.deliver_many(
         topic.uid, [(i, lease, h.version, h.expires_ms, h.campaign) for _, i, lease, h in blind],
         now, services.config.retention_days)
@@ -537,7 +552,7 @@ def ack_many(services: Services, topic: Topic,
                          answers, now)
     # their lease pointers (_spend_lease_pointers)
     services.scanner.spend_versions(topic, [(i, v) for i, v, _ in done])
-    count_moves(services, topic, [("leased", "delivered", c) for _, _, c in done])
+    count_applied(services, topic, ahead, [("leased", "delivered", c) for _, _, c in done])
     return answers
 
 

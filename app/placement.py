@@ -111,13 +111,17 @@ class PointerPlacer:
         return {key: err for key, err in zip(new, errors, strict=True) if err is not None}
 
     def place(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer], now_ms: int,
-              pushed: bool = False) -> list[Exception | None]:
+              pushed: bool = False, landed: Callable[[], object] | None = None
+              ) -> list[Exception | None]:
         """Write the pointers (due times already clamped by the caller); per pointer None when
         written, else the exception. TTL: until due plus the retention window. Written
         pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. For a
         topic the releasers push (`pushed`), written pointers due within their look-ahead
         wake them (app.wakeups) once all is written. Then `placed` (app.found_due) hears of
-        the earliest due time written, whatever the outcomes."""
+        the earliest due time written, whatever the outcomes. `landed`, when given, is called
+        once the pointers are written and before anyone is told of them: an enqueue that
+        writes its rows beside its pointers waits there for the rows, so what a reader is
+        woken for is there to read."""
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, p in enumerate(pointers):
             groups[(bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard)].append(index)
@@ -141,15 +145,25 @@ class PointerPlacer:
                 self._forget_written((topic_uid, now_ms // WRITE_WINDOW_MS))
         outcomes = [unrecorded.get((b, s, part), err)
                     for (b, s, part, _, _), err in zip(placed, outcomes, strict=True)]
-        written: dict[tuple[int, int], int] = defaultdict(int)
-        for (bucket, shard, _, p, _), err in zip(placed, outcomes, strict=True):
-            if err is None and p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
-                written[(bucket, shard)] += 1
-        self.store.count_writes(topic_uid, written)
-        if self._placed is not None and pointers:
-            self._placed(topic_uid, min(p.due_at_ms for p in pointers))
-        if pushed and any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms
-                          for (_, _, _, p, _), err in zip(placed, outcomes, strict=True)
-                          if err is None):
-            self._wake("due")
+        if landed is not None:
+            landed()
+        self._tell(topic_uid, placed, outcomes, now_ms, pushed)
         return outcomes
+
+    def _tell(self, topic_uid: uuid.UUID, placed: list[tuple[int, int, int, Pointer, int]],
+              outcomes: list[Exception | None], now_ms: int, pushed: bool) -> None:
+        """Let readers know of pointers just written: bucket_writes counts, this process's
+        FoundDue (the earliest due time placed, whatever the outcomes) and, for a pushed
+        topic, the releasers' wake-up when one is due within their look-ahead."""
+        written = [(bucket, shard, p) for (bucket, shard, _, p, _), err
+                   in zip(placed, outcomes, strict=True) if err is None]
+        counts: dict[tuple[int, int], int] = defaultdict(int)
+        for bucket, shard, p in written:
+            if p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
+                counts[(bucket, shard)] += 1
+        self.store.count_writes(topic_uid, counts)
+        if self._placed is not None and placed:
+            self._placed(topic_uid, min(p.due_at_ms for _, _, _, p, _ in placed))
+        if pushed and any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms
+                          for _, _, p in written):
+            self._wake("due")

@@ -14,7 +14,7 @@ from typing import Any
 from cassandra.cluster import ResponseFuture
 
 from app import metrics
-from app.errors import LeaseLost
+from app.errors import LeaseLost, StoreUnavailable
 from app.models import MessageState, Topic
 from app.services import Services
 from app.timeline import pointer_of, ttl_s
@@ -53,13 +53,11 @@ log = logging.getLogger("duetime.counts")
 Move = tuple[str | None, str, str | None]  # (state before or None if new, after, campaign)
 
 
-def count_moves(services: Services, topic: Topic, moves: Sequence[Move], wait: bool = True,
-                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[ResponseFuture]:
-    """Move the per-state counters of the topic and of each move's campaign by (before,
-    after, campaign) moves, and this process's message metrics; `also` are more counter
-    updates to send in the same batches. wait=False: the writes are only sent, their futures
-    returned (failures logged)."""
-    metrics.count_transitions(topic.tenant, topic.name, [(b, a) for b, a, _ in moves])
+Deltas = tuple[dict[str, int], dict[str, dict[str, int]]]  # per state; per campaign, per state
+
+
+def _deltas(moves: Sequence[Move], sign: int = 1) -> Deltas:
+    """How the topic's per-state counts and each campaign's move, times sign."""
     deltas: dict[str, int] = {}
     per_campaign: dict[str, dict[str, int]] = {}
     for before, after, campaign in moves:
@@ -67,9 +65,17 @@ def count_moves(services: Services, topic: Topic, moves: Sequence[Move], wait: b
             continue
         for target in [deltas] + ([per_campaign.setdefault(campaign, {})] if campaign else []):
             if before is not None:
-                target[before] = target.get(before, 0) - 1
-            target[after] = target.get(after, 0) + 1
-    updates = [*services.counts.state_updates(topic.uid, deltas),
+                target[before] = target.get(before, 0) - sign
+            target[after] = target.get(after, 0) + sign
+    return deltas, per_campaign
+
+
+def _send(services: Services, topic: Topic, deltas: Deltas, wait: bool,
+          also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[ResponseFuture]:
+    """Send the counter updates of deltas (zeros left out) and `also`; wait for them, or
+    return their futures with failures logged."""
+    topic_deltas, per_campaign = deltas
+    updates = [*services.counts.state_updates(topic.uid, topic_deltas),
                *services.campaigns.count_updates(topic.uid, per_campaign), *also]
     sent = services.db.counter_batches(updates)
     if wait:
@@ -78,6 +84,59 @@ def count_moves(services: Services, topic: Topic, moves: Sequence[Move], wait: b
     for f in sent:
         f.add_errback(lambda exc: log.warning("counter write failed: %r", exc))
     return sent
+
+
+def count_moves(services: Services, topic: Topic, moves: Sequence[Move], wait: bool = True,
+                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[ResponseFuture]:
+    """Move the per-state counters of the topic and of each move's campaign by (before,
+    after, campaign) moves, and this process's message metrics; `also` are more counter
+    updates to send in the same batches. wait=False: the writes are only sent, their futures
+    returned (failures logged)."""
+    metrics.count_transitions(topic.tenant, topic.name, [(b, a) for b, a, _ in moves])
+    return _send(services, topic, _deltas(moves), wait, also)
+
+
+@dataclasses.dataclass(frozen=True)
+class CountedAhead:
+    """Counter moves sent alongside the conditional writes that are to make them
+    (count_ahead), so an answer waits for one round trip, not two."""
+
+    moves: Sequence[Move]
+    sent: list[ResponseFuture]
+
+
+def count_ahead(services: Services, topic: Topic, moves: Sequence[Move],
+                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> CountedAhead:
+    """Send the counter moves of transitions about to be tried (and `also`, more counter
+    updates), before knowing which apply; count_applied then takes back those that did not.
+    A failure to send is logged, not raised: counters never fail a transition."""
+    try:
+        return CountedAhead(moves, _send(services, topic, _deltas(moves), False, also))
+    except StoreUnavailable as exc:
+        log.warning("counters not sent ahead: %s", exc)
+        return CountedAhead((), [])
+
+
+def count_applied(services: Services, topic: Topic, ahead: CountedAhead,
+                  applied: Sequence[Move], also: Sequence[tuple[str, Sequence[Any]]] = ()
+                  ) -> None:
+    """Settle counters sent ahead: `applied` are the moves that happened (counted in this
+    process's metrics). The counters move by applied less what was sent ahead, so a move that
+    did not apply is taken back and one not sent ahead is counted; when all applied as sent
+    (and `also`, more counter updates, is empty), no request is made. Waits for every
+    counter write, so stats read after the answer include them (a failure raises
+    StoreUnavailable, as count_moves does)."""
+    metrics.count_transitions(topic.tenant, topic.name, [(b, a) for b, a, _ in applied])
+    sent_topic, sent_campaigns = _deltas(ahead.moves)
+    topic_deltas, per_campaign = _deltas(applied)
+    for state, n in sent_topic.items():
+        topic_deltas[state] = topic_deltas.get(state, 0) - n
+    for name, per_state in sent_campaigns.items():
+        mine = per_campaign.setdefault(name, {})
+        for state, n in per_state.items():
+            mine[state] = mine.get(state, 0) - n
+    sent = ahead.sent + _send(services, topic, (topic_deltas, per_campaign), False, also)
+    services.db.results(sent)
 
 
 def replace_ahead(services: Services, topic: Topic, rows: list[MessageState],

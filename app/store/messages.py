@@ -26,7 +26,7 @@ from app import metrics
 from app.errors import StoreUnavailable
 from app.ids import home_of
 from app.models import MessageState, Payload
-from app.store.session import CassandraSession, item_errors
+from app.store.session import BatchRun, CassandraSession, item_errors
 from app.timeline import campaign_spread, ttl_s
 from app.timeparse import cql_ms
 
@@ -163,6 +163,33 @@ def same_transition(found: MessageState, intended: MessageState) -> bool:
     """After an unknown CAS outcome: does the row show our write?"""
     return (found.version, found.state, found.lease_token, found.due_at_ms) == (
         intended.version, intended.state, intended.lease_token, intended.due_at_ms)
+
+
+class Staging:
+    """An enqueue's stage being written (MessageStore.start_stage)."""
+
+    def __init__(self, run: BatchRun, chunks: tuple[list[list[int]], list[list[int]],
+                                                     list[list[int]]],
+                 counts: tuple[int, int, int]) -> None:
+        self._run = run
+        self._chunks = chunks
+        self._counts = counts
+        self._errors: tuple[list[Exception | None], ...] | None = None
+
+    def errors(self) -> tuple[list[Exception | None], list[Exception | None],
+                              list[Exception | None]]:
+        """Wait (once) for the stage: per payload, member and fresh entry, None where
+        written, else the error."""
+        if self._errors is None:
+            outcomes = self._run.outcomes()
+            found = []
+            at = 0
+            for chunks, count in zip(self._chunks, self._counts, strict=True):
+                found.append(item_errors(chunks, outcomes[at:at + len(chunks)], count))
+                at += len(chunks)
+            self._errors = tuple(found)
+        payload_errors, member_errors, fresh_errors = self._errors
+        return payload_errors, member_errors, fresh_errors
 
 
 class MessageStore:
@@ -392,17 +419,21 @@ class MessageStore:
         a batch as one mutation: no reader finds the row without its payload, and the state
         row costs no round trip of its own (insert_fresh_many explains the plain write).
         Per payload, member and fresh entry: None where written, else the error."""
+        return self.start_stage(topic_uid, payloads, members, fresh).errors()
+
+    def start_stage(self, topic_uid: uuid.UUID, payloads: Sequence[PayloadRow],
+                    members: Sequence[tuple[str, str, int]],
+                    fresh: Sequence[tuple[PayloadRow, MessageState, int]] = ()) -> Staging:
+        """stage(), returning once its batches are sent; Staging.errors() waits for them."""
         payload_chunks, payload_batches = _payload_batches(payloads)
         member_chunks, member_batches = _member_batches(topic_uid, members)
         fresh_chunks, fresh_batches = _payload_batches([body for body, _, _ in fresh],
                                                        PLAIN_BATCH // 2)
         for chunk, batch in zip(fresh_chunks, fresh_batches, strict=True):
             batch.extend((_INSERT_FRESH, self._params(*fresh[n][1:])) for n in chunk)
-        outcomes = self.db.run_batches(payload_batches + member_batches + fresh_batches)
-        split, fresh_at = len(payload_batches), len(payload_batches) + len(member_batches)
-        return (item_errors(payload_chunks, outcomes[:split], len(payloads)),
-                item_errors(member_chunks, outcomes[split:fresh_at], len(members)),
-                item_errors(fresh_chunks, outcomes[fresh_at:], len(fresh)))
+        return Staging(self.db.start_batches(payload_batches + member_batches + fresh_batches),
+                       (payload_chunks, member_chunks, fresh_chunks),
+                       (len(payloads), len(members), len(fresh)))
 
     def get_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
                      ) -> dict[str, Payload]:

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -74,6 +74,29 @@ def item_errors(chunks: Sequence[Sequence[int]], outcomes: Sequence[tuple[bool, 
         for index in chunk:
             errors[index] = None if ok else result
     return errors
+
+
+class BatchRun:
+    """Batches being run, at most `concurrency` in flight (CassandraSession.start_batches)."""
+
+    def __init__(self, start: Callable[[Sequence[tuple[str, Sequence[Any]]]], ResponseFuture],
+                 batches: Sequence[Sequence[tuple[str, Sequence[Any]]]],
+                 concurrency: int) -> None:
+        self._start = start
+        self._waiting = deque(batches)
+        self._in_flight: deque[ResponseFuture] = deque()
+        while self._waiting and len(self._in_flight) < concurrency:
+            self._in_flight.append(start(self._waiting.popleft()))
+
+    def outcomes(self) -> list[tuple[bool, Any]]:
+        """Wait for every batch, sending the rest as earlier ones end: (success, rows or
+        exception) per batch, in order."""
+        outcomes: list[tuple[bool, Any]] = []
+        while self._in_flight:
+            outcomes.append(_settled(self._in_flight.popleft()))
+            if self._waiting:
+                self._in_flight.append(self._start(self._waiting.popleft()))
+        return outcomes
 
 
 class CassandraSession:
@@ -210,6 +233,12 @@ class CassandraSession:
         A batch of conditional statements on one partition is one Paxos round whose rows say
         whether it applied. Returns (success, rows or exception) per batch, in order; one
         failure stops nothing."""
+        return self.start_batches(batches, concurrency).outcomes()
+
+    def start_batches(self, batches: Sequence[Sequence[tuple[str, Sequence[Any]]]],
+                      concurrency: int = 32) -> BatchRun:
+        """run_batches, returning once the first `concurrency` batches are sent, so the caller
+        can send other requests while they run; BatchRun.outcomes() finishes it."""
         def start(batch: Sequence[tuple[str, Sequence[Any]]]) -> ResponseFuture:
             statement = BatchStatement(batch_type=BatchType.UNLOGGED)
             for cql, params in batch:
@@ -217,14 +246,7 @@ class CassandraSession:
             with translate_errors():
                 return self.session().execute_async(statement)
 
-        outcomes: list[tuple[bool, Any]] = []
-        in_flight: deque[ResponseFuture] = deque()
-        for batch in batches:
-            if len(in_flight) >= concurrency:
-                outcomes.append(_settled(in_flight.popleft()))
-            in_flight.append(start(batch))
-        outcomes.extend(_settled(f) for f in in_flight)
-        return outcomes
+        return BatchRun(start, batches, concurrency)
 
     def counter_batches(self, updates: Sequence[tuple[str, Sequence[Any]]],
                         per_batch: int = COUNTER_BATCH) -> list[ResponseFuture]:

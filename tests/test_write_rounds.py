@@ -1,0 +1,127 @@
+"""Writes sent together (real Cassandra): an enqueue's pointer beside its row, and counters
+beside the conditional writes that make them, each settled by what applied."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask
+
+from app import leasing
+from app.models import Topic
+from app.services import Services
+from tests.consumers import TopicClient
+
+
+def _stats(topic: TopicClient) -> dict[str, Any]:
+    answer = topic.client.get(topic.url("/stats"), headers=topic.headers)
+    assert answer.status_code == 200
+    stats: dict[str, Any] = answer.get_json()
+    return stats
+
+
+def _topic_of(services: Services, topic: TopicClient) -> Topic:
+    tenant = services.keys.tenant_of(topic.headers["Authorization"].split()[1])
+    assert tenant is not None
+    found = services.topics.get(tenant, topic.name)
+    assert found is not None
+    return found
+
+
+class _StageLater:
+    """An enqueue's stage (payloads and rows) that is only sent when the enqueue waits for
+    it: what a reader sees while a row is still on its way."""
+
+    def __init__(self, start: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._start = start
+        self._args = args
+        self._writing: Any = None
+
+    def errors(self) -> Any:
+        if self._writing is None:
+            self._writing = self._start(*self._args)
+        return self._writing.errors()
+
+
+def test_a_pass_that_finds_a_pointer_before_its_row_leaves_it_for_the_next(
+        app: Flask, auth: dict[str, str], monkeypatch: Any) -> None:
+    """A server-made id's pointer is written beside its row, so a pass may read the pointer
+    first: it must hand nothing out and keep the pointer unspent, so that the next call
+    leases the message once its row is there."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    found = _topic_of(services, topic)
+    start_stage, place = services.messages.start_stage, services.placer.place
+    between: list[list[Any]] = []
+
+    def place_then_pass(topic_uid: Any, pointers: Any, now_ms: int, pushed: bool = False,
+                        landed: Callable[[], object] | None = None) -> Any:
+        def pass_first() -> None:
+            between.append(leasing.lease(services, found, 1, 0, 30, None))
+            assert landed is not None
+            landed()
+
+        return place(topic_uid, pointers, now_ms, pushed, pass_first)
+
+    monkeypatch.setattr(services.messages, "start_stage",
+                        lambda *args: _StageLater(start_stage, args))
+    monkeypatch.setattr(services.placer, "place", place_then_pass)
+    answer = topic.enqueue()
+    assert answer.status_code == 201, answer.get_json()
+    assert between == [[]]  # the pointer was there, its row not yet: nothing handed out
+    monkeypatch.undo()
+    assert [m["id"] for m in topic.lease(1, wait_ms=2000)] == [answer.get_json()["id"]]
+
+
+def test_an_enqueue_whose_row_was_not_written_answers_503_and_counts_nothing(
+        app: Flask, auth: dict[str, str], monkeypatch: Any) -> None:
+    """Its pointer and counters went out beside its row: when the row's write fails the
+    answer is 503, the counters are taken back and the pointer alone never delivers."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+
+    class Failed:
+        def __init__(self, fresh: list[Any]) -> None:
+            self.fresh = fresh
+
+        def errors(self) -> Any:
+            return [], [], [ConnectionError("node down")] * len(self.fresh)
+
+    monkeypatch.setattr(services.messages, "start_stage",
+                        lambda topic_uid, payloads, members, fresh=(): Failed(list(fresh)))
+    failed = topic.enqueue(delay_ms=500)
+    assert failed.status_code == 503, failed.get_json()
+    monkeypatch.undo()
+    stats = _stats(topic)
+    assert stats["counts"]["scheduled"] == 0
+    assert sum(w["count"] for w in stats["upcoming"]) == 0
+    kept = topic.enqueue(delay_ms=500)
+    assert kept.status_code == 201
+    assert _stats(topic)["counts"]["scheduled"] == 1
+    time.sleep(0.6)
+    assert [m["id"] for m in topic.lease(10, wait_ms=2000)] == [kept.get_json()["id"]]
+    assert topic.lease(10, wait_ms=1000) == []
+
+
+def test_acks_that_do_not_apply_leave_the_counts_as_they_were(
+        app: Flask, auth: dict[str, str]) -> None:
+    """An ack's counters go out beside its conditional write; a repeated ack and an ack of
+    a lost lease must take them back."""
+    topic = TopicClient(app.test_client(), auth, lease_seconds=1)
+    topic.enqueue(id="once")
+    topic.enqueue(id="lost")
+    [first] = topic.lease(1, wait_ms=2000)
+    assert topic.ack(first) == 204
+    assert topic.ack(first) == 204  # the same token again: nothing changes
+    [second] = topic.lease(1, wait_ms=2000)
+    time.sleep(1.2)  # its lease ends
+    [again] = topic.lease(1, wait_ms=3000)
+    assert again["id"] == second["id"]
+    assert topic.ack(second) == 409
+    counts = _stats(topic)["counts"]
+    assert (counts["delivered"], counts["leased"], counts["scheduled"]) == (1, 1, 0), counts
+    assert topic.ack(again) == 204
+    counts = _stats(topic)["counts"]
+    assert (counts["delivered"], counts["leased"], counts["scheduled"]) == (2, 0, 0), counts
