@@ -213,7 +213,7 @@ def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],
     with room left for one due now, -1 (held) for one due later while fewer are held than
     the patient calls have room for (a call leaves with what its first hand-out finds; the
     rest wait for the consumer's next call, which a steady consumer makes well within
-    GIVE_BACK_AFTER_MS). Those skipped (due later, enough held) go to `untaken`.
+    DUETIME_PULL_GIVE_BACK_MS). Those skipped (due later, enough held) go to `untaken`.
     Returns (chunk, owners, where the next chunk starts)."""
     chunk: list[Due] = []
     owners: list[int] = []

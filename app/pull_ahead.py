@@ -7,10 +7,11 @@ time (app.leasing.take, as the releasers' push does). Until its due time such a 
 held here, in this process. From its due time on it is handed to a waiting call with the
 same terms, after one read has checked that the lease is still the one taken: a cancel or a
 reschedule meanwhile wins, and the message is dropped, never handed out. A message no call
-has taken GIVE_BACK_AFTER_MS after its due time (its call was answered by others, or gave
-up) is given back: scheduled again at once, the attempt not counted. A process that dies
-holding messages leaves them leased; they come due again when the lease expires (at least
-once, late by the lease).
+has taken give_back_after_ms (DUETIME_PULL_GIVE_BACK_MS) after its due time (its call was
+answered by others, or gave up) is given back: scheduled again at once, the attempt not
+counted. A process that closes (an API worker that gunicorn stops) gives back all it holds;
+one that dies holding messages leaves them leased, and they come due again when the lease
+expires (at least once, late by the lease).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from collections.abc import Callable, Hashable
 
 from app.models import MessageState, Payload, Topic
 
-# A consumer that acks and asks again is back well within this, even on a busy host (at 50
-# ms, a fifth of what was held at 200 msgs/s went back and forth).
+# The default of DUETIME_PULL_GIVE_BACK_MS: a consumer that acks and asks again is back well
+# within this, even on a busy host (at 50 ms, a fifth of what was held at 200 msgs/s went
+# back and forth).
 GIVE_BACK_AFTER_MS = 250
 log = logging.getLogger("duetime.pull_ahead")
 
@@ -51,9 +53,11 @@ class HeldLeases:
     """Messages this process leased ahead, per topic, earliest due first. Thread-safe. A
     thread of its own gives back what no call took in time (give_back, a callback)."""
 
-    def __init__(self, clock: Callable[[], int], give_back: GiveBack) -> None:
+    def __init__(self, clock: Callable[[], int], give_back: GiveBack,
+                 give_back_after_ms: int = GIVE_BACK_AFTER_MS) -> None:
         self.clock = clock
         self.give_back = give_back
+        self.give_back_after_ms = give_back_after_ms
         self._held: dict[uuid.UUID, list[tuple[int, int, HeldLease]]] = {}
         self._topics: dict[uuid.UUID, Topic] = {}
         self._offered: set[int] = set()  # sequence numbers of due ones no call could take
@@ -150,9 +154,10 @@ class HeldLeases:
                 earliest = min((heap[0][0] for heap in self._held.values() if heap),
                                default=None)
                 now = self.clock()
-                if earliest is None or earliest + GIVE_BACK_AFTER_MS > now:
-                    wait_ms = 1000 if earliest is None else earliest + GIVE_BACK_AFTER_MS - now
+                after = self.give_back_after_ms
+                if earliest is None or earliest + after > now:
+                    wait_ms = 1000 if earliest is None else earliest + after - now
                     self._changed.wait(wait_ms / 1000)
                     continue
-            self._give_back_all(self.clock() - GIVE_BACK_AFTER_MS)
+            self._give_back_all(self.clock() - self.give_back_after_ms)
 

@@ -85,7 +85,7 @@ class Services:
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
-        self.held = HeldLeases(clock, self._give_back)
+        self.held = HeldLeases(clock, self._give_back, config.pull_give_back_ms)
         self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
                                                        wake_at=self._hand_out_at)
 

@@ -1,10 +1,11 @@
 """Pull leases taken ahead (app.pull_ahead) on the real node: a long-polling call is handed a
 message at its due time, from a lease taken before it; a cancel before the due time wins; a
 message no call took is given back with its attempt not counted; a process that closes gives
-back what it holds."""
+back what it holds, and so does an API worker that gunicorn stops."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from typing import Any
@@ -12,10 +13,14 @@ from typing import Any
 from flask import Flask
 
 from app import create_app
+from app.client import Client
 from app.config import Config
 from app.services import Services
 from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
+from tests.serving import serving
+
+EXIT_PORT = 18092
 
 
 def _held(app: Flask) -> int:
@@ -165,3 +170,28 @@ def test_a_closing_process_gives_back_what_it_holds(
     assert parse_instant(row["deliver_at"]) > now_ms()  # given back before its due time
     [message] = mine.lease(max_messages=1, wait_ms=3000)
     assert message["id"] == "later" and message["attempt"] == 1
+
+
+def test_an_api_worker_that_stops_gives_back_what_it_holds(
+        app: Flask, config: Config, auth: dict[str, str]) -> None:
+    """gunicorn stopping a worker (a deploy, a restart, `HUP`) closes its services, so what
+    it leased ahead for the next call of a consumer is scheduled again at once, not left
+    leased until the lease ends a minute later."""
+    name = f"exit{secrets.token_hex(3)}"
+    # given back by the worker's close, not by the timer of a worker still running
+    with serving(config.keyspace, EXIT_PORT, DUETIME_PULL_AHEAD_MS="1000",
+                 DUETIME_PULL_GIVE_BACK_MS="60000") as base:
+        api = Client(base, auth["Authorization"].split()[1])
+        api.put_topic(name, lease_seconds=60)
+        due = now_ms() + 2500
+        api.enqueue(name, {"n": 1}, id="first", deliver_at=format_ms(due))
+        api.enqueue(name, {"n": 2}, id="later", deliver_at=format_ms(due + 600))
+        # both leased ahead for this call; it leaves with the first at its due time, and the
+        # other stays held for the consumer's next call
+        [message] = api.lease(name, max_messages=2, wait_ms=5000)
+        assert message["id"] == "first"
+        topic = TopicClient(app.test_client(), auth, name=name)
+        assert topic.get("later").get_json()["state"] == "leased"
+        api.close()  # no connection left open to keep the worker's graceful stop waiting
+    row = topic.get("later").get_json()
+    assert row["state"] == "scheduled" and row["attempts"] == 0, row
