@@ -88,6 +88,7 @@ class Client:
         headers = self._headers if data is None else self._json_headers
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
+            pause_s = self.backoff_s * 2 ** attempt
             try:
                 answer = self._pool.urlopen(method, self._prefix + path, body=data,
                                             headers=headers, retries=False, redirect=False)
@@ -101,12 +102,11 @@ class Client:
                 if not idempotent or last:
                     raise ApiUnreachable(f"{method} {path}: {exc}") from exc
             else:
-                if answer.status in RETRIED_STATUSES and not last:
-                    hint = answer.headers.get("Retry-After", "")
-                    time.sleep(float(hint) if hint.isdigit() else self.backoff_s * 2 ** attempt)
-                    continue
-                return _answer(answer)
-            time.sleep(self.backoff_s * 2 ** attempt)
+                if answer.status not in RETRIED_STATUSES or last:
+                    return _answer(answer)
+                hint = answer.headers.get("Retry-After", "")
+                pause_s = float(hint) if hint.isdigit() else pause_s
+            time.sleep(pause_s)
         raise AssertionError("unreachable")
 
     # topics
