@@ -56,8 +56,8 @@ Move = tuple[str | None, str, str | None]  # (state before or None if new, after
 Deltas = tuple[dict[str, int], dict[str, dict[str, int]]]  # per state; per campaign, per state
 
 
-def _deltas(moves: Sequence[Move], sign: int = 1) -> Deltas:
-    """How the topic's per-state counts and each campaign's move, times sign."""
+def _deltas(moves: Sequence[Move]) -> Deltas:
+    """How the topic's per-state counts and each campaign's move."""
     deltas: dict[str, int] = {}
     per_campaign: dict[str, dict[str, int]] = {}
     for before, after, campaign in moves:
@@ -65,8 +65,8 @@ def _deltas(moves: Sequence[Move], sign: int = 1) -> Deltas:
             continue
         for target in [deltas] + ([per_campaign.setdefault(campaign, {})] if campaign else []):
             if before is not None:
-                target[before] = target.get(before, 0) - sign
-            target[after] = target.get(after, 0) + sign
+                target[before] = target.get(before, 0) - 1
+            target[after] = target.get(after, 0) + 1
     return deltas, per_campaign
 
 
@@ -103,18 +103,21 @@ class CountedAhead:
 
     moves: Sequence[Move]
     sent: list[ResponseFuture]
+    unsent: Sequence[tuple[str, Sequence[Any]]] = ()  # `also` updates that failed to go
 
 
 def count_ahead(services: Services, topic: Topic, moves: Sequence[Move],
                 also: Sequence[tuple[str, Sequence[Any]]] = ()) -> CountedAhead:
     """Send the counter moves of transitions about to be tried (and `also`, more counter
     updates), before knowing which apply; count_applied then takes back those that did not.
-    A failure to send is logged, not raised: counters never fail a transition."""
+    A failure to send is logged, not raised: counters never fail a transition (what was not
+    sent is sent with the settlement; one that failed after part of its batches went may
+    leave a count off, as a counter write that times out does)."""
     try:
         return CountedAhead(moves, _send(services, topic, _deltas(moves), False, also))
     except StoreUnavailable as exc:
         log.warning("counters not sent ahead: %s", exc)
-        return CountedAhead((), [])
+        return CountedAhead((), [], also)
 
 
 def count_applied(services: Services, topic: Topic, ahead: CountedAhead,
@@ -135,7 +138,8 @@ def count_applied(services: Services, topic: Topic, ahead: CountedAhead,
         mine = per_campaign.setdefault(name, {})
         for state, n in per_state.items():
             mine[state] = mine.get(state, 0) - n
-    sent = ahead.sent + _send(services, topic, (topic_deltas, per_campaign), False, also)
+    sent = ahead.sent + _send(services, topic, (topic_deltas, per_campaign), False,
+                              [*ahead.unsent, *also])
     services.db.results(sent)
 
 
