@@ -3,8 +3,9 @@ dashboard (app.store.lag), beside the process's Prometheus histogram (app.metric
 
 A process adds up the lags it observes per (topic, minute) and rewrites its totals every
 FLUSH_S seconds from a daemon thread, under a writer id of its own (made after fork, so
-gunicorn workers never share one). What a process observed in its last FLUSH_S before it
-died is not written: the chart is a view, the metrics are the record.
+gunicorn workers never share one). A process that closes writes what is left (an API worker
+closes when gunicorn stops it); what one observed in its last FLUSH_S before it died is not
+written: the chart is a view, the metrics are the record.
 """
 
 from __future__ import annotations
