@@ -13,7 +13,7 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
-from app.models import MessageState
+from app.models import MessageState, Topic
 from app.services import Services
 from tests.consumers import TopicClient
 from workers.operations import OperationRunner
@@ -36,12 +36,17 @@ def states_of(services: Services, topic_uid: uuid.UUID, campaign: str) -> dict[s
                                            "dead")}
 
 
-def topic_uid(services: Services, auth: dict[str, str], name: str) -> uuid.UUID:
+def topic_of(services: Services, auth: dict[str, str], name: str) -> Topic:
+    """The topic `name` of the tenant whose key `auth` carries."""
     tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
     assert tenant is not None
     found = services.topics.get(tenant, name)
     assert found is not None
-    return found.uid
+    return found
+
+
+def topic_uid(services: Services, auth: dict[str, str], name: str) -> uuid.UUID:
+    return topic_of(services, auth, name).uid
 
 
 def campaign(topic: TopicClient, name: str) -> dict[str, Any]:

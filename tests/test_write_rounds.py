@@ -10,8 +10,8 @@ from typing import Any
 from flask import Flask
 
 from app import leasing
-from app.models import Topic
 from app.services import Services
+from tests.campaign_helpers import topic_of
 from tests.consumers import TopicClient
 
 
@@ -20,14 +20,6 @@ def _stats(topic: TopicClient) -> dict[str, Any]:
     assert answer.status_code == 200
     stats: dict[str, Any] = answer.get_json()
     return stats
-
-
-def _topic_of(services: Services, topic: TopicClient) -> Topic:
-    tenant = services.keys.tenant_of(topic.headers["Authorization"].split()[1])
-    assert tenant is not None
-    found = services.topics.get(tenant, topic.name)
-    assert found is not None
-    return found
 
 
 class _StageLater:
@@ -52,7 +44,7 @@ def test_a_pass_that_finds_a_pointer_before_its_row_leaves_it_for_the_next(
     leases the message once its row is there."""
     services: Services = app.extensions["duetime"]
     topic = TopicClient(app.test_client(), auth)
-    found = _topic_of(services, topic)
+    found = topic_of(services, auth, topic.name)
     start_stage, place = services.messages.start_stage, services.placer.place
     between: list[list[Any]] = []
 
