@@ -47,6 +47,7 @@ class Waiter(Generic[T]):
     deadline: float  # monotonic seconds
     served: bool = False  # a pass that started after this call arrived has looked for it
     in_pass: bool = False  # a pass is leasing for this call right now
+    in_hand: bool = False  # a hand-out is deciding what this call gets right now
     got: list[T] | None = None
     error: BaseException | None = None
 
@@ -98,7 +99,8 @@ class PollGroups(Generic[T]):
         is leasing for it. hand_out(waiters), when given, runs at the moments
         wake_at(key) names, beside a pass if one is running, for every call still
         without an answer; what a pass then leases for a call a hand-out answered goes
-        to spill(terms, items)."""
+        to spill(terms, items). Nor does a call leave empty while a hand-out is deciding
+        what it gets: what it hands a call is that call's answer, late as it may be."""
         deadline = time.monotonic() + wait_ms / 1000
         me: Waiter[T] = Waiter(want, terms, deadline)
         with self._changed:
@@ -112,7 +114,7 @@ class PollGroups(Generic[T]):
                     if me.got is not None:
                         return me.got
                     now = time.monotonic()
-                    if me.served and not me.in_pass and now >= deadline:
+                    if me.served and not (me.in_pass or me.in_hand) and now >= deadline:
                         self._leave(key, group, me)
                         return []
                     if hand_out is not None and self._hand_out_due(key, group, now):
@@ -128,7 +130,7 @@ class PollGroups(Generic[T]):
                     self._changed.wait(self._sleep_s(key if hand_out else None, group, me,
                                                      now, deadline))
             if hand_out is not None:
-                self._hand_out(key, group, hand_out)
+                self._hand_out(key, group, hand_out, spill)
 
     def _pass_due(self, group: _Group[T], now: float) -> bool:
         """Should a pass start now: none running, and a call no pass has served yet, or an
@@ -146,31 +148,43 @@ class PollGroups(Generic[T]):
         wake = self.wake_at(key)
         return wake is not None and now >= wake
 
-    def _hand_out(self, key: Hashable, group: _Group[T], hand_out: Pass[T]) -> None:
+    def _hand_out(self, key: Hashable, group: _Group[T], hand_out: Pass[T],
+                  spill: Spill[T] | None) -> None:
         """Run one hand-out (group.handing is set) for every call still without an answer,
         those a pass is leasing for included: a call that gets messages is answered at once,
-        and what the pass leases for it after all goes to spill (see _run). An error goes to
-        the calls it was for."""
+        and what the pass leases for it after all goes to spill (see _run). A call a pass
+        answered while the hand-out ran keeps that answer, and its share of the hand-out goes
+        to spill. An error goes to the calls it was for that no pass answered."""
         with self._changed:
             now = time.monotonic()
             batch = [w for w in group.queue
                      if w.got is None and w.error is None and now < w.deadline]
+            for w in batch:
+                w.in_hand = True
         shares: Sequence[list[T]] = []
         error: BaseException | None = None
         try:
             shares = hand_out(batch) if batch else []
         except BaseException as exc:  # re-raised in the calls it was for
             error = exc
+        spilled: list[tuple[Any, list[T]]] = []
         with self._changed:
             group.handing = False
             for index, w in enumerate(batch):
-                if error is not None:
+                w.in_hand = False
+                answered = w.got is not None or w.error is not None  # by a pass meanwhile
+                if error is not None and not answered:
                     w.error = error
-                elif shares[index]:
+                elif error is None and shares[index] and answered:
+                    spilled.append((w.terms, shares[index]))
+                elif error is None and shares[index]:
                     w.got = shares[index]
                 if (w.error is not None or w.got is not None) and not w.in_pass:
                     self._leave(key, group, w)
             self._changed.notify_all()
+        for terms, items in spilled:
+            if spill is not None:
+                spill(terms, items)
 
     def _choose(self, group: _Group[T], now: float) -> list[Waiter[T]]:
         """The calls the pass starting now serves: calls no pass has served yet first, then
@@ -196,7 +210,7 @@ class PollGroups(Generic[T]):
                  deadline: float) -> float:
         """How long a waiter may sleep before it must look again (a notify can end it sooner);
         with key, until a hand-out over it is due at the latest."""
-        limits = [deadline - now] if me.served and not me.in_pass else []
+        limits = [deadline - now] if me.served and not (me.in_pass or me.in_hand) else []
         if not group.running:
             limits.append(group.last_start + self.interval_s - now)
         wake = self.wake_at(key) if key is not None and not group.handing else None

@@ -244,3 +244,56 @@ def test_a_hand_out_answers_a_call_a_pass_is_leasing_for_and_the_pass_spills() -
     while not spilled and time.monotonic() < deadline:
         time.sleep(0.01)
     assert spilled == [("a", [9])]  # what the pass leased for it is not lost
+
+
+def test_a_hand_out_never_loses_what_it_handed_a_call_whose_wait_ran_out() -> None:
+    # Two served calls wait; a hand-out starts for both on the thread of the long one and
+    # outlasts the short one's wait. The short call must leave with its share, not empty
+    # (its messages are leased: dropped here, they would come back only when the lease ends).
+    began = time.monotonic()
+    handed: list[float] = []
+
+    def hand_out(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        handed.append(time.monotonic())
+        time.sleep(0.3)  # a slow check read
+        return [[w.terms] for w in waiters]
+
+    out: dict[int, list[int]] = {}
+    long_call = threading.Thread(target=lambda: out.__setitem__(
+        1, groups.lease("t", 1, 1, 5000, passes, hand_out)))
+
+    def wake_at(key: Hashable) -> float | None:
+        # only the long call's thread sees the wake time, so that it runs the hand-out
+        mine = threading.current_thread() is long_call
+        return None if handed or not mine else began + 0.1
+
+    groups: PollGroups[int] = PollGroups(interval_ms=10_000, wake_at=wake_at)
+    passes = Passes()  # nothing due: each call's first pass finds nothing
+    long_call.start()
+    time.sleep(0.05)  # its pass done; it waits for the hand-out at 0.1
+    out[2] = groups.lease("t", 1, 2, 150, passes, hand_out)  # wait ends during the hand-out
+    long_call.join(5)
+    assert len(handed) == 1
+    assert out == {1: [1], 2: [2]}
+
+
+def test_a_pass_and_a_hand_out_that_answer_one_call_together_lose_neither_share() -> None:
+    # The call's first pass is still leasing for it when a hand-out for it starts; the pass
+    # ends first. The call leaves with one share; the other goes to spill, not lost.
+    began = time.monotonic()
+    handed: list[float] = []
+    spilled: list[tuple[object, list[int]]] = []
+
+    def hand_out(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        handed.append(time.monotonic())
+        time.sleep(0.3)  # a slow check read, outlasting the pass
+        return [[7] for _ in waiters]
+
+    groups: PollGroups[int] = PollGroups(
+        interval_ms=10_000, wake_at=lambda key: None if handed else began + 0.1)
+    passes = Passes(supply=[9], duration_s=0.2)  # running from 0 to 0.2
+    got = groups.lease("t", 1, "a", 2000, passes, hand_out,
+                       lambda terms, items: spilled.append((terms, items)))
+    assert len(handed) == 1
+    assert sorted(got + [m for _, items in spilled for m in items]) == [7, 9]
+    assert len(got) == 1 and all(terms == "a" for terms, _ in spilled)
