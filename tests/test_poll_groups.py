@@ -297,3 +297,34 @@ def test_a_pass_and_a_hand_out_that_answer_one_call_together_lose_neither_share(
     assert len(handed) == 1
     assert sorted(got + [m for _, items in spilled for m in items]) == [7, 9]
     assert len(got) == 1 and all(terms == "a" for terms, _ in spilled)
+
+
+def test_passes_run_on_threads_kept_for_the_next_passes() -> None:
+    """A pass starts on a thread left idle by an earlier one (starting a thread is a wait
+    on the call's path); passes over two topics at once each get a thread."""
+    groups: PollGroups[int] = PollGroups(interval_ms=25)
+    threads: list[int] = []
+
+    def recording(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        threads.append(threading.get_ident())
+        return [[1] for _ in waiters]
+
+    for _ in range(5):
+        assert groups.lease("t", 1, 0, 0, recording) == [1]
+        time.sleep(0.02)  # the pass's thread marks itself idle just after the call's answer
+    assert len(set(threads)) == 1 and threading.get_ident() not in threads
+
+    both = threading.Barrier(2, timeout=5)
+
+    def meeting(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        both.wait()  # returns only while the other topic's pass runs too
+        return [[2] for _ in waiters]
+
+    out: dict[int, list[int]] = {}
+    calls = [threading.Thread(target=lambda key=key, n=n: out.__setitem__(
+        n, groups.lease(key, 1, n, 0, meeting))) for n, key in enumerate(("a", "b"))]
+    for call in calls:
+        call.start()
+    for call in calls:
+        call.join(10)
+    assert out == {0: [2], 1: [2]}
