@@ -21,7 +21,6 @@ make up): a keyspace holding backlogs nobody consumes is not idle.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -29,26 +28,21 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.bench.run import ROOT, URL, dev_headers, now_ms, releaser_pid, report
-from tests.bench.schedules import cpu_s
+from tests.bench.run import (
+    URL,
+    api_pids,
+    cassandra_pid,
+    cpu_s,
+    dev_headers,
+    now_ms,
+    releaser_pid,
+    report,
+)
 from tests.receiver import Receiver, receiving
 
 SETTLE_S = 45
 MEASURE_S = 60
 REQUESTS = "duetime_cassandra_request_duration_seconds_count"
-
-
-def api_pids() -> list[int]:
-    """The gunicorn master `make up` started and its workers."""
-    port = os.environ.get("DUETIME_HTTP_PORT", "8080")
-    master = int((ROOT / f"var/run/api-{port}.pid").read_text())
-    children = subprocess.run(["pgrep", "-P", str(master)], capture_output=True,
-                              text=True).stdout.split()
-    return [master, *map(int, children)]
-
-
-def cassandra_pid() -> int:
-    return int((ROOT / "var/cassandra/dev/cassandra.pid").read_text())
 
 
 def requests_made(url: str) -> float:

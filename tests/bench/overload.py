@@ -27,8 +27,15 @@ from typing import Any
 import requests
 
 from tests.bench.campaigns import _rss_mib
-from tests.bench.idle import api_pids
-from tests.bench.run import URL, dev_headers, make_topic, percentile, report, timed_threads
+from tests.bench.run import (
+    URL,
+    api_pids,
+    dev_headers,
+    make_topic,
+    percentile,
+    report,
+    timed_threads,
+)
 
 SUSTAIN_PRODUCERS = 8
 GENERATORS = 2  # processes offering the load

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import requests
@@ -34,6 +32,7 @@ from app.timeparse import cql_ms
 from tests.bench.run import (
     OUT,
     URL,
+    cpu_s,
     dev_headers,
     make_topic,
     now_ms,
@@ -56,11 +55,6 @@ def create(headers: dict[str, str], topic: str, count: int, threads: int = 8) ->
 
     return timed_threads([functools.partial(work, range(k, count, threads))
                           for k in range(threads)])
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def idle_cost(pid: int, seconds: float = 24) -> float:

@@ -30,8 +30,7 @@ import requests
 from app.config import load_config
 from app.services import Services
 from app.timeparse import parse_instant
-from tests.bench.run import OUT, URL, percentile, releaser_pid, timed_threads
-from tests.bench.schedules import cpu_s
+from tests.bench.run import OUT, URL, cpu_s, percentile, releaser_pid, timed_threads
 from tests.receiver import Receiver, receiving
 
 THREADS = 8
