@@ -74,6 +74,29 @@ def _never(key: Hashable) -> float | None:
     return None
 
 
+def _answer(w: Waiter[T], share: list[T], error: BaseException | None,
+            spilled: list[tuple[Any, list[T]]]) -> None:
+    """Give a call what a pass or a hand-out found for it (holding the groups' lock). The
+    first answer stands: a later share goes to `spilled` (to be held for the next call,
+    never lost), and a later error is dropped."""
+    answered = w.got is not None or w.error is not None
+    if error is not None:
+        if not answered:
+            w.error = error
+    elif share:
+        if answered:
+            spilled.append((w.terms, share))
+        else:
+            w.got = share
+
+
+def _spill_all(spill: Spill[T] | None, spilled: list[tuple[Any, list[T]]]) -> None:
+    """Hand each late share to spill (outside the groups' lock)."""
+    for terms, items in spilled:
+        if spill is not None:
+            spill(terms, items)
+
+
 class _Runners:
     """Daemon threads that run jobs, one job each at a time, kept for the next job once idle:
     starting a thread costs its starter a wait for the new thread to run (0.1 ms alone, more
@@ -203,19 +226,11 @@ class PollGroups(Generic[T]):
             group.handing = False
             for index, w in enumerate(batch):
                 w.in_hand = False
-                answered = w.got is not None or w.error is not None  # by a pass meanwhile
-                if error is not None and not answered:
-                    w.error = error
-                elif error is None and shares[index] and answered:
-                    spilled.append((w.terms, shares[index]))
-                elif error is None and shares[index]:
-                    w.got = shares[index]
+                _answer(w, shares[index] if error is None else [], error, spilled)
                 if (w.error is not None or w.got is not None) and not w.in_pass:
                     self._leave(key, group, w)
             self._changed.notify_all()
-        for terms, items in spilled:
-            if spill is not None:
-                spill(terms, items)
+        _spill_all(spill, spilled)
 
     def _choose(self, group: _Group[T], now: float) -> list[Waiter[T]]:
         """The calls the pass starting now serves: calls no pass has served yet first, then
@@ -271,19 +286,11 @@ class PollGroups(Generic[T]):
                 batch = [me]  # the lock itself failed: this call answers for it
             for index, w in enumerate(batch):
                 w.served, w.in_pass = True, False
-                answered = w.got is not None or w.error is not None  # by a hand-out
-                if error is None and shares[index] and answered:
-                    spilled.append((w.terms, shares[index]))
-                elif error is not None and not answered:
-                    w.error = error
-                elif error is None and shares[index]:
-                    w.got = shares[index]
+                _answer(w, shares[index] if error is None else [], error, spilled)
                 if w.error is not None or w.got is not None:
                     self._leave(key, group, w)
             self._changed.notify_all()
-        for terms, items in spilled:
-            if spill is not None:
-                spill(terms, items)
+        _spill_all(spill, spilled)
 
     def _leave(self, key: Hashable, group: _Group[T], w: Waiter[T]) -> None:
         if w in group.queue:

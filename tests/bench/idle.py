@@ -28,16 +28,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.bench.run import (
-    URL,
-    api_pids,
-    cassandra_pid,
-    cpu_s,
-    dev_headers,
-    now_ms,
-    releaser_pid,
-    report,
-)
+from tests.bench.run import URL, dev_headers, now_ms, report, stack_cpu_s
 from tests.receiver import Receiver, receiving
 
 SETTLE_S = 45
@@ -83,17 +74,15 @@ def make_drained_topics(headers: dict[str, str], count: int, target: Receiver) -
 
 
 def measure(seconds: float) -> dict[str, Any]:
-    processes = {"api": api_pids(), "releaser": [releaser_pid()], "cassandra": [cassandra_pid()]}
     port = os.environ.get("DUETIME_RELEASER_METRICS_PORT", "9464")
     releaser_metrics = f"http://127.0.0.1:{port}/metrics"
-    cpu_before = {k: sum(cpu_s(p) for p in pids) for k, pids in processes.items()}
+    cpu_before = stack_cpu_s()
     calls_before = {"api": requests_made(f"{URL}/metrics"),
                     "releaser": requests_made(releaser_metrics)}
     began = time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - began
-    cores = {k: round((sum(cpu_s(p) for p in pids) - cpu_before[k]) / elapsed, 4)
-             for k, pids in processes.items()}
+    cores = {k: round((v - cpu_before[k]) / elapsed, 4) for k, v in stack_cpu_s().items()}
     calls = {"api": requests_made(f"{URL}/metrics"),
              "releaser": requests_made(releaser_metrics)}
     return {"cores": {**cores, "total": round(sum(cores.values()), 4)},
