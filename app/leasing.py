@@ -76,6 +76,7 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
     Webhook topics are delivered by the releasers only: leasing one is a 409."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
+    services.pull_wakes.start()
     return services.poll_groups.lease(topic.uid, max_messages, Hold(lease_s, consumer), wait_ms,
                                       lambda waiters: _pass(services, topic, waiters),
                                       lambda waiters: _hand_out(services, topic, waiters),
@@ -94,8 +95,10 @@ def _pass(services: Services, topic: Topic,
     due and this pass left is kept for the next passes. Messages due within the pull
     look-ahead are leased too, for the calls that will still be waiting then, and held
     until their due time (app.pull_ahead). Then the cursors move past what is spent, in
-    steps of at least CURSOR_STEP_MS. Returns each call's share."""
+    steps of at least CURSOR_STEP_MS. A pass whose read found nothing lets the topic rest
+    (_rest). Returns each call's share."""
     now = services.clock()
+    wakes = services.poll_groups.wakes(topic.uid)  # before the read: see PollGroups.rest
     run = _Run(waiters, now)
     services.found_due.catch_up(topic.uid)
     _hand_held(services, topic, waiters, run.shares, now)
@@ -108,8 +111,9 @@ def _pass(services: Services, topic: Topic,
             used = _take_rounds(services, topic, run, order, ahead_ms=0, patient=[],
                                 held_before=0, untaken=[])
             services.found_due.keep(topic.uid, dataclasses.replace(found, due=order[used:]))
-    if run.wanted() > 0:
-        _read_and_take(services, topic, run)
+    quiet_until = _read_and_take(services, topic, run) if run.wanted() > 0 else None
+    if quiet_until is not None and not any(run.shares):
+        _rest(services, topic, quiet_until, wakes)
     services.held.hold(topic, run.held)
     services.found_due.took(topic.uid, run.taken)
     services.lag.observe(topic.uid, "pull", [now - m.due_ms for share, first
@@ -150,9 +154,13 @@ def _not_paused(services: Services, topic: Topic, due: list[Due]) -> list[Due]:
     return [d for d in due if d.row.id not in paused]
 
 
-def _read_and_take(services: Services, topic: Topic, run: _Run) -> None:
+def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     """Read the due messages of every shard and lease them for the run's calls; keep what is
-    left (app.found_due) and move the cursors."""
+    left (app.found_due) and move the cursors. When the read found nothing due, could
+    settle every pointer it read and was not cut short, and long polls may rest
+    (app.pull_wakes), it also peeked an idle period further; returns until when (epoch ms)
+    nothing can then come due that it did not see but what is written after it (its next
+    pass leases ahead by then). Else None."""
     now, waiters = run.now, run.waiters
     ahead_ms = services.config.pull_ahead_ms
     patient = [n for n, w in enumerate(waiters)
@@ -161,8 +169,9 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> None:
     if sum(waiters[n].want - run.counted[n] for n in patient) <= held_before:
         ahead_ms = 0  # what is held already fills every call that waits
     mark = services.found_due.mark()
+    idle_ms = services.config.pull_idle_ms if services.pull_wakes.ready() else 0
     result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
-                                   ahead_ms=ahead_ms)
+                                   ahead_ms=ahead_ms, peek_ms=idle_ms)
     # Lower priority values first, then round-robin across groups (app.fairness), each in
     # the order of deliver_at: messages brought back at once (a campaign resumed, a retry)
     # go in their due order. Otherwise that is timeline order within each lane: what is
@@ -177,6 +186,21 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> None:
     moves = result.moves(untaken + order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
+    if not idle_ms or order or result.cut or result.unsettled:
+        return None
+    quiet_until = now + idle_ms
+    if result.next_ms is not None:
+        quiet_until = min(quiet_until, result.next_ms - services.config.pull_ahead_ms)
+    return quiet_until
+
+
+def _rest(services: Services, topic: Topic, quiet_until: int, wakes: int) -> None:
+    """No interval pass over the topic in this process until quiet_until (epoch ms) unless
+    a wake-up comes (app.poll_groups.PollGroups.rest); none at all when a wake-up came
+    since this pass began (`wakes`: its read may have missed that write)."""
+    rest_s = (quiet_until - services.clock()) / 1000
+    if rest_s > services.poll_groups.interval_s:
+        services.poll_groups.rest(topic.uid, time.monotonic() + rest_s, wakes)
 
 
 def _take_rounds(services: Services, topic: Topic, run: _Run, order: list[Due], ahead_ms: int,

@@ -30,11 +30,13 @@ class PointerPlacer:
     """Thread-safe; one per process."""
 
     def __init__(self, store: TimelineStore, config: Config, wake: Wake = no_wake,
-                 placed: Callable[[uuid.UUID, int], None] | None = None) -> None:
+                 placed: Callable[[uuid.UUID, int], None] | None = None,
+                 pull_written: Callable[[uuid.UUID], None] | None = None) -> None:
         self.store = store
         self.config = config
         self._wake = wake  # app.wakeups
         self._placed = placed  # (topic uid, earliest due ms) of what was written: FoundDue
+        self._pull_written = pull_written  # a pull topic's pointers due soon: app.pull_wakes
         self._lock = threading.Lock()
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
@@ -153,8 +155,9 @@ class PointerPlacer:
     def _tell(self, topic_uid: uuid.UUID, placed: list[tuple[int, int, int, Pointer, int]],
               outcomes: list[Exception | None], now_ms: int, pushed: bool) -> None:
         """Let readers know of pointers just written: bucket_writes counts, this process's
-        FoundDue (the earliest due time placed, whatever the outcomes) and, for a pushed
-        topic, the releasers' wake-up when one is due within their look-ahead."""
+        FoundDue (the earliest due time placed, whatever the outcomes), and a wake-up: for a
+        pushed topic the releasers' when one is due within their look-ahead, for a pull
+        topic the long polls' when one is due within pull_wake_ms."""
         written = [(bucket, shard, p) for (bucket, shard, _, p, _), err
                    in zip(placed, outcomes, strict=True) if err is None]
         counts: dict[tuple[int, int], int] = defaultdict(int)
@@ -167,3 +170,13 @@ class PointerPlacer:
         if pushed and any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms
                           for _, _, p in written):
             self._wake("due")
+        if not pushed and self._pull_written is not None and any(
+                p.due_at_ms <= now_ms + pull_wake_ms(self.config) for _, _, p in written):
+            self._pull_written(topic_uid)
+
+
+def pull_wake_ms(config: Config) -> int:
+    """How far ahead of its writer's clock a pull topic's pointer wakes the long polls
+    (app.pull_wakes): as far as a resting pass may have looked (its look-ahead and idle
+    period), plus the clock difference between processes that the safety lag allows."""
+    return config.pull_idle_ms + config.pull_ahead_ms + config.safety_lag_ms

@@ -12,10 +12,16 @@ next one comes due (wake_at); at that moment a waiting thread runs a hand-out (n
 timeline, no host lock), even while a pass is running, so the message goes out at its due
 moment rather than when the pass ends or at the next interval.
 
+A pass that found nothing may let its topic rest (rest): no interval pass until a given
+moment (the earliest pointer it saw ahead, or an idle period), unless a wake-up (wake)
+says a pointer was written meanwhile. A wake-up that comes while a pass is running makes
+that pass's rest void, since its read may have missed the write (wakes).
+
 So each pass reads every shard once for all the calls it serves, in one round, instead of
 each call racing the others of its process over shards and homes; idle consumers cost one
-pass per topic and interval in each process, not one per consumer; and a call is never
-answered before a pass that started after it arrived has looked for it. With a host lock
+pass per topic and interval in each process, not one per consumer, and on a resting topic
+one per idle period; and a call is never answered before a pass that started after it
+arrived has looked for it. With a host lock
 (app.host_locks) the passes of the processes of one host over a topic take turns as well.
 
 The passes themselves are the caller's (app.leasing); this module only orders them, so its
@@ -60,6 +66,12 @@ class _Group(Generic[T]):
     running: bool = False  # a pass
     handing: bool = False  # a hand-out (app.pull_ahead); it may run beside a pass
     last_start: float = float("-inf")  # monotonic seconds
+    rest_until: float = float("-inf")  # monotonic seconds: no interval pass before it
+    wakes: int = 0  # wake-ups heard while the group existed
+
+    def next_pass(self, interval_s: float) -> float:
+        """When the next interval pass is due (monotonic seconds)."""
+        return max(self.last_start + interval_s, self.rest_until)
 
 
 Pass = Callable[[Sequence[Waiter[T]]], Sequence[list[T]]]
@@ -186,13 +198,43 @@ class PollGroups(Generic[T]):
             if hand_out is not None:
                 self._hand_out(key, group, hand_out, spill)
 
+    def wakes(self, key: Hashable) -> int:
+        """How many wake-ups the calls over `key` have heard: a pass takes it before its read
+        and gives it to rest()."""
+        with self._changed:
+            group = self._groups.get(key)
+            return -1 if group is None else group.wakes
+
+    def rest(self, key: Hashable, until: float, wakes: int) -> bool:
+        """No interval pass over `key` before `until` (monotonic seconds), unless woken:
+        applies only while no wake-up came since wakes() returned `wakes`. Returns whether
+        it applied."""
+        with self._changed:
+            group = self._groups.get(key)
+            if group is None or group.wakes != wakes:
+                return False
+            group.rest_until = until
+            return True
+
+    def wake(self, key: Hashable) -> None:
+        """Something may have come due over `key` (a pointer written): end its rest. Cheap
+        when it is not resting (no waiting thread is woken)."""
+        with self._changed:
+            group = self._groups.get(key)
+            if group is None:
+                return
+            group.wakes += 1
+            if group.rest_until > time.monotonic():
+                group.rest_until = float("-inf")
+                self._changed.notify_all()
+
     def _pass_due(self, group: _Group[T], now: float) -> bool:
         """Should a pass start now: none running, and a call no pass has served yet, or an
-        interval since the last pass began?"""
+        interval since the last pass began and the group's rest over?"""
         if group.running or not group.queue:
             return False
         return (any(not w.served for w in group.queue)
-                or now >= group.last_start + self.interval_s)
+                or now >= group.next_pass(self.interval_s))
 
     def _hand_out_due(self, key: Hashable, group: _Group[T], now: float) -> bool:
         """Should a hand-out start now: none running (a pass may be), a call without an
@@ -250,6 +292,7 @@ class PollGroups(Generic[T]):
         for w in batch:
             w.in_pass = True
         group.last_start = now
+        group.rest_until = float("-inf")  # until this pass says otherwise (rest)
         return batch
 
     def _sleep_s(self, key: Hashable | None, group: _Group[T], me: Waiter[T], now: float,
@@ -258,7 +301,7 @@ class PollGroups(Generic[T]):
         with key, until a hand-out over it is due at the latest."""
         limits = [deadline - now] if me.served and not (me.in_pass or me.in_hand) else []
         if not group.running:
-            limits.append(group.last_start + self.interval_s - now)
+            limits.append(group.next_pass(self.interval_s) - now)
         wake = self.wake_at(key) if key is not None and not group.handing else None
         if wake is not None:  # (a hand-out running notifies when it ends)
             limits.append(wake - now)

@@ -51,12 +51,17 @@ class Due:
 class ScanResult:
     """Live pointers found; how far each shard's cursor could move were they all taken; the
     cursors the scan started from; whether the scan's caps stopped it before the end of some
-    partition (then more may be due than it found)."""
+    partition (then more may be due than it found). With a peek (DueScanner.scan): the due
+    time of the earliest pointer not known spent after the scan's due window and within the
+    peek (epoch ms; None: none), and whether a pointer found in the window was neither live
+    nor spent (its row still in flight: it may be live a moment later)."""
 
     due: list[Due]
     frontier_ms: dict[int, int]
     cursors_ms: dict[int, int]
     cut: bool = False
+    next_ms: int | None = None
+    unsettled: bool = False
 
     def moves(self, untaken: list[Due]) -> dict[int, int]:
         """Cursor moves once the live pointers not in `untaken` are spent: no cursor passes
@@ -125,6 +130,7 @@ class _LaneReader:
         self.loaded = 0  # entries of the lane taken from pages so far
         self.heap: list[tuple[int, str, int, int, Pointer, Iterator[Pointer]]] = []
         self.ended: list[int] = []  # entries that just ended, to be reported
+        self.closed: set[int] = set()  # entries not to be read further (close)
         self.done = False
 
     def _load(self) -> None:
@@ -137,7 +143,15 @@ class _LaneReader:
             self.loaded += 1
             self._push(index, found[1])
 
+    def close(self, index: int) -> None:
+        """Read no more of this entry (its pointers already fetched are dropped), and
+        report it as ended."""
+        self.closed.add(index)
+        self.ended.append(index)
+
     def _push(self, index: int, pointers: Iterator[Pointer]) -> None:
+        if index in self.closed:
+            return
         p = next(pointers, None)
         if p is None:
             self.ended.append(index)
@@ -152,6 +166,8 @@ class _LaneReader:
                 return self.ended.pop(), None
             if self.heap:
                 *_, index, p, pointers = heapq.heappop(self.heap)
+                if index in self.closed:
+                    continue
                 self._push(index, pointers)
                 return index, p
             if self.loaded == len(self.indexes):
@@ -165,12 +181,15 @@ class _Reads:
     """The pointers one scan collects across its lanes, within its caps."""
 
     def __init__(self, scanner: DueScanner, topic: Topic, quota: int,
-                 skip: Callable[[PointerKey], bool], settled_ms: int | None) -> None:
+                 skip: Callable[[PointerKey], bool], settled_ms: int | None,
+                 due_by_ms: int | None = None) -> None:
         self.spent = scanner.spent
         self.topic_uid = topic.uid
         self.quota = quota
         self.skip = skip
         self.settled_ms = settled_ms
+        self.due_by_ms = due_by_ms  # pointers after it are peeked at, not collected
+        self.next_ms: int | None = None  # the earliest of them not known spent
         self.unknown: list[Pointer] = []
         self.read = 0
         self.progress: dict[int, _Partition] = {}
@@ -199,8 +218,14 @@ class _Reads:
                 state.spent_prefix = (p.due_at_ms, p.id, p.version)
             else:
                 state.in_prefix = False
-            if not known and not self.skip(key):
-                self.unknown.append(p)
+            if known or self.skip(key):
+                continue
+            if self.due_by_ms is not None and p.due_at_ms > self.due_by_ms:
+                # the partition's first such pointer is all a peek needs of it
+                self.next_ms = min(p.due_at_ms, self.next_ms or p.due_at_ms)
+                reader.close(index)
+                continue
+            self.unknown.append(p)
 
 
 class SpentPointers:
@@ -294,10 +319,14 @@ class DueScanner:
         return plan
 
     def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
-             stored: dict[int, int] | None = None, ahead_ms: int = 0) -> ScanResult:
+             stored: dict[int, int] | None = None, ahead_ms: int = 0,
+             peek_ms: int = 0) -> ScanResult:
         """Live pointers due by now_ms + ahead_ms (at most about SCAN_SLACK x want) of the
         topic's shards (or of `shards`), and per-shard frontiers (never past now_ms less the
-        safety lag)."""
+        safety lag). With peek_ms, the same read also looks peek_ms further: next_ms is then
+        the earliest pointer there not known spent (one per partition is read), so a caller
+        that found nothing due knows nothing can come due before it but what is written
+        after the read."""
         stored = self.timeline.cursors(topic.uid) if stored is None else stored
         default = topic.created_at_ms - self.config.safety_lag_ms
         cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)
@@ -305,11 +334,15 @@ class DueScanner:
         if not cursors:
             return ScanResult([], {}, {})
         frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
-        plan = self._partitions(topic, cursors, now_ms + ahead_ms)
+        plan = self._partitions(topic, cursors, now_ms + ahead_ms + peek_ms)
+        peek: dict[str, int | None] = {}
         unknown, whole = self._read(topic, plan, want, frontier, lambda key: False,
-                                    now_ms - self.config.safety_lag_ms)
-        due, _ = self._settle(topic, unknown, lambda p, row: is_live(p, row, now_ms, ahead_ms))
-        return ScanResult(due, frontier, cursors, cut=len(whole) < len(plan))
+                                    now_ms - self.config.safety_lag_ms,
+                                    now_ms + ahead_ms if peek_ms else None, peek)
+        due, unsettled = self._settle(topic, unknown,
+                                      lambda p, row: is_live(p, row, now_ms, ahead_ms))
+        return ScanResult(due, frontier, cursors, cut=len(whole) < len(plan),
+                          next_ms=peek.get("next_ms"), unsettled=bool(unsettled))
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
                  pending: Callable[[PointerKey], bool],
@@ -386,11 +419,15 @@ class DueScanner:
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
               frontier: dict[int, int], skip: Callable[[PointerKey], bool],
-              settled_ms: int | None = None) -> tuple[list[Pointer], set[int]]:
+              settled_ms: int | None = None, due_by_ms: int | None = None,
+              peek: dict[str, int | None] | None = None) -> tuple[list[Pointer], set[int]]:
         """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
         the plan entries read whole. Lowers `frontier` so that no shard's cursor may pass
         what was not read. With settled_ms, each partition is read from its resume point, and
-        a spent prefix due before settled_ms moves that point.
+        a spent prefix due before settled_ms moves that point. With due_by_ms, a partition's
+        reading ends at its first such pointer due after it (the entry counts as read
+        whole: nothing due by due_by_ms is left in it), and peek["next_ms"] is set to the
+        earliest of those.
 
         Each fair-delivery lane (app.timeline.lane_of) is read on its own, in due order
         (_LaneReader):
@@ -404,7 +441,7 @@ class DueScanner:
         lanes: dict[int, list[int]] = defaultdict(list)
         for index, entry in enumerate(plan):
             lanes[entry[2] // LANE_STRIDE].append(index)
-        reads = _Reads(self, topic, quota, skip, settled_ms)
+        reads = _Reads(self, topic, quota, skip, settled_ms, due_by_ms)
         # pages of about the plan's share of what the scan wants; the first page of every
         # partition of a lane (up to READ_AHEAD of them) is requested at once
         page = -(-quota // max(1, len(plan)))
@@ -423,6 +460,8 @@ class DueScanner:
             if state.spent_prefix:
                 self.resume.advance(keys[index], state.spent_prefix)
         self.pointers_read += reads.read
+        if peek is not None:
+            peek["next_ms"] = reads.next_ms
         whole = {i for i, state in reads.progress.items() if state.whole}
         bucket_ms = self.config.bucket_ms
         for index, (bucket, shard, _, _, _) in enumerate(plan):

@@ -20,6 +20,7 @@ from app.models import Topic
 from app.placement import PointerPlacer
 from app.poll_groups import PollGroups
 from app.pull_ahead import HeldLease, HeldLeases
+from app.pull_wakes import PullWakes
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
@@ -31,6 +32,7 @@ from app.store.lag import LagStore
 from app.store.messages import MessageStore
 from app.store.operations import OperationStore
 from app.store.ownership import OwnershipStore
+from app.store.pull_listeners import PullListenerStore
 from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
@@ -63,8 +65,8 @@ class Services:
         self.db = CassandraSession(config)
         self.waker = Waker(OwnershipStore(self.db, config.release_ring).wake_addresses)
         self.keys = ApiKeyStore(self.db)
-        self.topics = TopicStore(self.db, self.waker.wake)
-        self.topic_cache = TopicCache(self.topics)
+        self.topics = TopicStore(self.db, self._wake)
+        self.topic_cache = TopicCache(self.topics, quiet=self._pull_wakes_ready)
         self.counts = CountStore(self.db)
         self.campaigns = CampaignStore(self.db)
         self.campaign_rules = CampaignRules(self.campaigns)
@@ -79,7 +81,7 @@ class Services:
         host_locks = HostLocks()
         self.found_due = FoundDue(clock, shared=TakenLog(host_locks.directory))
         self.placer = PointerPlacer(self.timeline, config, self.waker.wake,
-                                    self.found_due.placed)
+                                    self.found_due.placed, self._pull_written)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.quotas = Quotas(self.db, {
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),
@@ -88,6 +90,24 @@ class Services:
         self.held = HeldLeases(clock, self._give_back, config.pull_give_back_ms)
         self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
                                                        wake_at=self._hand_out_at)
+        self.pull_wakes = PullWakes(config, PullListenerStore(self.db, config.release_ring),
+                                    self.poll_groups.wake, self.topic_cache.wake)
+
+    def _wake(self, kind: str) -> None:
+        """Tell the releasers (app.wakeups), and of a topic change the processes serving long
+        polls too (their topic caches)."""
+        self.waker.wake(kind)
+        if kind == "topics":
+            self.pull_wakes.tell_topics()
+
+    def _pull_wakes_ready(self) -> bool:
+        return self.pull_wakes.ready()
+
+    def _pull_written(self, topic_uid: uuid.UUID) -> None:
+        """Pointers of a pull topic due soon were written: wake the long polls of this
+        process and of the others."""
+        self.poll_groups.wake(topic_uid)
+        self.pull_wakes.tell(topic_uid)
 
     def _give_back(self, topic: Topic, items: list[HeldLease]) -> None:
         from app.leasing import give_back  # the use case module imports this one
@@ -100,6 +120,7 @@ class Services:
         return None if due is None else time.monotonic() + (due - self.clock()) / 1000
 
     def close(self) -> None:
+        self.pull_wakes.close()
         self.waker.close()
         self.quotas.close()
         self.lag.close()

@@ -27,12 +27,14 @@ import time
 from collections.abc import Callable
 
 from app import metrics
+from app.config import Config
 from app.errors import DuetimeError
 
 KINDS = frozenset({"due", "topics", "schedules", "operations"})
 PREFIX = b"duetime-wake "
 COALESCE_MS = 2
 ADDRESSES_EVERY_MS = 2000
+DATAGRAM_MAX = 1200  # bytes: within any path's MTU, so no datagram is fragmented
 log = logging.getLogger(__name__)
 
 Addresses = Callable[[], list[str]]
@@ -43,16 +45,27 @@ def no_wake(kind: str) -> None:
     """A Wake that tells no releaser (stores built outside Services, test doubles)."""
 
 
-def encode(kinds: set[str]) -> bytes:
-    return PREFIX + ",".join(sorted(kinds)).encode()
+def encode(kinds: set[str], prefix: bytes = PREFIX) -> list[bytes]:
+    """The datagrams that carry these kinds (more than one when they do not fit in
+    DATAGRAM_MAX bytes)."""
+    datagrams: list[bytes] = []
+    body = b""
+    for kind in sorted(kinds):
+        item = kind.encode()
+        if body and len(prefix) + len(body) + 1 + len(item) > DATAGRAM_MAX:
+            datagrams.append(prefix + body)
+            body = b""
+        body = body + b"," + item if body else item
+    return [*datagrams, prefix + body]
 
 
-def decode(datagram: bytes) -> set[str]:
-    """The kinds a datagram asks for (unknown kinds and foreign datagrams: none)."""
-    if not datagram.startswith(PREFIX):
+def decode(datagram: bytes, prefix: bytes = PREFIX,
+           known: frozenset[str] | None = KINDS) -> set[str]:
+    """The kinds a datagram asks for (with `known`, only those; foreign datagrams: none)."""
+    if not datagram.startswith(prefix):
         return set()
-    return {k for k in datagram[len(PREFIX):].decode("ascii", "replace").split(",")
-            if k in KINDS}
+    return {k for k in datagram[len(prefix):].decode("ascii", "replace").split(",")
+            if k and (known is None or k in known)}
 
 
 def parse_address(address: str) -> tuple[str, int] | None:
@@ -63,11 +76,26 @@ def parse_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-class Waker:
-    """Thread-safe; one per process. wake() never blocks on the network or Cassandra."""
+def advertised_host(config: Config) -> str:
+    """DUETIME_WAKE_HOST, else this host's name resolved (a pod's IP), else loopback."""
+    if config.wake_host:
+        return config.wake_host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
-    def __init__(self, addresses: Addresses) -> None:
+
+class Waker:
+    """Thread-safe; one per process. wake() never blocks on the network or Cassandra. With
+    `label`, every kind sent counts under that label in WAKEUPS_SENT (kinds that name
+    topics would otherwise make a label each)."""
+
+    def __init__(self, addresses: Addresses, prefix: bytes = PREFIX,
+                 label: str | None = None) -> None:
         self._addresses = addresses
+        self._prefix = prefix
+        self._label = label
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._signal = threading.Event()
@@ -111,13 +139,16 @@ class Waker:
                 log.debug("releaser addresses not read: %s", exc)
         if self._socket is None:
             self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        datagram = encode(kinds)
+        datagrams = encode(kinds, self._prefix)
         for address in self._known:
             try:
-                self._socket.sendto(datagram, address)
-                for kind in kinds:
+                for datagram in datagrams:
+                    self._socket.sendto(datagram, address)
+                if self._label is not None:
+                    metrics.WAKEUPS_SENT.labels(self._label).inc(len(kinds))
+                for kind in kinds if self._label is None else ():
                     metrics.WAKEUPS_SENT.labels(kind).inc()
-            except OSError as exc:  # a releaser gone or unreachable: its polls cover it
+            except OSError as exc:  # a listener gone or unreachable: its polls cover it
                 log.debug("wake to %s not sent: %s", address, exc)
 
     def close(self) -> None:
@@ -130,3 +161,41 @@ class Waker:
             thread.join(timeout=5)
         if self._socket is not None:
             self._socket.close()
+
+
+class DatagramListener:
+    """A UDP socket on DUETIME_WAKE_PORT (0: any free port) whose datagrams go to `handle`,
+    on a thread of its own once started; `address` is what senders are told ("host:port")."""
+
+    def __init__(self, config: Config, handle: Callable[[bytes], None], name: str) -> None:
+        self._handle = handle
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind(("0.0.0.0", config.wake_port))
+        self.address = f"{advertised_host(config)}:{self._socket.getsockname()[1]}"
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            try:
+                datagram = self._socket.recv(DATAGRAM_MAX + 512)
+            except OSError:
+                return  # closed
+            try:
+                self._handle(datagram)
+            except Exception:  # a wake-up is a hint: never let one end the listener
+                log.exception("wake-up not handled")
+
+    def close(self) -> None:
+        self._closed = True
+        try:  # recv() does not return on close() alone: a datagram to ourselves ends it
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.sendto(b"", ("127.0.0.1", self._socket.getsockname()[1]))
+        except OSError:
+            pass
+        self._socket.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

@@ -328,3 +328,54 @@ def test_passes_run_on_threads_kept_for_the_next_passes() -> None:
     for call in calls:
         call.join(10)
     assert out == {0: [2], 1: [2]}
+
+
+def test_a_resting_topic_has_no_interval_pass_until_its_rest_ends() -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=10)
+    passes = Passes()
+
+    def resting_pass(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        wakes = groups.wakes("t")
+        shares = passes(waiters)
+        if len(passes.started) == 1:  # the first pass found nothing: rest for 0.4 s
+            assert groups.rest("t", time.monotonic() + 0.4, wakes)
+        return shares
+
+    out: dict[int, list[int]] = {}
+    thread = threading.Thread(target=lambda: out.__setitem__(
+        0, groups.lease("t", 1, 0, 1000, resting_pass)))
+    thread.start()
+    thread.join(5)
+    assert out == {0: []}
+    gaps = [b - a for a, b in zip(passes.started, passes.started[1:], strict=False)]
+    # unrested, a 10 ms interval makes about 100 passes in the call's second
+    assert gaps[0] >= 0.39 and len(passes.started) < 70, (gaps[:3], len(passes.started))
+
+
+def test_a_wake_up_ends_a_rest_at_once_and_one_during_a_pass_voids_its_rest() -> None:
+    groups: PollGroups[int] = PollGroups(interval_ms=10)
+    passes = Passes()
+    woken_during: list[bool] = []
+
+    def resting_pass(waiters: Sequence[Waiter[int]]) -> list[list[int]]:
+        wakes = groups.wakes("t")
+        shares = passes(waiters)
+        if len(passes.started) == 2:  # a write lands while this pass reads
+            groups.wake("t")
+        woken_during.append(not groups.rest("t", time.monotonic() + 5, wakes))
+        return shares
+
+    out: dict[int, list[int]] = {}
+    thread = threading.Thread(target=lambda: out.__setitem__(
+        0, groups.lease("t", 1, 0, 3000, resting_pass)))
+    thread.start()
+    time.sleep(0.3)  # the first pass rested for 5 s; the second has not run
+    assert len(passes.started) == 1
+    passes.supply.append(9)
+    woke = time.monotonic()
+    groups.wake("t")
+    thread.join(5)
+    # the wake-up started the second pass at once, and found the message; the wake-up
+    # that came while it ran made its rest void
+    assert out == {0: [9]} and woken_during[:2] == [False, True]
+    assert passes.started[1] - woke < 0.05 and len(passes.started) == 2

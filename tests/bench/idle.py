@@ -10,7 +10,10 @@ Against the running stack (`make up`: gunicorn with its workers, one releaser, t
    releaser and the Cassandra JVM, in cores; and the Cassandra requests of the API and of
    the releaser (duetime_cassandra_request_duration_seconds_count of their /metrics), per
    second;
-4. delete the topics.
+4. then LONG_POLLERS consumers long-polling (wait 20 s, lease max 1) over the first
+   POLLED_TOPICS pull topics, which stay empty: after POLL_SETTLE_S, the same figures over
+   POLL_MEASURE_S (`with_long_polls`): what a worker pool waiting on quiet topics costs;
+5. delete the topics.
 Issue 14's goal: under 0.03 of a core for all three together, at most one LWT a second per
 releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T] [SETTLE_S]
 (a topic written to in the last minute is still swept: SETTLE_S 100 measures the stack
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -33,6 +37,10 @@ from tests.receiver import Receiver, receiving
 
 SETTLE_S = 45
 MEASURE_S = 60
+LONG_POLLERS = 8
+POLLED_TOPICS = 4
+POLL_SETTLE_S = 10
+POLL_MEASURE_S = 30
 REQUESTS = "duetime_cassandra_request_duration_seconds_count"
 
 
@@ -90,6 +98,32 @@ def measure(seconds: float) -> dict[str, Any]:
                                          for k in calls}}
 
 
+def measure_long_polls(headers: dict[str, str], topics: list[str]) -> dict[str, Any]:
+    """measure() while LONG_POLLERS consumers long-poll these (empty) pull topics."""
+    stop = threading.Event()
+    calls = [0]
+
+    def consume(name: str) -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                session.post(f"{URL}/v1/topics/{name}/leases", headers=headers,
+                             json={"max": 1, "wait_ms": 20_000}, timeout=40).raise_for_status()
+                calls[0] += 1
+
+    threads = [threading.Thread(target=consume, args=(topics[n % len(topics)],), daemon=True)
+               for n in range(LONG_POLLERS)]
+    for thread in threads:
+        thread.start()
+    time.sleep(POLL_SETTLE_S)
+    result = {"consumers": LONG_POLLERS, "topics": len(topics), "measured_s": POLL_MEASURE_S,
+              **measure(POLL_MEASURE_S)}
+    stop.set()
+    for thread in threads:
+        thread.join(45)
+    result["lease_calls"] = calls[0]
+    return result
+
+
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 100
     settle_s = int(argv[1]) if len(argv) > 1 else SETTLE_S
@@ -99,6 +133,8 @@ def main(argv: list[str]) -> int:
         time.sleep(settle_s)
         result = {"topics": count, "settled_s": settle_s, "measured_s": MEASURE_S,
                   **measure(MEASURE_S)}
+        pulled = [name for n, name in enumerate(names) if n % 10 != 0][:POLLED_TOPICS]
+        result["with_long_polls"] = measure_long_polls(headers, pulled)
     for name in names:
         requests.delete(f"{URL}/v1/topics/{name}", headers=headers, timeout=30)
     report("idle.json", result)
