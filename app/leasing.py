@@ -156,11 +156,11 @@ def _not_paused(services: Services, topic: Topic, due: list[Due]) -> list[Due]:
 
 def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     """Read the due messages of every shard and lease them for the run's calls; keep what is
-    left (app.found_due) and move the cursors. When the read found nothing due, could
-    settle every pointer it read and was not cut short, and long polls may rest
-    (app.pull_wakes), it also peeked an idle period further; returns until when (epoch ms)
-    nothing can then come due that it did not see but what is written after it (its next
-    pass leases ahead by then). Else None."""
+    left (app.found_due) and move the cursors. After a pass that found nothing, when long
+    polls may rest (app.pull_wakes), the read peeks an idle period further; when it then
+    found nothing due, could settle every pointer it read and was not cut short, returns
+    until when (epoch ms) nothing can come due that it did not see but what is written
+    after it (its next pass leases ahead by then). Else None."""
     now, waiters = run.now, run.waiters
     ahead_ms = services.config.pull_ahead_ms
     patient = [n for n, w in enumerate(waiters)
@@ -169,7 +169,9 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     if sum(waiters[n].want - run.counted[n] for n in patient) <= held_before:
         ahead_ms = 0  # what is held already fills every call that waits
     mark = services.found_due.mark()
-    idle_ms = services.config.pull_idle_ms if services.pull_wakes.ready() else 0
+    # only after a pass that found nothing: a pass of a busy topic need not read further
+    idle_ms = (services.config.pull_idle_ms if services.pull_wakes.ready()
+               and services.poll_groups.found_nothing(topic.uid) else 0)
     result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
                                    ahead_ms=ahead_ms, peek_ms=idle_ms)
     # Lower priority values first, then round-robin across groups (app.fairness), each in

@@ -68,6 +68,7 @@ class _Group(Generic[T]):
     last_start: float = float("-inf")  # monotonic seconds
     rest_until: float = float("-inf")  # monotonic seconds: no interval pass before it
     wakes: int = 0  # wake-ups heard while the group existed
+    found_nothing: bool = False  # the last pass that ended leased nothing for anyone
 
     def next_pass(self, interval_s: float) -> float:
         """When the next interval pass is due (monotonic seconds)."""
@@ -205,6 +206,13 @@ class PollGroups(Generic[T]):
             group = self._groups.get(key)
             return -1 if group is None else group.wakes
 
+    def found_nothing(self, key: Hashable) -> bool:
+        """Did the last pass over `key` that ended lease nothing for any call? (A pass may
+        then prepare to rest; one after passes that found something need not.)"""
+        with self._changed:
+            group = self._groups.get(key)
+            return group is not None and group.found_nothing
+
     def rest(self, key: Hashable, until: float, wakes: int) -> bool:
         """No interval pass over `key` before `until` (monotonic seconds), unless woken:
         applies only while no wake-up came since wakes() returned `wakes`. Returns whether
@@ -325,6 +333,7 @@ class PollGroups(Generic[T]):
         spilled: list[tuple[Any, list[T]]] = []
         with self._changed:
             group.running = False
+            group.found_nothing = error is None and not any(shares)
             if error is not None and not batch:
                 batch = [me]  # the lock itself failed: this call answers for it
             for index, w in enumerate(batch):

@@ -74,7 +74,9 @@ class PullWakes:
                 return
             self._started = True
             try:
-                self._listener = DatagramListener(self.config, self._handle, "pull-wakes")
+                # any free port: the processes of one host (gunicorn's workers) need one each
+                self._listener = DatagramListener(self.config.replace(wake_port=0),
+                                                  self._handle, "pull-wakes")
             except OSError as exc:
                 log.warning("long polls will not rest: no wake-up socket (%s)", exc)
                 return
