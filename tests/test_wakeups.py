@@ -8,6 +8,7 @@ import os
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -123,6 +124,18 @@ def test_a_foreign_or_unknown_datagram_wakes_nothing() -> None:
     assert wakeups.parse_address("10.0.0.7:4242") == ("10.0.0.7", 4242)
     assert wakeups.parse_address("[::1]:4242") == ("::1", 4242)
     assert wakeups.parse_address("nonsense") is None
+
+
+def test_many_kinds_go_in_datagrams_that_each_fit_and_decode_back() -> None:
+    """A process that wrote pointers of many pull topics in one moment (app.pull_wakes)
+    sends their uids in as many datagrams as they need, none over DATAGRAM_MAX bytes."""
+    uids = {str(uuid.UUID(int=n)) for n in range(100)}
+    prefix = b"duetime-pull "
+    datagrams = wakeups.encode(uids, prefix)
+    assert len(datagrams) > 1 and all(len(d) <= wakeups.DATAGRAM_MAX for d in datagrams)
+    assert set().union(*(wakeups.decode(d, prefix, known=None) for d in datagrams)) == uids
+    assert wakeups.decode(datagrams[0], wakeups.PREFIX) == set()  # not a releaser's
+    assert wakeups.encode({"due"}) == [b"duetime-wake due"]
 
 
 @pytest.fixture
