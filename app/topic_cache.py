@@ -115,7 +115,7 @@ class TopicCache:
                 self._wake.wait()  # until the next lookup
                 continue
             started = _monotonic_ms()
-            self._woken.clear()  # before the read: a wake-up during it means another
+            self._woken.clear()  # before the read: one woken during it reads again
             try:
                 self._drop_changed(time.time_ns() // 1_000_000)
             except Exception as exc:  # untrusted until a read succeeds; lookups read through

@@ -246,3 +246,38 @@ def test_a_restored_message_keeps_its_state_and_waits_no_earlier_than_now() -> N
                    {**exported, "id": "bad id"}):
         with pytest.raises(Reject):
             restored(broken, settings)
+
+
+def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_than_merge()\
+        -> None:
+    """A peeking read (app.scan._Reads with due_by_ms) over one lane of one bucket with more
+    partitions than are merged at once (MERGE_WIDTH): every pointer due by the window is
+    collected, whichever run its partition is in; of each partition only its first pointer
+    past the window is read, and the earliest of those is next_ms; every partition counts
+    as read whole (nothing due by the window is left in it)."""
+    import uuid
+    from types import SimpleNamespace
+    from typing import Any
+
+    from app.models import Pointer
+    from app.scan import MERGE_WIDTH, SpentPointers, _LaneReader, _Reads
+
+    count = MERGE_WIDTH + 8
+    taken = [0] * count
+
+    def pointers(i: int) -> Any:
+        for due in (1000 + i, *(5000 + i + 1000 * k for k in range(10))):
+            taken[i] += 1
+            yield Pointer(due, f"m{i}-{due}", 1, 0, i)
+
+    pages = iter([(i, pointers(i)) for i in range(count)])
+    reader = _LaneReader(list(range(count)), [7] * count, pages)
+    scanner: Any = SimpleNamespace(spent=SpentPointers())
+    topic: Any = SimpleNamespace(uid=uuid.uuid4())
+    reads = _Reads(scanner, topic, 1000, lambda key: False, None, due_by_ms=2000)
+    reads.run(reader, 1000)
+    assert sorted(p.due_at_ms for p in reads.unknown) == [1000 + i for i in range(count)]
+    assert reads.next_ms == 5000
+    # the first past the window and the one the merge holds behind it, not the other 8
+    assert taken == [3] * count
+    assert all(reads.progress[i].whole for i in range(count))
