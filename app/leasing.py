@@ -27,6 +27,7 @@ from app.found_due import Found
 from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
 from app.pull_ahead import HeldLease
+from app.quiet_marks import QuietMark, buckets_to_count, peek_ms
 from app.scan import Due
 from app.services import Services
 from app.store.campaigns import Campaign
@@ -172,8 +173,15 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     # only after a pass that found nothing: a pass of a busy topic need not read further
     idle_ms = (services.config.pull_idle_ms if services.pull_wakes.ready()
                and services.poll_groups.found_nothing(topic.uid) else 0)
+    quiet: _QuietRead | None = None
+    if idle_ms:
+        still = _still_quiet(services, topic, now, ahead_ms, idle_ms)
+        if still is not None:
+            return still
+        quiet = _QuietRead.start(services, topic, now)
+    peek = peek_ms(idle_ms, ahead_ms, services.config.safety_lag_ms) if idle_ms else 0
     result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
-                                   ahead_ms=ahead_ms, peek_ms=idle_ms)
+                                   ahead_ms=ahead_ms, peek_ms=peek)
     # Lower priority values first, then round-robin across groups (app.fairness), each in
     # the order of deliver_at: messages brought back at once (a campaign resumed, a retry)
     # go in their due order. Otherwise that is timeline order within each lane: what is
@@ -188,12 +196,46 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     moves = result.moves(untaken + order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
-    if not idle_ms or order or result.cut or result.unsettled:
+    if quiet is None or order or result.cut or result.unsettled:
         return None
-    quiet_until = now + idle_ms
-    if result.next_ms is not None:
-        quiet_until = min(quiet_until, result.next_ms - services.config.pull_ahead_ms)
-    return quiet_until
+    seen_through = now + ahead_ms + peek if result.next_ms is None else result.next_ms
+    quiet.keep(services, topic, seen_through)
+    return min(now + idle_ms, seen_through - services.config.pull_ahead_ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class _QuietRead:
+    """A pass that may leave a quiet mark (app.quiet_marks): the counts and generation
+    taken before its timeline read."""
+
+    read_at_ms: int
+    generation: int
+    buckets: tuple[int, ...]
+    counts: dict[tuple[int, int], int]
+
+    @classmethod
+    def start(cls, services: Services, topic: Topic, now: int) -> _QuietRead:
+        generation = services.quiet_marks.generation(topic.uid)
+        buckets = buckets_to_count(now, services.config.bucket_ms, services.config.safety_lag_ms)
+        return cls(now, generation, buckets, services.timeline.write_counts(topic.uid, buckets))
+
+    def keep(self, services: Services, topic: Topic, seen_through_ms: int) -> None:
+        services.quiet_marks.keep(topic.uid, QuietMark(
+            self.read_at_ms, self.buckets, self.counts, seen_through_ms), self.generation)
+
+
+def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int,
+                 idle_ms: int) -> int | None:
+    """When the topic's quiet mark stands for this pass (one read of its write counts
+    instead of its partitions), until when (epoch ms) it may rest; else None."""
+    quiet = services.quiet_marks.standing(topic.uid, now + ahead_ms)
+    if quiet is None:
+        return None
+    if services.timeline.write_counts(topic.uid, quiet.buckets) != quiet.counts:
+        services.quiet_marks.forget(topic.uid)
+        return None
+    metrics.QUIET_CHECKS.inc()
+    return min(now + idle_ms, quiet.seen_through_ms - services.config.pull_ahead_ms)
 
 
 def _rest(services: Services, topic: Topic, quiet_until: int, wakes: int) -> None:

@@ -102,6 +102,10 @@ WAKEUPS_RECEIVED = Counter(
     "duetime_wakeups_received_total",
     "Wake-ups received, by kind: a releaser's (workers/wake_listener.py), and 'pull' for "
     "each topic a process serving long polls was told of (app.pull_wakes).", ["kind"])
+QUIET_CHECKS = Counter(
+    "duetime_pull_quiet_checks_total",
+    "Lease passes over a quiet topic that read its write counts only, not its timeline "
+    "partitions: nothing was written since a pass that found nothing (app.quiet_marks).")
 CLOCK_RELEASER_GAP = Gauge(
     "duetime_clock_releaser_gap_seconds",
     "This process's clock minus the live releaser's it is farthest from (each measured "

@@ -21,6 +21,7 @@ from app.placement import PointerPlacer
 from app.poll_groups import PollGroups
 from app.pull_ahead import HeldLease, HeldLeases
 from app.pull_wakes import PullWakes
+from app.quiet_marks import QuietMarks
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
@@ -90,8 +91,9 @@ class Services:
         self.held = HeldLeases(clock, self._give_back, config.pull_give_back_ms)
         self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
                                                        wake_at=self._hand_out_at)
+        self.quiet_marks = QuietMarks(config.safety_lag_ms)
         self.pull_wakes = PullWakes(config, PullListenerStore(self.db, config.release_ring),
-                                    self.poll_groups.wake, self.topic_cache.wake)
+                                    self._pull_woken, self.topic_cache.wake)
 
     def _wake(self, kind: str) -> None:
         """Tell the releasers (app.wakeups), and of a topic change the processes serving long
@@ -106,8 +108,14 @@ class Services:
     def _pull_written(self, topic_uid: uuid.UUID) -> None:
         """Pointers of a pull topic due soon were written: wake the long polls of this
         process and of the others."""
-        self.poll_groups.wake(topic_uid)
+        self._pull_woken(topic_uid)
         self.pull_wakes.tell(topic_uid)
+
+    def _pull_woken(self, topic_uid: uuid.UUID) -> None:
+        """Pointers of a pull topic due soon were written, here or (a datagram) by another
+        process: its long polls read again at once."""
+        self.quiet_marks.forget(topic_uid)
+        self.poll_groups.wake(topic_uid)
 
     def _give_back(self, topic: Topic, items: list[HeldLease]) -> None:
         from app.leasing import give_back  # the use case module imports this one

@@ -1,7 +1,8 @@
 """Long polls on a quiet topic rest (app.pull_wakes, app.poll_groups) on the real node: a
 pass that finds nothing reads again only at the earliest pointer it saw ahead, at a wake-up
 or after an idle period, and messages still arrive on time: written by another process (its
-wake-up a datagram), due later than the rest began, or with the wake-up lost."""
+wake-up a datagram), due later than the rest began, or with the wake-up lost. An idle read
+after one that found nothing reads the topic's write counts only (app.quiet_marks)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from app import create_app, metrics, pull_wakes
 from app.config import Config
 from app.models import Pointer
 from app.services import Services
+from app.timeline import COUNTED_AHEAD_MS
 from app.timeparse import format_ms, parse_instant
 from tests.conftest import new_tenant_key
 from tests.consumers import TopicClient, now_ms
@@ -159,4 +161,47 @@ def test_a_lost_wake_up_delays_a_message_by_at_most_the_idle_period(
     assert message["id"] == "unheralded"
     idle_ms = _services(reader).config.pull_idle_ms
     assert out["at"] - sent < idle_ms + 500, out["at"] - sent
+    assert topic.ack(message) == 204
+
+
+def test_a_quiet_topic_s_idle_reads_check_its_write_counts_not_its_partitions(
+        reader: Flask, writer: Flask, auth: dict[str, str]) -> None:
+    topic = TopicClient(reader.test_client(), auth)
+    other = TopicClient(writer.test_client(), auth, name=topic.name)
+    _services(writer).pull_wakes.tell = lambda topic_uid: None  # type: ignore[method-assign]
+    _until_ready(reader, topic)
+    waiting, out = _waiting(topic, 10_000)
+    time.sleep(1.5)  # the call's first read, then one that peeks and leaves a quiet mark
+    scans = _counting_scans(_services(reader))
+    checked = metrics.QUIET_CHECKS._value.get()
+    time.sleep(3)
+    # one idle read a second, each of the counts alone (without the mark, 3 timeline reads)
+    assert scans == [] and metrics.QUIET_CHECKS._value.get() - checked >= 2
+    sent = now_ms()
+    assert other.enqueue(id="counted").status_code == 201  # its wake-up lost, its count not
+    waiting.join(10)
+    [message] = out["messages"]
+    assert message["id"] == "counted"
+    assert out["at"] - sent < _services(reader).config.pull_idle_ms + 500, out["at"] - sent
+    assert len(scans) >= 1
+    assert topic.ack(message) == 204
+
+
+def test_a_write_neither_counted_nor_heralded_is_read_once_the_quiet_mark_runs_out(
+        reader: Flask, writer: Flask, auth: dict[str, str]) -> None:
+    topic = TopicClient(reader.test_client(), auth)
+    other = TopicClient(writer.test_client(), auth, name=topic.name)
+    _services(writer).pull_wakes.tell = lambda topic_uid: None  # type: ignore[method-assign]
+    _services(writer).timeline.count_writes = (  # type: ignore[method-assign]
+        lambda topic_uid, written: None)
+    _until_ready(reader, topic)
+    waiting, out = _waiting(topic, 20_000)
+    time.sleep(1.5)
+    sent = now_ms()
+    assert other.enqueue(id="unnoticed").status_code == 201
+    waiting.join(20)
+    [message] = out["messages"]
+    assert message["id"] == "unnoticed"
+    config = _services(reader).config
+    assert out["at"] - sent < COUNTED_AHEAD_MS + config.pull_idle_ms, out["at"] - sent
     assert topic.ack(message) == 204

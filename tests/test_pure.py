@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 
 import pytest
@@ -19,7 +20,9 @@ from app.ids import (
     new_message_id,
 )
 from app.models import Payload
-from app.timeline import fair_share, release_slot_of
+from app.quiet_marks import QuietMark, QuietMarks, buckets_to_count
+from app.quiet_marks import peek_ms as quiet_peek_ms
+from app.timeline import COUNTED_AHEAD_MS, fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 
 
@@ -281,3 +284,46 @@ def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_t
     # the first past the window and the one the merge holds behind it, not the other 8
     assert taken == [3] * count
     assert all(reads.progress[i].whole for i in range(count))
+
+
+def test_a_quiet_mark_stands_only_within_what_its_read_saw_and_its_counted_window() -> None:
+    marks = QuietMarks(safety_lag_ms=1000)
+    topic = uuid.uuid4()
+    mark = QuietMark(100_000, (1, 2), {(1, 0): 3}, seen_through_ms=105_000)
+    assert marks.keep(topic, mark, marks.generation(topic))
+    assert marks.standing(topic, 104_999) == mark
+    assert marks.standing(topic, 105_000) is None  # beyond what the read saw
+    far = QuietMark(100_000, (1, 2), {}, seen_through_ms=200_000)
+    assert marks.keep(topic, far, marks.generation(topic))
+    # a pointer written after the read and due later than this was not counted
+    assert marks.standing(topic, 100_000 + COUNTED_AHEAD_MS - 1000) == far
+    assert marks.standing(topic, 100_000 + COUNTED_AHEAD_MS - 999) is None
+
+
+def test_a_wake_up_drops_a_quiet_mark_and_refuses_one_from_a_pass_begun_before_it() -> None:
+    marks = QuietMarks(safety_lag_ms=1000, capacity=2)
+    topic, others = uuid.uuid4(), [uuid.uuid4() for _ in range(3)]
+    mark = QuietMark(0, (0,), {}, seen_through_ms=5000)
+    began = marks.generation(topic)
+    marks.forget(topic)
+    assert not marks.keep(topic, mark, began) and marks.standing(topic, 0) is None
+    assert marks.keep(topic, mark, marks.generation(topic))
+    marks.forget(topic)
+    assert marks.standing(topic, 0) is None
+    # a pass begun before the first wake-up of a topic, whose record was evicted since, is
+    # refused too
+    fresh = uuid.uuid4()
+    began = marks.generation(fresh)
+    marks.forget(fresh)
+    for other in others:
+        marks.forget(other)
+    assert not marks.keep(fresh, mark, began)
+    assert marks.keep(fresh, mark, marks.generation(fresh))
+
+
+def test_a_resting_pass_counts_the_buckets_a_write_from_now_on_could_be_counted_in() -> None:
+    assert buckets_to_count(120_500, 60_000, 1000) == (1, 2)  # 119.5 s to 130.5 s
+    assert buckets_to_count(125_000, 60_000, 1000) == (2,)
+    assert buckets_to_count(175_000, 60_000, 1000) == (2, 3)
+    assert quiet_peek_ms(1000, 100, 1000) == COUNTED_AHEAD_MS - 1100
+    assert quiet_peek_ms(20_000, 100, 1000) == 20_000

@@ -1,0 +1,109 @@
+"""What a lease pass over a quiet topic saw, so that the passes after it can check one small
+row instead of reading every shard's partitions again (app.leasing).
+
+A long poll on a quiet topic rests (app.poll_groups.PollGroups.rest) and reads again at
+least once an idle period (Config.pull_idle_ms) in case a wake-up was lost. Each such read
+costs a request per shard partition. A pass that found nothing due leaves a mark instead:
+the topic's `bucket_writes` counts of the buckets where a new pointer could land, read before
+its timeline read, and how far that read saw (its peek). A later pass whose window ends
+within both the peek and COUNTED_AHEAD_MS (less the safety lag) of that read, and finds the
+same counts, knows nothing was written that it could lease:
+- a pointer that was there at the read and due by the peek's end was seen by it;
+- one written after the read is due after the writer's clock of that time less nothing
+  (placement clamps to now), which the safety lag bounds against this clock; if due within
+  the mark's window it is within COUNTED_AHEAD_MS of its writer's clock, so its write was
+  counted (app.placement.PointerPlacer.place).
+A count is bumped after its pointers are durable and its request is not awaited, so the
+writer's datagram (app.pull_wakes) can come first: any wake-up of the topic drops its mark
+(`forget`), and a pass keeps one only when no wake-up came since it began (`generation`).
+A lost count bump delays a message by at most the mark's life (about 9 s by default), and
+only when the wake-up was lost too.
+
+Thread-safe; process-local; bounded (least recently used marks go first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections import OrderedDict
+
+from app.timeline import COUNTED_AHEAD_MS, bucket_of
+
+MAX_TOPICS = 10_000  # marks and generations kept; a topic forgotten just reads again
+
+
+@dataclasses.dataclass(frozen=True)
+class QuietMark:
+    """read_at_ms: the reader's clock when the counts were read (epoch ms, before the
+    timeline read); buckets: those the counts cover; counts: {(bucket, shard): pointers
+    written}; seen_through_ms: every pointer due before it was read or known spent."""
+
+    read_at_ms: int
+    buckets: tuple[int, ...]
+    counts: dict[tuple[int, int], int]
+    seen_through_ms: int
+
+
+def buckets_to_count(now_ms: int, bucket_ms: int, safety_lag_ms: int) -> tuple[int, ...]:
+    """The buckets a pointer written from now_ms on and counted can be in: due from now_ms
+    less the safety lag (another process's clock) to COUNTED_AHEAD_MS ahead."""
+    first = bucket_of(now_ms - safety_lag_ms, bucket_ms)
+    return tuple(range(first, bucket_of(now_ms + COUNTED_AHEAD_MS, bucket_ms) + 1))
+
+
+def peek_ms(idle_ms: int, ahead_ms: int, safety_lag_ms: int) -> int:
+    """How far past its window a resting pass reads: as far as a mark can stand for it."""
+    return max(idle_ms, COUNTED_AHEAD_MS - safety_lag_ms - ahead_ms)
+
+
+class QuietMarks:
+    def __init__(self, safety_lag_ms: int, capacity: int = MAX_TOPICS) -> None:
+        self.safety_lag_ms = safety_lag_ms
+        self.capacity = capacity
+        self._marks: OrderedDict[uuid.UUID, QuietMark] = OrderedDict()
+        # per topic the sequence number of its last wake-up; a topic not listed has had none
+        # since the last one evicted (its generation is then _floor)
+        self._generations: OrderedDict[uuid.UUID, int] = OrderedDict()
+        self._sequence = 0
+        self._floor = 0
+        self._lock = threading.Lock()
+
+    def generation(self, topic_uid: uuid.UUID) -> int:
+        """Taken by a pass before its counts read, and given back to keep()."""
+        with self._lock:
+            return self._generations.get(topic_uid, self._floor)
+
+    def keep(self, topic_uid: uuid.UUID, mark: QuietMark, generation: int) -> bool:
+        """Keep the mark, unless the topic was woken since generation() returned
+        `generation`. Returns whether it was kept."""
+        with self._lock:
+            if self._generations.get(topic_uid, self._floor) != generation:
+                return False
+            self._marks[topic_uid] = mark
+            self._marks.move_to_end(topic_uid)
+            while len(self._marks) > self.capacity:
+                self._marks.popitem(last=False)
+            return True
+
+    def standing(self, topic_uid: uuid.UUID, window_end_ms: int) -> QuietMark | None:
+        """The topic's mark, if it can stand for a pass whose window ends at window_end_ms
+        (epoch ms: its clock plus its look-ahead) once its counts are found unchanged."""
+        with self._lock:
+            mark = self._marks.get(topic_uid)
+        if mark is None or window_end_ms >= mark.seen_through_ms or (
+                window_end_ms > mark.read_at_ms + COUNTED_AHEAD_MS - self.safety_lag_ms):
+            return None
+        return mark
+
+    def forget(self, topic_uid: uuid.UUID) -> None:
+        """Something was written to the topic, or may have been: the next pass reads."""
+        with self._lock:
+            self._marks.pop(topic_uid, None)
+            self._sequence += 1
+            self._generations[topic_uid] = self._sequence
+            self._generations.move_to_end(topic_uid)
+            while len(self._generations) > self.capacity:
+                evicted, self._floor = self._generations.popitem(last=False)
+                self._marks.pop(evicted, None)
