@@ -27,7 +27,7 @@ from app.found_due import Found
 from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
 from app.pull_ahead import HeldLease
-from app.quiet_marks import QuietMark, buckets_to_count, idle_read_at, peek_ms
+from app.quiet_marks import QuietMark, buckets_to_count, peek_ms
 from app.scan import Due
 from app.services import Services
 from app.store.campaigns import Campaign
@@ -200,7 +200,7 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
         return None
     seen_through = now + ahead_ms + peek if result.next_ms is None else result.next_ms
     quiet.keep(services, topic, seen_through)
-    return min(idle_read_at(now, idle_ms), seen_through - services.config.pull_ahead_ms)
+    return min(now + idle_ms, seen_through - services.config.pull_ahead_ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +235,7 @@ def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int,
         services.quiet_marks.forget(topic.uid)
         return None
     metrics.QUIET_CHECKS.inc()
-    return min(idle_read_at(now, idle_ms), quiet.seen_through_ms - services.config.pull_ahead_ms)
+    return min(now + idle_ms, quiet.seen_through_ms - services.config.pull_ahead_ms)
 
 
 def _rest(services: Services, topic: Topic, quiet_until: int, wakes: int) -> None:

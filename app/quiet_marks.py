@@ -58,14 +58,6 @@ def peek_ms(idle_ms: int, ahead_ms: int, safety_lag_ms: int) -> int:
     return max(idle_ms, COUNTED_AHEAD_MS - safety_lag_ms - ahead_ms)
 
 
-def idle_read_at(now_ms: int, idle_ms: int) -> int:
-    """When (epoch ms) a resting topic's next idle read is due: the first epoch multiple of
-    the idle period after now_ms, so that the idle reads of every quiet topic of every
-    process whose clock agrees reach the node together (a request alone costs the node
-    about as much CPU as a group arriving at once: docs/benchmarks.md, Idle stack)."""
-    return (now_ms // idle_ms + 1) * idle_ms
-
-
 class QuietMarks:
     def __init__(self, safety_lag_ms: int, capacity: int = MAX_TOPICS) -> None:
         self.safety_lag_ms = safety_lag_ms

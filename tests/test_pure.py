@@ -20,7 +20,7 @@ from app.ids import (
     new_message_id,
 )
 from app.models import Payload
-from app.quiet_marks import QuietMark, QuietMarks, buckets_to_count, idle_read_at
+from app.quiet_marks import QuietMark, QuietMarks, buckets_to_count
 from app.quiet_marks import peek_ms as quiet_peek_ms
 from app.timeline import COUNTED_AHEAD_MS, fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
@@ -327,4 +327,3 @@ def test_a_resting_pass_counts_the_buckets_a_write_from_now_on_could_be_counted_
     assert buckets_to_count(175_000, 60_000, 1000) == (2, 3)
     assert quiet_peek_ms(1000, 100, 1000) == COUNTED_AHEAD_MS - 1100
     assert quiet_peek_ms(20_000, 100, 1000) == 20_000
-    assert idle_read_at(12_345, 1000) == 13_000 and idle_read_at(13_000, 1000) == 14_000
