@@ -158,10 +158,13 @@ def _not_paused(services: Services, topic: Topic, due: list[Due]) -> list[Due]:
 def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     """Read the due messages of every shard and lease them for the run's calls; keep what is
     left (app.found_due) and move the cursors. After a pass that found nothing, when long
-    polls may rest (app.pull_wakes), the read peeks an idle period further; when it then
-    found nothing due, could settle every pointer it read and was not cut short, returns
-    until when (epoch ms) nothing can come due that it did not see but what is written
-    after it (its next pass leases ahead by then). Else None."""
+    polls may rest (app.pull_wakes), the read peeks further: an idle period, or, for a pass
+    not started by a wake-up, to the end of the window of the quiet mark it may leave
+    (app.quiet_marks); and where such a mark stands, the topic's write counts are read
+    instead of its timeline. When it then found nothing due, could settle every pointer it
+    read and was not cut short, returns until when (epoch ms) nothing can come due that it
+    did not see but what is written after it (its next pass leases ahead by then). Else
+    None."""
     now, waiters = run.now, run.waiters
     ahead_ms = services.config.pull_ahead_ms
     patient = [n for n, w in enumerate(waiters)
@@ -178,8 +181,10 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
         still = _still_quiet(services, topic, now, ahead_ms, idle_ms)
         if still is not None:
             return still
-        quiet = _QuietRead.start(services, topic, now)
-    peek = peek_ms(idle_ms, ahead_ms, services.config.safety_lag_ms) if idle_ms else 0
+        if not services.quiet_marks.woken(topic.uid):
+            quiet = _QuietRead.start(services, topic, now)
+    peek = (idle_ms if quiet is None
+            else peek_ms(idle_ms, ahead_ms, services.config.safety_lag_ms))
     result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
                                    ahead_ms=ahead_ms, peek_ms=peek)
     # Lower priority values first, then round-robin across groups (app.fairness), each in
@@ -196,10 +201,11 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     moves = result.moves(untaken + order[used:])
     services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                      if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
-    if quiet is None or order or result.cut or result.unsettled:
+    if not idle_ms or order or result.cut or result.unsettled:
         return None
     seen_through = now + ahead_ms + peek if result.next_ms is None else result.next_ms
-    quiet.keep(services, topic, seen_through)
+    if quiet is not None:
+        quiet.keep(services, topic, seen_through)
     return min(now + idle_ms, seen_through - services.config.pull_ahead_ms)
 
 

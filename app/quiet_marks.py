@@ -9,15 +9,21 @@ its timeline read, and how far that read saw (its peek). A later pass whose wind
 within both the peek and COUNTED_AHEAD_MS (less the safety lag) of that read, and finds the
 same counts, knows nothing was written that it could lease:
 - a pointer that was there at the read and due by the peek's end was seen by it;
-- one written after the read is due after the writer's clock of that time less nothing
-  (placement clamps to now), which the safety lag bounds against this clock; if due within
-  the mark's window it is within COUNTED_AHEAD_MS of its writer's clock, so its write was
-  counted (app.placement.PointerPlacer.place).
+- one written after the read is due no earlier than its writer's clock then (placement
+  clamps to now), which is at most the safety lag behind this clock, so it lands in the
+  buckets the mark counted; if due within the mark's window, it is due within
+  COUNTED_AHEAD_MS of its writer's clock, so its write was counted
+  (app.placement.PointerPlacer.place).
+A pointer that lands further behind (a writer whose clock is off by more than the safety
+lag, a long bulk import) is a straggler: it is read when the mark runs out, as it is by any
+pass while the cursors have not passed it.
 A count is bumped after its pointers are durable and its request is not awaited, so the
 writer's datagram (app.pull_wakes) can come first: any wake-up of the topic drops its mark
 (`forget`), and a pass keeps one only when no wake-up came since it began (`generation`).
 A lost count bump delays a message by at most the mark's life (about 9 s by default), and
-only when the wake-up was lost too.
+only when the wake-up was lost too. The pass a wake-up starts leaves no mark (`woken`): it
+is the one that hands the new message out, and reading the counts first would add a round
+trip to it; the idle read after it leaves one.
 
 Thread-safe; process-local; bounded (least recently used marks go first).
 """
@@ -66,6 +72,7 @@ class QuietMarks:
         # per topic the sequence number of its last wake-up; a topic not listed has had none
         # since the last one evicted (its generation is then _floor)
         self._generations: OrderedDict[uuid.UUID, int] = OrderedDict()
+        self._woken: set[uuid.UUID] = set()  # woken since their last pass began
         self._sequence = 0
         self._floor = 0
         self._lock = threading.Lock()
@@ -97,13 +104,23 @@ class QuietMarks:
             return None
         return mark
 
+    def woken(self, topic_uid: uuid.UUID) -> bool:
+        """Was the topic woken since the last pass that asked? (Such a pass leaves no mark.)"""
+        with self._lock:
+            if topic_uid in self._woken:
+                self._woken.discard(topic_uid)
+                return True
+            return False
+
     def forget(self, topic_uid: uuid.UUID) -> None:
         """Something was written to the topic, or may have been: the next pass reads."""
         with self._lock:
             self._marks.pop(topic_uid, None)
+            self._woken.add(topic_uid)
             self._sequence += 1
             self._generations[topic_uid] = self._sequence
             self._generations.move_to_end(topic_uid)
             while len(self._generations) > self.capacity:
                 evicted, self._floor = self._generations.popitem(last=False)
                 self._marks.pop(evicted, None)
+                self._woken.discard(evicted)

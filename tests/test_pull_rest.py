@@ -49,6 +49,19 @@ def _counting_scans(services: Services) -> list[float]:
     return started
 
 
+def _counting_count_reads(services: Services) -> list[float]:
+    """Record when each read of a topic's write counts starts (the real reads still run)."""
+    started: list[float] = []
+    write_counts = services.timeline.write_counts
+
+    def counted(*args: Any) -> Any:
+        started.append(time.monotonic())
+        return write_counts(*args)
+
+    services.timeline.write_counts = counted  # type: ignore[method-assign]
+    return started
+
+
 @pytest.fixture()
 def reader(config: Config, ready_at_once: None) -> Iterator[Flask]:
     app = create_app(config)
@@ -205,3 +218,29 @@ def test_a_write_neither_counted_nor_heralded_is_read_once_the_quiet_mark_runs_o
     config = _services(reader).config
     assert out["at"] - sent < COUNTED_AHEAD_MS + config.pull_idle_ms, out["at"] - sent
     assert topic.ack(message) == 204
+
+
+def test_the_read_a_wake_up_starts_does_not_first_read_the_write_counts(
+        config: Config, writer: Flask, auth: dict[str, str], ready_at_once: None) -> None:
+    app = create_app(config.replace(pull_idle_ms=20_000))  # no idle read during the test
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        _until_ready(app, topic)
+        # the writer reads where to send after the reader registered (it rereads every 2 s)
+        other = TopicClient(writer.test_client(), auth, name=topic.name)
+        scans = _counting_scans(_services(app))
+        counted = _counting_count_reads(_services(app))
+        waiting, out = _waiting(topic, 10_000)
+        time.sleep(1)  # the call's read, then one that leaves a quiet mark
+        assert len(scans) == 2 and len(counted) == 1, (scans, counted)
+        sent_s = time.monotonic()
+        assert other.enqueue(id="now").status_code == 201
+        waiting.join(10)
+        [message] = out["messages"]
+        woken = min(s for s in scans if s > sent_s)
+        # the mark was dropped by the wake-up, and the read it started went straight to the
+        # timeline (reading the counts first would delay the message by a round trip)
+        assert [c for c in counted if c > sent_s] == [], (counted, sent_s, woken)
+        assert topic.ack(message) == 204
+    finally:
+        _services(app).close()

@@ -327,3 +327,11 @@ def test_a_resting_pass_counts_the_buckets_a_write_from_now_on_could_be_counted_
     assert buckets_to_count(175_000, 60_000, 1000) == (2, 3)
     assert quiet_peek_ms(1000, 100, 1000) == COUNTED_AHEAD_MS - 1100
     assert quiet_peek_ms(20_000, 100, 1000) == 20_000
+
+
+def test_the_pass_a_wake_up_starts_is_told_so_once() -> None:
+    marks = QuietMarks(safety_lag_ms=1000)
+    topic = uuid.uuid4()
+    assert not marks.woken(topic)
+    marks.forget(topic)
+    assert marks.woken(topic) and not marks.woken(topic)
