@@ -32,6 +32,8 @@ from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+from app.host_locks import TAKEN_SUFFIX
+
 log = logging.getLogger("duetime.taken_log")
 Result = TypeVar("Result")
 
@@ -102,7 +104,7 @@ class TakenLog:
         fd = -1
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.directory / f"{key}.taken", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(self.directory / f"{key}{TAKEN_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
             if os.fstat(fd).st_size < HEADER_BYTES:
                 os.pwrite(fd, b"%015d\n" % 0, 0)
             return work(fd)
