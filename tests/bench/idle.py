@@ -13,7 +13,9 @@ Against the running stack (`make up`: gunicorn with its workers, one releaser, t
 4. then LONG_POLLERS consumers long-polling (wait 20 s, lease max 1) over the first
    POLLED_TOPICS pull topics, which stay empty: after POLL_SETTLE_S, the same figures over
    POLL_MEASURE_S (`with_long_polls`): what a worker pool waiting on quiet topics costs;
-5. delete the topics.
+5. then one consumer on each of WIDE_POLLED_TOPICS pull topics created empty
+   (`with_long_polls_wide`): what it costs per quiet topic;
+6. delete the topics.
 Issue 14's goal: under 0.03 of a core for all three together, at most one LWT a second per
 releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T] [SETTLE_S]
 (a topic written to in the last minute is still swept: SETTLE_S 100 measures the stack
@@ -39,6 +41,7 @@ SETTLE_S = 45
 MEASURE_S = 60
 LONG_POLLERS = 8
 POLLED_TOPICS = 4
+WIDE_POLLED_TOPICS = 32
 POLL_SETTLE_S = 10
 POLL_MEASURE_S = 30
 REQUESTS = "duetime_cassandra_request_duration_seconds_count"
@@ -98,8 +101,9 @@ def measure(seconds: float) -> dict[str, Any]:
                                          for k in calls}}
 
 
-def measure_long_polls(headers: dict[str, str], topics: list[str]) -> dict[str, Any]:
-    """measure() while LONG_POLLERS consumers long-poll these (empty) pull topics."""
+def measure_long_polls(headers: dict[str, str], topics: list[str],
+                       consumers: int = LONG_POLLERS) -> dict[str, Any]:
+    """measure() while `consumers` consumers long-poll these (empty) pull topics, in turn."""
     stop = threading.Event()
     calls = [0]
 
@@ -111,11 +115,11 @@ def measure_long_polls(headers: dict[str, str], topics: list[str]) -> dict[str, 
                 calls[0] += 1
 
     threads = [threading.Thread(target=consume, args=(topics[n % len(topics)],), daemon=True)
-               for n in range(LONG_POLLERS)]
+               for n in range(consumers)]
     for thread in threads:
         thread.start()
     time.sleep(POLL_SETTLE_S)
-    result = {"consumers": LONG_POLLERS, "topics": len(topics), "measured_s": POLL_MEASURE_S,
+    result = {"consumers": consumers, "topics": len(topics), "measured_s": POLL_MEASURE_S,
               **measure(POLL_MEASURE_S)}
     stop.set()
     for thread in threads:
@@ -135,7 +139,12 @@ def main(argv: list[str]) -> int:
                   **measure(MEASURE_S)}
         pulled = [name for n, name in enumerate(names) if n % 10 != 0][:POLLED_TOPICS]
         result["with_long_polls"] = measure_long_polls(headers, pulled)
-    for name in names:
+        empty = [f"wide{n}-{now_ms() % 100_000}" for n in range(WIDE_POLLED_TOPICS)]
+        for name in empty:
+            requests.put(f"{URL}/v1/topics/{name}", headers=headers, json={},
+                         timeout=30).raise_for_status()
+        result["with_long_polls_wide"] = measure_long_polls(headers, empty, len(empty))
+    for name in names + empty:
         requests.delete(f"{URL}/v1/topics/{name}", headers=headers, timeout=30)
     report("idle.json", result)
     return 0
