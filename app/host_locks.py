@@ -74,7 +74,8 @@ class HostLocks:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            os.utime(fd)  # used now: a sweep leaves its files alone
+            with contextlib.suppress(OSError):  # used now: a sweep leaves its files alone
+                os.utime(fd)
             yield
         finally:
             os.close(fd)
