@@ -206,7 +206,14 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     seen_through = now + ahead_ms + peek if result.next_ms is None else result.next_ms
     if quiet is not None:
         quiet.keep(services, topic, seen_through)
-    return min(now + idle_ms, seen_through - services.config.pull_ahead_ms)
+    return _quiet_until(services, now, idle_ms, seen_through)
+
+
+def _quiet_until(services: Services, now: int, idle_ms: int, seen_through_ms: int) -> int:
+    """Until when (epoch ms) a topic may rest after a read that saw every pointer due
+    before seen_through_ms: an idle period at most, and its next pass leases ahead of the
+    first pointer it did not see."""
+    return min(now + idle_ms, seen_through_ms - services.config.pull_ahead_ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +240,8 @@ class _QuietRead:
 def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int,
                  idle_ms: int) -> int | None:
     """When the topic's quiet mark stands for this pass (one read of its write counts
-    instead of its partitions), until when (epoch ms) it may rest; else None."""
+    instead of its partitions), until when (epoch ms) it may rest; else None (counts that
+    moved drop the mark as a wake-up does, so this pass reads at once and leaves none)."""
     quiet = services.quiet_marks.standing(topic.uid, now + ahead_ms)
     if quiet is None:
         return None
@@ -241,7 +249,7 @@ def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int,
         services.quiet_marks.forget(topic.uid)
         return None
     metrics.QUIET_CHECKS.inc()
-    return min(now + idle_ms, quiet.seen_through_ms - services.config.pull_ahead_ms)
+    return _quiet_until(services, now, idle_ms, quiet.seen_through_ms)
 
 
 def _rest(services: Services, topic: Topic, quiet_until: int, wakes: int) -> None:

@@ -36,30 +36,27 @@ def _services(app: Flask) -> Services:
     return services
 
 
-def _counting_scans(services: Services) -> list[float]:
-    """Record when each timeline read of a lease pass starts (the real reads still run)."""
+def _recording_starts(owner: Any, method: str) -> list[float]:
+    """Record when each call of owner.method starts (monotonic s; the real calls still run)."""
     started: list[float] = []
-    scan = services.scanner.scan
+    real = getattr(owner, method)
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
+    def recorded(*args: Any, **kwargs: Any) -> Any:
         started.append(time.monotonic())
-        return scan(*args, **kwargs)
+        return real(*args, **kwargs)
 
-    services.scanner.scan = counted  # type: ignore[method-assign]
+    setattr(owner, method, recorded)
     return started
+
+
+def _counting_scans(services: Services) -> list[float]:
+    """When each timeline read of a lease pass starts."""
+    return _recording_starts(services.scanner, "scan")
 
 
 def _counting_count_reads(services: Services) -> list[float]:
-    """Record when each read of a topic's write counts starts (the real reads still run)."""
-    started: list[float] = []
-    write_counts = services.timeline.write_counts
-
-    def counted(*args: Any) -> Any:
-        started.append(time.monotonic())
-        return write_counts(*args)
-
-    services.timeline.write_counts = counted  # type: ignore[method-assign]
-    return started
+    """When each read of a topic's write counts starts."""
+    return _recording_starts(services.timeline, "write_counts")
 
 
 @pytest.fixture()
