@@ -345,6 +345,28 @@ def test_only_pointers_due_soon_after_their_write_move_the_write_counts(
     assert (far // bucket_ms, 0) not in counts
 
 
+def test_cursor_moves_are_one_request_and_only_go_forward(services: Services) -> None:
+    """A pass over a quiet topic moves every shard's cursor: one batch for the topic's
+    partition, in which a position behind the stored one still loses."""
+    topic = uuid.uuid4()
+    base = now_ms()
+    services.timeline.advance_cursors(topic, {s: base + 1000 * s for s in range(16)})
+    sent: list[object] = []
+    session = services.db.session()
+    session.add_request_init_listener(sent.append)
+    try:
+        services.timeline.advance_cursors(
+            topic, {0: base + 5000, 1: base - 5000, 15: base + 20_000})
+    finally:
+        session.remove_request_init_listener(sent.append)
+    assert len(sent) == 1
+    stored = services.timeline.cursors(topic)
+    assert stored[0] == base + 5000
+    assert stored[1] == base + 1000  # the move back lost
+    assert stored[15] == base + 20_000
+    assert stored[7] == base + 7000
+
+
 def test_a_lease_hands_out_the_earliest_due_whichever_shard_holds_them(
         client: FlaskClient, auth: dict[str, str]) -> None:
     # one message per request: each lands on a random shard of 16, so the due order runs

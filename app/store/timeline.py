@@ -234,11 +234,13 @@ class TimelineStore:
         return {r["shard"]: cql_ms(r["through"]) for r in rows}
 
     def advance_cursors(self, topic_uid: uuid.UUID, positions: dict[int, int]) -> None:
-        """Move cursors forward; a position behind the stored one loses (write timestamp)."""
-        self._check(self.db.execute_many(
+        """Move cursors forward; a position behind the stored one loses (write timestamp).
+        One request: the topic's cursors are one partition, so its moves are one batch (a
+        pass of a quiet topic moves every shard's at once)."""
+        self._check(self.db.execute_batches(
             "UPDATE {ks}.cursors USING TIMESTAMP ? SET through = ? WHERE topic_uid = ? "
             "AND shard = ?",
-            [(ms * 1000, ms, topic_uid, shard) for shard, ms in positions.items()]))
+            [[(ms * 1000, ms, topic_uid, shard) for shard, ms in positions.items()]]))
 
     @staticmethod
     def _check(outcomes: list[tuple[bool, Any]]) -> None:
