@@ -163,8 +163,9 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     (app.quiet_marks); and where such a mark stands, the topic's write counts are read
     instead of its timeline. When it then found nothing due, could settle every pointer it
     read and was not cut short, returns until when (epoch ms) nothing can come due that it
-    did not see but what is written after it (its next pass leases ahead by then). Else
-    None."""
+    did not see but what is written after it (its next pass leases ahead by then): an idle
+    period at most, or while its quiet mark stands, which app.quiet_watch checks meanwhile.
+    Else None."""
     now, waiters = run.now, run.waiters
     ahead_ms = services.config.pull_ahead_ms
     patient = [n for n, w in enumerate(waiters)
@@ -173,16 +174,17 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     if sum(waiters[n].want - run.counted[n] for n in patient) <= held_before:
         ahead_ms = 0  # what is held already fills every call that waits
     mark = services.found_due.mark()
-    # only after a pass that found nothing: a pass of a busy topic need not read further
-    idle_ms = (services.config.pull_idle_ms if services.pull_wakes.ready()
-               and services.poll_groups.found_nothing(topic.uid) else 0)
-    quiet: _QuietRead | None = None
-    if idle_ms:
-        still = _still_quiet(services, topic, now, ahead_ms, idle_ms)
+    may_rest = services.pull_wakes.ready()
+    if may_rest:  # a standing mark needs no pass before it (a new group's first too)
+        still = _still_quiet(services, topic, now, ahead_ms)
         if still is not None:
             return still
-        if not services.quiet_marks.woken(topic.uid):
-            quiet = _QuietRead.start(services, topic, now)
+    # only after a pass that found nothing: a pass of a busy topic need not read further
+    idle_ms = (services.config.pull_idle_ms if may_rest
+               and services.poll_groups.found_nothing(topic.uid) else 0)
+    quiet: _QuietRead | None = None
+    if idle_ms and not services.quiet_marks.woken(topic.uid):
+        quiet = _QuietRead.start(services, topic, now)
     peek = (idle_ms if quiet is None
             else peek_ms(idle_ms, ahead_ms, services.config.safety_lag_ms))
     result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
@@ -204,8 +206,9 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
     if not idle_ms or order or result.cut or result.unsettled:
         return None
     seen_through = now + ahead_ms + peek if result.next_ms is None else result.next_ms
-    if quiet is not None:
-        quiet.keep(services, topic, seen_through)
+    kept = None if quiet is None else quiet.keep(services, topic, seen_through)
+    if kept is not None:
+        return _watched_until(services, topic, kept, seen_through)
     return _quiet_until(services, now, idle_ms, seen_through)
 
 
@@ -214,6 +217,17 @@ def _quiet_until(services: Services, now: int, idle_ms: int, seen_through_ms: in
     before seen_through_ms: an idle period at most, and its next pass leases ahead of the
     first pointer it did not see."""
     return min(now + idle_ms, seen_through_ms - services.config.pull_ahead_ms)
+
+
+def _watched_until(services: Services, topic: Topic, mark: QuietMark,
+                   seen_through_ms: int) -> int:
+    """Until when (epoch ms) a topic under a quiet mark may rest: while the mark stands,
+    and its next pass leases ahead of the first pointer it did not see. Meanwhile
+    app.quiet_watch checks its counts every idle period, with those of the process's other
+    quiet topics, and wakes it when they move."""
+    services.quiet_watch.watch(topic.uid)
+    return (min(services.quiet_marks.stands_until(mark), seen_through_ms)
+            - services.config.pull_ahead_ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,13 +246,14 @@ class _QuietRead:
         buckets = buckets_to_count(now, services.config.bucket_ms, services.config.safety_lag_ms)
         return cls(now, generation, buckets, services.timeline.write_counts(topic.uid, buckets))
 
-    def keep(self, services: Services, topic: Topic, seen_through_ms: int) -> None:
-        services.quiet_marks.keep(topic.uid, QuietMark(
-            self.read_at_ms, self.buckets, self.counts, seen_through_ms), self.generation)
+    def keep(self, services: Services, topic: Topic, seen_through_ms: int
+             ) -> QuietMark | None:
+        """The mark left, or None when a wake-up came since this pass began."""
+        mark = QuietMark(self.read_at_ms, self.buckets, self.counts, seen_through_ms)
+        return mark if services.quiet_marks.keep(topic.uid, mark, self.generation) else None
 
 
-def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int,
-                 idle_ms: int) -> int | None:
+def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int) -> int | None:
     """When the topic's quiet mark stands for this pass (one read of its write counts
     instead of its partitions), until when (epoch ms) it may rest; else None (counts that
     moved drop the mark as a wake-up does, so this pass reads at once and leaves none)."""
@@ -249,7 +264,7 @@ def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int,
         services.quiet_marks.forget(topic.uid)
         return None
     metrics.QUIET_CHECKS.inc()
-    return _quiet_until(services, now, idle_ms, quiet.seen_through_ms)
+    return _watched_until(services, topic, quiet, quiet.seen_through_ms)
 
 
 def _rest(services: Services, topic: Topic, quiet_until: int, wakes: int) -> None:

@@ -99,10 +99,14 @@ class QuietMarks:
         (epoch ms: its clock plus its look-ahead) once its counts are found unchanged."""
         with self._lock:
             mark = self._marks.get(topic_uid)
-        if mark is None or window_end_ms >= mark.seen_through_ms or (
-                window_end_ms > mark.read_at_ms + COUNTED_AHEAD_MS - self.safety_lag_ms):
+        if mark is None or window_end_ms > self.stands_until(mark):
             return None
         return mark
+
+    def stands_until(self, mark: QuietMark) -> int:
+        """The last window end (epoch ms) for which the mark can stand."""
+        return min(mark.seen_through_ms - 1,
+                   mark.read_at_ms + COUNTED_AHEAD_MS - self.safety_lag_ms)
 
     def woken(self, topic_uid: uuid.UUID) -> bool:
         """Was the topic woken since the last pass that asked? (Such a pass leaves no mark.)"""

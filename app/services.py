@@ -22,6 +22,7 @@ from app.poll_groups import PollGroups
 from app.pull_ahead import HeldLease, HeldLeases
 from app.pull_wakes import PullWakes
 from app.quiet_marks import QuietMarks
+from app.quiet_watch import QuietWatch
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
@@ -92,6 +93,9 @@ class Services:
         self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
                                                        wake_at=self._hand_out_at)
         self.quiet_marks = QuietMarks(config.safety_lag_ms)
+        self.quiet_watch = QuietWatch(self.quiet_marks.standing, self.timeline.write_counts_of,
+                                      self._pull_woken, config.pull_idle_ms,
+                                      config.pull_ahead_ms, clock)
         self.pull_wakes = PullWakes(config, PullListenerStore(self.db, config.release_ring),
                                     self._pull_woken, self.topic_cache.wake)
 
@@ -129,6 +133,7 @@ class Services:
 
     def close(self) -> None:
         self.pull_wakes.close()
+        self.quiet_watch.close()
         self.waker.close()
         self.quotas.close()
         self.lag.close()

@@ -235,3 +235,27 @@ def test_the_read_a_wake_up_starts_does_not_first_read_the_write_counts(
         assert topic.ack(message) == 204
     finally:
         _services(app).close()
+
+
+def test_the_quiet_topics_of_a_process_are_checked_together_once_an_idle_period(
+        reader: Flask, writer: Flask, auth: dict[str, str]) -> None:
+    topics = [TopicClient(reader.test_client(), auth) for _ in range(5)]
+    others = [TopicClient(writer.test_client(), auth, name=t.name) for t in topics]
+    _services(writer).pull_wakes.tell = lambda topic_uid: None  # type: ignore[method-assign]
+    _until_ready(reader, topics[0])
+    calls = [_waiting(t, 15_000) for t in topics]
+    time.sleep(1.5)  # each call's read, then one that leaves a quiet mark
+    services = _services(reader)
+    scans = _counting_scans(services)
+    alone = _counting_count_reads(services)
+    together = _recording_starts(services.quiet_watch, "read_counts")
+    time.sleep(4)
+    # while the marks stand (about 9 s): no timeline read and no topic's counts read alone,
+    # but one read of them all each idle period (two if the marks straddle a bucket's end)
+    assert scans == [] and alone == [], (scans, alone)
+    assert 3 <= len(together) <= 10, together
+    # its wake-up lost, its count not: the check after the write finds it moved
+    _arrives_within(services.config.pull_idle_ms + 500, topics[2], others[2], *calls[2])
+    assert all(thread.is_alive() for n, (thread, _) in enumerate(calls) if n != 2)
+    for thread, _ in calls:
+        thread.join(20)

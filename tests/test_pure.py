@@ -22,6 +22,7 @@ from app.ids import (
 from app.models import Payload
 from app.quiet_marks import QuietMark, QuietMarks, buckets_to_count
 from app.quiet_marks import peek_ms as quiet_peek_ms
+from app.quiet_watch import CHUNK, QuietWatch
 from app.timeline import COUNTED_AHEAD_MS, fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 
@@ -319,6 +320,60 @@ def test_a_wake_up_drops_a_quiet_mark_and_refuses_one_from_a_pass_begun_before_i
         marks.forget(other)
     assert not marks.keep(fresh, mark, began)
     assert marks.keep(fresh, mark, marks.generation(fresh))
+
+
+def test_the_quiet_watch_reads_its_topics_together_and_wakes_those_whose_counts_moved(
+        ) -> None:
+    marks = QuietMarks(safety_lag_ms=1000)
+    now = [100_000]
+    stored: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
+    reads: list[tuple[list[uuid.UUID], tuple[int, ...]]] = []
+    woken: list[uuid.UUID] = []
+
+    def read(topics: list[uuid.UUID], buckets: tuple[int, ...]
+             ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
+        reads.append((list(topics), tuple(buckets)))
+        return {t: stored[t] for t in topics if t in stored}
+
+    watch = QuietWatch(marks.standing, read, woken.append, period_ms=1000, window_ms=100,
+                       clock=lambda: now[0])
+    watch.close()  # no thread: these checks are run by hand
+    quiet, written, short, other_buckets = (uuid.uuid4() for _ in range(4))
+    for topic, buckets, seen_through in ((quiet, (1,), 109_000), (written, (1,), 109_000),
+                                         (short, (1,), 100_050), (other_buckets, (2,), 109_000)):
+        assert marks.keep(topic, QuietMark(100_000, buckets, {}, seen_through),
+                          marks.generation(topic))
+        watch.watch(topic)
+    stored[written] = {(1, 3): 1}
+    assert watch.check() == [written]
+    # one read per set of buckets; the mark that no longer stands left the watch unread
+    assert sorted(len(topics) for topics, _ in reads) == [1, 2]
+    assert short not in {t for topics, _ in reads for t in topics}
+    assert watch.watching() == {quiet, other_buckets}
+    now[0] = 109_000  # a window to 109.1 s: past what both marks saw (109 s)
+    reads.clear()
+    assert watch.check() == [] and reads == [] and watch.watching() == set()
+
+
+def test_the_quiet_watch_reads_in_chunks_and_wakes_every_topic_it_could_not_read() -> None:
+    marks = QuietMarks(safety_lag_ms=1000)
+    topics = [uuid.uuid4() for _ in range(CHUNK + 1)]
+    woken: list[uuid.UUID] = []
+    sizes: list[int] = []
+
+    def unreachable(topics: list[uuid.UUID], buckets: tuple[int, ...]
+                    ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
+        sizes.append(len(topics))
+        raise ConnectionError("down")
+
+    watch = QuietWatch(marks.standing, unreachable, woken.append, period_ms=1000,
+                       window_ms=100, clock=lambda: 100_000)
+    watch.close()  # no thread: the check is run by hand
+    for topic in topics:
+        marks.keep(topic, QuietMark(100_000, (1,), {}, 109_000), marks.generation(topic))
+        watch.watch(topic)
+    assert sorted(watch.check()) == sorted(topics) == sorted(woken)
+    assert sorted(sizes) == [1, CHUNK] and watch.watching() == set()
 
 
 def test_a_resting_pass_counts_the_buckets_a_write_from_now_on_could_be_counted_in() -> None:
