@@ -104,8 +104,9 @@ WAKEUPS_RECEIVED = Counter(
     "each topic a process serving long polls was told of (app.pull_wakes).", ["kind"])
 QUIET_CHECKS = Counter(
     "duetime_pull_quiet_checks_total",
-    "Lease passes over a quiet topic that read its write counts only, not its timeline "
-    "partitions: nothing was written since a pass that found nothing (app.quiet_marks).")
+    "Checks of a quiet topic's write counts that found nothing written since a pass that "
+    "found nothing, so its timeline partitions were not read: by a lease pass, or by the "
+    "process's watch of all its quiet topics at once (app.quiet_marks, app.quiet_watch).")
 CLOCK_RELEASER_GAP = Gauge(
     "duetime_clock_releaser_gap_seconds",
     "This process's clock minus the live releaser's it is farthest from (each measured "

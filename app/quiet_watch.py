@@ -6,13 +6,13 @@ mark needs no timeline read for that, only its write counts; but read topic by t
 each topic's own moment, those checks were one request per topic and idle period in every
 process, and each woke the topic's waiting threads to run a pass.
 
-Instead, a topic resting under a mark is watched: once every period (on its epoch multiples),
-one thread reads the counts of every watched topic together, one request per CHUNK topics,
-and wakes each topic whose counts moved (`on_moved`: its mark
-is dropped and its long polls read at once). A topic leaves the watch when its mark no longer
-stands: its rest ends then (app.leasing), and its next pass reads the timeline and leaves a
-new mark. A failed read wakes every watched topic, whose own passes then read (and meet the
-outage themselves).
+Instead, a topic resting under a mark is watched: once every period (on its epoch
+multiples), one thread reads the counts of every watched topic together, one request per
+CHUNK topics, and wakes each topic whose counts moved (`on_moved`: its mark is dropped and
+its long polls read at once). A topic leaves the watch when its mark no longer stands: its
+rest ends then (app.leasing), and its next pass reads the timeline and leaves a new mark. A
+failed read wakes every watched topic, whose own passes then read (and meet the outage
+themselves).
 
 What this guarantees is what a topic's own count check guaranteed: a pointer whose writer's
 wake-up was lost, counted after the mark's read, is found within a period and the time of one
