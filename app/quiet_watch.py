@@ -55,7 +55,6 @@ class QuietWatch:
         self.period_s = period_ms / 1000
         self.window_ms = window_ms
         self.clock = clock
-        self.checks = 0  # reads made, for tests
         self._watched: set[uuid.UUID] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -65,7 +64,8 @@ class QuietWatch:
         """Check this topic's counts at every period while its mark stands."""
         with self._lock:
             self._watched.add(topic_uid)
-            if not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
+            if self.period_s > 0 and not self._stop.is_set() and (
+                    self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._run, name="quiet-watch",
                                                 daemon=True)
                 self._thread.start()
@@ -94,7 +94,6 @@ class QuietWatch:
 
     def _check_chunk(self, buckets: tuple[int, ...],
                      marked: list[tuple[uuid.UUID, QuietMark]]) -> list[uuid.UUID]:
-        self.checks += 1
         try:
             counts = self.read_counts([topic_uid for topic_uid, _ in marked], buckets)
         except Exception as exc:  # the topics' own passes read, and meet it themselves
