@@ -79,13 +79,15 @@ class QuietWatch:
         Topics whose marks no longer stand leave the watch unread."""
         window_end = self.clock() + self.window_ms
         by_buckets: dict[tuple[int, ...], list[tuple[uuid.UUID, QuietMark]]] = defaultdict(list)
-        for topic_uid in self.watching():
-            mark = self.standing(topic_uid, window_end)
-            if mark is None:
-                with self._lock:
+        # under the lock: a pass that leaves a new mark watches the topic after keeping it,
+        # so it is either seen standing here or watched again after this drops the old one
+        with self._lock:
+            for topic_uid in list(self._watched):
+                mark = self.standing(topic_uid, window_end)
+                if mark is None:
                     self._watched.discard(topic_uid)
-            else:
-                by_buckets[mark.buckets].append((topic_uid, mark))
+                else:
+                    by_buckets[mark.buckets].append((topic_uid, mark))
         woken: list[uuid.UUID] = []
         for buckets, marked in by_buckets.items():
             for start in range(0, len(marked), CHUNK):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections import Counter
 
@@ -353,6 +354,29 @@ def test_the_quiet_watch_reads_its_topics_together_and_wakes_those_whose_counts_
     now[0] = 109_000  # a window to 109.1 s: past what both marks saw (109 s)
     reads.clear()
     assert watch.check() == [] and reads == [] and watch.watching() == set()
+
+
+def test_a_topic_marked_again_while_the_watch_drops_its_old_mark_stays_watched() -> None:
+    marks = QuietMarks(safety_lag_ms=1000)
+    topic = uuid.uuid4()
+    passes: list[threading.Thread] = []
+
+    def old_mark_ran_out(topic_uid: uuid.UUID, window_end_ms: int) -> QuietMark | None:
+        # meanwhile a pass leaves a new mark and watches the topic (another thread)
+        marks.keep(topic_uid, QuietMark(100_000, (1,), {}, 109_000),
+                   marks.generation(topic_uid))
+        passes.append(threading.Thread(target=watch.watch, args=(topic_uid,)))
+        passes[0].start()
+        passes[0].join(0.2)
+        return None
+
+    watch = QuietWatch(old_mark_ran_out, lambda topics, buckets: {}, lambda topic_uid: None,
+                       period_ms=1000, window_ms=100, clock=lambda: 100_000)
+    watch.close()  # no thread: the check is run by hand
+    watch.watch(topic)
+    assert watch.check() == []
+    passes[0].join(5)
+    assert watch.watching() == {topic}
 
 
 def test_the_quiet_watch_reads_in_chunks_and_wakes_every_topic_it_could_not_read() -> None:
