@@ -19,12 +19,14 @@ from app.config import Config
 from app.models import MessageState, Pointer, Topic
 from app.store.messages import MessageStore
 from app.store.timeline import READ_AHEAD, PointerPosition, TimelineStore
-from app.timeline import LANE_STRIDE, bucket_of, bucket_start_ms
+from app.timeline import LANE_STRIDE, MS_PER_DAY, bucket_of, bucket_start_ms
 
 PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
 WAITING = ("scheduled", "leased")
 SPENT_CACHE_SIZE = 200_000
-MAX_BUCKETS_PER_SCAN = 1440  # a day of 1-minute buckets; a far-behind cursor catches up in steps
+# Active buckets one scan reads at most (a day of 1-minute buckets); a cursor behind a longer
+# backlog catches up over several scans, the earliest buckets first.
+MAX_BUCKETS_PER_SCAN = 1440
 # Rows known to be spent are skipped without a state read but still read; the cap bounds one
 # scan's memory. Unknown pointers (capped at SCAN_SLACK x want) become known, so scans make
 # progress.
@@ -285,6 +287,10 @@ class ResumePoints:
                     self._points.popitem(last=False)
 
 
+def _below(ms: int, limit_ms: int | None) -> int:
+    return ms if limit_ms is None else min(ms, limit_ms)
+
+
 class DueScanner:
     def __init__(self, timeline: TimelineStore, messages: MessageStore, config: Config) -> None:
         self.timeline = timeline
@@ -294,20 +300,27 @@ class DueScanner:
         self.resume = ResumePoints()
         self.pointers_read = 0  # since start, for stats and tests (approximate across threads)
 
-    def _partitions(self, topic: Topic, cursors: dict[int, int],
-                    horizon_ms: int) -> list[tuple[int, int, int, int, int]]:
+    def _partitions(self, topic: Topic, cursors: dict[int, int], horizon_ms: int
+                    ) -> tuple[list[tuple[int, int, int, int, int]], int | None]:
         """(bucket, shard, part, from_ms, to_ms) to read, in timeline order: the pointers of
-        every shard in `cursors` at or after its cursor and due by horizon_ms."""
+        every shard in `cursors` at or after its cursor and due by horizon_ms; and, when more
+        than MAX_BUCKETS_PER_SCAN buckets hold pointers in that span, the start (epoch ms) of
+        the first one left out: no cursor may pass it. The span starts no earlier than the
+        retention window (plus a day) before horizon_ms, where every pointer has expired."""
         bucket_ms = self.config.bucket_ms
-        floor = min(cursors.values())
+        floor = max(min(cursors.values()),
+                    horizon_ms - (self.config.retention_days + 1) * MS_PER_DAY)
         first, last = bucket_of(floor, bucket_ms), bucket_of(horizon_ms, bucket_ms)
-        first = max(first, last - MAX_BUCKETS_PER_SCAN)
         cap = self.config.partition_cap
+        limit_ms = None
         if last - first < DIRECT_BUCKETS:  # their slot rows say which are active: one read
             parts = self.timeline.parts(topic.uid, range(first, last + 1), cap)
             active = sorted(parts)
         else:
             active = self.timeline.active_buckets(topic.uid, first, last, bucket_ms)
+            if len(active) > MAX_BUCKETS_PER_SCAN:
+                limit_ms = bucket_start_ms(active[MAX_BUCKETS_PER_SCAN], bucket_ms)
+                active = active[:MAX_BUCKETS_PER_SCAN]
             parts = self.timeline.parts(topic.uid, active, cap) if active else {}
         plan: list[tuple[int, int, int, int, int]] = []
         for bucket in active:
@@ -316,7 +329,7 @@ class DueScanner:
                 start = cursors.get(shard, end + 1)
                 if start <= end:
                     plan.extend((bucket, shard, part, start, end) for part in sorted(found))
-        return plan
+        return plan, limit_ms
 
     def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
              stored: dict[int, int] | None = None, ahead_ms: int = 0,
@@ -333,16 +346,17 @@ class DueScanner:
                    if shards is None or s in shards}
         if not cursors:
             return ScanResult([], {}, {})
-        frontier = {s: now_ms - self.config.safety_lag_ms for s in cursors}
-        plan = self._partitions(topic, cursors, now_ms + ahead_ms + peek_ms)
+        plan, limit_ms = self._partitions(topic, cursors, now_ms + ahead_ms + peek_ms)
+        frontier = {s: _below(now_ms - self.config.safety_lag_ms, limit_ms) for s in cursors}
         peek: dict[str, int | None] = {}
         unknown, whole = self._read(topic, plan, want, frontier, lambda key: False,
                                     now_ms - self.config.safety_lag_ms,
                                     now_ms + ahead_ms if peek_ms else None, peek)
         due, unsettled = self._settle(topic, unknown,
                                       lambda p, row: is_live(p, row, now_ms, ahead_ms))
-        return ScanResult(due, frontier, cursors, cut=len(whole) < len(plan),
-                          next_ms=peek.get("next_ms"), unsettled=bool(unsettled))
+        cut = len(whole) < len(plan) or limit_ms is not None
+        return ScanResult(due, frontier, cursors, cut=cut, next_ms=peek.get("next_ms"),
+                          unsettled=bool(unsettled))
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
                  pending: Callable[[PointerKey], bool],
@@ -357,8 +371,8 @@ class DueScanner:
         whose write count has not moved is not read again; `seen` is updated for those read
         whole with every pointer settled (a pointer whose row is still in flight keeps its
         partition due for another read)."""
-        frontier = dict.fromkeys(starts, to_ms)
-        plan = self._partitions(topic, starts, to_ms)
+        plan, limit_ms = self._partitions(topic, starts, to_ms)
+        frontier = dict.fromkeys(starts, _below(to_ms, limit_ms))
         counts: dict[tuple[int, int], int] = {}
         if seen is not None:
             counts = self.timeline.write_counts(topic.uid, sorted({e[0] for e in plan}))

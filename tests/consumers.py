@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flask.testing import FlaskClient
@@ -19,8 +20,10 @@ class TopicClient:
     """Calls one topic's endpoints; records every leased message and checks it is not early."""
 
     def __init__(self, client: FlaskClient, headers: dict[str, str], name: str | None = None,
-                 **settings: Any) -> None:
+                 clock: Callable[[], int] = now_ms, **settings: Any) -> None:
+        """clock: the server's clock (epoch ms), against which no lease may be early."""
         self.client = client
+        self.clock = clock
         self.headers = headers
         self.name = name or f"topic{secrets.token_hex(3)}"
         answer = client.put(f"/v1/topics/{self.name}", json=settings, headers=headers)
@@ -47,7 +50,7 @@ class TopicClient:
     def lease(self, max_messages: int = 10, wait_ms: int = 0, **extra: Any) -> list[dict[str, Any]]:
         answer = self.client.post(self.url("/leases"), headers=self.headers,
                                   json={"max": max_messages, "wait_ms": wait_ms, **extra})
-        received_at = now_ms()
+        received_at = self.clock()
         assert answer.status_code == 200, answer.get_json()
         messages: list[dict[str, Any]] = answer.get_json()["messages"]
         for m in messages:

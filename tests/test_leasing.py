@@ -10,15 +10,16 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app, metrics
+from app import create_app, metrics, scan
 from app.config import Config
 from app.ids import home_of
 from app.models import Pointer
 from app.services import Services
-from app.timeline import COUNTED_AHEAD_MS
+from app.timeline import COUNTED_AHEAD_MS, MS_PER_DAY
 from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
 
@@ -253,6 +254,53 @@ def test_pointer_behind_the_cursor_is_still_found(
     assert got == {"past", "skewed"}
     assert now_ms() - started < 1500
     lagging.extensions["duetime"].close()
+
+
+def _lease_all(consumer: TopicClient, calls: int) -> list[str]:
+    got: list[str] = []
+    for _ in range(calls):
+        got += [m["id"] for m in consumer.lease(max_messages=10, wait_ms=300)]
+    return got
+
+
+def test_a_backlog_older_than_a_day_is_still_leased(
+        config: Config, auth: dict[str, str], app: Flask) -> None:
+    """Consumers back after two days find what came due while they were gone: a cursor that
+    far behind is not moved past pointers no scan read."""
+    topic = TopicClient(app.test_client(), auth)
+    assert {r["status"] for r in topic.batch([{"id": f"old{i}"} for i in range(5)])} == {201}
+    def clock() -> int:
+        return now_ms() + 2 * MS_PER_DAY
+
+    later = create_app(config, clock=clock)
+    try:
+        got = _lease_all(TopicClient(later.test_client(), auth, name=topic.name, clock=clock), 4)
+        assert sorted(got) == [f"old{i}" for i in range(5)]
+    finally:
+        later.extensions["duetime"].close()
+
+
+def test_a_backlog_over_more_buckets_than_a_scan_reads_is_leased_earliest_first(
+        config: Config, auth: dict[str, str], app: Flask,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scan reads the earliest MAX_BUCKETS_PER_SCAN active buckets of a far-behind cursor's
+    span, and the cursor stops where the unread ones begin."""
+    monkeypatch.setattr(scan, "MAX_BUCKETS_PER_SCAN", 3)
+    topic = TopicClient(app.test_client(), auth)
+    start = now_ms()
+    assert {r["status"] for r in topic.batch(
+        [{"id": f"m{k}", "deliver_at": format_ms(start + k * config.bucket_ms)}
+         for k in range(6)])} == {201}
+    def clock() -> int:
+        return now_ms() + 2 * MS_PER_DAY
+
+    later = create_app(config, clock=clock)
+    try:
+        got = _lease_all(TopicClient(later.test_client(), auth, name=topic.name, clock=clock), 6)
+        assert sorted(got) == [f"m{k}" for k in range(6)]
+        assert set(got[:3]) == {"m0", "m1", "m2"}
+    finally:
+        later.extensions["duetime"].close()
 
 
 def _tenant_of(services: Services, auth: dict[str, str]) -> set[str]:
