@@ -26,6 +26,8 @@ from app.quiet_marks import peek_ms as quiet_peek_ms
 from app.quiet_watch import CHUNK, QuietWatch
 from app.timeline import COUNTED_AHEAD_MS, fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
+from workers import quiet_recheck
+from workers.quiet_recheck import QuietTopic, needs_sweep, still_quiet
 
 
 def test_config_reads_environment_and_validates() -> None:
@@ -414,3 +416,53 @@ def test_the_pass_a_wake_up_starts_is_told_so_once() -> None:
     assert not marks.woken(topic)
     marks.forget(topic)
     assert marks.woken(topic) and not marks.woken(topic)
+
+
+def test_a_quiet_topic_needs_a_sweep_for_a_pointer_at_its_cursor_or_a_straggler_behind_it(
+        ) -> None:
+    topic = QuietTopic(uuid.uuid4(), cursor_ms=10 * 60_000 + 5, shards=frozenset({0, 1}),
+                       seen={(8, 0): 3, (9, 1): 2})
+    assert not needs_sweep(topic, [8, 9], {(8, 0): 3, (9, 1): 2}, 60_000)
+    assert needs_sweep(topic, [8, 10], {(8, 0): 3}, 60_000)  # the cursor's bucket holds some
+    assert needs_sweep(topic, [8, 9], {(8, 0): 4, (9, 1): 2}, 60_000)  # a straggler
+    assert needs_sweep(topic, [7, 8, 9], {(7, 0): 1, (8, 0): 3}, 60_000)  # never read
+    assert not needs_sweep(topic, [8, 9], {(8, 2): 9, (9, 1): 2}, 60_000)  # not an owned shard
+
+
+def test_quiet_topics_are_rechecked_together_and_those_quiet_too_long_are_swept() -> None:
+    class Indexes:
+        def __init__(self) -> None:
+            self.active: dict[uuid.UUID, list[int]] = {}
+            self.counts: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
+            self.reads: list[tuple[str, int, int]] = []
+
+        def active_buckets_of(self, topic_uids: list[uuid.UUID], first: int, last: int,
+                              bucket_ms: int) -> dict[uuid.UUID, list[int]]:
+            self.reads.append(("active", len(topic_uids), 0))
+            return {t: [b for b in self.active.get(t, []) if first <= b <= last]
+                    for t in topic_uids if t in self.active}
+
+        def write_counts_of(self, topic_uids: list[uuid.UUID], buckets: list[int]
+                            ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
+            self.reads.append(("counts", len(topic_uids), len(buckets)))
+            return {t: {k: n for k, n in self.counts.get(t, {}).items() if k[0] in buckets}
+                    for t in topic_uids if t in self.counts}
+
+    minute, now = 60_000, 1_000 * 60_000
+    indexes = Indexes()
+    topics = [QuietTopic(uuid.uuid4(), now - 2 * minute, frozenset({0}), {(990, 0): 1})
+              for _ in range(quiet_recheck.CHUNK + 10)]
+    for t in topics:
+        indexes.active[t.uid] = [900, 990]  # 900: before the catch-up's hour, not looked at
+        indexes.counts[t.uid] = {(990, 0): 1}
+    written, reached = topics[3].uid, topics[7].uid
+    indexes.counts[written] = {(990, 0): 2}
+    indexes.active[reached] = [990, 999]
+    old = QuietTopic(uuid.uuid4(), now - quiet_recheck.MAX_SPAN_MS - 1, frozenset({0}), {})
+    found = still_quiet(indexes, [*topics, old], now, minute, 3_600_000, 5000)
+    assert found == {t.uid for t in topics} - {written, reached}
+    assert [r for r in indexes.reads if r[0] == "active"] == [
+        ("active", quiet_recheck.CHUNK, 0), ("active", 10, 0)]
+    counted = [r for r in indexes.reads if r[0] == "counts"]
+    assert sum(n for _, n, _ in counted) == len(topics) - 1  # not the one reached
+    assert all(n * b <= quiet_recheck.COUNT_CELLS for _, n, b in counted)

@@ -26,6 +26,7 @@ from app.timeparse import parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Arrival, Receiver, receiving
 from tests.test_metrics import scrape
+from workers import releaser as releaser_module
 from workers.releaser import Releaser
 
 # topics are learned through topic_changes (every 100 ms), not by re-reading them all
@@ -311,6 +312,62 @@ def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
         while uid in r._quiet and time.monotonic() < deadline:  # that sweep's end notes it
             time.sleep(0.05)
         assert uid not in r._quiet  # while a pointer of it is in the window
+
+
+def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet topic's periodic re-check reads the indexes of many topics at once; a topic
+    that passes keeps quiet without its cursors or partitions being read."""
+    monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 1000)
+    topics = [TopicClient(client, auth) for _ in range(3)]
+    uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+    with releaser(config, "r-recheck") as r:
+        reads: list[uuid.UUID] = []
+        cursors = r.services.timeline.cursors
+
+        def counting(topic_uid: uuid.UUID) -> dict[int, int]:
+            reads.append(topic_uid)
+            return cursors(topic_uid)
+
+        r.services.timeline.cursors = counting  # type: ignore[method-assign]
+        deadline = time.monotonic() + 10
+        while not uids <= set(r._quiet) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert uids <= set(r._quiet)
+        marked = {uid: r._quiet[uid] for uid in uids}
+        reads.clear()
+        deadline = time.monotonic() + 5
+        while any(r._quiet.get(u, 0) <= marked[u] for u in uids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(r._quiet.get(u, 0) > marked[u] for u in uids)  # re-checked, quiet still
+        assert not uids & set(reads)
+
+
+def test_a_straggler_no_index_near_now_names_is_found_by_the_quiet_recheck(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The safety net: a pointer written minutes behind the cursors of a quiet topic, whose
+    topic_writes row was not recorded, is delivered by the topic's re-check."""
+    monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 2000)
+    skewed = create_app(config, clock=lambda: now_ms() - 180_000)
+    placer = skewed.extensions["duetime"].placer
+    monkeypatch.setattr(placer, "_note_written", lambda topic_uid, now: None)
+    try:
+        with receiving(Receiver()) as target, releaser(config, "r-net") as r:
+            topic, _ = webhook_topic(client, auth, target.url)
+            uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+            deadline = time.monotonic() + 10
+            while uid not in r._quiet and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert uid in r._quiet
+            late = TopicClient(skewed.test_client(), auth, name=topic.name,
+                               delivery={"mode": "webhook", "url": target.url})
+            assert late.enqueue(id="unnoted").status_code == 201
+            assert target.wait_for(lambda got: len(got) == 1, 15)
+            assert target.ids() == ["unnoted"]
+    finally:
+        skewed.extensions["duetime"].close()
 
 
 def test_a_releaser_compares_its_clock_with_the_others_and_the_api_reports_the_gap(

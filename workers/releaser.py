@@ -65,6 +65,7 @@ from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.paced import PacedStep
 from workers.push import PushDispatcher
+from workers.quiet_recheck import QuietTopic, still_quiet
 from workers.schedules import ScheduleRunner
 from workers.timers import MAX_WAIT_S, Timer, TimerHeap, earliest_by_shard
 from workers.topics import FOLLOW_EVERY_MS, KnownTopics
@@ -125,6 +126,7 @@ class Releaser:
         self._last_catch_up = 0
         self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
         self._quiet: dict[uuid.UUID, int] = {}  # topic -> when a sweep last found it quiet
+        self._quiet_cursor: dict[uuid.UUID, int] = {}  # topic -> its lowest owned cursor then
         self._swept_slots: frozenset[int] = frozenset()  # the slots _quiet was judged on
         self._slot_maps: dict[tuple[uuid.UUID, int], dict[int, int]] = {}
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
@@ -224,6 +226,7 @@ class Releaser:
         for uid in gone:
             self._pull_kept.pop(uid, None)
             self._quiet.pop(uid, None)
+            self._quiet_cursor.pop(uid, None)
         if any(uid not in before for uid in self._topics):
             self._looking.wake()
             self._sweeping.wake()
@@ -298,8 +301,15 @@ class Releaser:
         if owned != self._swept_slots:  # quiet was judged on other shards' cursors
             self._swept_slots = owned
             self._quiet.clear()
+            self._quiet_cursor.clear()
         recent = self._recent_topics(now)
-        awake = [t for t in list(self._topics.values())
+        topics = list(self._topics.values())
+        rechecked = {t.uid for t in topics if t.uid not in recent
+                     and now - self._quiet.get(t.uid, now) >= QUIET_RECHECK_MS}
+        for uid in self._recheck_quiet([t for t in topics if t.uid in rechecked], now):
+            self._quiet[uid] = now
+            rechecked.discard(uid)
+        awake = [t for t in topics
                  if t.uid in recent or now - self._quiet.get(t.uid, -QUIET_RECHECK_MS)
                  >= QUIET_RECHECK_MS]
         busy = False
@@ -308,7 +318,7 @@ class Releaser:
             stored = self.services.timeline.cursors(topic.uid)
             default = topic.created_at_ms - cfg.safety_lag_ms
             starts = {s: stored.get(s, default) for s in mine}
-            if catching_up:
+            if catching_up or topic.uid in rechecked:  # a re-check may have seen a straggler
                 self._catch_up(topic, mine, starts, now)
             if not topic.pushed:
                 behind = {s for s, start in starts.items()
@@ -319,6 +329,22 @@ class Releaser:
             self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
                              topic.uid in recent, now)
         return busy
+
+    def _recheck_quiet(self, topics: list[Topic], now: int) -> set[uuid.UUID]:
+        """Of quiet topics due for their re-check, those still quiet, checked together
+        (workers.quiet_recheck); the rest are swept in full."""
+        if not topics:
+            return set()
+        cfg = self.services.config
+        checked = []
+        for topic, mine in self._owned_shards(topics):
+            shards = frozenset(mine)
+            owned, seen = self._behind.get(topic.uid, (frozenset(), {}))
+            cursor = self._quiet_cursor.get(topic.uid)
+            if cursor is not None and owned == shards:
+                checked.append(QuietTopic(topic.uid, cursor, shards, seen))
+        return still_quiet(self.services.timeline, checked, now, cfg.bucket_ms,
+                           cfg.release_catchup_ms, cfg.release_lookahead_ms)
 
     def _recent_topics(self, now: int) -> set[uuid.UUID]:
         """Topics a sweep must look at even if found quiet before (two reads for all topics):
@@ -360,8 +386,10 @@ class Releaser:
                         for c in cursors.values())
         if caught_up and not active:
             self._quiet[topic.uid] = now - stable_hash(str(topic.uid)) % (QUIET_RECHECK_MS // 2)
+            self._quiet_cursor[topic.uid] = min(cursors.values())
         else:
             self._quiet.pop(topic.uid, None)
+            self._quiet_cursor.pop(topic.uid, None)
 
     def _catch_up(self, topic: Topic, mine: dict[int, int], cursors: dict[int, int],
                   now: int) -> None:

@@ -177,6 +177,19 @@ class TimelineStore:
         ]
         return [r["bucket"] for rows in self.db.results(futures) for r in rows]
 
+    def active_buckets_of(self, topic_uids: Sequence[uuid.UUID], first: int, last: int,
+                          bucket_ms: int) -> dict[uuid.UUID, list[int]]:
+        """active_buckets of many topics in one request ({topic: buckets in [first, last]},
+        a topic without any absent); callers keep topics x days to about a hundred."""
+        days = list(range(first * bucket_ms // MS_PER_DAY, last * bucket_ms // MS_PER_DAY + 1))
+        rows = self.db.execute(
+            "SELECT topic_uid, bucket FROM {ks}.active_buckets WHERE topic_uid IN ? AND day IN ? "
+            "AND bucket >= ? AND bucket <= ?", (list(topic_uids), days, first, last))
+        found: dict[uuid.UUID, list[int]] = defaultdict(list)
+        for r in rows:
+            found[r["topic_uid"]].append(r["bucket"])
+        return dict(found)
+
     def write_pointers(
         self, topic_uid: uuid.UUID,
         placed: Sequence[tuple[int, int, int, Pointer, int]],

@@ -1,0 +1,112 @@
+"""The releaser's periodic re-check of topics its sweep found quiet, for many topics at once.
+
+A quiet topic (workers.releaser: no pointer near now, not written to in the last minute, every
+owned cursor caught up) is skipped by the sweep; a write or a pointer coming near now wakes it.
+The re-check, every 2.5 to 5 minutes per topic, is the safety net for what those two indexes
+can miss: a straggler whose `topic_writes` row was not recorded (app.placement tolerates that),
+a pointer whose `active_topics` row is gone. Sweeping each such topic in full read its cursors,
+its partitions and its write counts and moved its cursors: about 5 requests a topic, 200 a
+second at 10,000 topics. Here the topics due for a re-check are checked together:
+
+- one read of `active_buckets` per CHUNK topics, from CATCH-UP before the cursor the topic
+  was found quiet at, through the end of the look-ahead: a bucket at or after that cursor's
+  bucket holds pointers the sweep has not read since (the topic is swept in full);
+- for the buckets before it, one read of `bucket_writes` per about a hundred (topic, bucket)s:
+  a count of an owned shard that moved since the catch-up last read it is a straggler (swept
+  in full).
+
+A topic that passes both is quiet still, and its cursors stay where they were (a later
+sweep or a consumer's pass reads from there: app.scan reads a long span through
+`active_buckets`). Topics found quiet longer ago than MAX_SPAN_MS are swept in full, which
+moves their cursors, so a re-check reads at most a few day partitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from app.timeline import bucket_of
+
+CHUNK = 50  # topics per active_buckets read: with two days each, 100 partitions
+COUNT_CELLS = 100  # (topic, bucket)s per bucket_writes read
+MAX_SPAN_MS = 6 * 3_600_000  # quiet for longer: swept in full, which moves the cursors
+
+
+class Indexes(Protocol):
+    """What the re-check reads (app.store.timeline.TimelineStore)."""
+
+    def active_buckets_of(self, topic_uids: Sequence[uuid.UUID], first: int, last: int,
+                          bucket_ms: int) -> dict[uuid.UUID, list[int]]: ...
+
+    def write_counts_of(self, topic_uids: Sequence[uuid.UUID], buckets: Sequence[int]
+                        ) -> dict[uuid.UUID, dict[tuple[int, int], int]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class QuietTopic:
+    """A topic the sweep found quiet: the lowest of its owned cursors then (epoch ms), its
+    owned shards, and the write counts its catch-up last read ({(bucket, shard): n})."""
+
+    uid: uuid.UUID
+    cursor_ms: int
+    shards: frozenset[int]
+    seen: dict[tuple[int, int], int]
+
+
+def needs_sweep(topic: QuietTopic, active: Sequence[int],
+                counts: dict[tuple[int, int], int], bucket_ms: int) -> bool:
+    """Whether a quiet topic must be swept in full, given its active buckets in the re-check's
+    span and the write counts of those before its cursor's bucket."""
+    cursor_bucket = bucket_of(topic.cursor_ms, bucket_ms)
+    if any(b >= cursor_bucket for b in active):
+        return True
+    return any(topic.seen.get(key) != n for key, n in counts.items()
+               if key[1] in topic.shards and key[0] < cursor_bucket)
+
+
+def still_quiet(timeline: Indexes, topics: Sequence[QuietTopic], now_ms: int,
+                bucket_ms: int, catchup_ms: int, lookahead_ms: int) -> set[uuid.UUID]:
+    """The topics nothing has reached since they were found quiet (see the module's
+    docstring); the others (and those quiet longer than MAX_SPAN_MS) need a full sweep."""
+    last = bucket_of(now_ms + lookahead_ms, bucket_ms)
+    fresh = [t for t in topics if t.cursor_ms >= now_ms - MAX_SPAN_MS]
+    active: dict[uuid.UUID, list[int]] = {}
+    for chunk in _chunks(fresh, CHUNK):
+        first = bucket_of(min(t.cursor_ms for t in chunk) - catchup_ms, bucket_ms)
+        found = timeline.active_buckets_of([t.uid for t in chunk], first, last, bucket_ms)
+        for t in chunk:
+            since = bucket_of(t.cursor_ms - catchup_ms, bucket_ms)
+            active[t.uid] = [b for b in found.get(t.uid, []) if b >= since]
+    cursor_bucket = {t.uid: bucket_of(t.cursor_ms, bucket_ms) for t in fresh}
+    behind = {t.uid: [b for b in active[t.uid] if b < cursor_bucket[t.uid]] for t in fresh
+              if all(b < cursor_bucket[t.uid] for b in active[t.uid])}
+    counts = _counts(timeline, behind)
+    return {t.uid for t in fresh if t.uid in behind
+            and not needs_sweep(t, active[t.uid], counts.get(t.uid, {}), bucket_ms)}
+
+
+def _counts(timeline: Indexes, behind: dict[uuid.UUID, list[int]]
+            ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
+    """Write counts of each topic's buckets, in reads of about COUNT_CELLS (topic, bucket)s."""
+    counts: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
+    group: list[uuid.UUID] = []
+    buckets: set[int] = set()
+    for uid in sorted((u for u, bs in behind.items() if bs), key=lambda u: behind[u]):
+        grown = buckets | set(behind[uid])
+        if group and len(grown) * (len(group) + 1) > COUNT_CELLS:
+            counts.update(timeline.write_counts_of(group, sorted(buckets)))
+            group, grown = [], set(behind[uid])
+        group.append(uid)
+        buckets = grown
+    if group:
+        counts.update(timeline.write_counts_of(group, sorted(buckets)))
+    return counts
+
+
+def _chunks(topics: Sequence[QuietTopic], size: int) -> Iterator[Sequence[QuietTopic]]:
+    for start in range(0, len(topics), size):
+        yield topics[start:start + size]
+
