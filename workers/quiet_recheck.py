@@ -6,7 +6,8 @@ The re-check, every 2.5 to 5 minutes per topic, is the safety net for what those
 can miss: a straggler whose `topic_writes` row was not recorded (app.placement tolerates that),
 a pointer whose `active_topics` row is gone. Sweeping each such topic in full read its cursors,
 its partitions and its write counts and moved its cursors: about 5 requests a topic, 200 a
-second at 10,000 topics. Here the topics due for a re-check are checked together:
+second at 10,000 topics. Here the topics that came due for a re-check are checked together,
+once a tenth of that period (workers.releaser.Releaser.sweep):
 
 - one read of `active_buckets` per CHUNK topics, from CATCH-UP before the cursor the topic
   was found quiet at, through the end of the look-ahead: a bucket at or after that cursor's

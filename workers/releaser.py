@@ -127,6 +127,7 @@ class Releaser:
         self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
         self._quiet: dict[uuid.UUID, int] = {}  # topic -> when a sweep last found it quiet
         self._quiet_cursor: dict[uuid.UUID, int] = {}  # topic -> its lowest owned cursor then
+        self._last_recheck = 0
         self._swept_slots: frozenset[int] = frozenset()  # the slots _quiet was judged on
         self._slot_maps: dict[tuple[uuid.UUID, int], dict[int, int]] = {}
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
@@ -304,14 +305,16 @@ class Releaser:
             self._quiet_cursor.clear()
         recent = self._recent_topics(now)
         topics = list(self._topics.values())
-        rechecked = {t.uid for t in topics if t.uid not in recent
-                     and now - self._quiet.get(t.uid, now) >= QUIET_RECHECK_MS}
+        rechecked: set[uuid.UUID] = set()
+        if now - self._last_recheck >= QUIET_RECHECK_MS // 10:  # those due since, together
+            self._last_recheck = now
+            rechecked = {t.uid for t in topics if t.uid not in recent
+                         and now - self._quiet.get(t.uid, now) >= QUIET_RECHECK_MS}
         for uid in self._recheck_quiet([t for t in topics if t.uid in rechecked], now):
             self._quiet[uid] = now
             rechecked.discard(uid)
-        awake = [t for t in topics
-                 if t.uid in recent or now - self._quiet.get(t.uid, -QUIET_RECHECK_MS)
-                 >= QUIET_RECHECK_MS]
+        awake = [t for t in topics if t.uid in recent or t.uid in rechecked
+                 or t.uid not in self._quiet]
         busy = False
         for topic, mine in self._owned_shards(awake):  # quiet ones skipped before any work
             busy = True
