@@ -314,6 +314,24 @@ def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
         assert uid not in r._quiet  # while a pointer of it is in the window
 
 
+def test_a_releaser_back_after_two_days_delivers_what_came_due_meanwhile(
+        config: Config, auth: dict[str, str]) -> None:
+    """A topic made and written two days ago, by a process whose clock says so, and no
+    releaser since: the releaser reads its timeline from cursors that far behind, and they do
+    not pass what it has not read."""
+    past = create_app(config, clock=lambda: now_ms() - 2 * 86_400_000)
+    try:
+        with receiving(Receiver()) as target:
+            topic, _ = webhook_topic(past.test_client(), auth, target.url)
+            assert {r["status"] for r in topic.batch(
+                [{"id": f"away{i}"} for i in range(5)])} == {201}
+            with releaser(config, "r-back"):
+                assert target.wait_for(lambda got: len(got) == 5, 20), target.ids()
+            assert sorted(target.ids()) == [f"away{i}" for i in range(5)]
+    finally:
+        past.extensions["duetime"].close()
+
+
 def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
