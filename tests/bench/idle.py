@@ -15,7 +15,11 @@ Against the running stack (`make up`: gunicorn with its workers, one releaser, t
    POLL_MEASURE_S (`with_long_polls`): what a worker pool waiting on quiet topics costs;
 5. then one consumer on each of WIDE_POLLED_TOPICS pull topics created empty
    (`with_long_polls_wide`): what it costs per quiet topic;
-6. delete the topics.
+6. then, from LATER_AT_S after the drain, the figures of step 3 again over MEASURE_S
+   (`idle_later`): the releaser re-checks each quiet topic 2.5 to 5 minutes after it found
+   it quiet (workers.quiet_recheck), so this window holds some of those re-checks, which
+   step 3's does not;
+7. delete the topics.
 Issue 14's goal: under 0.03 of a core for all three together, at most one LWT a second per
 releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T] [SETTLE_S]
 (a topic written to in the last minute is still swept: SETTLE_S 100 measures the stack
@@ -44,6 +48,7 @@ POLLED_TOPICS = 4
 WIDE_POLLED_TOPICS = 32
 POLL_SETTLE_S = 10
 POLL_MEASURE_S = 30
+LATER_AT_S = 300
 REQUESTS = "duetime_cassandra_request_duration_seconds_count"
 
 
@@ -134,6 +139,7 @@ def main(argv: list[str]) -> int:
     headers = dev_headers()
     with receiving(Receiver()) as target:
         names = make_drained_topics(headers, count, target)
+        drained_at = time.monotonic()
         time.sleep(settle_s)
         result = {"topics": count, "settled_s": settle_s, "measured_s": MEASURE_S,
                   **measure(MEASURE_S)}
@@ -144,6 +150,9 @@ def main(argv: list[str]) -> int:
             requests.put(f"{URL}/v1/topics/{name}", headers=headers, json={},
                          timeout=30).raise_for_status()
         result["with_long_polls_wide"] = measure_long_polls(headers, empty, len(empty))
+        time.sleep(max(0.0, drained_at + LATER_AT_S - time.monotonic()))
+        result["idle_later"] = {"after_drain_s": round(time.monotonic() - drained_at),
+                                "measured_s": MEASURE_S, **measure(MEASURE_S)}
     for name in names + empty:
         requests.delete(f"{URL}/v1/topics/{name}", headers=headers, timeout=30)
     report("idle.json", result)
