@@ -10,7 +10,10 @@ Against the running stack (`make up`: the API and one releaser):
    its lag at the target (arrival - deliver_at), p50/p99/max, and none early; then the same
    with a pull topic and a consumer long-polling it from the moment it exists (lag: the
    answer's arrival - deliver_at);
-5. delete every topic made, and revoke the tenants' keys.
+5. the releaser's CPU and Cassandra requests a second over 30 s from LATER_AT_S after the
+   last topic was created, when it re-checks the topics it found quiet (each 2.5 to 5 minutes
+   after it found it so: workers.quiet_recheck);
+6. delete every topic made, and revoke the tenants' keys.
 Writes bench-results/topics.json and prints a table. Usage:
 python -m tests.bench.topics [T] [K]
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import threading
 import time
@@ -30,17 +34,31 @@ import requests
 from app.config import load_config
 from app.services import Services
 from app.timeparse import parse_instant
+from tests.bench.idle import requests_made
 from tests.bench.run import OUT, URL, cpu_s, percentile, releaser_pid, timed_threads
 from tests.receiver import Receiver, receiving
 
 THREADS = 8
 NEW_TOPICS = 20
+LATER_AT_S = 330
+LATER_S = 30
 
 
 def releaser_cores(pid: int, seconds: float = 20) -> float:
     before, began = cpu_s(pid), time.monotonic()
     time.sleep(seconds)
     return (cpu_s(pid) - before) / (time.monotonic() - began)
+
+
+def releaser_later(pid: int, seconds: float) -> dict[str, float]:
+    """The releaser's cores and Cassandra requests a second over `seconds`."""
+    metrics = f"http://127.0.0.1:{os.environ.get('DUETIME_RELEASER_METRICS_PORT', '9464')}/metrics"
+    made = requests_made(metrics)
+    began = time.monotonic()
+    cores = releaser_cores(pid, seconds)
+    return {"cores": round(cores, 3),
+            "cassandra_requests_per_s": round((requests_made(metrics) - made)
+                                              / (time.monotonic() - began), 2)}
 
 
 def make_topics(keys: list[str], count: int, target: str) -> tuple[float, list[tuple[str, str]]]:
@@ -121,10 +139,13 @@ def main(argv: list[str]) -> int:
     before = releaser_cores(pid)
     with receiving(Receiver()) as receiver:
         created_s, made = make_topics(keys, count, receiver.url)
+        created_at = time.monotonic()
         time.sleep(30)  # the releaser has followed every change and swept every topic once
         after = releaser_cores(pid)
         lags = new_topic_lags(keys[0], receiver)
         pull_lags = new_pull_topic_lags(keys[0])
+        time.sleep(max(0.0, created_at + LATER_AT_S - time.monotonic()))
+        later = releaser_later(pid, LATER_S)
     for key, name in made:
         requests.delete(f"{URL}/v1/topics/{name}", headers=_auth(key), timeout=60)
     for info in services.keys.all():
@@ -135,6 +156,7 @@ def main(argv: list[str]) -> int:
         "topics": count, "tenants": tenants, "create_topics_per_s": round(count / created_s, 1),
         "idle_releaser_cores_before": round(before, 3),
         "idle_releaser_cores_with_topics": round(after, 3),
+        f"idle_releaser_{LATER_AT_S}s_after": later,
         "new_topic_lag_ms": _lag_summary(lags),
         "new_pull_topic_lag_ms": _lag_summary(pull_lags)}
     OUT.mkdir(exist_ok=True)
