@@ -96,8 +96,9 @@ IDLE_EVERY_MS = 5000
 WARM_MS = 2 * wakeups.ADDRESSES_EVERY_MS
 MAX_ASKED = 10_000
 UNAVAILABLE_WARN_EVERY_S = 10
-# A quiet topic is swept again at least this often (a safety net), each at its own moment
-# within the period, so 10,000 topics found quiet together are not re-read together.
+# A quiet topic is re-checked at least this often (a safety net: workers.quiet_recheck), each
+# at its own moment within the period, so 10,000 topics found quiet together are not re-checked
+# together; those that came due are checked in one go every tenth of the period.
 QUIET_RECHECK_MS = 300_000
 # A topic written to (topic_writes) is swept for this long after, by the writer's clock: a
 # catch-up runs several times meanwhile, and a writer's clock may be this far behind.
@@ -384,7 +385,8 @@ class Releaser:
         now, no write in the last WRITTEN_REACH_MS) and every owned cursor is caught up:
         nothing can be due, behind or waiting, so later sweeps skip it (no read) until it is
         recent again, or (spread over the topics) a half to a whole QUIET_RECHECK_MS
-        passes."""
+        passes: then it is re-checked with many others (_recheck_quiet), and swept only if a
+        pointer reached it."""
         caught_up = all(c >= now - self.services.config.safety_lag_ms - 2 * CURSOR_STEP_MS
                         for c in cursors.values())
         if caught_up and not active:
