@@ -256,11 +256,19 @@ def test_pointer_behind_the_cursor_is_still_found(
     lagging.extensions["duetime"].close()
 
 
-def _lease_all(consumer: TopicClient, calls: int) -> list[str]:
-    got: list[str] = []
-    for _ in range(calls):
-        got += [m["id"] for m in consumer.lease(max_messages=10, wait_ms=300)]
-    return got
+def _lease_two_days_on(config: Config, auth: dict[str, str], topic: str,
+                      calls: int) -> list[str]:
+    """The ids `calls` lease calls get from an app whose clock is two days on, in order."""
+    def clock() -> int:
+        return now_ms() + 2 * MS_PER_DAY
+
+    later = create_app(config, clock=clock)
+    try:
+        consumer = TopicClient(later.test_client(), auth, name=topic, clock=clock)
+        return [m["id"] for _ in range(calls)
+                for m in consumer.lease(max_messages=10, wait_ms=300)]
+    finally:
+        later.extensions["duetime"].close()
 
 
 def test_a_backlog_older_than_a_day_is_still_leased(
@@ -269,15 +277,8 @@ def test_a_backlog_older_than_a_day_is_still_leased(
     far behind is not moved past pointers no scan read."""
     topic = TopicClient(app.test_client(), auth)
     assert {r["status"] for r in topic.batch([{"id": f"old{i}"} for i in range(5)])} == {201}
-    def clock() -> int:
-        return now_ms() + 2 * MS_PER_DAY
-
-    later = create_app(config, clock=clock)
-    try:
-        got = _lease_all(TopicClient(later.test_client(), auth, name=topic.name, clock=clock), 4)
-        assert sorted(got) == [f"old{i}" for i in range(5)]
-    finally:
-        later.extensions["duetime"].close()
+    got = _lease_two_days_on(config, auth, topic.name, 4)
+    assert sorted(got) == [f"old{i}" for i in range(5)]
 
 
 def test_a_backlog_over_more_buckets_than_a_scan_reads_is_leased_earliest_first(
@@ -291,16 +292,9 @@ def test_a_backlog_over_more_buckets_than_a_scan_reads_is_leased_earliest_first(
     assert {r["status"] for r in topic.batch(
         [{"id": f"m{k}", "deliver_at": format_ms(start + k * config.bucket_ms)}
          for k in range(6)])} == {201}
-    def clock() -> int:
-        return now_ms() + 2 * MS_PER_DAY
-
-    later = create_app(config, clock=clock)
-    try:
-        got = _lease_all(TopicClient(later.test_client(), auth, name=topic.name, clock=clock), 6)
-        assert sorted(got) == [f"m{k}" for k in range(6)]
-        assert set(got[:3]) == {"m0", "m1", "m2"}
-    finally:
-        later.extensions["duetime"].close()
+    got = _lease_two_days_on(config, auth, topic.name, 6)
+    assert sorted(got) == [f"m{k}" for k in range(6)]
+    assert set(got[:3]) == {"m0", "m1", "m2"}
 
 
 def _tenant_of(services: Services, auth: dict[str, str]) -> set[str]:

@@ -215,10 +215,7 @@ def test_a_pointer_written_far_behind_the_cursor_is_still_delivered(
         with receiving(Receiver()) as target, releaser(config, "r-behind") as r:
             topic, secret = webhook_topic(client, auth, target.url)
             uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
-            deadline = time.monotonic() + 10
-            while uid not in r._quiet and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert uid in r._quiet  # cursors caught up, nothing near: skipped by the sweep
+            wait_quiet(r, {uid})  # cursors caught up, nothing near: skipped by the sweep
             late = TopicClient(skewed.test_client(), auth, name=topic.name,
                                delivery={"mode": "webhook", "url": target.url})
             assert late.enqueue(id="behind").status_code == 201
@@ -284,23 +281,34 @@ def test_a_webhook_topic_created_a_moment_ago_is_delivered_on_time(
     assert second.path.endswith("/moved") and not first.path.endswith("/moved")
 
 
+def wait_quiet(r: Releaser, uids: set[uuid.UUID], within_s: float = 10) -> None:
+    """Until the releaser's sweep has found every one of these topics quiet."""
+    deadline = time.monotonic() + within_s
+    while not uids <= set(r._quiet) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert uids <= set(r._quiet), uids - set(r._quiet)
+
+
+def cursor_reads(r: Releaser) -> list[uuid.UUID]:
+    """The topics whose cursors the releaser reads from now on, one entry per read."""
+    reads: list[uuid.UUID] = []
+    cursors = r.services.timeline.cursors
+
+    def counting(topic_uid: uuid.UUID) -> dict[int, int]:
+        reads.append(topic_uid)
+        return cursors(topic_uid)
+
+    r.services.timeline.cursors = counting  # type: ignore[method-assign]
+    return reads
+
+
 def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth)  # pull, nothing ever enqueued
     uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
     with releaser(config, "r-quiet") as r:
-        reads: list[uuid.UUID] = []
-        cursors = r.services.timeline.cursors
-
-        def counting(topic_uid: uuid.UUID) -> dict[int, int]:
-            reads.append(topic_uid)
-            return cursors(topic_uid)
-
-        r.services.timeline.cursors = counting  # type: ignore[method-assign]
-        deadline = time.monotonic() + 10
-        while uid not in r._quiet and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert uid in r._quiet  # drained, caught up, no pointer in the window
+        reads = cursor_reads(r)
+        wait_quiet(r, {uid})  # drained, caught up, no pointer in the window
         reads.clear()
         time.sleep(1.5)  # five sweeps (FAST: every 300 ms)
         assert uid not in reads
@@ -341,18 +349,8 @@ def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
     topics = [TopicClient(client, auth) for _ in range(3)]
     uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
     with releaser(config, "r-recheck") as r:
-        reads: list[uuid.UUID] = []
-        cursors = r.services.timeline.cursors
-
-        def counting(topic_uid: uuid.UUID) -> dict[int, int]:
-            reads.append(topic_uid)
-            return cursors(topic_uid)
-
-        r.services.timeline.cursors = counting  # type: ignore[method-assign]
-        deadline = time.monotonic() + 10
-        while not uids <= set(r._quiet) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert uids <= set(r._quiet)
+        reads = cursor_reads(r)
+        wait_quiet(r, uids)
         marked = {uid: r._quiet[uid] for uid in uids}
         reads.clear()
         deadline = time.monotonic() + 5
@@ -375,10 +373,7 @@ def test_a_straggler_no_index_near_now_names_is_found_by_the_quiet_recheck(
         with receiving(Receiver()) as target, releaser(config, "r-net") as r:
             topic, _ = webhook_topic(client, auth, target.url)
             uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
-            deadline = time.monotonic() + 10
-            while uid not in r._quiet and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert uid in r._quiet
+            wait_quiet(r, {uid})
             late = TopicClient(skewed.test_client(), auth, name=topic.name,
                                delivery={"mode": "webhook", "url": target.url})
             assert late.enqueue(id="unnoted").status_code == 201
