@@ -9,9 +9,10 @@ its partitions and its write counts and moved its cursors: about 5 requests a to
 second at 10,000 topics. Here the topics that came due for a re-check are checked together,
 once a tenth of that period (workers.releaser.Releaser.sweep):
 
-- one read of `active_buckets` per CHUNK topics, from CATCH-UP before the cursor the topic
-  was found quiet at, through the end of the look-ahead: a bucket at or after that cursor's
-  bucket holds pointers the sweep has not read since (the topic is swept in full);
+- one read of `active_buckets` per CHUNK topics, from the catch-up's reach
+  (DUETIME_RELEASE_CATCHUP_MS, an hour) before the cursor the topic was found quiet at,
+  through the end of the look-ahead: a bucket at or after that cursor's bucket holds
+  pointers the sweep has not read since (the topic is swept in full);
 - for the buckets before it, one read of `bucket_writes` per about a hundred (topic, bucket)s:
   a count of an owned shard that moved since the catch-up last read it is a straggler (swept
   in full).
