@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import threading
 import time
@@ -34,7 +33,7 @@ import requests
 from app.config import load_config
 from app.services import Services
 from app.timeparse import parse_instant
-from tests.bench.idle import requests_made
+from tests.bench.idle import measure
 from tests.bench.run import OUT, URL, cpu_s, percentile, releaser_pid, timed_threads
 from tests.receiver import Receiver, receiving
 
@@ -48,17 +47,6 @@ def releaser_cores(pid: int, seconds: float = 20) -> float:
     before, began = cpu_s(pid), time.monotonic()
     time.sleep(seconds)
     return (cpu_s(pid) - before) / (time.monotonic() - began)
-
-
-def releaser_later(pid: int, seconds: float) -> dict[str, float]:
-    """The releaser's cores and Cassandra requests a second over `seconds`."""
-    metrics = f"http://127.0.0.1:{os.environ.get('DUETIME_RELEASER_METRICS_PORT', '9464')}/metrics"
-    made = requests_made(metrics)
-    began = time.monotonic()
-    cores = releaser_cores(pid, seconds)
-    return {"cores": round(cores, 3),
-            "cassandra_requests_per_s": round((requests_made(metrics) - made)
-                                              / (time.monotonic() - began), 2)}
 
 
 def make_topics(keys: list[str], count: int, target: str) -> tuple[float, list[tuple[str, str]]]:
@@ -145,7 +133,7 @@ def main(argv: list[str]) -> int:
         lags = new_topic_lags(keys[0], receiver)
         pull_lags = new_pull_topic_lags(keys[0])
         time.sleep(max(0.0, created_at + LATER_AT_S - time.monotonic()))
-        later = releaser_later(pid, LATER_S)
+        later = measure(LATER_S)
     for key, name in made:
         requests.delete(f"{URL}/v1/topics/{name}", headers=_auth(key), timeout=60)
     for info in services.keys.all():
@@ -156,7 +144,9 @@ def main(argv: list[str]) -> int:
         "topics": count, "tenants": tenants, "create_topics_per_s": round(count / created_s, 1),
         "idle_releaser_cores_before": round(before, 3),
         "idle_releaser_cores_with_topics": round(after, 3),
-        f"idle_releaser_{LATER_AT_S}s_after": later,
+        f"idle_releaser_{LATER_AT_S}s_after": {
+            "cores": later["cores"]["releaser"],
+            "cassandra_requests_per_s": later["cassandra_requests_per_s"]["releaser"]},
         "new_topic_lag_ms": _lag_summary(lags),
         "new_pull_topic_lag_ms": _lag_summary(pull_lags)}
     OUT.mkdir(exist_ok=True)
