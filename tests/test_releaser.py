@@ -351,12 +351,13 @@ def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
     with releaser(config, "r-recheck") as r:
         reads = cursor_reads(r)
         wait_quiet(r, uids)
-        marked = {uid: r._quiet[uid] for uid in uids}
+        marked = {uid: r._quiet[uid][0] for uid in uids}
         reads.clear()
         deadline = time.monotonic() + 5
-        while any(r._quiet.get(u, 0) <= marked[u] for u in uids) and time.monotonic() < deadline:
+        while any(r._quiet.get(u, (0, 0))[0] <= marked[u] for u in uids) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(r._quiet.get(u, 0) > marked[u] for u in uids)  # re-checked, quiet still
+        assert all(r._quiet.get(u, (0, 0))[0] > marked[u] for u in uids)  # re-checked, quiet still
         assert not uids & set(reads)
 
 

@@ -126,8 +126,8 @@ class Releaser:
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
         self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
-        self._quiet: dict[uuid.UUID, int] = {}  # topic -> when a sweep last found it quiet
-        self._quiet_cursor: dict[uuid.UUID, int] = {}  # topic -> its lowest owned cursor then
+        # topic -> (when a sweep last found it quiet, its lowest owned cursor then)
+        self._quiet: dict[uuid.UUID, tuple[int, int]] = {}
         self._last_recheck = 0
         self._swept_slots: frozenset[int] = frozenset()  # the slots _quiet was judged on
         self._slot_maps: dict[tuple[uuid.UUID, int], dict[int, int]] = {}
@@ -228,7 +228,6 @@ class Releaser:
         for uid in gone:
             self._pull_kept.pop(uid, None)
             self._quiet.pop(uid, None)
-            self._quiet_cursor.pop(uid, None)
         if any(uid not in before for uid in self._topics):
             self._looking.wake()
             self._sweeping.wake()
@@ -303,16 +302,15 @@ class Releaser:
         if owned != self._swept_slots:  # quiet was judged on other shards' cursors
             self._swept_slots = owned
             self._quiet.clear()
-            self._quiet_cursor.clear()
         recent = self._recent_topics(now)
         topics = list(self._topics.values())
         rechecked: set[uuid.UUID] = set()
         if now - self._last_recheck >= QUIET_RECHECK_MS // 10:  # those due since, together
             self._last_recheck = now
             rechecked = {t.uid for t in topics if t.uid not in recent
-                         and now - self._quiet.get(t.uid, now) >= QUIET_RECHECK_MS}
+                         and now - self._quiet.get(t.uid, (now, 0))[0] >= QUIET_RECHECK_MS}
         for uid in self._recheck_quiet([t for t in topics if t.uid in rechecked], now):
-            self._quiet[uid] = now
+            self._quiet[uid] = (now, self._quiet[uid][1])
             rechecked.discard(uid)
         awake = [t for t in topics if t.uid in recent or t.uid in rechecked
                  or t.uid not in self._quiet]
@@ -344,9 +342,8 @@ class Releaser:
         for topic, mine in self._owned_shards(topics):
             shards = frozenset(mine)
             owned, seen = self._behind.get(topic.uid, (frozenset(), {}))
-            cursor = self._quiet_cursor.get(topic.uid)
-            if cursor is not None and owned == shards:
-                checked.append(QuietTopic(topic.uid, cursor, shards, seen))
+            if owned == shards:
+                checked.append(QuietTopic(topic.uid, self._quiet[topic.uid][1], shards, seen))
         return still_quiet(self.services.timeline, checked, now, cfg.bucket_ms,
                            cfg.release_catchup_ms, cfg.release_lookahead_ms)
 
@@ -390,11 +387,10 @@ class Releaser:
         caught_up = all(c >= now - self.services.config.safety_lag_ms - 2 * CURSOR_STEP_MS
                         for c in cursors.values())
         if caught_up and not active:
-            self._quiet[topic.uid] = now - stable_hash(str(topic.uid)) % (QUIET_RECHECK_MS // 2)
-            self._quiet_cursor[topic.uid] = min(cursors.values())
+            self._quiet[topic.uid] = (
+                now - stable_hash(str(topic.uid)) % (QUIET_RECHECK_MS // 2), min(cursors.values()))
         else:
             self._quiet.pop(topic.uid, None)
-            self._quiet_cursor.pop(topic.uid, None)
 
     def _catch_up(self, topic: Topic, mine: dict[int, int], cursors: dict[int, int],
                   now: int) -> None:
