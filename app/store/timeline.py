@@ -168,14 +168,8 @@ class TimelineStore:
     def active_buckets(self, topic_uid: uuid.UUID, first: int, last: int,
                        bucket_ms: int) -> list[int]:
         """Buckets in [first, last] that hold any pointer, ascending."""
-        days = range(first * bucket_ms // MS_PER_DAY, last * bucket_ms // MS_PER_DAY + 1)
-        futures = [
-            self.db.execute_async(
-                "SELECT bucket FROM {ks}.active_buckets WHERE topic_uid = ? AND day = ? "
-                "AND bucket >= ? AND bucket <= ?", (topic_uid, day, first, last))
-            for day in days
-        ]
-        return [r["bucket"] for rows in self.db.results(futures) for r in rows]
+        return sorted(self.active_buckets_of([topic_uid], first, last, bucket_ms)
+                      .get(topic_uid, []))
 
     def active_buckets_of(self, topic_uids: Sequence[uuid.UUID], first: int, last: int,
                           bucket_ms: int) -> dict[uuid.UUID, list[int]]:
