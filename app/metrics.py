@@ -79,6 +79,12 @@ WEBHOOK_ATTEMPTS = Counter(
     "duetime_webhook_attempts_total",
     "Webhook POSTs by outcome: success, http_4xx, http_5xx, timeout, connection_error, "
     "error.", ("outcome",))
+RELEASER_STEP_DURATION = Histogram(
+    "duetime_releaser_step_duration_seconds",
+    "How long each run of a releaser's paced step took, by step (topics, look-ahead, sweep, "
+    "operations): what a step finds waits for its run to end, so a look-ahead run longer "
+    "than the prepare lead makes webhook messages late.", ("step",),
+    buckets=LATENCY_BUCKETS_S)
 SLOTS_OWNED = Gauge(
     "duetime_release_slots_owned", "Release slots this releaser holds the lease of.",
     multiprocess_mode="livesum")

@@ -360,7 +360,8 @@ class DueScanner:
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
                  pending: Callable[[PointerKey], bool],
-                 seen: dict[tuple[int, int], int] | None = None) -> ScanResult:
+                 seen: dict[tuple[int, int], int] | None = None,
+                 counts: dict[tuple[int, int], int] | None = None) -> ScanResult:
         """What a releaser holds in its timer heap: pointers of the shards in `starts`, due
         from starts[shard] to to_ms, whose message is still at that version and waiting
         (scheduled, or leased until then). Skips spent pointers and those pending(key) says
@@ -370,18 +371,21 @@ class DueScanner:
         With `seen` ({(bucket, shard): write count when last read whole}), a (bucket, shard)
         whose write count has not moved is not read again; `seen` is updated for those read
         whole with every pointer settled (a pointer whose row is still in flight keeps its
-        partition due for another read)."""
+        partition due for another read). `counts`, when given, are the write counts of the
+        span's buckets read before this call (workers.count_reads), else they are read here:
+        either way before the pointers, so a pointer written after them moves its count
+        again."""
         plan, limit_ms = self._partitions(topic, starts, to_ms)
         frontier = dict.fromkeys(starts, _below(to_ms, limit_ms))
-        counts: dict[tuple[int, int], int] = {}
         if seen is not None:
-            counts = self.timeline.write_counts(topic.uid, sorted({e[0] for e in plan}))
+            if counts is None:
+                counts = self.timeline.write_counts(topic.uid, sorted({e[0] for e in plan}))
             plan = [e for e in plan if (e[0], e[1]) not in seen
                     or counts.get((e[0], e[1])) != seen[(e[0], e[1])]]
         fresh, whole = self._read(topic, plan, want, frontier, pending)
         due, unsettled = self._settle(
             topic, fresh, lambda p, row: row.version == p.version and row.state in WAITING)
-        if seen is not None:
+        if seen is not None and counts is not None:
             _remember(seen, counts, plan, whole, unsettled)
         return ScanResult(due, frontier, starts)
 

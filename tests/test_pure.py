@@ -26,7 +26,8 @@ from app.quiet_marks import peek_ms as quiet_peek_ms
 from app.quiet_watch import CHUNK, QuietWatch
 from app.timeline import COUNTED_AHEAD_MS, fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
-from workers import quiet_recheck
+from workers import count_reads, quiet_recheck
+from workers.count_reads import ReadBefore, changed_topics, count_groups
 from workers.quiet_recheck import QuietTopic, needs_sweep, still_quiet
 
 
@@ -442,11 +443,14 @@ def test_quiet_topics_are_rechecked_together_and_those_quiet_too_long_are_swept(
             return {t: [b for b in self.active.get(t, []) if first <= b <= last]
                     for t in topic_uids if t in self.active}
 
-        def write_counts_of(self, topic_uids: list[uuid.UUID], buckets: list[int]
+        def write_counts_in(self, groups: list[tuple[list[uuid.UUID], list[int]]]
                             ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
-            self.reads.append(("counts", len(topic_uids), len(buckets)))
-            return {t: {k: n for k, n in self.counts.get(t, {}).items() if k[0] in buckets}
-                    for t in topic_uids if t in self.counts}
+            found: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
+            for topic_uids, buckets in groups:
+                self.reads.append(("counts", len(topic_uids), len(buckets)))
+                found.update({t: {k: n for k, n in self.counts.get(t, {}).items()
+                                  if k[0] in buckets} for t in topic_uids if t in self.counts})
+            return found
 
     minute, now = 60_000, 1_000 * 60_000
     indexes = Indexes()
@@ -465,4 +469,40 @@ def test_quiet_topics_are_rechecked_together_and_those_quiet_too_long_are_swept(
         ("active", quiet_recheck.CHUNK, 0), ("active", 10, 0)]
     counted = [r for r in indexes.reads if r[0] == "counts"]
     assert sum(n for _, n, _ in counted) == len(topics) - 1  # not the one reached
-    assert all(n * b <= quiet_recheck.COUNT_CELLS for _, n, b in counted)
+    assert all(n * b <= count_reads.COUNT_CELLS for _, n, b in counted)
+
+
+def test_the_look_ahead_reads_again_only_topics_never_read_or_whose_owned_counts_moved() -> None:
+    class Counted:
+        def __init__(self, counts: dict[uuid.UUID, dict[tuple[int, int], int]]) -> None:
+            self.counts = counts
+            self.groups: list[tuple[list[uuid.UUID], list[int]]] = []
+
+        def write_counts_in(self, groups: list[tuple[list[uuid.UUID], list[int]]]
+                            ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
+            self.groups += groups
+            return {t: {k: n for k, n in self.counts.get(t, {}).items() if k[0] in buckets}
+                    for topic_uids, buckets in groups for t in topic_uids if t in self.counts}
+
+    same, written, other_shard, fresh, empty = (uuid.uuid4() for _ in range(5))
+    owned = frozenset({0, 1})
+    index = Counted({same: {(5, 0): 3, (6, 1): 1}, written: {(5, 0): 4},
+                     other_shard: {(5, 0): 2, (5, 7): 9}, fresh: {(5, 0): 1}})
+    topics = [ReadBefore(same, owned, {(5, 0): 3, (6, 1): 1}),
+              ReadBefore(written, owned, {(5, 0): 3}),
+              ReadBefore(other_shard, owned, {(5, 0): 2}),  # shard 7 is another releaser's
+              ReadBefore(fresh, owned, None),  # not read since these shards were owned
+              ReadBefore(empty, owned, {})]  # read, and nothing counted since
+    changed = changed_topics(index, topics, [5, 6])
+    assert changed == {written: {(5, 0): 4}, fresh: {(5, 0): 1}}  # with the counts read
+    assert sum(len(uids) for uids, _ in index.groups) == len(topics)  # in one request
+    assert changed_topics(index, [ReadBefore(empty, owned, None)], [5]) == {empty: {}}
+
+
+def test_count_reads_group_topics_within_a_hundred_cells() -> None:
+    two = {uuid.uuid4(): [1, 2] for _ in range(120)}
+    groups = count_groups({**two, uuid.uuid4(): [], uuid.uuid4(): list(range(300))})
+    assert sum(len(uids) for uids, _ in groups) == 121  # the topic without buckets reads none
+    assert all(len(uids) * len(buckets) <= count_reads.COUNT_CELLS
+               for uids, buckets in groups if len(uids) > 1)
+    assert [len(uids) for uids, _ in groups if len(uids) > 1] == [50, 50, 20]

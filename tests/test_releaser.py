@@ -302,6 +302,60 @@ def cursor_reads(r: Releaser) -> list[uuid.UUID]:
     return reads
 
 
+def look_ahead_reads(r: Releaser) -> list[uuid.UUID]:
+    """The topics whose partitions the releaser's look-ahead reads from now on, one entry per
+    read (the sweep's reads, on another thread, are not counted)."""
+    reads: list[uuid.UUID] = []
+    upcoming = r.services.scanner.upcoming
+
+    def counting(topic: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "look-ahead":
+            reads.append(topic.uid)
+        return upcoming(topic, *args, **kwargs)
+
+    r.services.scanner.upcoming = counting  # type: ignore[method-assign]
+    return reads
+
+
+def run_look_ahead(r: Releaser, times: int) -> None:
+    """Wake the look-ahead until it has run `times` more times."""
+    until = r._looking.runs + times
+    deadline = time.monotonic() + 5
+    while r._looking.runs < until and time.monotonic() < deadline:
+        r._looking.wake()
+        time.sleep(0.06)
+    assert r._looking.runs >= until
+
+
+def test_the_look_ahead_reads_only_the_webhook_topics_written_to_since_it_last_read_them(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    """Active webhook topics whose write counts have not moved cost the look-ahead no read of
+    their partitions; a write to one makes it read that one, and everything is delivered."""
+    with receiving(Receiver()) as target:
+        topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
+        uids = [services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics]
+        for n, topic in enumerate(topics):
+            assert topic.enqueue(id=f"ahead{n}", delay_ms=8000).status_code == 201
+        # a look-ahead of 9 s: all is read and compared long before a message is taken
+        with releaser(config, "r-look-ahead", release_lookahead_ms=9000) as r:
+            reads = look_ahead_reads(r)
+            deadline = time.monotonic() + 5
+            while not set(uids) <= set(reads) and time.monotonic() < deadline:
+                r._looking.wake()
+                time.sleep(0.05)
+            assert set(uids) <= set(reads)  # each read once: its message is in the window
+            reads.clear()
+            run_look_ahead(r, 5)
+            assert not set(uids) & set(reads)  # nothing written since
+            assert topics[0].enqueue(id="more", delay_ms=6000).status_code == 201
+            run_look_ahead(r, 3)
+            assert uids[0] in reads and not {uids[1], uids[2]} & set(reads)
+            assert target.wait_for(lambda got: len(got) >= 4, 15)
+    assert sorted(target.ids()) == ["ahead0", "ahead1", "ahead2", "more"]
+    for a in target.arrivals:
+        assert a.received_ms >= parse_instant(a.headers["Duetime-Deliver-At"]), a
+
+
 def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth)  # pull, nothing ever enqueued

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from app import metrics
 from workers.beat import Beat
 
 log = logging.getLogger("duetime.releaser")
@@ -67,6 +68,7 @@ class PacedStep:
             woken = self._woken.is_set()
             self._woken.clear()
             busy = self._run(self._step)
+            metrics.RELEASER_STEP_DURATION.labels(self.name).observe(time.monotonic() - began)
             self.runs += 1
             self.woken_runs += woken
             if self._stopping.wait(self.busy_ms / 1000 - (time.monotonic() - began)):

@@ -13,9 +13,9 @@ once a tenth of that period (workers.releaser.Releaser.sweep):
   (DUETIME_RELEASE_CATCHUP_MS, an hour) before the cursor the topic was found quiet at,
   through the end of the look-ahead: a bucket at or after that cursor's bucket holds
   pointers the sweep has not read since (the topic is swept in full);
-- for the buckets before it, one read of `bucket_writes` per about a hundred (topic, bucket)s:
-  a count of an owned shard that moved since the catch-up last read it is a straggler (swept
-  in full).
+- for the buckets before it, reads of `bucket_writes` sent together, about a hundred
+  (topic, bucket)s each (workers.count_reads): a count of an owned shard that moved since the
+  catch-up last read it is a straggler (swept in full).
 
 A topic that passes both is quiet still, and its cursors stay where they were (a later
 sweep or a consumer's pass reads from there: app.scan reads a long span through
@@ -31,20 +31,17 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from app.timeline import bucket_of
+from workers.count_reads import CountIndex, moved, read_counts
 
 CHUNK = 50  # topics per active_buckets read: with two days each, 100 partitions
-COUNT_CELLS = 100  # (topic, bucket)s per bucket_writes read
 MAX_SPAN_MS = 6 * 3_600_000  # quiet for longer: swept in full, which moves the cursors
 
 
-class Indexes(Protocol):
+class Indexes(CountIndex, Protocol):
     """What the re-check reads (app.store.timeline.TimelineStore)."""
 
     def active_buckets_of(self, topic_uids: Sequence[uuid.UUID], first: int, last: int,
                           bucket_ms: int) -> dict[uuid.UUID, list[int]]: ...
-
-    def write_counts_of(self, topic_uids: Sequence[uuid.UUID], buckets: Sequence[int]
-                        ) -> dict[uuid.UUID, dict[tuple[int, int], int]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +62,8 @@ def needs_sweep(topic: QuietTopic, active: Sequence[int],
     cursor_bucket = bucket_of(topic.cursor_ms, bucket_ms)
     if any(b >= cursor_bucket for b in active):
         return True
-    return any(topic.seen.get(key) != n for key, n in counts.items()
-               if key[1] in topic.shards and key[0] < cursor_bucket)
+    return moved(topic.seen, {key: n for key, n in counts.items() if key[0] < cursor_bucket},
+                 topic.shards)
 
 
 def still_quiet(timeline: Indexes, topics: Sequence[QuietTopic], now_ms: int,
@@ -85,27 +82,9 @@ def still_quiet(timeline: Indexes, topics: Sequence[QuietTopic], now_ms: int,
     cursor_bucket = {t.uid: bucket_of(t.cursor_ms, bucket_ms) for t in fresh}
     behind = {t.uid: [b for b in active[t.uid] if b < cursor_bucket[t.uid]] for t in fresh
               if all(b < cursor_bucket[t.uid] for b in active[t.uid])}
-    counts = _counts(timeline, behind)
+    counts = read_counts(timeline, behind)
     return {t.uid for t in fresh if t.uid in behind
             and not needs_sweep(t, active[t.uid], counts.get(t.uid, {}), bucket_ms)}
-
-
-def _counts(timeline: Indexes, behind: dict[uuid.UUID, list[int]]
-            ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
-    """Write counts of each topic's buckets, in reads of about COUNT_CELLS (topic, bucket)s."""
-    counts: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
-    group: list[uuid.UUID] = []
-    buckets: set[int] = set()
-    for uid in sorted((u for u, bs in behind.items() if bs), key=lambda u: behind[u]):
-        grown = buckets | set(behind[uid])
-        if group and len(grown) * (len(group) + 1) > COUNT_CELLS:
-            counts.update(timeline.write_counts_of(group, sorted(buckets)))
-            group, grown = [], set(behind[uid])
-        group.append(uid)
-        buckets = grown
-    if group:
-        counts.update(timeline.write_counts_of(group, sorted(buckets)))
-    return counts
 
 
 def _chunks(topics: Sequence[QuietTopic], size: int) -> Iterator[Sequence[QuietTopic]]:

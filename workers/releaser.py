@@ -16,8 +16,9 @@ requests it holds.
   of webhook topics, pointers due in
   [now - RECENT_MS, now + lookahead] go into the timer heap, so a message scheduled a moment
   ahead is still released on time; only topics listed in active_topics for the window's
-  buckets are polled, and a (bucket, shard) is re-read only when its write count moved
-  (bucket_writes), so frequent re-scans stay cheap;
+  buckets are polled, and of those only the ones whose write counts (bucket_writes) moved
+  since it last read them, all counts read in one round trip (workers/count_reads.py); a
+  (bucket, shard) is re-read only when its count moved, so frequent re-scans stay cheap;
 - sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
   move stragglers (pointers written behind a cursor, found by
   their partition's write count) to now; from each owned shard's stored cursor, put what the
@@ -61,6 +62,7 @@ from app.store.ownership import OwnershipStore
 from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
 from app.transitions import replace_ahead
 from workers.beat import Beat
+from workers.count_reads import ReadBefore, changed_topics
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.paced import PacedStep
@@ -270,9 +272,20 @@ class Releaser:
             self._asked |= unknown
             self._following.wake()
         webhook = [t for uid in active if (t := self._topics.get(uid)) is not None and t.pushed]
-        for topic, mine in self._owned_shards(webhook):
-            self._into_heap(topic, mine, dict.fromkeys(mine, now - RECENT_MS), horizon,
-                            self._seen_for(topic, mine))
+        owned = list(self._owned_shards(webhook))
+        changed = changed_topics(  # one round trip, then only those written to are read
+            self.services.timeline, [self._read_before(t, mine) for t, mine in owned],
+            range(bucket_of(now - RECENT_MS, bucket_ms), bucket_of(horizon, bucket_ms) + 1))
+        for topic, mine in owned:
+            if topic.uid in changed:
+                self._into_heap(topic, mine, dict.fromkeys(mine, now - RECENT_MS), horizon,
+                                self._seen_for(topic, mine), changed[topic.uid])
+
+    def _read_before(self, topic: Topic, mine: dict[int, int]) -> ReadBefore:
+        """What the look-ahead recorded of a topic when it last read it (workers.count_reads)."""
+        owned, seen = self._seen.get(topic.uid, (frozenset(), {}))
+        shards = frozenset(mine)
+        return ReadBefore(topic.uid, shards, seen if owned == shards else None)
 
     def _seen_for(self, topic: Topic, mine: dict[int, int]) -> dict[tuple[int, int], int]:
         """The look-ahead's write counts of one topic, reset when the owned shards change."""
@@ -284,10 +297,10 @@ class Releaser:
         return seen
 
     def _into_heap(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
-                   horizon: int, seen: dict[tuple[int, int], int] | None = None
-                   ) -> dict[int, int]:
+                   horizon: int, seen: dict[tuple[int, int], int] | None = None,
+                   counts: dict[tuple[int, int], int] | None = None) -> dict[int, int]:
         result = self.services.scanner.upcoming(topic, starts, horizon, MAX_TIMERS_PER_SCAN // 4,
-                                                self.timers.holds, seen)
+                                                self.timers.holds, seen, counts)
         self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
         return result.frontier_ms
 

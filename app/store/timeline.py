@@ -127,12 +127,20 @@ class TimelineStore:
                         ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
         """write_counts of many topics in one request ({topic: {(bucket, shard): n}}, a
         topic without counts absent); callers keep topics x buckets to about a hundred."""
-        rows = self.db.execute(
+        return self.write_counts_in([(topic_uids, buckets)])
+
+    def write_counts_in(self, groups: Sequence[tuple[Sequence[uuid.UUID], Sequence[int]]]
+                        ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
+        """write_counts_of for each (topics, buckets) group, the requests sent together (one
+        round trip in all, not one per group); a topic in two groups gets both's counts."""
+        futures = [self.db.execute_async(
             "SELECT topic_uid, bucket, shard, n FROM {ks}.bucket_writes WHERE topic_uid IN ? "
             "AND bucket IN ?", (list(topic_uids), list(buckets)))
+            for topic_uids, buckets in groups]
         counts: dict[uuid.UUID, dict[tuple[int, int], int]] = defaultdict(dict)
-        for r in rows:
-            counts[r["topic_uid"]][(r["bucket"], r["shard"])] = r["n"]
+        for rows in self.db.results(futures):
+            for r in rows:
+                counts[r["topic_uid"]][(r["bucket"], r["shard"])] = r["n"]
         return dict(counts)
 
     def mark_active(self, topic_uid: uuid.UUID, buckets: Sequence[int], bucket_ms: int,

@@ -1,0 +1,87 @@
+"""Write counts (`bucket_writes`) of many topics read together, and whether they moved.
+
+Every pointer written bumps the count of its (topic, bucket, shard) once it is durable
+(app.store.timeline.TimelineStore.count_writes). A releaser that records a topic's counts
+when it reads the topic's partitions whole knows, from the counts alone, whether anything was
+written there since: a count that moved, or one it never recorded. Reading them topic by
+topic is a round trip each; the releaser's checks over many topics (the look-ahead's,
+changed_topics; the quiet re-check's, workers.quiet_recheck) read about COUNT_CELLS
+(topic, bucket)s a request, the requests sent together.
+
+What counts cannot show is a pointer whose bump was lost (a counter write that failed): the
+sweep, which reads partitions without looking at counts, finds it (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+COUNT_CELLS = 100  # (topic, bucket)s per bucket_writes read
+
+Counts = dict[tuple[int, int], int]  # {(bucket, shard): pointers written}
+
+
+class CountIndex(Protocol):
+    """What the checks read (app.store.timeline.TimelineStore)."""
+
+    def write_counts_in(self, groups: Sequence[tuple[Sequence[uuid.UUID], Sequence[int]]]
+                        ) -> dict[uuid.UUID, Counts]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadBefore:
+    """A topic as the look-ahead last read it: its owned shards, and the write counts of the
+    (bucket, shard)s it read whole then; seen is None when it has not read the topic since
+    it owns those shards."""
+
+    uid: uuid.UUID
+    shards: frozenset[int]
+    seen: Counts | None
+
+
+def moved(seen: Counts, counts: Counts, shards: frozenset[int]) -> bool:
+    """Whether a count of an owned shard differs from the one recorded in seen (a count never
+    recorded included)."""
+    return any(seen.get(key) != n for key, n in counts.items() if key[1] in shards)
+
+
+def changed_topics(index: CountIndex, topics: Sequence[ReadBefore], buckets: Sequence[int]
+                   ) -> dict[uuid.UUID, Counts]:
+    """Of the topics, those the look-ahead must read again for `buckets` (never read with
+    their shards, or with a count of an owned shard there that moved), each with its counts
+    as read now, which its read then compares and records (app.scan.DueScanner.upcoming).
+    One round trip for all (about COUNT_CELLS (topic, bucket)s a request)."""
+    counts = read_counts(index, {t.uid: buckets for t in topics})
+    return {t.uid: counts.get(t.uid, {}) for t in topics
+            if t.seen is None or moved(t.seen, counts.get(t.uid, {}), t.shards)}
+
+
+def read_counts(index: CountIndex, wanted: Mapping[uuid.UUID, Sequence[int]]
+                ) -> dict[uuid.UUID, Counts]:
+    """The write counts of each topic's buckets ({topic: counts}, a topic without any absent),
+    the requests sent together."""
+    groups = count_groups(wanted)
+    return index.write_counts_in(groups) if groups else {}
+
+
+def count_groups(wanted: Mapping[uuid.UUID, Sequence[int]]
+                 ) -> list[tuple[list[uuid.UUID], list[int]]]:
+    """(topics, buckets) per read: topics with buckets, in order of their buckets, so that
+    topics asking for the same ones share a read; each read at most about COUNT_CELLS
+    (topic, bucket)s (a topic with more buckets than that reads alone)."""
+    groups: list[tuple[list[uuid.UUID], list[int]]] = []
+    group: list[uuid.UUID] = []
+    buckets: set[int] = set()
+    for uid in sorted((u for u, bs in wanted.items() if bs), key=lambda u: sorted(wanted[u])):
+        grown = buckets | set(wanted[uid])
+        if group and len(grown) * (len(group) + 1) > COUNT_CELLS:
+            groups.append((group, sorted(buckets)))
+            group, grown = [], set(wanted[uid])
+        group.append(uid)
+        buckets = grown
+    if group:
+        groups.append((group, sorted(buckets)))
+    return groups
