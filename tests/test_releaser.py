@@ -290,15 +290,21 @@ def wait_quiet(r: Releaser, uids: set[uuid.UUID], within_s: float = 10) -> None:
 
 
 def cursor_reads(r: Releaser) -> list[uuid.UUID]:
-    """The topics whose cursors the releaser reads from now on, one entry per read."""
+    """The topics whose cursors the releaser reads from now on, one entry per topic read
+    (alone or with others)."""
     reads: list[uuid.UUID] = []
-    cursors = r.services.timeline.cursors
+    cursors, cursors_of = r.services.timeline.cursors, r.services.timeline.cursors_of
 
     def counting(topic_uid: uuid.UUID) -> dict[int, int]:
         reads.append(topic_uid)
         return cursors(topic_uid)
 
+    def counting_of(topic_uids: list[uuid.UUID]) -> dict[uuid.UUID, dict[int, int]]:
+        reads.extend(topic_uids)
+        return cursors_of(topic_uids)
+
     r.services.timeline.cursors = counting  # type: ignore[method-assign]
+    r.services.timeline.cursors_of = counting_of  # type: ignore[method-assign]
     return reads
 
 
@@ -392,6 +398,38 @@ def test_a_releaser_back_after_two_days_delivers_what_came_due_meanwhile(
             assert sorted(target.ids()) == [f"away{i}" for i in range(5)]
     finally:
         past.extensions["duetime"].close()
+
+
+def test_the_sweep_reads_the_cursors_of_its_awake_topics_together(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    """Topics with a backlog nobody leases are awake at every sweep: their cursors are read
+    in one request for all, not one a topic."""
+    topics = [TopicClient(client, auth) for _ in range(3)]
+    uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+    for topic in topics:
+        assert topic.enqueue(id="waiting").status_code == 201
+    with releaser(config, "r-cursors") as r:
+        calls: list[set[uuid.UUID]] = []
+        singly: list[uuid.UUID] = []
+        cursors, cursors_of = r.services.timeline.cursors, r.services.timeline.cursors_of
+
+        def counting(topic_uid: uuid.UUID) -> dict[int, int]:
+            singly.append(topic_uid)
+            return cursors(topic_uid)
+
+        def counting_of(topic_uids: list[uuid.UUID]) -> dict[uuid.UUID, dict[int, int]]:
+            calls.append(set(topic_uids))
+            return cursors_of(topic_uids)
+
+        r.services.timeline.cursors = counting  # type: ignore[method-assign]
+        r.services.timeline.cursors_of = counting_of  # type: ignore[method-assign]
+        runs = r._sweeping.runs
+        deadline = time.monotonic() + 5
+        while r._sweeping.runs < runs + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r._sweeping.runs >= runs + 3
+    assert len(calls) >= 2 and all(uids <= c for c in calls)  # every sweep, all at once
+    assert not uids & set(singly)
 
 
 def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(

@@ -327,10 +327,11 @@ class Releaser:
             rechecked.discard(uid)
         awake = [t for t in topics if t.uid in recent or t.uid in rechecked
                  or t.uid not in self._quiet]
-        busy = False
-        for topic, mine in self._owned_shards(awake):  # quiet ones skipped before any work
-            busy = True
-            stored = self.services.timeline.cursors(topic.uid)
+        owned_awake = list(self._owned_shards(awake))  # quiet ones skipped before any work
+        # one round trip for every topic's cursors: a crowded keyspace made it one a topic
+        stored_of = self.services.timeline.cursors_of([t.uid for t, _ in owned_awake])
+        for topic, mine in owned_awake:
+            stored = stored_of.get(topic.uid, {})
             default = topic.created_at_ms - cfg.safety_lag_ms
             starts = {s: stored.get(s, default) for s in mine}
             if catching_up or topic.uid in rechecked:  # a re-check may have seen a straggler
@@ -343,7 +344,7 @@ class Releaser:
                 moves = self._sweep_webhook(topic, mine, starts, now)
             self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
                              topic.uid in recent, now)
-        return busy
+        return bool(owned_awake)
 
     def _recheck_quiet(self, topics: list[Topic], now: int) -> set[uuid.UUID]:
         """Of quiet topics due for their re-check, those still quiet, checked together

@@ -36,6 +36,7 @@ _SLICE_AFTER = (_POINTER_COLUMNS + "AND bucket = ? AND shard = ? AND part = ? "
                 "AND (due_at, id, version) > (?, ?, ?) AND (due_at) <= (?)")
 READ_AHEAD = 32
 BATCH_ROWS = 50  # pointers per batch: under the default 5 KiB batch_size_warn_threshold
+CURSOR_TOPICS = 50  # topics per cursors read (partitions of one request)
 
 
 def _pointer(row: dict[str, Any], shard: int, part: int) -> Pointer:
@@ -260,6 +261,19 @@ class TimelineStore:
         rows = self.db.execute(
             "SELECT shard, through FROM {ks}.cursors WHERE topic_uid = ?", (topic_uid,))
         return {r["shard"]: cql_ms(r["through"]) for r in rows}
+
+    def cursors_of(self, topic_uids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict[int, int]]:
+        """cursors of many topics ({topic: {shard: through_ms}}, a topic without any absent):
+        CURSOR_TOPICS topics a request, the requests sent together."""
+        uids = list(topic_uids)
+        futures = [self.db.execute_async(
+            "SELECT topic_uid, shard, through FROM {ks}.cursors WHERE topic_uid IN ?",
+            (uids[i:i + CURSOR_TOPICS],)) for i in range(0, len(uids), CURSOR_TOPICS)]
+        found: dict[uuid.UUID, dict[int, int]] = defaultdict(dict)
+        for rows in self.db.results(futures):
+            for r in rows:
+                found[r["topic_uid"]][r["shard"]] = cql_ms(r["through"])
+        return dict(found)
 
     def advance_cursors(self, topic_uid: uuid.UUID, positions: dict[int, int]) -> None:
         """Move cursors forward; a position behind the stored one loses (write timestamp).
