@@ -3,7 +3,8 @@
 Every pointer written bumps the count of its (topic, bucket, shard) once it is durable
 (app.store.timeline.TimelineStore.count_writes). A releaser that records a topic's counts
 when it reads the topic's partitions whole knows, from the counts alone, whether anything was
-written there since: a count that moved, or one it never recorded. Reading them topic by
+written there since: a count that moved, or one it never recorded. (The look-ahead also
+records where the next pointer past its read is due: app.scan.ReadAhead.) Reading them topic by
 topic is a round trip each; the releaser's checks over many topics (the look-ahead's,
 changed_topics; the quiet re-check's, workers.quiet_recheck) read about COUNT_CELLS
 (topic, bucket)s a request, the requests sent together.
@@ -19,6 +20,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from app.scan import ReadAhead
+
 COUNT_CELLS = 100  # (topic, bucket)s per bucket_writes read
 
 Counts = dict[tuple[int, int], int]  # {(bucket, shard): pointers written}
@@ -33,13 +36,13 @@ class CountIndex(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class ReadBefore:
-    """A topic as the look-ahead last read it: its owned shards, and the write counts of the
-    (bucket, shard)s it read whole then; seen is None when it has not read the topic since
-    it owns those shards."""
+    """A topic as the look-ahead last read it: its owned shards, and what it recorded of the
+    (bucket, shard)s it read then (app.scan.ReadAhead); seen is None when it has not read the
+    topic since it owns those shards."""
 
     uid: uuid.UUID
     shards: frozenset[int]
-    seen: Counts | None
+    seen: ReadAhead | None
 
 
 def moved(seen: Counts, counts: Counts, shards: frozenset[int]) -> bool:
@@ -48,15 +51,20 @@ def moved(seen: Counts, counts: Counts, shards: frozenset[int]) -> bool:
     return any(seen.get(key) != n for key, n in counts.items() if key[1] in shards)
 
 
-def changed_topics(index: CountIndex, topics: Sequence[ReadBefore], buckets: Sequence[int]
-                   ) -> dict[uuid.UUID, Counts]:
-    """Of the topics, those the look-ahead must read again for `buckets` (never read with
-    their shards, or with a count of an owned shard there that moved), each with its counts
-    as read now, which its read then compares and records (app.scan.DueScanner.upcoming).
-    One round trip for all (about COUNT_CELLS (topic, bucket)s a request)."""
+def changed_topics(index: CountIndex, topics: Sequence[ReadBefore], buckets: Sequence[int],
+                   to_ms: int) -> dict[uuid.UUID, Counts]:
+    """Of the topics, those the look-ahead must read again for `buckets` up to to_ms (never
+    read with their shards; or with an owned (bucket, shard) there whose count moved, or
+    whose next pointer past the last read comes by to_ms), each with its counts as read
+    now, which its read then compares and records (app.scan.DueScanner.upcoming). One
+    round trip for all (about COUNT_CELLS (topic, bucket)s a request)."""
     counts = read_counts(index, {t.uid: buckets for t in topics})
-    return {t.uid: counts.get(t.uid, {}) for t in topics
-            if t.seen is None or moved(t.seen, counts.get(t.uid, {}), t.shards)}
+    changed = {}
+    for t in topics:
+        found = counts.get(t.uid, {})
+        if t.seen is None or t.seen.any_to_read(found, t.shards, to_ms):
+            changed[t.uid] = found
+    return changed
 
 
 def read_counts(index: CountIndex, wanted: Mapping[uuid.UUID, Sequence[int]]

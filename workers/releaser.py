@@ -13,12 +13,14 @@ requests it holds.
   other processes wrote, and every topic_refresh_ms the whole list, so new topics start at
   once and deleted ones stop;
 - look-ahead (woken by "due": release_rescan_ms; idle: release_idle_ms): for owned shards
-  of webhook topics, pointers due in
-  [now - RECENT_MS, now + lookahead] go into the timer heap, so a message scheduled a moment
-  ahead is still released on time; only topics listed in active_topics for the window's
-  buckets are polled, and of those only the ones whose write counts (bucket_writes) moved
-  since it last read them, all counts read in one round trip (workers/count_reads.py); a
-  (bucket, shard) is re-read only when its count moved, so frequent re-scans stay cheap;
+  of webhook topics, pointers due from RECENT_MS before the last run began (or before now)
+  to now + lookahead go into the timer heap, so a message scheduled a moment ahead, or one
+  that came due while a long run was under way, is still released on time. Only topics
+  listed in active_topics for the window's buckets are polled, and of those only the ones
+  whose write counts (bucket_writes) moved since it last read them, or whose next pointer
+  past that read comes within the window, or last read whole REREAD_MS ago (app.scan.
+  ReadAhead); all counts are read in one round trip (workers/count_reads.py), so frequent
+  re-scans stay cheap;
 - sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
   move stragglers (pointers written behind a cursor, found by
   their partition's write count) to now; from each owned shard's stored cursor, put what the
@@ -48,6 +50,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -57,6 +60,7 @@ from app import clock_skew, metrics, wakeups
 from app.errors import StoreUnavailable
 from app.leasing import passed_over
 from app.models import Topic
+from app.scan import ReadAhead
 from app.services import Services
 from app.store.ownership import OwnershipStore
 from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
@@ -74,6 +78,9 @@ from workers.topics import FOLLOW_EVERY_MS, KnownTopics
 from workers.wake_listener import WakeListener
 
 RECENT_MS = 250  # pointers written this far behind now are still caught by the look-ahead
+# the look-ahead reads back to where its last run began, at most this far (else: the sweep)
+MAX_LOOK_BACK_MS = 60_000
+LOOK_AHEAD_READERS = 8
 MAX_TIMERS_PER_SCAN = 20_000
 MAX_SEEN = 10_000
 PULL_SWEEP_WANT = 25
@@ -124,7 +131,11 @@ class Releaser:
         self._known = KnownTopics(services)
         self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
-        self._seen: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
+        self._seen: dict[uuid.UUID, tuple[frozenset[int], ReadAhead]] = {}
+        self._looked_from: int | None = None  # when the last look-ahead run that ended began
+        # the look-ahead reads its changed topics this many at a time: one after another,
+        # 130 topics written to between runs made each run take seconds of round trips
+        self._readers = ThreadPoolExecutor(LOOK_AHEAD_READERS, thread_name_prefix="look-ahead")
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
         self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
@@ -262,9 +273,12 @@ class Releaser:
         now = self.services.clock()
         horizon = now + self.services.config.release_lookahead_ms
         bucket_ms = self.services.config.bucket_ms
+        # from where the last run that ended began: what came due while it ran (it may take
+        # seconds in a crowded keyspace) is read now, not left to the sweep
+        since = max(min(now, self._looked_from or now), now - MAX_LOOK_BACK_MS) - RECENT_MS
+        buckets = range(bucket_of(since, bucket_ms), bucket_of(horizon, bucket_ms) + 1)
         # one read for all topics: only those with pointers in the window are polled
-        active = self.services.timeline.active_topics(
-            range(bucket_of(now - RECENT_MS, bucket_ms), bucket_of(horizon, bucket_ms) + 1))
+        active = self.services.timeline.active_topics(buckets)
         unknown = active.difference(self._topics, self._asked)
         if unknown:  # a topic whose "topics" wake-up was lost: follow the changes once
             if len(self._asked) > MAX_ASKED:
@@ -274,30 +288,36 @@ class Releaser:
         webhook = [t for uid in active if (t := self._topics.get(uid)) is not None and t.pushed]
         owned = list(self._owned_shards(webhook))
         changed = changed_topics(  # one round trip, then only those written to are read
-            self.services.timeline, [self._read_before(t, mine) for t, mine in owned],
-            range(bucket_of(now - RECENT_MS, bucket_ms), bucket_of(horizon, bucket_ms) + 1))
-        for topic, mine in owned:
-            if topic.uid in changed:
-                self._into_heap(topic, mine, dict.fromkeys(mine, now - RECENT_MS), horizon,
-                                self._seen_for(topic, mine), changed[topic.uid])
+            self.services.timeline, [self._read_before(t, mine, now) for t, mine in owned],
+            buckets, horizon)
+        reads = [self._readers.submit(self._into_heap, topic, mine, dict.fromkeys(mine, since),
+                                      horizon, self._seen_for(topic, mine, now),
+                                      changed[topic.uid])
+                 for topic, mine in owned if topic.uid in changed]
+        for read in reads:  # a failed read fails the run, which the next one repeats
+            read.result()
+        self._looked_from = now
 
-    def _read_before(self, topic: Topic, mine: dict[int, int]) -> ReadBefore:
-        """What the look-ahead recorded of a topic when it last read it (workers.count_reads)."""
-        owned, seen = self._seen.get(topic.uid, (frozenset(), {}))
+    def _read_before(self, topic: Topic, mine: dict[int, int], now: int) -> ReadBefore:
+        """What the look-ahead recorded of a topic when it last read it (workers.count_reads):
+        nothing when its shards changed or the record is no longer fresh."""
         shards = frozenset(mine)
-        return ReadBefore(topic.uid, shards, seen if owned == shards else None)
+        owned, seen = self._seen.get(topic.uid, (frozenset(), None))
+        usable = seen is not None and owned == shards and seen.fresh(now)
+        return ReadBefore(topic.uid, shards, seen if usable else None)
 
-    def _seen_for(self, topic: Topic, mine: dict[int, int]) -> dict[tuple[int, int], int]:
-        """The look-ahead's write counts of one topic, reset when the owned shards change."""
+    def _seen_for(self, topic: Topic, mine: dict[int, int], now: int) -> ReadAhead:
+        """The look-ahead's record of one topic, started anew when the owned shards change or
+        it is no longer fresh (app.scan.ReadAhead)."""
         shards = frozenset(mine)
-        owned, seen = self._seen.get(topic.uid, (frozenset(), {}))
-        if owned != shards or len(seen) > MAX_SEEN:
-            seen = {}
+        owned, seen = self._seen.get(topic.uid, (frozenset(), None))
+        if seen is None or owned != shards or not seen.fresh(now) or len(seen.cells) > MAX_SEEN:
+            seen = ReadAhead(now)
             self._seen[topic.uid] = (shards, seen)
         return seen
 
     def _into_heap(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
-                   horizon: int, seen: dict[tuple[int, int], int] | None = None,
+                   horizon: int, seen: ReadAhead | None = None,
                    counts: dict[tuple[int, int], int] | None = None) -> dict[int, int]:
         result = self.services.scanner.upcoming(topic, starts, horizon, MAX_TIMERS_PER_SCAN // 4,
                                                 self.timers.holds, seen, counts)
@@ -474,6 +494,7 @@ class Releaser:
         self.timers.wake()
         self._dispatcher.join()
         self.push.stop()
+        self._readers.shutdown(wait=True)
         self.ownership.release_all()
         with contextlib.suppress(StoreUnavailable):  # else its report leaves by TTL in 60 s
             self.services.clocks.forget(self.member)
