@@ -19,7 +19,7 @@ from app.config import Config
 from app.models import MessageState, Pointer, Topic
 from app.store.messages import MessageStore
 from app.store.timeline import READ_AHEAD, PointerPosition, TimelineStore
-from app.timeline import COUNTED_AHEAD_MS, LANE_STRIDE, MS_PER_DAY, bucket_of, bucket_start_ms
+from app.timeline import LANE_STRIDE, MS_PER_DAY, bucket_of, bucket_start_ms
 
 PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
 WAITING = ("scheduled", "leased")
@@ -32,7 +32,6 @@ MAX_BUCKETS_PER_SCAN = 1440
 # progress.
 MAX_ROWS_PER_SCAN = 50_000
 SCAN_SLACK = 2  # rows examined per row wanted: some are not due or lost to a racer
-REREAD_MS = COUNTED_AHEAD_MS // 2  # how long a look-ahead's record stands (ReadAhead)
 RESUME_CACHE_SIZE = 100_000
 # Up to this many buckets a scan reads their bucket_slots rows directly (a bucket without one
 # holds no pointer) instead of first asking active_buckets which ones to read.
@@ -115,56 +114,42 @@ def _waiting_at(p: Pointer, row: MessageState) -> bool:
 
 
 class ReadAhead:
-    """What a look-ahead (DueScanner.upcoming) read of one topic: per (bucket, shard) read
-    whole with every pointer settled, its write count then and the due time of its first
-    pointer after that read's end (None: none left in its bucket). Such a (bucket, shard)
-    must be read again only when its count moves or that pointer comes within a read's
-    end, for REREAD_MS from made_ms: a pointer written due more than COUNTED_AHEAD_MS
-    ahead moves no count (app.timeline), so after that the caller starts a new record and
-    reads everything again. Then such a pointer written just after a read is read within
-    REREAD_MS of its write, at least COUNTED_AHEAD_MS - REREAD_MS before it is due. One
-    reader at a time (the releaser's look-ahead thread)."""
+    """What the look-ahead (DueScanner.upcoming) read of one topic since made_ms (epoch ms):
+    per (bucket, shard) read whole with every pointer settled, its write count then (None:
+    it had none). Such a (bucket, shard) needs no read until its count moves, while the
+    record is fresh (fresh(): younger than the caller's reread_ms). After that the caller
+    starts a new record, and everything in its window is read again, because two kinds of
+    pointer move no count since the last read: one due past that read's end that was there
+    already, and one written due more than COUNTED_AHEAD_MS ahead (app.timeline). With
+    reread_ms at most half the look-ahead window, either is read at least that long
+    before it is due. One reader at a time (the releaser's look-ahead)."""
 
     def __init__(self, made_ms: int) -> None:
-        self.made_ms = made_ms  # epoch ms
-        # (bucket, shard) -> (write count, None when it had none; next pointer's due ms)
-        self.cells: dict[tuple[int, int], tuple[int | None, int | None]] = {}
+        self.made_ms = made_ms
+        self.cells: dict[tuple[int, int], int | None] = {}
 
-    def fresh(self, now_ms: int) -> bool:
-        """Whether the record may still stand in for a read (younger than REREAD_MS)."""
-        return now_ms - self.made_ms < REREAD_MS
+    def fresh(self, now_ms: int, reread_ms: int) -> bool:
+        return now_ms - self.made_ms < reread_ms
 
-    def must_read(self, cell: tuple[int, int], counts: dict[tuple[int, int], int],
-                  to_ms: int) -> bool:
-        known = self.cells.get(cell)
-        if known is None:
-            return True
-        count, next_ms = known
-        return counts.get(cell) != count or (next_ms is not None and next_ms <= to_ms)
+    def must_read(self, cell: tuple[int, int], counts: dict[tuple[int, int], int]) -> bool:
+        """Whether a read must read this (bucket, shard), given its buckets' counts now."""
+        return cell not in self.cells or counts.get(cell) != self.cells[cell]
 
-    def any_to_read(self, counts: dict[tuple[int, int], int], shards: frozenset[int],
-                    to_ms: int) -> bool:
-        """Whether a read up to to_ms would read any (bucket, shard) of these shards, given
-        the counts of the read's buckets (a recorded one without a count included)."""
-        return any(self.must_read(cell, counts, to_ms)
-                   for cell in counts.keys() | self.cells.keys() if cell[1] in shards)
+    def any_to_read(self, counts: dict[tuple[int, int], int], shards: frozenset[int]) -> bool:
+        """Whether a read would read any (bucket, shard) of these shards, given the counts of
+        its buckets now."""
+        return any(self.must_read(cell, counts) for cell in counts if cell[1] in shards)
 
     def record(self, counts: dict[tuple[int, int], int],
                plan: list[tuple[int, int, int, int, int]], whole: set[int],
-               unsettled: set[tuple[int, int]], ahead: dict[int, int], first_bucket: int) -> None:
-        """After a read of plan: the (bucket, shard)s read whole and settled, with the
-        earliest pointer found past the read's end among their parts; those of buckets
-        before first_bucket (the read's start) are forgotten."""
+               unsettled: set[tuple[int, int]]) -> None:
+        """After a read of plan: the (bucket, shard)s read whole and settled, with their
+        counts (read before the pointers were)."""
         partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
-        nexts: dict[tuple[int, int], int] = {}
-        for index, due_ms in ahead.items():
-            cell = (plan[index][0], plan[index][1])
-            nexts[cell] = min(due_ms, nexts.get(cell, due_ms))
-        self.cells = {k: v for k, v in self.cells.items() if k[0] >= first_bucket}
         for bucket, shard, *_ in plan:
             key = (bucket, shard)
             if key not in unsettled and key not in partly:
-                self.cells[key] = (counts.get(key), nexts.get(key))
+                self.cells[key] = counts.get(key)
 
 
 @dataclasses.dataclass
@@ -176,7 +161,6 @@ class _Partition:
     whole: bool = False
     in_prefix: bool = True
     spent_prefix: PointerPosition | None = None
-    next_ms: int | None = None  # with due_by_ms: its first pointer due after it, if any
 
 
 class _LaneReader:
@@ -260,16 +244,6 @@ class _Reads:
     def full(self) -> bool:
         return len(self.unknown) >= self.quota or self.read >= MAX_ROWS_PER_SCAN
 
-    def report_peeks(self, peek: dict[str, int | None] | None,
-                     ahead: dict[int, int] | None) -> None:
-        """The pointers past due_by_ms found: the earliest (peek["next_ms"]), and each
-        partition's ({plan index: due ms} into `ahead`)."""
-        if peek is not None:
-            peek["next_ms"] = self.next_ms
-        if ahead is not None:
-            ahead.update({i: state.next_ms for i, state in self.progress.items()
-                          if state.next_ms is not None})
-
     def run(self, reader: _LaneReader, more: int) -> None:
         """Read on in this lane until it gave `more` unknown pointers, its end or a cap."""
         until = len(self.unknown) + more
@@ -296,7 +270,6 @@ class _Reads:
             if self.due_by_ms is not None and p.due_at_ms > self.due_by_ms:
                 # the partition's first such pointer is all a peek needs of it
                 self.next_ms = min(p.due_at_ms, self.next_ms or p.due_at_ms)
-                state.next_ms = p.due_at_ms
                 reader.close(index)
                 continue
             self.unknown.append(p)
@@ -439,34 +412,21 @@ class DueScanner:
         the caller already holds; stale pointers found become spent. frontier_ms says how far
         each shard was read (less than to_ms when the scan's caps stopped it).
 
-        With `seen` (the look-ahead's record of earlier calls: ReadAhead), each (bucket,
-        shard) read whole with every pointer settled is recorded with its write count and
-        the due time of its first pointer after to_ms (read past to_ms up to that one
-        pointer), and a later call does not read it again until its count moves or that
-        pointer comes within its to_ms. `counts`, when given, are the write counts of the
-        span's buckets read before this call (workers.count_reads), else they are read here:
-        either way before the pointers, so a pointer written after them moves its count
-        again."""
-        if seen is None:
-            plan, limit_ms = self._partitions(topic, starts, to_ms)
-            frontier = dict.fromkeys(starts, _below(to_ms, limit_ms))
-            fresh, _ = self._read(topic, plan, want, frontier, pending)
-            due, _ = self._settle(topic, fresh, _waiting_at)
-            return ScanResult(due, frontier, starts)
-        bucket_ms = self.config.bucket_ms
-        # to the end of to_ms's bucket: past to_ms, each partition's first pointer is peeked
-        plan, limit_ms = self._partitions(
-            topic, starts, bucket_start_ms(bucket_of(to_ms, bucket_ms) + 1, bucket_ms) - 1)
+        With `seen` (the look-ahead's record: ReadAhead), a (bucket, shard) recorded there
+        whose write count has not moved is not read, and those read whole and settled are
+        recorded. `counts`, when given, are the write counts of the span's buckets read
+        before this call (workers.count_reads), else they are read here: either way before
+        the pointers, so a pointer written after them moves its count again."""
+        plan, limit_ms = self._partitions(topic, starts, to_ms)
         frontier = dict.fromkeys(starts, _below(to_ms, limit_ms))
-        if counts is None:
-            counts = self.timeline.write_counts(topic.uid, sorted({e[0] for e in plan}))
-        plan = [e for e in plan if seen.must_read((e[0], e[1]), counts, to_ms)]
-        ahead: dict[int, int] = {}
-        fresh, whole = self._read(topic, plan, want, frontier, pending, due_by_ms=to_ms,
-                                  ahead=ahead)
+        if seen is not None:
+            if counts is None:
+                counts = self.timeline.write_counts(topic.uid, sorted({e[0] for e in plan}))
+            plan = [e for e in plan if seen.must_read((e[0], e[1]), counts)]
+        fresh, whole = self._read(topic, plan, want, frontier, pending)
         due, unsettled = self._settle(topic, fresh, _waiting_at)
-        seen.record(counts, plan, whole, unsettled, ahead,
-                    bucket_of(min(starts.values()), bucket_ms))
+        if seen is not None and counts is not None:
+            seen.record(counts, plan, whole, unsettled)
         return ScanResult(due, frontier, starts)
 
     def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
@@ -518,15 +478,14 @@ class DueScanner:
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
               frontier: dict[int, int], skip: Callable[[PointerKey], bool],
               settled_ms: int | None = None, due_by_ms: int | None = None,
-              peek: dict[str, int | None] | None = None,
-              ahead: dict[int, int] | None = None) -> tuple[list[Pointer], set[int]]:
+              peek: dict[str, int | None] | None = None) -> tuple[list[Pointer], set[int]]:
         """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
         the plan entries read whole. Lowers `frontier` so that no shard's cursor may pass
         what was not read. With settled_ms, each partition is read from its resume point, and
         a spent prefix due before settled_ms moves that point. With due_by_ms, a partition's
         reading ends at its first such pointer due after it (the entry counts as read
         whole: nothing due by due_by_ms is left in it), and peek["next_ms"] is set to the
-        earliest of those; `ahead` gets each such entry's ({plan index: due ms}).
+        earliest of those.
 
         Each fair-delivery lane (app.timeline.lane_of) is read on its own, in due order
         (_LaneReader):
@@ -559,7 +518,8 @@ class DueScanner:
             if state.spent_prefix:
                 self.resume.advance(keys[index], state.spent_prefix)
         self.pointers_read += reads.read
-        reads.report_peeks(peek, ahead)
+        if peek is not None:
+            peek["next_ms"] = reads.next_ms
         whole = {i for i, state in reads.progress.items() if state.whole}
         bucket_ms = self.config.bucket_ms
         for index, (bucket, shard, _, _, _) in enumerate(plan):

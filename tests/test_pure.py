@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from app import scan, timeline
+from app import timeline
 from app.config import ConfigError, load_config
 from app.enqueue import NewMessage, home_by_due_time, nesting
 from app.fairness import FairQueue
@@ -485,49 +485,43 @@ def test_the_look_ahead_reads_again_only_topics_never_read_or_whose_owned_counts
             return {t: {k: n for k, n in self.counts.get(t, {}).items() if k[0] in buckets}
                     for topic_uids, buckets in groups for t in topic_uids if t in self.counts}
 
-    def read(cells: dict[tuple[int, int], tuple[int, int | None]]) -> ReadAhead:
+    def read(cells: dict[tuple[int, int], int | None]) -> ReadAhead:
         seen = ReadAhead(made_ms=0)
         seen.cells.update(cells)
         return seen
 
-    same, written, other_shard, fresh, empty, coming = (uuid.uuid4() for _ in range(6))
+    same, written, other_shard, fresh, empty, counted = (uuid.uuid4() for _ in range(6))
     owned = frozenset({0, 1})
     index = Counted({same: {(5, 0): 3, (6, 1): 1}, written: {(5, 0): 4},
                      other_shard: {(5, 0): 2, (5, 7): 9}, fresh: {(5, 0): 1},
-                     coming: {(5, 0): 2}})
-    topics = [ReadBefore(same, owned, read({(5, 0): (3, 9_000), (6, 1): (1, None)})),
-              ReadBefore(written, owned, read({(5, 0): (3, None)})),
-              ReadBefore(other_shard, owned, read({(5, 0): (2, None)})),  # 7: not owned
-              ReadBefore(fresh, owned, None),  # not read since these shards were owned
-              ReadBefore(empty, owned, read({})),  # read, and nothing counted since
-              ReadBefore(coming, owned, read({(5, 0): (2, 6_000)}))]  # due by to_ms
-    changed = changed_topics(index, topics, [5, 6], 8_000)
-    assert changed == {written: {(5, 0): 4}, fresh: {(5, 0): 1}, coming: {(5, 0): 2}}
+                     counted: {(5, 0): 1}})
+    topics = [ReadBefore(same, owned, read({(5, 0): 3, (6, 1): 1})),
+              ReadBefore(written, owned, read({(5, 0): 3})),
+              ReadBefore(other_shard, owned, read({(5, 0): 2})),  # 7: not owned
+              ReadBefore(fresh, owned, None),  # no fresh record with these shards
+              ReadBefore(empty, owned, read({(5, 1): None})),  # nothing counted since
+              ReadBefore(counted, owned, read({(5, 0): None}))]  # its first count since
+    changed = changed_topics(index, topics, [5, 6])
+    assert changed == {written: {(5, 0): 4}, fresh: {(5, 0): 1}, counted: {(5, 0): 1}}
     assert sum(len(uids) for uids, _ in index.groups) == len(topics)  # in one request
-    assert changed_topics(index, [ReadBefore(empty, owned, None)], [5], 8_000) == {empty: {}}
+    assert changed_topics(index, [ReadBefore(empty, owned, None)], [5]) == {empty: {}}
 
 
-def test_the_look_ahead_records_where_each_partition_s_next_pointer_is_due() -> None:
+def test_a_look_ahead_record_keeps_what_was_read_whole_and_settled_while_fresh() -> None:
     seen = ReadAhead(made_ms=1_000)
-    assert seen.fresh(1_000 + scan.REREAD_MS - 1) and not seen.fresh(1_000 + scan.REREAD_MS)
+    assert seen.fresh(3_499, 2_500) and not seen.fresh(3_500, 2_500)
     plan = [(5, 0, 0, 100, 999), (5, 0, 1, 100, 999), (5, 1, 0, 100, 999),
             (5, 2, 0, 100, 999), (4, 3, 0, 100, 999), (5, 4, 0, 100, 999)]
-    seen.cells[(3, 0)] = (1, None)  # a bucket before the read's start: forgotten
     seen.record({(5, 0): 4, (5, 1): 2, (5, 2): 1, (4, 3): 1}, plan, whole={0, 1, 2, 4, 5},
-                unsettled={(4, 3)}, ahead={0: 700, 1: 650, 5: 900}, first_bucket=4)
+                unsettled={(4, 3)})
     # (5, 2) was read in part; (5, 4) holds only pointers written too far ahead to be counted
-    assert seen.cells == {(5, 0): (4, 650), (5, 1): (2, None), (5, 4): (None, 900)}
+    assert seen.cells == {(5, 0): 4, (5, 1): 2, (5, 4): None}
     counts = {(5, 0): 4, (5, 1): 2}
-    assert not seen.any_to_read(counts, frozenset({0, 1, 4}), 649)
-    assert seen.any_to_read(counts, frozenset({0}), 650)
-    assert not seen.any_to_read(counts, frozenset({1, 4}), 899)
-    assert seen.any_to_read(counts, frozenset({1, 4}), 900)  # (5, 4), which has no count
-    assert seen.any_to_read({**counts, (5, 1): 3}, frozenset({1}), 0)
-    assert not seen.must_read((5, 0), {(5, 0): 4}, 600)
-    assert seen.must_read((5, 0), {(5, 0): 4}, 650)  # its next pointer comes within
-    assert seen.must_read((5, 0), {(5, 0): 5}, 600)  # written to
-    assert not seen.must_read((5, 1), {(5, 1): 2}, 10**9)  # nothing past the read
-    assert seen.must_read((5, 2), {(5, 2): 1}, 600)
+    assert not seen.any_to_read(counts, frozenset({0, 1, 4}))
+    assert seen.any_to_read({**counts, (5, 1): 3}, frozenset({1}))  # written to
+    assert not seen.any_to_read({**counts, (5, 1): 3}, frozenset({0}))  # not an owned shard
+    assert seen.any_to_read({**counts, (5, 4): 1}, frozenset({4}))  # a first count
+    assert seen.must_read((5, 2), counts) and seen.must_read((5, 3), counts)
 
 
 def test_count_reads_group_topics_within_a_hundred_cells() -> None:

@@ -3,8 +3,8 @@
 Every pointer written bumps the count of its (topic, bucket, shard) once it is durable
 (app.store.timeline.TimelineStore.count_writes). A releaser that records a topic's counts
 when it reads the topic's partitions whole knows, from the counts alone, whether anything was
-written there since: a count that moved, or one it never recorded. (The look-ahead also
-records where the next pointer past its read is due: app.scan.ReadAhead.) Reading them topic by
+written there since: a count that moved, or one it never recorded (app.scan.ReadAhead says
+what counts cannot show, and how the look-ahead covers it). Reading them topic by
 topic is a round trip each; the releaser's checks over many topics (the look-ahead's,
 changed_topics; the quiet re-check's, workers.quiet_recheck) read about COUNT_CELLS
 (topic, bucket)s a request, the requests sent together.
@@ -37,8 +37,8 @@ class CountIndex(Protocol):
 @dataclasses.dataclass(frozen=True)
 class ReadBefore:
     """A topic as the look-ahead last read it: its owned shards, and what it recorded of the
-    (bucket, shard)s it read then (app.scan.ReadAhead); seen is None when it has not read the
-    topic since it owns those shards."""
+    (bucket, shard)s it read (app.scan.ReadAhead); seen is None when there is no fresh record
+    of the topic with those shards."""
 
     uid: uuid.UUID
     shards: frozenset[int]
@@ -51,18 +51,17 @@ def moved(seen: Counts, counts: Counts, shards: frozenset[int]) -> bool:
     return any(seen.get(key) != n for key, n in counts.items() if key[1] in shards)
 
 
-def changed_topics(index: CountIndex, topics: Sequence[ReadBefore], buckets: Sequence[int],
-                   to_ms: int) -> dict[uuid.UUID, Counts]:
-    """Of the topics, those the look-ahead must read again for `buckets` up to to_ms (never
-    read with their shards; or with an owned (bucket, shard) there whose count moved, or
-    whose next pointer past the last read comes by to_ms), each with its counts as read
-    now, which its read then compares and records (app.scan.DueScanner.upcoming). One
-    round trip for all (about COUNT_CELLS (topic, bucket)s a request)."""
+def changed_topics(index: CountIndex, topics: Sequence[ReadBefore], buckets: Sequence[int]
+                   ) -> dict[uuid.UUID, Counts]:
+    """Of the topics, those the look-ahead must read again for `buckets` (never read with
+    their shards, or with an owned (bucket, shard) there whose count moved), each with its
+    counts as read now, which its read then compares and records (app.scan.DueScanner.
+    upcoming). One round trip for all (about COUNT_CELLS (topic, bucket)s a request)."""
     counts = read_counts(index, {t.uid: buckets for t in topics})
     changed = {}
     for t in topics:
         found = counts.get(t.uid, {})
-        if t.seen is None or t.seen.any_to_read(found, t.shards, to_ms):
+        if t.seen is None or t.seen.any_to_read(found, t.shards):
             changed[t.uid] = found
     return changed
 

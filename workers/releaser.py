@@ -17,10 +17,9 @@ requests it holds.
   to now + lookahead go into the timer heap, so a message scheduled a moment ahead, or one
   that came due while a long run was under way, is still released on time. Only topics
   listed in active_topics for the window's buckets are polled, and of those only the ones
-  whose write counts (bucket_writes) moved since it last read them, or whose next pointer
-  past that read comes within the window, or last read whole REREAD_MS ago (app.scan.
-  ReadAhead); all counts are read in one round trip (workers/count_reads.py), so frequent
-  re-scans stay cheap;
+  whose write counts (bucket_writes) moved since it last read them, or read whole more than
+  half the window ago (app.scan.ReadAhead); all counts are read in one round trip
+  (workers/count_reads.py), so frequent re-scans stay cheap;
 - sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
   move stragglers (pointers written behind a cursor, found by
   their partition's write count) to now; from each owned shard's stored cursor, put what the
@@ -133,6 +132,8 @@ class Releaser:
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
         self._seen: dict[uuid.UUID, tuple[frozenset[int], ReadAhead]] = {}
         self._looked_from: int | None = None  # when the last look-ahead run that ended began
+        # a look-ahead record stands this long (app.scan.ReadAhead): half the window
+        self._reread_ms = cfg.release_lookahead_ms // 2
         # the look-ahead reads its changed topics this many at a time: one after another,
         # 130 topics written to between runs made each run take seconds of round trips
         self._readers = ThreadPoolExecutor(LOOK_AHEAD_READERS, thread_name_prefix="look-ahead")
@@ -289,7 +290,7 @@ class Releaser:
         owned = list(self._owned_shards(webhook))
         changed = changed_topics(  # one round trip, then only those written to are read
             self.services.timeline, [self._read_before(t, mine, now) for t, mine in owned],
-            buckets, horizon)
+            buckets)
         reads = [self._readers.submit(self._into_heap, topic, mine, dict.fromkeys(mine, since),
                                       horizon, self._seen_for(topic, mine, now),
                                       changed[topic.uid])
@@ -299,21 +300,24 @@ class Releaser:
         self._looked_from = now
 
     def _read_before(self, topic: Topic, mine: dict[int, int], now: int) -> ReadBefore:
-        """What the look-ahead recorded of a topic when it last read it (workers.count_reads):
-        nothing when its shards changed or the record is no longer fresh."""
-        shards = frozenset(mine)
-        owned, seen = self._seen.get(topic.uid, (frozenset(), None))
-        usable = seen is not None and owned == shards and seen.fresh(now)
-        return ReadBefore(topic.uid, shards, seen if usable else None)
+        """What the look-ahead recorded of a topic (workers.count_reads): nothing when its
+        shards changed or the record is no longer fresh."""
+        return ReadBefore(topic.uid, frozenset(mine), self._record_of(topic, mine, now))
 
     def _seen_for(self, topic: Topic, mine: dict[int, int], now: int) -> ReadAhead:
-        """The look-ahead's record of one topic, started anew when the owned shards change or
-        it is no longer fresh (app.scan.ReadAhead)."""
-        shards = frozenset(mine)
-        owned, seen = self._seen.get(topic.uid, (frozenset(), None))
-        if seen is None or owned != shards or not seen.fresh(now) or len(seen.cells) > MAX_SEEN:
+        """The look-ahead's record of one topic, started anew when the owned shards changed
+        or it is no longer fresh (app.scan.ReadAhead)."""
+        seen = self._record_of(topic, mine, now)
+        if seen is None:
             seen = ReadAhead(now)
-            self._seen[topic.uid] = (shards, seen)
+            self._seen[topic.uid] = (frozenset(mine), seen)
+        return seen
+
+    def _record_of(self, topic: Topic, mine: dict[int, int], now: int) -> ReadAhead | None:
+        owned, seen = self._seen.get(topic.uid, (frozenset(), None))
+        if seen is None or owned != frozenset(mine) or not seen.fresh(now, self._reread_ms) \
+                or len(seen.cells) > MAX_SEEN:
+            return None
         return seen
 
     def _into_heap(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],

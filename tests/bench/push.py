@@ -24,12 +24,15 @@ from typing import Any
 import requests
 
 from app.timeparse import parse_instant
+from app.webhook_targets import parse_allow
 from tests.bench.plot import lag_by_second
 from tests.bench.run import OUT, URL, dev_headers, now_ms, percentile
 from tests.loop_thread import LoopThread
 from tests.receiver import Receiver, receiving
 from workers.http_client import AsyncHttpClient
 from workers.webhook import signature
+
+LOOPBACK = "127.0.0.0/8,::1"
 
 SPAN_MS = 20_000
 BURST = 5_000
@@ -100,7 +103,7 @@ def post_ceiling(count: int, concurrency: int) -> float:
     client (workers.http_client) on its own event loop; no Cassandra."""
     body = json.dumps({"i": 1}).encode()
     runner = LoopThread("ceiling")
-    client = AsyncHttpClient()
+    client = AsyncHttpClient(parse_allow(LOOPBACK))  # the receiver is local
 
     async def post_all(url: str) -> None:
         async def post(n: int) -> None:
