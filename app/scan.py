@@ -120,9 +120,11 @@ class ReadAhead:
     record is fresh (fresh(): younger than the caller's reread_ms). After that the caller
     starts a new record, and everything in its window is read again, because two kinds of
     pointer move no count since the last read: one due past that read's end that was there
-    already, and one written due more than COUNTED_AHEAD_MS ahead (app.timeline). With
-    reread_ms at most half the look-ahead window, either is read at least that long
-    before it is due. One reader at a time (the releaser's look-ahead)."""
+    already, and one written due more than COUNTED_AHEAD_MS ahead (app.timeline). Either
+    is read by the first whole read whose window reaches it, so at least the window less
+    the time between two whole reads (reread_ms, plus up to one idle period of the
+    look-ahead) before it is due: 1.5 s with the releaser's defaults (workers.releaser).
+    One reader at a time (the releaser's look-ahead)."""
 
     def __init__(self, made_ms: int) -> None:
         self.made_ms = made_ms

@@ -18,7 +18,7 @@ requests it holds.
   that came due while a long run was under way, is still released on time. Only topics
   listed in active_topics for the window's buckets are polled, and of those only the ones
   whose write counts (bucket_writes) moved since it last read them, or read whole more than
-  half the window ago (app.scan.ReadAhead); all counts are read in one round trip
+  1.5 s ago (app.scan.ReadAhead); all counts are read in one round trip
   (workers/count_reads.py), so frequent re-scans stay cheap;
 - sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
   move stragglers (pointers written behind a cursor, found by
@@ -49,7 +49,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -132,8 +132,11 @@ class Releaser:
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
         self._seen: dict[uuid.UUID, tuple[frozenset[int], ReadAhead]] = {}
         self._looked_from: int | None = None  # when the last look-ahead run that ended began
-        # a look-ahead record stands this long (app.scan.ReadAhead): half the window
-        self._reread_ms = cfg.release_lookahead_ms // 2
+        # a look-ahead record stands this long (app.scan.ReadAhead): half what the window
+        # leaves after an idle period, so a whole read comes at least as long before a
+        # pointer it alone can find is due (1.5 s of 5, with the defaults)
+        self._reread_ms = max(cfg.release_rescan_ms,
+                              (cfg.release_lookahead_ms - cfg.release_idle_ms) // 2)
         # the look-ahead reads its changed topics this many at a time: one after another,
         # 130 topics written to between runs made each run take seconds of round trips
         self._readers = ThreadPoolExecutor(LOOK_AHEAD_READERS, thread_name_prefix="look-ahead")
@@ -295,6 +298,7 @@ class Releaser:
                                       horizon, self._seen_for(topic, mine, now),
                                       changed[topic.uid])
                  for topic, mine in owned if topic.uid in changed]
+        wait(reads)  # all ended before any failure ends the run: one read of a topic at a time
         for read in reads:  # a failed read fails the run, which the next one repeats
             read.result()
         self._looked_from = now
