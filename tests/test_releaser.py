@@ -290,9 +290,10 @@ def wait_quiet(r: Releaser, uids: set[uuid.UUID], within_s: float = 10) -> None:
     assert uids <= set(r._quiet), uids - set(r._quiet)
 
 
-def cursor_reads(r: Releaser) -> list[uuid.UUID]:
+def cursor_reads(r: Releaser, together: list[set[uuid.UUID]] | None = None
+                 ) -> list[uuid.UUID]:
     """The topics whose cursors the releaser reads from now on, one entry per topic read
-    (alone or with others)."""
+    (alone or with others); and into `together`, the topics of each read of many."""
     reads: list[uuid.UUID] = []
     cursors, cursors_of = r.services.timeline.cursors, r.services.timeline.cursors_of
 
@@ -302,6 +303,8 @@ def cursor_reads(r: Releaser) -> list[uuid.UUID]:
 
     def counting_of(topic_uids: list[uuid.UUID]) -> dict[uuid.UUID, dict[int, int]]:
         reads.extend(topic_uids)
+        if together is not None:
+            together.append(set(topic_uids))
         return cursors_of(topic_uids)
 
     r.services.timeline.cursors = counting  # type: ignore[method-assign]
@@ -441,27 +444,15 @@ def test_the_sweep_reads_the_cursors_of_its_awake_topics_together(
     for topic in topics:
         assert topic.enqueue(id="waiting").status_code == 201
     with releaser(config, "r-cursors") as r:
-        calls: list[set[uuid.UUID]] = []
-        singly: list[uuid.UUID] = []
-        cursors, cursors_of = r.services.timeline.cursors, r.services.timeline.cursors_of
-
-        def counting(topic_uid: uuid.UUID) -> dict[int, int]:
-            singly.append(topic_uid)
-            return cursors(topic_uid)
-
-        def counting_of(topic_uids: list[uuid.UUID]) -> dict[uuid.UUID, dict[int, int]]:
-            calls.append(set(topic_uids))
-            return cursors_of(topic_uids)
-
-        r.services.timeline.cursors = counting  # type: ignore[method-assign]
-        r.services.timeline.cursors_of = counting_of  # type: ignore[method-assign]
+        together: list[set[uuid.UUID]] = []
+        reads = cursor_reads(r, together)
         runs = r._sweeping.runs
         deadline = time.monotonic() + 5
         while r._sweeping.runs < runs + 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert r._sweeping.runs >= runs + 3
-    assert len(calls) >= 2 and all(uids <= c for c in calls)  # every sweep, all at once
-    assert not uids & set(singly)
+    assert len(together) >= 2 and all(uids <= c for c in together)  # every sweep, all at once
+    assert all(reads.count(uid) == len(together) for uid in uids)  # never alone
 
 
 def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
