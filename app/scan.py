@@ -13,7 +13,7 @@ import heapq
 import threading
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 
 from app.config import Config
 from app.models import MessageState, Pointer, Topic
@@ -95,15 +95,28 @@ def is_spent(p: Pointer, row: MessageState | None) -> bool:
     return row.version > p.version or row.state not in WAITING
 
 
+def moved_counts(seen: Mapping[tuple[int, int], int | None], counts: dict[tuple[int, int], int],
+                 shards: Container[int]) -> dict[tuple[int, int], int]:
+    """The write counts of these shards that differ from those recorded in seen (a count
+    never recorded included)."""
+    return {key: n for key, n in counts.items() if key[1] in shards and seen.get(key) != n}
+
+
+def _read_whole(plan: list[tuple[int, int, int, int, int]], whole: set[int],
+                unsettled: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (bucket, shard)s of plan read whole (every part of them) with every pointer
+    settled."""
+    partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
+    return [key for key in dict.fromkeys((e[0], e[1]) for e in plan)
+            if key not in unsettled and key not in partly]
+
+
 def _remember(seen: dict[tuple[int, int], int], counts: dict[tuple[int, int], int],
               plan: list[tuple[int, int, int, int, int]], whole: set[int],
               unsettled: set[tuple[int, int]]) -> None:
-    """Record the write counts of (bucket, shard)s read whole (every part of them) with
-    every pointer settled."""
-    partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
-    for bucket, shard, *_ in plan:
-        key = (bucket, shard)
-        if key in counts and key not in unsettled and key not in partly:
+    """Record the write counts of (bucket, shard)s read whole with every pointer settled."""
+    for key in _read_whole(plan, whole, unsettled):
+        if key in counts:
             seen[key] = counts[key]
 
 
@@ -140,18 +153,15 @@ class ReadAhead:
     def any_to_read(self, counts: dict[tuple[int, int], int], shards: frozenset[int]) -> bool:
         """Whether a read would read any (bucket, shard) of these shards, given the counts of
         its buckets now."""
-        return any(self.must_read(cell, counts) for cell in counts if cell[1] in shards)
+        return bool(moved_counts(self.cells, counts, shards))
 
     def record(self, counts: dict[tuple[int, int], int],
                plan: list[tuple[int, int, int, int, int]], whole: set[int],
                unsettled: set[tuple[int, int]]) -> None:
         """After a read of plan: the (bucket, shard)s read whole and settled, with their
         counts (read before the pointers were)."""
-        partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
-        for bucket, shard, *_ in plan:
-            key = (bucket, shard)
-            if key not in unsettled and key not in partly:
-                self.cells[key] = counts.get(key)
+        for key in _read_whole(plan, whole, unsettled):
+            self.cells[key] = counts.get(key)
 
 
 @dataclasses.dataclass
@@ -445,7 +455,7 @@ class DueScanner:
                                                bucket_of(max(cursors.values()), bucket_ms),
                                                bucket_ms)
         counts = self.timeline.write_counts(topic.uid, buckets) if buckets else {}
-        changed = {k: n for k, n in counts.items() if k[1] in cursors and seen.get(k) != n}
+        changed = moved_counts(seen, counts, cursors.keys())
         if not changed:
             return []
         parts = self.timeline.parts(topic.uid, sorted({b for b, _ in changed}),

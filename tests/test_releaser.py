@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -330,11 +330,16 @@ def look_ahead_reads(r: Releaser) -> list[uuid.UUID]:
 def run_look_ahead(r: Releaser, times: int) -> None:
     """Wake the look-ahead until it has run `times` more times."""
     until = r._looking.runs + times
-    deadline = time.monotonic() + 5
-    while r._looking.runs < until and time.monotonic() < deadline:
+    wake_look_ahead_until(r, lambda: r._looking.runs >= until)
+
+
+def wake_look_ahead_until(r: Releaser, done: Callable[[], bool], within_s: float = 5) -> None:
+    """Wake the look-ahead every 50 ms until done() holds, which must happen within_s."""
+    deadline = time.monotonic() + within_s
+    while not done() and time.monotonic() < deadline:
         r._looking.wake()
-        time.sleep(0.06)
-    assert r._looking.runs >= until
+        time.sleep(0.05)
+    assert done()
 
 
 def test_the_look_ahead_reads_only_the_webhook_topics_written_to_since_it_last_read_them(
@@ -349,11 +354,8 @@ def test_the_look_ahead_reads_only_the_webhook_topics_written_to_since_it_last_r
         # a look-ahead of 9 s: all is read and compared long before a message is taken
         with releaser(config, "r-look-ahead", release_lookahead_ms=9000) as r:
             reads = look_ahead_reads(r)
-            deadline = time.monotonic() + 5
-            while not set(uids) <= set(reads) and time.monotonic() < deadline:
-                r._looking.wake()
-                time.sleep(0.05)
-            assert set(uids) <= set(reads)  # each read once: its message is in the window
+            # each read once: its message is in the window
+            wake_look_ahead_until(r, lambda: set(uids) <= set(reads))
             reads.clear()
             run_look_ahead(r, 5)
             assert not set(uids) & set(reads)  # nothing written since
@@ -423,11 +425,8 @@ def test_the_look_ahead_alone_finds_a_message_due_past_its_window_when_it_was_re
             assert topic.enqueue(id="later", delay_ms=4000).status_code == 201
             assert topic.enqueue(id="uncounted", delay_ms=COUNTED_AHEAD_MS + 2000).status_code \
                 == 201
-            deadline = time.monotonic() + 3
-            while uid not in reads and time.monotonic() < deadline:
-                r._looking.wake()
-                time.sleep(0.05)
-            assert uid in reads  # read once, "later" then 1 s past the window's end
+            # read once, "later" then 1 s past the window's end
+            wake_look_ahead_until(r, lambda: uid in reads, 3)
             assert target.wait_for(lambda got: len(got) >= 3, 20), target.ids()
     assert sorted(target.ids()) == ["later", "soon", "uncounted"]
     for a in target.arrivals:

@@ -45,12 +45,6 @@ class ReadBefore:
     seen: ReadAhead | None
 
 
-def moved(seen: Counts, counts: Counts, shards: frozenset[int]) -> bool:
-    """Whether a count of an owned shard differs from the one recorded in seen (a count never
-    recorded included)."""
-    return any(seen.get(key) != n for key, n in counts.items() if key[1] in shards)
-
-
 def changed_topics(index: CountIndex, topics: Sequence[ReadBefore], buckets: Sequence[int]
                    ) -> dict[uuid.UUID, Counts]:
     """Of the topics, those the look-ahead must read again for `buckets` (never read with

@@ -30,8 +30,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
+from app.scan import moved_counts
 from app.timeline import bucket_of
-from workers.count_reads import CountIndex, moved, read_counts
+from workers.count_reads import CountIndex, read_counts
 
 CHUNK = 50  # topics per active_buckets read: with two days each, 100 partitions
 MAX_SPAN_MS = 6 * 3_600_000  # quiet for longer: swept in full, which moves the cursors
@@ -62,8 +63,8 @@ def needs_sweep(topic: QuietTopic, active: Sequence[int],
     cursor_bucket = bucket_of(topic.cursor_ms, bucket_ms)
     if any(b >= cursor_bucket for b in active):
         return True
-    return moved(topic.seen, {key: n for key, n in counts.items() if key[0] < cursor_bucket},
-                 topic.shards)
+    return bool(moved_counts(
+        topic.seen, {key: n for key, n in counts.items() if key[0] < cursor_bucket}, topic.shards))
 
 
 def still_quiet(timeline: Indexes, topics: Sequence[QuietTopic], now_ms: int,

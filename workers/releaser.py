@@ -291,13 +291,14 @@ class Releaser:
             self._following.wake()
         webhook = [t for uid in active if (t := self._topics.get(uid)) is not None and t.pushed]
         owned = list(self._owned_shards(webhook))
-        changed = changed_topics(  # one round trip, then only those written to are read
-            self.services.timeline, [self._read_before(t, mine, now) for t, mine in owned],
-            buckets)
+        befores = [self._read_before(t, mine, now) for t, mine in owned]
+        # one round trip, then only those written to are read
+        changed = changed_topics(self.services.timeline, befores, buckets)
         reads = [self._readers.submit(self._into_heap, topic, mine, dict.fromkeys(mine, since),
-                                      horizon, self._seen_for(topic, mine, now),
+                                      horizon, before.seen or self._new_record(before, now),
                                       changed[topic.uid])
-                 for topic, mine in owned if topic.uid in changed]
+                 for (topic, mine), before in zip(owned, befores, strict=True)
+                 if topic.uid in changed]
         wait(reads)  # all ended before any failure ends the run: one read of a topic at a time
         for read in reads:  # a failed read fails the run, which the next one repeats
             read.result()
@@ -305,23 +306,18 @@ class Releaser:
 
     def _read_before(self, topic: Topic, mine: dict[int, int], now: int) -> ReadBefore:
         """What the look-ahead recorded of a topic (workers.count_reads): nothing when its
-        shards changed or the record is no longer fresh."""
-        return ReadBefore(topic.uid, frozenset(mine), self._record_of(topic, mine, now))
-
-    def _seen_for(self, topic: Topic, mine: dict[int, int], now: int) -> ReadAhead:
-        """The look-ahead's record of one topic, started anew when the owned shards changed
-        or it is no longer fresh (app.scan.ReadAhead)."""
-        seen = self._record_of(topic, mine, now)
-        if seen is None:
-            seen = ReadAhead(now)
-            self._seen[topic.uid] = (frozenset(mine), seen)
-        return seen
-
-    def _record_of(self, topic: Topic, mine: dict[int, int], now: int) -> ReadAhead | None:
+        shards changed or the record is no longer fresh (app.scan.ReadAhead)."""
+        shards = frozenset(mine)
         owned, seen = self._seen.get(topic.uid, (frozenset(), None))
-        if seen is None or owned != frozenset(mine) or not seen.fresh(now, self._reread_ms) \
+        if seen is None or owned != shards or not seen.fresh(now, self._reread_ms) \
                 or len(seen.cells) > MAX_SEEN:
-            return None
+            seen = None
+        return ReadBefore(topic.uid, shards, seen)
+
+    def _new_record(self, before: ReadBefore, now: int) -> ReadAhead:
+        """A new look-ahead record of a topic, in place of the one it had."""
+        seen = ReadAhead(now)
+        self._seen[before.uid] = (before.shards, seen)
         return seen
 
     def _into_heap(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
