@@ -28,6 +28,7 @@ from app.scan import ReadAhead
 from app.timeline import COUNTED_AHEAD_MS, fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 from workers import count_reads, quiet_recheck
+from workers.catch_up import Behind, with_stragglers
 from workers.count_reads import ReadBefore, changed_topics, count_groups
 from workers.quiet_recheck import QuietTopic, needs_sweep, still_quiet
 
@@ -431,32 +432,36 @@ def test_a_quiet_topic_needs_a_sweep_for_a_pointer_at_its_cursor_or_a_straggler_
     assert not needs_sweep(topic, [8, 9], {(8, 2): 9, (9, 1): 2}, 60_000)  # not an owned shard
 
 
+class Indexes:
+    """The active buckets and write counts of topics, as given; and the reads made of them
+    (the releaser's checks of many topics at once)."""
+
+    def __init__(self) -> None:
+        self.active: dict[uuid.UUID, list[int]] = {}
+        self.counts: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
+        self.reads: list[tuple[str, int, int]] = []
+
+    def active_buckets_of(self, topic_uids: list[uuid.UUID], first: int, last: int,
+                          bucket_ms: int) -> dict[uuid.UUID, list[int]]:
+        self.reads.append(("active", len(topic_uids), 0))
+        return {t: [b for b in self.active.get(t, []) if first <= b <= last]
+                for t in topic_uids if t in self.active}
+
+    def write_counts_in(self, groups: list[tuple[list[uuid.UUID], list[int]]]
+                        ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
+        found: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
+        for topic_uids, buckets in groups:
+            self.reads.append(("counts", len(topic_uids), len(buckets)))
+            found.update({t: {k: n for k, n in self.counts.get(t, {}).items()
+                              if k[0] in buckets} for t in topic_uids if t in self.counts})
+        return found
+
+
 def test_quiet_topics_are_rechecked_together_and_those_quiet_too_long_are_swept() -> None:
-    class Indexes:
-        def __init__(self) -> None:
-            self.active: dict[uuid.UUID, list[int]] = {}
-            self.counts: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
-            self.reads: list[tuple[str, int, int]] = []
-
-        def active_buckets_of(self, topic_uids: list[uuid.UUID], first: int, last: int,
-                              bucket_ms: int) -> dict[uuid.UUID, list[int]]:
-            self.reads.append(("active", len(topic_uids), 0))
-            return {t: [b for b in self.active.get(t, []) if first <= b <= last]
-                    for t in topic_uids if t in self.active}
-
-        def write_counts_in(self, groups: list[tuple[list[uuid.UUID], list[int]]]
-                            ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
-            found: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
-            for topic_uids, buckets in groups:
-                self.reads.append(("counts", len(topic_uids), len(buckets)))
-                found.update({t: {k: n for k, n in self.counts.get(t, {}).items()
-                                  if k[0] in buckets} for t in topic_uids if t in self.counts})
-            return found
-
     minute, now = 60_000, 1_000 * 60_000
     indexes = Indexes()
     topics = [QuietTopic(uuid.uuid4(), now - 2 * minute, frozenset({0}), {(990, 0): 1})
-              for _ in range(quiet_recheck.CHUNK + 10)]
+              for _ in range(count_reads.CHUNK + 10)]
     for t in topics:
         indexes.active[t.uid] = [900, 990]  # 900: before the catch-up's hour, not looked at
         indexes.counts[t.uid] = {(990, 0): 1}
@@ -467,10 +472,36 @@ def test_quiet_topics_are_rechecked_together_and_those_quiet_too_long_are_swept(
     found = still_quiet(indexes, [*topics, old], now, minute, 3_600_000, 5000)
     assert found == {t.uid for t in topics} - {written, reached}
     assert [r for r in indexes.reads if r[0] == "active"] == [
-        ("active", quiet_recheck.CHUNK, 0), ("active", 10, 0)]
+        ("active", count_reads.CHUNK, 0), ("active", 10, 0)]
     counted = [r for r in indexes.reads if r[0] == "counts"]
     assert sum(n for _, n, _ in counted) == len(topics) - 1  # not the one reached
     assert all(n * b <= count_reads.COUNT_CELLS for _, n, b in counted)
+
+
+def test_the_catch_up_reads_one_by_one_only_topics_with_an_owned_count_behind_that_moved(
+        ) -> None:
+    minute, now = 60_000, 1_000 * 60_000
+    indexes = Indexes()
+    cursors = {0: now - minute, 1: now - minute}  # bucket 999 (a minute each)
+    topics = [Behind(uuid.uuid4(), cursors, {(990, 0): 1, (999, 1): 4})
+              for _ in range(count_reads.CHUNK + 10)]
+    for t in topics:
+        indexes.active[t.uid] = [900, 990, 999, 1000]  # 900 before the hour, 1000 after
+        indexes.counts[t.uid] = {(900, 0): 7, (990, 0): 1, (999, 1): 4, (1000, 0): 9}
+    behind, at_cursor, other_shard, never = (topics[n].uid for n in (2, 5, 8, 11))
+    indexes.counts[behind][(990, 0)] = 2
+    indexes.counts[at_cursor][(999, 1)] = 5
+    indexes.counts[other_shard][(990, 3)] = 1  # a shard another releaser owns
+    unrecorded = Behind(never, cursors, {})  # its shards changed: nothing recorded
+    found = with_stragglers(indexes, [*topics[:11], unrecorded, *topics[12:]], minute,
+                            3_600_000)
+    assert found == {behind, at_cursor, never}
+    assert [r for r in indexes.reads if r[0] == "active"] == [
+        ("active", count_reads.CHUNK, 0), ("active", 10, 0)]
+    counted = [r for r in indexes.reads if r[0] == "counts"]
+    assert sum(n for _, n, _ in counted) == len(topics)
+    assert all(n * b <= count_reads.COUNT_CELLS for _, n, b in counted)
+    assert with_stragglers(indexes, [Behind(uuid.uuid4(), {}, {})], minute, 3_600_000) == set()
 
 
 def test_the_look_ahead_reads_again_only_topics_never_read_or_whose_owned_counts_moved() -> None:

@@ -454,6 +454,86 @@ def test_the_sweep_reads_the_cursors_of_its_awake_topics_together(
     assert all(reads.count(uid) == len(together) for uid in uids)  # never alone
 
 
+def test_the_sweep_works_on_its_awake_topics_side_by_side(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    """A sweep's per-topic work on several awake topics overlaps: a crowded keyspace (a few
+    hundred topics with backlogs) made a sweep of one topic after another take 15-40 s."""
+    topics = [TopicClient(client, auth) for _ in range(4)]
+    uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+    for topic in topics:  # a backlog nobody leases: awake at every sweep
+        assert topic.enqueue(id="waiting").status_code == 201
+    busy: set[uuid.UUID] = set()
+    most = 0
+    lock = threading.Lock()
+    with releaser(config, "r-side-by-side") as r:
+        sweep_topic = r._sweep_topic
+
+        def slow(topic: Any, *args: Any) -> None:
+            nonlocal most
+            if topic.uid in uids:
+                with lock:
+                    busy.add(topic.uid)
+                    most = max(most, len(busy))
+                time.sleep(0.3)  # slow round trips
+                with lock:
+                    busy.discard(topic.uid)
+            sweep_topic(topic, *args)
+
+        r._sweep_topic = slow  # type: ignore[method-assign]
+        runs = r._sweeping.runs
+        deadline = time.monotonic() + 10
+        while r._sweeping.runs < runs + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r._sweeping.runs >= runs + 2
+    assert most >= 2, most  # one after another: never more than one at a time
+
+
+def test_the_catch_up_reads_behind_one_topic_at_a_time_only_where_a_count_moved(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every catch-up reads the indexes of its awake topics together; a topic's own reads
+    behind its cursors come only once a pointer lands there, and that pointer is delivered."""
+    monkeypatch.setattr(releaser_module, "CATCH_UP_EVERY_MS", 0)  # every sweep
+    skewed = create_app(config, clock=lambda: now_ms() - 5000)
+    try:
+        with receiving(Receiver()) as target, releaser(config, "r-catch-up") as r:
+            topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
+            uids = [services.topics.get(_tenant_of(services, auth), t.name).uid
+                    for t in topics]
+            wait_quiet(r, set(uids))  # cursors caught up
+            for topic in topics:  # written to: awake for a minute; due long after the test
+                assert topic.enqueue(id="later", delay_ms=600_000).status_code == 201
+            read_alone: list[uuid.UUID] = []
+            together: list[set[uuid.UUID]] = []
+            stragglers = r.services.scanner.stragglers
+            active_buckets_of = r.services.timeline.active_buckets_of
+
+            def alone(topic: Any, *args: Any) -> Any:
+                read_alone.append(topic.uid)
+                return stragglers(topic, *args)
+
+            def of(topic_uids: list[uuid.UUID], *args: Any) -> Any:
+                together.append(set(topic_uids))
+                return active_buckets_of(topic_uids, *args)
+
+            r.services.scanner.stragglers = alone  # type: ignore[method-assign]
+            r.services.timeline.active_buckets_of = of  # type: ignore[method-assign]
+            runs = r._sweeping.runs
+            deadline = time.monotonic() + 10
+            while r._sweeping.runs < runs + 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert any(set(uids) <= read for read in together)
+            assert not set(uids) & set(read_alone)  # nothing behind: no read of one
+            late = TopicClient(skewed.test_client(), auth, name=topics[0].name,
+                               delivery={"mode": "webhook", "url": target.url})
+            assert late.enqueue(id="behind").status_code == 201
+            assert target.wait_for(lambda got: len(got) == 1, 15)
+            assert target.ids() == ["behind"]
+            assert uids[0] in read_alone and not {uids[1], uids[2]} & set(read_alone)
+    finally:
+        skewed.extensions["duetime"].close()
+
+
 def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:

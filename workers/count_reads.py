@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from app.scan import ReadAhead
 
 COUNT_CELLS = 100  # (topic, bucket)s per bucket_writes read
+CHUNK = 50  # topics per active_buckets read: with two days each, 100 partitions
 
 Counts = dict[tuple[int, int], int]  # {(bucket, shard): pointers written}
 
@@ -32,6 +33,13 @@ class CountIndex(Protocol):
 
     def write_counts_in(self, groups: Sequence[tuple[Sequence[uuid.UUID], Sequence[int]]]
                         ) -> dict[uuid.UUID, Counts]: ...
+
+
+class Indexes(CountIndex, Protocol):
+    """The write counts and the active buckets (app.store.timeline.TimelineStore)."""
+
+    def active_buckets_of(self, topic_uids: Sequence[uuid.UUID], first: int, last: int,
+                          bucket_ms: int) -> dict[uuid.UUID, list[int]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +94,12 @@ def count_groups(wanted: Mapping[uuid.UUID, Sequence[int]]
     if group:
         groups.append((group, sorted(buckets)))
     return groups
+
+
+T = TypeVar("T")
+
+
+def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """items in runs of at most size, in order."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]

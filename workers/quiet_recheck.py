@@ -27,22 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 from app.scan import moved_counts
 from app.timeline import bucket_of
-from workers.count_reads import CountIndex, read_counts
+from workers.count_reads import CHUNK, Indexes, chunked, read_counts
 
-CHUNK = 50  # topics per active_buckets read: with two days each, 100 partitions
 MAX_SPAN_MS = 6 * 3_600_000  # quiet for longer: swept in full, which moves the cursors
-
-
-class Indexes(CountIndex, Protocol):
-    """What the re-check reads (app.store.timeline.TimelineStore)."""
-
-    def active_buckets_of(self, topic_uids: Sequence[uuid.UUID], first: int, last: int,
-                          bucket_ms: int) -> dict[uuid.UUID, list[int]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +65,7 @@ def still_quiet(timeline: Indexes, topics: Sequence[QuietTopic], now_ms: int,
     last = bucket_of(now_ms + lookahead_ms, bucket_ms)
     fresh = [t for t in topics if t.cursor_ms >= now_ms - MAX_SPAN_MS]
     active: dict[uuid.UUID, list[int]] = {}
-    for chunk in _chunks(fresh, CHUNK):
+    for chunk in chunked(fresh, CHUNK):
         first = bucket_of(min(t.cursor_ms for t in chunk) - catchup_ms, bucket_ms)
         found = timeline.active_buckets_of([t.uid for t in chunk], first, last, bucket_ms)
         for t in chunk:
@@ -86,9 +77,4 @@ def still_quiet(timeline: Indexes, topics: Sequence[QuietTopic], now_ms: int,
     counts = read_counts(timeline, behind)
     return {t.uid for t in fresh if t.uid in behind
             and not needs_sweep(t, active[t.uid], counts.get(t.uid, {}), bucket_ms)}
-
-
-def _chunks(topics: Sequence[QuietTopic], size: int) -> Iterator[Sequence[QuietTopic]]:
-    for start in range(0, len(topics), size):
-        yield topics[start:start + size]
 

@@ -28,7 +28,9 @@ requests it holds.
   caught up, no pointer near now) is skipped without a read until a pointer of it comes near
   now (active_topics) or a process writes pointers of it (topic_writes, which a pointer
   written behind its cursors also records), or up to five minutes have passed: two reads a
-  sweep for all topics.
+  sweep for all topics. Awake topics are swept SWEEPERS at a time, and a sweep rests at
+  least as long as it ran (a crowded keyspace's sweeps take seconds of the releaser's one
+  interpreter, which the look-ahead needs too);
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py; their listings are read again when "schedules" wakes it);
 - operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
@@ -65,6 +67,7 @@ from app.store.ownership import OwnershipStore
 from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
 from app.transitions import replace_ahead
 from workers.beat import Beat
+from workers.catch_up import Behind, with_stragglers
 from workers.count_reads import ReadBefore, changed_topics
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
@@ -80,6 +83,8 @@ RECENT_MS = 250  # pointers written this far behind now are still caught by the 
 # the look-ahead reads back to where its last run began, at most this far (else: the sweep)
 MAX_LOOK_BACK_MS = 60_000
 LOOK_AHEAD_READERS = 8
+SWEEPERS = 4
+SWEEP_REST_SHARE = 1.0
 MAX_TIMERS_PER_SCAN = 20_000
 MAX_SEEN = 10_000
 PULL_SWEEP_WANT = 25
@@ -140,6 +145,7 @@ class Releaser:
         # the look-ahead reads its changed topics this many at a time: one after another,
         # 130 topics written to between runs made each run take seconds of round trips
         self._readers = ThreadPoolExecutor(LOOK_AHEAD_READERS, thread_name_prefix="look-ahead")
+        self._sweepers = ThreadPoolExecutor(SWEEPERS, thread_name_prefix="sweep")
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
         self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
@@ -164,7 +170,7 @@ class Releaser:
         self._looking = PacedStep("look-ahead", self.look_ahead, cfg.release_rescan_ms,
                                   cfg.release_idle_ms, self._safely, WARM_MS, self.beat)
         self._sweeping = PacedStep("sweep", self.sweep, cfg.release_sweep_ms, IDLE_EVERY_MS,
-                                   self._safely, WARM_MS, self.beat)
+                                   self._safely, WARM_MS, self.beat, SWEEP_REST_SHARE)
         self._operating = PacedStep("operations", self.run_operations, OPERATIONS_EVERY_MS,
                                     IDLE_EVERY_MS, self._safely, WARM_MS, self.beat)
         self.paced = [self._following, self._looking, self._sweeping, self._operating]
@@ -329,9 +335,9 @@ class Releaser:
         return result.frontier_ms
 
     def sweep(self) -> bool:
-        """One sweep; busy (the next at release_sweep_ms) while any owned topic is awake."""
+        """One sweep; busy (the next at release_sweep_ms, or after a rest as long as it
+        ran) while any owned topic is awake."""
         now = self.services.clock()
-        cfg = self.services.config
         catching_up = now - self._last_catch_up >= CATCH_UP_EVERY_MS
         if catching_up:
             self._last_catch_up = now
@@ -354,21 +360,64 @@ class Releaser:
         owned_awake = list(self._owned_shards(awake))  # quiet ones skipped before any work
         # one round trip for every topic's cursors: a crowded keyspace made it one a topic
         stored_of = self.services.timeline.cursors_of([t.uid for t, _ in owned_awake])
-        for topic, mine in owned_awake:
-            stored = stored_of.get(topic.uid, {})
-            default = topic.created_at_ms - cfg.safety_lag_ms
-            starts = {s: stored.get(s, default) for s in mine}
-            if catching_up or topic.uid in rechecked:  # a re-check may have seen a straggler
-                self._catch_up(topic, mine, starts, now)
-            if not topic.pushed:
-                behind = {s for s, start in starts.items()
-                          if start < now - cfg.safety_lag_ms - CURSOR_STEP_MS}
-                moves = self._keep_pull_cursors(topic, behind, stored, now)
-            else:
-                moves = self._sweep_webhook(topic, mine, starts, now)
-            self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
-                             topic.uid in recent, now)
+        plans = [(topic, mine, stored_of.get(topic.uid, {})) for topic, mine in owned_awake]
+        starts_of = {topic.uid: self._starts(topic, mine, stored) for topic, mine, stored in plans}
+        # a re-check may have seen a straggler
+        straggling = self._with_stragglers(
+            [(topic, mine, starts_of[topic.uid]) for topic, mine, _ in plans
+             if catching_up or topic.uid in rechecked])
+        # topics are swept SWEEPERS at a time: one after another, a crowded keyspace (a few
+        # hundred awake topics) made a sweep take 15-40 s of round trips, and what only the
+        # sweep finds (stragglers, lost count bumps) waited that long
+        work = [self._sweepers.submit(self._sweep_topic, topic, mine, starts_of[topic.uid],
+                                      stored, now, topic.uid in straggling,
+                                      topic.uid in recent)
+                for topic, mine, stored in plans]
+        wait(work)  # every topic swept before a failure ends the step
+        for done in work:
+            done.result()
         return bool(owned_awake)
+
+    def _starts(self, topic: Topic, mine: dict[int, int], stored: dict[int, int]
+                ) -> dict[int, int]:
+        """{owned shard: where the sweep reads it from}: its stored cursor, else the safety
+        lag before the topic was created."""
+        default = topic.created_at_ms - self.services.config.safety_lag_ms
+        return {s: stored.get(s, default) for s in mine}
+
+    def _with_stragglers(self, topics: list[tuple[Topic, dict[int, int], dict[int, int]]]
+                         ) -> set[uuid.UUID]:
+        """Of (topic, owned shards, cursors) due a catch-up, those whose catch-up must read
+        (workers.catch_up), the indexes of all read together."""
+        behind = []
+        for topic, mine, cursors in topics:
+            owned, seen = self._behind.get(topic.uid, (frozenset(), {}))
+            if owned != frozenset(mine):  # a record of these shards, which the re-check needs
+                owned, seen = frozenset(mine), {}
+                self._behind[topic.uid] = (owned, seen)
+            behind.append(Behind(topic.uid, cursors, seen))
+        cfg = self.services.config
+        return with_stragglers(self.services.timeline, behind, cfg.bucket_ms,
+                               cfg.release_catchup_ms)
+
+    def _sweep_topic(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
+                     stored: dict[int, int], now: int, catch_up: bool, recent: bool) -> None:
+        """One topic's share of a sweep, from `starts` (its cursors as stored, else where it
+        began): the catch-up when asked, then its cursors kept (pull) or its pointers put
+        into the heap and its cursors moved (webhook), then whether it is quiet. Runs beside
+        other topics' shares: it touches only this topic's entries of the releaser's
+        records."""
+        if catch_up:
+            self._catch_up(topic, mine, starts, now)
+        if not topic.pushed:
+            safety_lag_ms = self.services.config.safety_lag_ms
+            behind = {s for s, start in starts.items()
+                      if start < now - safety_lag_ms - CURSOR_STEP_MS}
+            moves = self._keep_pull_cursors(topic, behind, stored, now)
+        else:
+            moves = self._sweep_webhook(topic, mine, starts, now)
+        self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
+                         recent, now)
 
     def _recheck_quiet(self, topics: list[Topic], now: int) -> set[uuid.UUID]:
         """Of quiet topics due for their re-check, those still quiet, checked together
@@ -434,10 +483,7 @@ class Releaser:
                   now: int) -> None:
         """Move stragglers (pointers written behind the cursor) to now, where every reader
         finds them (rule 2's trap: docs/design.md)."""
-        owned, seen = self._behind.get(topic.uid, (frozenset(), {}))
-        if owned != frozenset(mine):
-            owned, seen = frozenset(mine), {}
-            self._behind[topic.uid] = (owned, seen)
+        seen = self._behind[topic.uid][1]  # recorded for these shards by _with_stragglers
         since = min(cursors.values()) - self.services.config.release_catchup_ms
         found = self.services.scanner.stragglers(topic, cursors, since, seen, now)
         paused = passed_over(self.services, topic, found)  # resuming brings those back
@@ -499,6 +545,7 @@ class Releaser:
         self._dispatcher.join()
         self.push.stop()
         self._readers.shutdown(wait=True)
+        self._sweepers.shutdown(wait=True)
         self.ownership.release_all()
         with contextlib.suppress(StoreUnavailable):  # else its report leaves by TTL in 60 s
             self.services.clocks.forget(self.member)
