@@ -6,8 +6,9 @@ when it reads the topic's partitions whole knows, from the counts alone, whether
 written there since: a count that moved, or one it never recorded (app.scan.ReadAhead says
 what counts cannot show, and how the look-ahead covers it). Reading them topic by
 topic is a round trip each; the releaser's checks over many topics (the look-ahead's,
-changed_topics; the quiet re-check's, workers.quiet_recheck) read about COUNT_CELLS
-(topic, bucket)s a request, the requests sent together.
+changed_topics; the quiet re-check's, workers.quiet_recheck; the sweep's catch-up's,
+workers.catch_up) read about COUNT_CELLS (topic, bucket)s a request, the requests sent
+together, and the active buckets of CHUNK topics a request.
 
 What counts cannot show is a pointer whose bump was lost (a counter write that failed): the
 sweep, which reads partitions without looking at counts, finds it (docs/design.md).
