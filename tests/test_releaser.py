@@ -534,6 +534,28 @@ def test_the_catch_up_reads_behind_one_topic_at_a_time_only_where_a_count_moved(
         skewed.extensions["duetime"].close()
 
 
+def test_a_deleted_topic_leaves_nothing_in_the_releasers_records(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    """What the look-ahead and the sweep recorded of a topic (its last whole read, its
+    catch-up's write counts) goes when the topic is deleted: with topics
+    made and deleted all day, those records grew without end."""
+    with receiving(Receiver()) as target, releaser(config, "r-forget") as r:
+        topic, _ = webhook_topic(client, auth, target.url)
+        uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+        assert topic.enqueue(id="soon", delay_ms=300).status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 10)
+        deadline = time.monotonic() + 5
+        while not (uid in r._seen and uid in r._behind) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert uid in r._seen and uid in r._behind  # read ahead, and caught up
+        assert client.delete(topic.url(), headers=auth).status_code == 204
+        deadline = time.monotonic() + 5
+        while uid in r._topics and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert uid not in r._topics
+        assert not {uid} & (set(r._seen) | set(r._behind) | set(r._quiet))
+
+
 def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -248,9 +248,9 @@ class Releaser:
         message of a topic created a moment ago may already be due."""
         before = set(self._topics)
         gone = self._known.step()
-        for uid in gone:
-            self._pull_kept.pop(uid, None)
-            self._quiet.pop(uid, None)
+        for uid in gone:  # what the steps recorded of a deleted topic
+            for records in (self._pull_kept, self._quiet, self._seen, self._behind):
+                records.pop(uid, None)
         if any(uid not in before for uid in self._topics):
             self._looking.wake()
             self._sweeping.wake()
@@ -483,7 +483,8 @@ class Releaser:
                   now: int) -> None:
         """Move stragglers (pointers written behind the cursor) to now, where every reader
         finds them (rule 2's trap: docs/design.md)."""
-        seen = self._behind[topic.uid][1]  # recorded for these shards by _with_stragglers
+        # recorded for these shards by _with_stragglers (gone if the topic was just deleted)
+        seen = self._behind.get(topic.uid, (frozenset(), {}))[1]
         since = min(cursors.values()) - self.services.config.release_catchup_ms
         found = self.services.scanner.stragglers(topic, cursors, since, seen, now)
         paused = passed_over(self.services, topic, found)  # resuming brings those back
