@@ -408,7 +408,7 @@ class Releaser:
         other topics' shares: it touches only this topic's entries of the releaser's
         records."""
         if catch_up:
-            self._catch_up(topic, mine, starts, now)
+            self._catch_up(topic, starts, now)
         if not topic.pushed:
             safety_lag_ms = self.services.config.safety_lag_ms
             behind = {s for s, start in starts.items()
@@ -479,8 +479,7 @@ class Releaser:
         else:
             self._quiet.pop(topic.uid, None)
 
-    def _catch_up(self, topic: Topic, mine: dict[int, int], cursors: dict[int, int],
-                  now: int) -> None:
+    def _catch_up(self, topic: Topic, cursors: dict[int, int], now: int) -> None:
         """Move stragglers (pointers written behind the cursor) to now, where every reader
         finds them (rule 2's trap: docs/design.md)."""
         # recorded for these shards by _with_stragglers (gone if the topic was just deleted)
