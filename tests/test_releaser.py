@@ -21,9 +21,11 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
+from app.errors import StoreUnavailable
 from app.services import Services
 from app.timeline import COUNTED_AHEAD_MS
 from app.timeparse import parse_instant
+from app.transitions import replace_ahead
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Arrival, Receiver, receiving
 from tests.test_metrics import scrape
@@ -222,6 +224,37 @@ def test_a_pointer_written_far_behind_the_cursor_is_still_delivered(
             assert late.enqueue(id="behind").status_code == 201
             assert target.wait_for(lambda got: len(got) == 1, 15)
             assert_on_time_and_signed(target.arrivals, secret, topic.name)
+    finally:
+        skewed.extensions["duetime"].close()
+
+
+def test_a_straggler_whose_move_failed_is_found_again_and_delivered(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catch-up records a partition's write count when it reads it; when the move of a
+    straggler it found there fails, the count is forgotten, so the next catch-up reads it
+    again. Before, the failed straggler stayed behind the cursor for good."""
+    monkeypatch.setattr(releaser_module, "CATCH_UP_EVERY_MS", 0)
+    failures: list[int] = []
+
+    def failing_once(*args: Any) -> Any:
+        if not failures:
+            failures.append(1)
+            raise StoreUnavailable("Cassandra unavailable: WriteTimeout")
+        return replace_ahead(*args)
+
+    monkeypatch.setattr(releaser_module, "replace_ahead", failing_once)
+    skewed = create_app(config, clock=lambda: now_ms() - 5000)
+    try:
+        with receiving(Receiver()) as target, releaser(config, "r-failed-move") as r:
+            topic, _ = webhook_topic(client, auth, target.url)
+            uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+            wait_quiet(r, {uid})
+            late = TopicClient(skewed.test_client(), auth, name=topic.name,
+                               delivery={"mode": "webhook", "url": target.url})
+            assert late.enqueue(id="behind").status_code == 201
+            assert target.wait_for(lambda got: len(got) == 1, 15)
+            assert failures and target.ids() == ["behind"]
     finally:
         skewed.extensions["duetime"].close()
 
@@ -554,6 +587,44 @@ def test_a_deleted_topic_leaves_nothing_in_the_releasers_records(
             time.sleep(0.05)
         assert uid not in r._topics
         assert not {uid} & (set(r._seen) | set(r._behind) | set(r._quiet))
+
+
+def test_the_sweep_goes_on_when_its_reads_for_many_topics_fail(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The catch-up's and the quiet re-check's reads of many topics at once failing: each
+    awake topic is caught up with reads of its own, the re-check waits for the next sweep,
+    and a webhook message only the sweep finds (the look-ahead is off) is still delivered on
+    time. Before, such a failure ended the sweep before any topic was swept."""
+    monkeypatch.setattr(Releaser, "look_ahead", lambda self: None)
+    monkeypatch.setattr(releaser_module, "CATCH_UP_EVERY_MS", 0)
+    monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 1000)
+    caplog.set_level(logging.WARNING, logger="duetime.releaser")
+    with receiving(Receiver()) as target:
+        topic, _ = webhook_topic(client, auth, target.url)
+        backlog = TopicClient(client, auth)  # pull, nobody leases: awake at every sweep
+        assert backlog.enqueue(id="waiting").status_code == 201
+        quiet = [TopicClient(client, auth) for _ in range(2)]
+        quiet_uids = {services.topics.get(_tenant_of(services, auth), t.name).uid
+                      for t in quiet}
+        with releaser(config, "r-many-fail") as r:
+            wait_quiet(r, quiet_uids)
+            active_buckets_of = r.services.timeline.active_buckets_of
+
+            def failing_for_many(topic_uids: list[uuid.UUID], *args: Any) -> Any:
+                if len(topic_uids) > 1:
+                    raise StoreUnavailable("Cassandra unavailable: ReadTimeout")
+                return active_buckets_of(topic_uids, *args)
+
+            r.services.timeline.active_buckets_of = failing_for_many  # type: ignore[method-assign]
+            assert topic.enqueue(id="swept", delay_ms=1500).status_code == 201
+            assert target.wait_for(lambda got: len(got) == 1, 10), target.ids()
+    messages = [rec.getMessage() for rec in caplog.records]
+    assert any("catch-up's reads together failed" in m for m in messages)
+    assert any("quiet re-check failed" in m for m in messages)
+    lag = target.arrivals[0].received_ms - parse_instant(
+        target.arrivals[0].headers["Duetime-Deliver-At"])
+    assert 0 <= lag < 1000, lag
 
 
 def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(

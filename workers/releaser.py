@@ -349,12 +349,19 @@ class Releaser:
         topics = list(self._topics.values())
         rechecked: set[uuid.UUID] = set()
         if now - self._last_recheck >= QUIET_RECHECK_MS // 10:  # those due since, together
-            self._last_recheck = now
             rechecked = {t.uid for t in topics if t.uid not in recent
                          and now - self._quiet.get(t.uid, (now, 0))[0] >= QUIET_RECHECK_MS}
-        for uid in self._recheck_quiet([t for t in topics if t.uid in rechecked], now):
-            self._quiet[uid] = (now, self._quiet[uid][1])
-            rechecked.discard(uid)
+            try:
+                still = self._recheck_quiet([t for t in topics if t.uid in rechecked], now)
+            except StoreUnavailable as exc:  # the awake topics are swept all the same
+                log.warning("quiet re-check failed, tried again at the next sweep: %s",
+                            exc.detail)
+                rechecked = set()  # quiet still, until then
+            else:
+                self._last_recheck = now
+                for uid in still:
+                    self._quiet[uid] = (now, self._quiet[uid][1])
+                rechecked -= still
         awake = [t for t in topics if t.uid in recent or t.uid in rechecked
                  or t.uid not in self._quiet]
         owned_awake = list(self._owned_shards(awake))  # quiet ones skipped before any work
@@ -363,9 +370,14 @@ class Releaser:
         plans = [(topic, mine, stored_of.get(topic.uid, {})) for topic, mine in owned_awake]
         starts_of = {topic.uid: self._starts(topic, mine, stored) for topic, mine, stored in plans}
         # a re-check may have seen a straggler
-        straggling = self._with_stragglers(
-            [(topic, mine, starts_of[topic.uid]) for topic, mine, _ in plans
-             if catching_up or topic.uid in rechecked])
+        due = [(topic, mine, starts_of[topic.uid]) for topic, mine, _ in plans
+               if catching_up or topic.uid in rechecked]
+        try:
+            straggling = self._with_stragglers(due)
+        except StoreUnavailable as exc:  # each one's own reads, as if all had moved
+            log.warning("catch-up's reads together failed, each topic reads alone: %s",
+                        exc.detail)
+            straggling = {topic.uid for topic, _, _ in due}
         # topics are swept SWEEPERS at a time: one after another, a crowded keyspace (a few
         # hundred awake topics) made a sweep take 15-40 s of round trips, and what only the
         # sweep finds (stragglers, lost count bumps) waited that long
@@ -407,8 +419,12 @@ class Releaser:
         into the heap and its cursors moved (webhook), then whether it is quiet. Runs beside
         other topics' shares: it touches only this topic's entries of the releaser's
         records."""
+        failed = None
         if catch_up:
-            self._catch_up(topic, starts, now)
+            try:
+                self._catch_up(topic, starts, now)
+            except StoreUnavailable as exc:  # its cursors are swept all the same: a
+                failed = exc  # straggler's count stays unrecorded, so the next one reads it
         if not topic.pushed:
             safety_lag_ms = self.services.config.safety_lag_ms
             behind = {s for s, start in starts.items()
@@ -418,6 +434,8 @@ class Releaser:
             moves = self._sweep_webhook(topic, mine, starts, now)
         self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
                          recent, now)
+        if failed is not None:
+            raise failed
 
     def _recheck_quiet(self, topics: list[Topic], now: int) -> set[uuid.UUID]:
         """Of quiet topics due for their re-check, those still quiet, checked together
@@ -486,18 +504,22 @@ class Releaser:
         seen = self._behind.get(topic.uid, (frozenset(), {}))[1]
         since = min(cursors.values()) - self.services.config.release_catchup_ms
         found = self.services.scanner.stragglers(topic, cursors, since, seen, now)
-        paused = passed_over(self.services, topic, found)  # resuming brings those back
-        found = [d for d in found if d.row.id not in paused]
-        if found:
-            moved = replace_ahead(self.services, topic, [d.row for d in found], now)
-            done = {r.id for r in moved}
-            self.services.scanner.spend(topic, [d.pointer for d in found if d.row.id in done])
-            for d in found:  # not moved (failed, or changed meanwhile): read it again
+        done: set[str] = set()
+        try:
+            paused = passed_over(self.services, topic, found)  # resuming brings those back
+            found = [d for d in found if d.row.id not in paused]
+            if found:
+                moved = replace_ahead(self.services, topic, [d.row for d in found], now)
+                done = {r.id for r in moved}
+                self.services.scanner.spend(topic, [d.pointer for d in found
+                                                    if d.row.id in done])
+                log.info("moved %d messages of topic %s found behind the cursor", len(moved),
+                         topic.name)
+        finally:  # not moved (failed, changed meanwhile, or a write failed): read it again
+            for d in found:
                 if d.row.id not in done:
                     seen.pop((bucket_of(d.pointer.due_at_ms, self.services.config.bucket_ms),
                               d.pointer.shard), None)
-            log.info("moved %d messages of topic %s found behind the cursor", len(moved),
-                     topic.name)
 
     def _keep_pull_cursors(self, topic: Topic, behind: set[int], stored: dict[int, int],
                            now: int) -> dict[int, int]:
