@@ -208,24 +208,35 @@ def _tenant_of(services: Services, auth: dict[str, str]) -> str:
     return tenant
 
 
+@contextmanager
+def late_producer_of_a_quiet_topic(config: Config, services: Services, client: FlaskClient,
+                                   auth: dict[str, str], member: str, behind_ms: int
+                                   ) -> Iterator[tuple[Receiver, TopicClient, str, Flask]]:
+    """A webhook topic that releaser `member` has found quiet (cursors caught up, nothing
+    near: skipped by the sweep), and a client of it from a producer whose clock is behind_ms
+    behind: (its target, that client, the topic's signing secret, the producer's app)."""
+    skewed = create_app(config, clock=lambda: now_ms() - behind_ms)
+    try:
+        with receiving(Receiver()) as target, releaser(config, member) as r:
+            topic, secret = webhook_topic(client, auth, target.url)
+            wait_quiet(r, {services.topics.get(_tenant_of(services, auth), topic.name).uid})
+            yield target, TopicClient(skewed.test_client(), auth, name=topic.name,
+                                      delivery={"mode": "webhook", "url": target.url}), \
+                secret, skewed
+    finally:
+        skewed.extensions["duetime"].close()
+
+
 def test_a_pointer_written_far_behind_the_cursor_is_still_delivered(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     """A producer whose clock is 5 s behind (five times the safety lag) writes pointers the
     cursors have long passed, into a topic the sweep already found quiet (and skips); the
     write wakes it (topic_writes) and the releaser's catch-up moves them to now."""
-    skewed = create_app(config, clock=lambda: now_ms() - 5000)
-    try:
-        with receiving(Receiver()) as target, releaser(config, "r-behind") as r:
-            topic, secret = webhook_topic(client, auth, target.url)
-            uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
-            wait_quiet(r, {uid})  # cursors caught up, nothing near: skipped by the sweep
-            late = TopicClient(skewed.test_client(), auth, name=topic.name,
-                               delivery={"mode": "webhook", "url": target.url})
-            assert late.enqueue(id="behind").status_code == 201
-            assert target.wait_for(lambda got: len(got) == 1, 15)
-            assert_on_time_and_signed(target.arrivals, secret, topic.name)
-    finally:
-        skewed.extensions["duetime"].close()
+    with late_producer_of_a_quiet_topic(config, services, client, auth, "r-behind", 5000) \
+            as (target, late, secret, _):
+        assert late.enqueue(id="behind").status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 15)
+        assert_on_time_and_signed(target.arrivals, secret, late.name)
 
 
 def test_a_straggler_whose_move_failed_is_found_again_and_delivered(
@@ -244,19 +255,11 @@ def test_a_straggler_whose_move_failed_is_found_again_and_delivered(
         return replace_ahead(*args)
 
     monkeypatch.setattr(releaser_module, "replace_ahead", failing_once)
-    skewed = create_app(config, clock=lambda: now_ms() - 5000)
-    try:
-        with receiving(Receiver()) as target, releaser(config, "r-failed-move") as r:
-            topic, _ = webhook_topic(client, auth, target.url)
-            uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
-            wait_quiet(r, {uid})
-            late = TopicClient(skewed.test_client(), auth, name=topic.name,
-                               delivery={"mode": "webhook", "url": target.url})
-            assert late.enqueue(id="behind").status_code == 201
-            assert target.wait_for(lambda got: len(got) == 1, 15)
-            assert failures and target.ids() == ["behind"]
-    finally:
-        skewed.extensions["duetime"].close()
+    with late_producer_of_a_quiet_topic(config, services, client, auth, "r-failed-move",
+                                        5000) as (target, late, _, _):
+        assert late.enqueue(id="behind").status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 15)
+        assert failures and target.ids() == ["behind"]
 
 
 def test_stopping_finishes_the_posts_in_flight(
@@ -654,21 +657,13 @@ def test_a_straggler_no_index_near_now_names_is_found_by_the_quiet_recheck(
     """The safety net: a pointer written minutes behind the cursors of a quiet topic, whose
     topic_writes row was not recorded, is delivered by the topic's re-check."""
     monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 2000)
-    skewed = create_app(config, clock=lambda: now_ms() - 180_000)
-    placer = skewed.extensions["duetime"].placer
-    monkeypatch.setattr(placer, "_note_written", lambda topic_uid, now: None)
-    try:
-        with receiving(Receiver()) as target, releaser(config, "r-net") as r:
-            topic, _ = webhook_topic(client, auth, target.url)
-            uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
-            wait_quiet(r, {uid})
-            late = TopicClient(skewed.test_client(), auth, name=topic.name,
-                               delivery={"mode": "webhook", "url": target.url})
-            assert late.enqueue(id="unnoted").status_code == 201
-            assert target.wait_for(lambda got: len(got) == 1, 15)
-            assert target.ids() == ["unnoted"]
-    finally:
-        skewed.extensions["duetime"].close()
+    with late_producer_of_a_quiet_topic(config, services, client, auth, "r-net", 180_000) \
+            as (target, late, _, skewed):
+        monkeypatch.setattr(skewed.extensions["duetime"].placer, "_note_written",
+                            lambda topic_uid, now: None)
+        assert late.enqueue(id="unnoted").status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 15)
+        assert target.ids() == ["unnoted"]
 
 
 def test_a_releaser_compares_its_clock_with_the_others_and_the_api_reports_the_gap(
