@@ -38,20 +38,38 @@ def _wait_up_normal(ip: str, within_s: float) -> bool:
     return False
 
 
-def _until_every_node_knows(session: Any, ddl: str, within_s: float = 60) -> None:
-    """Run an idempotent DDL until it applies with the schema agreed. A node of a cluster
-    started a moment ago may not know yet the keyspace the DDL builds on, even after the
-    one before was agreed by the nodes the driver saw (app.store.migrations does the same)."""
+def _every_node_answers(session: Any, query: str, rows: int, within_s: float = 60) -> None:
+    """Wait until each of the three nodes, asked itself, returns at least `rows` rows of
+    `query`. The driver's schema agreement reads the other nodes' schema versions from one
+    node's gossip, which may still be the version before a DDL another node just ran: the
+    DDL is then "agreed" while the other nodes do not know it yet."""
+    deadline = time.monotonic() + within_s
+    while True:
+        hosts = [h for h in session.cluster.metadata.all_hosts() if h.is_up]
+        short = [h.address for h in hosts
+                 if len(list(session.execute(query, host=h))) < rows]
+        if len(hosts) == 3 and not short:
+            return
+        assert time.monotonic() < deadline, (
+            f"after {within_s} s, {len(hosts)} nodes up, short of {rows} rows of "
+            f"{query!r}: {short}")
+        time.sleep(1)
+
+
+def _until_every_node_knows(session: Any, ddl: str, check: str, within_s: float = 60) -> None:
+    """Run an idempotent DDL until it applies, then wait until every node answers `check`
+    (a query of system_schema) with a row. A node of a cluster started a moment ago may not
+    know yet the keyspace the DDL builds on (app.store.migrations retries the same way)."""
     deadline = time.monotonic() + within_s
     while True:
         try:
-            if session.execute(ddl).response_future.is_schema_agreed:
-                return
+            session.execute(ddl)
+            break
         except InvalidRequest as exc:
             if "exist" not in str(exc) or time.monotonic() > deadline:
                 raise
-        assert time.monotonic() < deadline, f"schema never agreed: {ddl}"
         time.sleep(1)
+    _every_node_answers(session, check, 1, max(1.0, deadline - time.monotonic()))
 
 
 def test_three_nodes_up_normal_and_quorum_survives_one_kill(cluster: None) -> None:
@@ -67,10 +85,18 @@ def test_three_nodes_up_normal_and_quorum_survives_one_kill(cluster: None) -> No
                      max_schema_agreement_wait=120)
     session = driver.connect()
     try:
-        for ddl in ("CREATE KEYSPACE IF NOT EXISTS faults WITH replication = "
-                    "{'class': 'SimpleStrategy', 'replication_factor': 3}",
-                    "CREATE TABLE IF NOT EXISTS faults.kv (k int PRIMARY KEY, v text)"):
-            _until_every_node_knows(session, ddl)
+        # each node knows the other two before a keyspace of RF 3 is made (once, one that
+        # did not yet made it alone: "replication factor 3 ... higher than the number of
+        # nodes 1", and the writes then found no keyspace on the others)
+        _every_node_answers(session, "SELECT peer FROM system.peers", 2)
+        _until_every_node_knows(
+            session, "CREATE KEYSPACE IF NOT EXISTS faults WITH replication = "
+            "{'class': 'SimpleStrategy', 'replication_factor': 3}",
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = 'faults'")
+        _until_every_node_knows(
+            session, "CREATE TABLE IF NOT EXISTS faults.kv (k int PRIMARY KEY, v text)",
+            "SELECT table_name FROM system_schema.tables "
+            "WHERE keyspace_name = 'faults' AND table_name = 'kv'")
         devstack("kill", "c3")
         write = SimpleStatement("INSERT INTO faults.kv (k, v) VALUES (%s, %s)",
                                 consistency_level=ConsistencyLevel.QUORUM)
