@@ -405,6 +405,61 @@ def test_the_look_ahead_reads_only_the_webhook_topics_written_to_since_it_last_r
         assert a.received_ms >= parse_instant(a.headers["Duetime-Deliver-At"]), a
 
 
+def test_the_look_ahead_reads_a_topic_it_never_read_before_those_it_reads_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of the topics a look-ahead run must read, the ones it never read come first: a topic
+    made a moment ago may have a message due in 200 ms, and in a retry storm it waited its
+    turn among a hundred topics whose counts keep moving. One reader, so the order shows."""
+    monkeypatch.setattr(releaser_module, "LOOK_AHEAD_READERS", 1)
+    with keyspace_alone("newfirst") as (config, services, client, auth), \
+            receiving(Receiver()) as target:
+        tenant = _tenant_of(services, auth)
+        old = [webhook_topic(client, auth, target.url)[0] for _ in range(8)]
+        old_uids = {services.topics.get(tenant, t.name).uid for t in old}
+        for n, topic in enumerate(old):
+            assert topic.enqueue(id=f"old{n}", delay_ms=8000).status_code == 201
+        with releaser(config, "r-new-first", release_lookahead_ms=9000) as r:
+            reads: list[tuple[int, uuid.UUID]] = []  # (the look-ahead's run, topic read)
+            holding, held, go = threading.Event(), threading.Event(), threading.Event()
+            upcoming = r.services.scanner.upcoming
+
+            def holdable(topic: Any, *args: Any, **kwargs: Any) -> Any:
+                if threading.current_thread().name.startswith("look-ahead"):
+                    if holding.is_set():  # this run waits here until the test lets it go
+                        holding.clear()
+                        held.set()
+                        go.wait(30)
+                    reads.append((r._looking.runs, topic.uid))
+                return upcoming(topic, *args, **kwargs)
+
+            def read() -> set[uuid.UUID]:
+                return {uid for _, uid in reads}
+
+            r.services.scanner.upcoming = holdable  # type: ignore[method-assign]
+            wake_look_ahead_until(r, lambda: old_uids <= read())
+            holding.set()
+            assert old[0].enqueue(id="hold", delay_ms=8000).status_code == 201
+            wake_look_ahead_until(r, held.is_set)
+            new, _ = webhook_topic(client, auth, target.url)
+            new_uid = services.topics.get(tenant, new.name).uid
+            assert new.enqueue(id="new", delay_ms=8000).status_code == 201
+            deadline = time.monotonic() + 5
+            while new_uid not in r._topics and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert new_uid in r._topics
+            for n, topic in enumerate(old):  # every old topic's count moves
+                assert topic.enqueue(id=f"again{n}", delay_ms=8000).status_code == 201
+            go.set()  # the next run reads the new topic and the 8 old ones again
+            wake_look_ahead_until(r, lambda: new_uid in read())
+            [run] = [k for k, uid in reads if uid == new_uid]
+            wake_look_ahead_until(r, lambda: r._looking.runs > run)
+            in_run = [uid for k, uid in reads if k == run]
+            assert in_run[0] == new_uid and old_uids <= set(in_run), (in_run, new_uid)
+            assert target.wait_for(lambda got: len(got) == 18, 20), target.ids()
+    assert sorted(target.ids()) == sorted(
+        [f"old{n}" for n in range(8)] + [f"again{n}" for n in range(8)] + ["hold", "new"])
+
+
 def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth)  # pull, nothing ever enqueued

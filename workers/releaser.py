@@ -300,11 +300,16 @@ class Releaser:
         befores = [self._read_before(t, mine, now) for t, mine in owned]
         # one round trip, then only those written to are read
         changed = changed_topics(self.services.timeline, befores, buckets)
+        to_read = [(topic, mine, before)
+                   for (topic, mine), before in zip(owned, befores, strict=True)
+                   if topic.uid in changed]
+        # topics it never read first: one made a moment ago may have a message due in 200 ms,
+        # and waited its turn among the hundred a retry storm keeps changing
+        to_read.sort(key=lambda read: read[0].uid in self._seen)
         reads = [self._readers.submit(self._into_heap, topic, mine, dict.fromkeys(mine, since),
                                       horizon, before.seen or self._new_record(before, now),
                                       changed[topic.uid])
-                 for (topic, mine), before in zip(owned, befores, strict=True)
-                 if topic.uid in changed]
+                 for topic, mine, before in to_read]
         wait(reads)  # all ended before any failure ends the run: one read of a topic at a time
         for read in reads:  # a failed read fails the run, which the next one repeats
             read.result()
