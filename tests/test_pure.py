@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections import Counter
@@ -31,6 +32,7 @@ from workers import count_reads, quiet_recheck
 from workers.catch_up import Behind, with_stragglers
 from workers.count_reads import ReadBefore, changed_topics, count_groups
 from workers.quiet_recheck import QuietTopic, needs_sweep, still_quiet
+from workers.timers import TimerHeap
 
 
 def test_config_reads_environment_and_validates() -> None:
@@ -562,3 +564,27 @@ def test_count_reads_group_topics_within_a_hundred_cells() -> None:
     assert all(len(uids) * len(buckets) <= count_reads.COUNT_CELLS
                for uids, buckets in groups if len(uids) > 1)
     assert [len(uids) for uids, _ in groups if len(uids) > 1] == [50, 50, 20]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    key: str
+    due_ms: int
+    priority: int = 0
+
+
+def test_the_dispatchers_rest_ends_only_for_an_entry_that_would_be_late_at_its_end() -> None:
+    """Between two passes the releaser's dispatcher rests (TimerHeap.rest): an entry added
+    then that is due within the lead (found late: a topic made a moment ago) ends the rest
+    at once; one due further ahead waits for the next pass, as before."""
+    now = 1_000_000
+    heap: TimerHeap[Entry] = TimerHeap(lambda: now)
+    ended = threading.Event()
+    resting = threading.Thread(target=lambda: (heap.rest(30, 100), ended.set()))
+    resting.start()
+    heap.add([Entry("far", now + 500)])  # beyond the 100 ms lead: the next pass takes it
+    assert not ended.wait(0.3)
+    heap.add([Entry("late", now + 50)])
+    assert ended.wait(5)
+    resting.join()
+    assert [e.key for e in heap.pop_due(100)] == ["late"]

@@ -556,7 +556,9 @@ class Releaser:
                     max_wait_s=IDLE_DISPATCH_WAIT_S if idle else MAX_WAIT_S))
             except Exception:  # log and continue
                 log.exception("dispatch failed")
-            self._stop.wait(PREPARE_EVERY_MS / 1000 - (time.monotonic() - began))
+            if not self._stop.is_set():
+                self.timers.rest(PREPARE_EVERY_MS / 1000 - (time.monotonic() - began),
+                                 self.push.lead_ms())
 
     def stop(self) -> None:
         """Graceful stop: no new work, finish in-flight POSTs, give the slots back at once."""

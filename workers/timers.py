@@ -110,6 +110,16 @@ class TimerHeap(Generic[T]):
                 due.append(heapq.heappop(self._heap)[3])
             return due
 
+    def rest(self, seconds: float, ahead_ms: int) -> None:
+        """Wait up to `seconds`, less when an entry due by now + ahead_ms is waiting: one
+        added meanwhile (found late: a topic made a moment ago, a message due at once) is
+        popped now, not a rest later. Entries further ahead do not end the rest, so a pass
+        still pops a period's worth at once."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: bool(self._heap) and self._heap[0][0] <= self.clock() + ahead_ms,
+                max(0.0, seconds))
+
     def waiting(self) -> int:
         """Entries added and not yet popped."""
         with self._cond:
