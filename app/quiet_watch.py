@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from app import metrics
+from app.chunks import chunked
 from app.quiet_marks import QuietMark
 
 CHUNK = 50  # topics per read: with two buckets each, 100 partitions
@@ -90,8 +91,8 @@ class QuietWatch:
                     by_buckets[mark.buckets].append((topic_uid, mark))
         woken: list[uuid.UUID] = []
         for buckets, marked in by_buckets.items():
-            for start in range(0, len(marked), CHUNK):
-                woken += self._check_chunk(buckets, marked[start:start + CHUNK])
+            for chunk in chunked(marked, CHUNK):
+                woken += self._check_chunk(buckets, chunk)
         return woken
 
     def _check_chunk(self, buckets: tuple[int, ...],

@@ -442,19 +442,23 @@ class DueScanner:
         return ScanResult(due, frontier, starts)
 
     def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
-                   seen: dict[tuple[int, int], int], now_ms: int) -> list[Due]:
+                   seen: dict[tuple[int, int], int], now_ms: int,
+                   counts: dict[tuple[int, int], int] | None = None) -> list[Due]:
         """Waiting messages whose pointer landed behind its shard's cursor (a writer slower or
         with a clock further behind than the safety lag: a long bulk import, a skewed host).
         Only (bucket, shard)s of the shards in `cursors`, from since_ms on, whose write count
         moved since `seen` are read, so this costs one small read per sweep when nothing
-        straggles. Updates `seen`."""
+        straggles. `counts`: the write counts of the topic's active buckets from since_ms to
+        its highest cursor, when already read (workers.catch_up reads many topics' at once);
+        else they are read here. Updates `seen`."""
         if not cursors:
             return []
         bucket_ms = self.config.bucket_ms
-        buckets = self.timeline.active_buckets(topic.uid, bucket_of(since_ms, bucket_ms),
-                                               bucket_of(max(cursors.values()), bucket_ms),
-                                               bucket_ms)
-        counts = self.timeline.write_counts(topic.uid, buckets) if buckets else {}
+        if counts is None:
+            buckets = self.timeline.active_buckets(topic.uid, bucket_of(since_ms, bucket_ms),
+                                                   bucket_of(max(cursors.values()), bucket_ms),
+                                                   bucket_ms)
+            counts = self.timeline.write_counts(topic.uid, buckets) if buckets else {}
         changed = moved_counts(seen, counts, cursors.keys())
         if not changed:
             return []

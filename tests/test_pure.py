@@ -497,13 +497,16 @@ def test_the_catch_up_reads_one_by_one_only_topics_with_an_owned_count_behind_th
     unrecorded = Behind(never, cursors, {})  # its shards changed: nothing recorded
     found = with_stragglers(indexes, [*topics[:11], unrecorded, *topics[12:]], minute,
                             3_600_000)
-    assert found == {behind, at_cursor, never}
+    assert set(found) == {behind, at_cursor, never}
+    # with the counts its catch-up compares, from the hour before the cursor to it
+    assert found[behind] == {(990, 0): 2, (999, 1): 4}
+    assert found[never] == {(990, 0): 1, (999, 1): 4}
     assert [r for r in indexes.reads if r[0] == "active"] == [
         ("active", count_reads.CHUNK, 0), ("active", 10, 0)]
     counted = [r for r in indexes.reads if r[0] == "counts"]
     assert sum(n for _, n, _ in counted) == len(topics)
     assert all(n * b <= count_reads.COUNT_CELLS for _, n, b in counted)
-    assert with_stragglers(indexes, [Behind(uuid.uuid4(), {}, {})], minute, 3_600_000) == set()
+    assert with_stragglers(indexes, [Behind(uuid.uuid4(), {}, {})], minute, 3_600_000) == {}
 
 
 def test_the_look_ahead_reads_again_only_topics_never_read_or_whose_owned_counts_moved() -> None:

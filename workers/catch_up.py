@@ -8,7 +8,7 @@ it last read them. Those first two reads, a round trip each per topic, were most
 of a crowded keyspace (400 awake topics caught up every 5 s). Here they are read for all the
 topics together: one active_buckets read per CHUNK topics and one bucket_writes read per about
 COUNT_CELLS (topic, bucket)s (workers.count_reads); only the topics with a moved count are
-caught up one by one, which reads those counts again for itself.
+caught up one by one, from the counts read here.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 
+from app.chunks import chunked
 from app.scan import moved_counts
 from app.timeline import bucket_of
-from workers.count_reads import CHUNK, Counts, Indexes, chunked, read_counts
+from workers.count_reads import CHUNK, Counts, Indexes, read_counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +34,11 @@ class Behind:
 
 
 def with_stragglers(timeline: Indexes, topics: Sequence[Behind], bucket_ms: int,
-                    catchup_ms: int) -> set[uuid.UUID]:
+                    catchup_ms: int) -> dict[uuid.UUID, Counts]:
     """The topics with an owned write count behind their cursors (within catchup_ms before
-    the lowest) that differs from the one recorded: those a straggler may have reached."""
+    the lowest) that differs from the one recorded: those a straggler may have reached,
+    each with the counts of its active buckets there as read now (its catch-up compares
+    those and reads no index again: app.scan.DueScanner.stragglers)."""
     spans = {t.uid: (bucket_of(min(t.cursors.values()) - catchup_ms, bucket_ms),
                      bucket_of(max(t.cursors.values()), bucket_ms))
              for t in topics if t.cursors}
@@ -49,5 +52,5 @@ def with_stragglers(timeline: Indexes, topics: Sequence[Behind], bucket_ms: int,
             first, last = spans[t.uid]
             active[t.uid] = [b for b in found.get(t.uid, []) if first <= b <= last]
     counts = read_counts(timeline, active)
-    return {t.uid for t in spanned
+    return {t.uid: counts.get(t.uid, {}) for t in spanned
             if moved_counts(t.seen, counts.get(t.uid, {}), t.cursors.keys())}

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from app.scan import ReadAhead
 
@@ -95,12 +95,3 @@ def count_groups(wanted: Mapping[uuid.UUID, Sequence[int]]
     if group:
         groups.append((group, sorted(buckets)))
     return groups
-
-
-T = TypeVar("T")
-
-
-def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
-    """items in runs of at most size, in order."""
-    for start in range(0, len(items), size):
-        yield items[start:start + size]

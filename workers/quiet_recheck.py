@@ -29,9 +29,10 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 
+from app.chunks import chunked
 from app.scan import moved_counts
 from app.timeline import bucket_of
-from workers.count_reads import CHUNK, Indexes, chunked, read_counts
+from workers.count_reads import CHUNK, Indexes, read_counts
 
 MAX_SPAN_MS = 6 * 3_600_000  # quiet for longer: swept in full, which moves the cursors
 

@@ -51,8 +51,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from types import FrameType
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import start_http_server
@@ -68,7 +69,7 @@ from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_has
 from app.transitions import replace_ahead
 from workers.beat import Beat
 from workers.catch_up import Behind, with_stragglers
-from workers.count_reads import ReadBefore, changed_topics
+from workers.count_reads import Counts, ReadBefore, changed_topics
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.paced import PacedStep
@@ -118,6 +119,14 @@ QUIET_RECHECK_MS = 300_000
 WRITTEN_REACH_MS = 60_000
 MAX_SLOT_MAPS = 200_000
 log = logging.getLogger("duetime.releaser")
+
+
+def all_done(futures: list[Future[Any]]) -> None:
+    """Wait until every one has ended, then raise the first one's failure (in their order),
+    if any: a run does not end while work it started still runs."""
+    wait(futures)
+    for future in futures:
+        future.result()
 
 
 class Releaser:
@@ -310,9 +319,9 @@ class Releaser:
                                       horizon, before.seen or self._new_record(before, now),
                                       changed[topic.uid])
                  for topic, mine, before in to_read]
-        wait(reads)  # all ended before any failure ends the run: one read of a topic at a time
-        for read in reads:  # a failed read fails the run, which the next one repeats
-            read.result()
+        # a failed read fails the run (the next one repeats it), once every read has ended:
+        # one read of a topic at a time
+        all_done(reads)
         self._looked_from = now
 
     def _read_before(self, topic: Topic, mine: dict[int, int], now: int) -> ReadBefore:
@@ -377,22 +386,21 @@ class Releaser:
         # a re-check may have seen a straggler
         due = [(topic, mine, starts_of[topic.uid]) for topic, mine, _ in plans
                if catching_up or topic.uid in rechecked]
+        straggling: dict[uuid.UUID, Counts | None]  # None: its catch-up reads its own counts
         try:
-            straggling = self._with_stragglers(due)
+            straggling = dict(self._with_stragglers(due))
         except StoreUnavailable as exc:  # each one's own reads, as if all had moved
             log.warning("catch-up's reads together failed, each topic reads alone: %s",
                         exc.detail)
-            straggling = {topic.uid for topic, _, _ in due}
+            straggling = dict.fromkeys(topic.uid for topic, _, _ in due)
         # topics are swept SWEEPERS at a time: one after another, a crowded keyspace (a few
         # hundred awake topics) made a sweep take 15-40 s of round trips, and what only the
         # sweep finds (stragglers, lost count bumps) waited that long
         work = [self._sweepers.submit(self._sweep_topic, topic, mine, starts_of[topic.uid],
-                                      stored, now, topic.uid in straggling,
-                                      topic.uid in recent)
+                                      stored, now, topic.uid in recent,
+                                      topic.uid in straggling, straggling.get(topic.uid))
                 for topic, mine, stored in plans]
-        wait(work)  # every topic swept before a failure ends the step
-        for done in work:
-            done.result()
+        all_done(work)  # every topic swept before a failure ends the step
         return bool(owned_awake)
 
     def _starts(self, topic: Topic, mine: dict[int, int], stored: dict[int, int]
@@ -403,31 +411,33 @@ class Releaser:
         return {s: stored.get(s, default) for s in mine}
 
     def _with_stragglers(self, topics: list[tuple[Topic, dict[int, int], dict[int, int]]]
-                         ) -> set[uuid.UUID]:
+                         ) -> dict[uuid.UUID, Counts]:
         """Of (topic, owned shards, cursors) due a catch-up, those whose catch-up must read
-        (workers.catch_up), the indexes of all read together."""
+        partitions, with their write counts behind the cursors (workers.catch_up), the
+        indexes of all read together."""
         behind = []
         for topic, mine, cursors in topics:
-            owned, seen = self._behind.get(topic.uid, (frozenset(), {}))
-            if owned != frozenset(mine):  # a record of these shards, which the re-check needs
-                owned, seen = frozenset(mine), {}
-                self._behind[topic.uid] = (owned, seen)
+            seen = self._caught_up_counts(topic.uid, frozenset(mine))
+            if seen is None:  # a record of these shards, which the re-check needs
+                seen = {}
+                self._behind[topic.uid] = (frozenset(mine), seen)
             behind.append(Behind(topic.uid, cursors, seen))
         cfg = self.services.config
         return with_stragglers(self.services.timeline, behind, cfg.bucket_ms,
                                cfg.release_catchup_ms)
 
     def _sweep_topic(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
-                     stored: dict[int, int], now: int, catch_up: bool, recent: bool) -> None:
+                     stored: dict[int, int], now: int, recent: bool, catch_up: bool,
+                     counts: Counts | None) -> None:
         """One topic's share of a sweep, from `starts` (its cursors as stored, else where it
-        began): the catch-up when asked, then its cursors kept (pull) or its pointers put
-        into the heap and its cursors moved (webhook), then whether it is quiet. Runs beside
-        other topics' shares: it touches only this topic's entries of the releaser's
-        records."""
+        began): the catch-up when asked (from `counts` when read already), then its cursors
+        kept (pull) or its pointers put into the heap and its cursors moved (webhook), then
+        whether it is quiet. Runs beside other topics' shares: it touches only this topic's
+        entries of the releaser's records."""
         failed = None
         if catch_up:
             try:
-                self._catch_up(topic, starts, now)
+                self._catch_up(topic, starts, now, counts)
             except StoreUnavailable as exc:  # its cursors are swept all the same: a
                 failed = exc  # straggler's count stays unrecorded, so the next one reads it
         if not topic.pushed:
@@ -442,6 +452,12 @@ class Releaser:
         if failed is not None:
             raise failed
 
+    def _caught_up_counts(self, topic_uid: uuid.UUID, shards: frozenset[int]) -> Counts | None:
+        """The write counts the catch-up last recorded of a topic ({(bucket, shard): n}, the
+        record itself), or None when it has no record for these owned shards."""
+        owned, seen = self._behind.get(topic_uid, (frozenset(), {}))
+        return seen if owned == shards else None
+
     def _recheck_quiet(self, topics: list[Topic], now: int) -> set[uuid.UUID]:
         """Of quiet topics due for their re-check, those still quiet, checked together
         (workers.quiet_recheck); the rest are swept in full."""
@@ -451,8 +467,8 @@ class Releaser:
         checked = []
         for topic, mine in self._owned_shards(topics):
             shards = frozenset(mine)
-            owned, seen = self._behind.get(topic.uid, (frozenset(), {}))
-            if owned == shards:
+            seen = self._caught_up_counts(topic.uid, shards)
+            if seen is not None:  # else swept in full: its catch-up records them
                 checked.append(QuietTopic(topic.uid, self._quiet[topic.uid][1], shards, seen))
         return still_quiet(self.services.timeline, checked, now, cfg.bucket_ms,
                            cfg.release_catchup_ms, cfg.release_lookahead_ms)
@@ -502,13 +518,15 @@ class Releaser:
         else:
             self._quiet.pop(topic.uid, None)
 
-    def _catch_up(self, topic: Topic, cursors: dict[int, int], now: int) -> None:
+    def _catch_up(self, topic: Topic, cursors: dict[int, int], now: int,
+                  counts: Counts | None = None) -> None:
         """Move stragglers (pointers written behind the cursor) to now, where every reader
-        finds them (rule 2's trap: docs/design.md)."""
+        finds them (rule 2's trap: docs/design.md); `counts`: the topic's write counts
+        behind its cursors, when read already."""
         # recorded for these shards by _with_stragglers (gone if the topic was just deleted)
         seen = self._behind.get(topic.uid, (frozenset(), {}))[1]
         since = min(cursors.values()) - self.services.config.release_catchup_ms
-        found = self.services.scanner.stragglers(topic, cursors, since, seen, now)
+        found = self.services.scanner.stragglers(topic, cursors, since, seen, now, counts)
         done: set[str] = set()
         try:
             paused = passed_over(self.services, topic, found)  # resuming brings those back

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from app import schedules
+from app.chunks import chunked
 from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
@@ -78,8 +79,8 @@ class ScheduleRunner:
         due: dict[uuid.UUID, list[Schedule]] = defaultdict(list)
         for s in self.due(now):
             due[s.topic_uid].append(s)
-        steps = [(topic_uid, found[n:n + PRODUCE_STEP]) for topic_uid, found in due.items()
-                 for n in range(0, len(found), PRODUCE_STEP)]
+        steps = [(topic_uid, chunk) for topic_uid, found in due.items()
+                 for chunk in chunked(found, PRODUCE_STEP)]
         began = time.monotonic()
         made = sum(self._pool.map(self._safe_produce, steps))  # made together
         if made >= PRODUCE_STEP:  # a rate measured on a handful would be mostly latency

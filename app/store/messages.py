@@ -23,6 +23,7 @@ from cassandra.cluster import ResponseFuture
 from cassandra.query import UNSET_VALUE
 
 from app import metrics
+from app.chunks import chunked
 from app.errors import StoreUnavailable
 from app.ids import home_of
 from app.models import MessageState, Payload
@@ -119,8 +120,8 @@ def _member_batches(topic_uid: uuid.UUID, members: Sequence[tuple[str, str, int]
     partitions: dict[tuple[str, int], list[int]] = defaultdict(list)
     for n, (campaign, message_id, _) in enumerate(members):
         partitions[(campaign, campaign_spread(message_id))].append(n)
-    chunks = [chunk[i:i + PLAIN_BATCH] for chunk in partitions.values()
-              for i in range(0, len(chunk), PLAIN_BATCH)]
+    chunks = [chunk for indexes in partitions.values()
+              for chunk in chunked(indexes, PLAIN_BATCH)]
     return chunks, [[(_INDEX, (topic_uid, members[n][0], campaign_spread(members[n][1]),
                                members[n][1], members[n][2])) for n in chunk]
                     for chunk in chunks]

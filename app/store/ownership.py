@@ -16,6 +16,7 @@ import dataclasses
 
 from cassandra.query import UNSET_VALUE
 
+from app.chunks import chunked
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms
@@ -77,7 +78,7 @@ class OwnershipStore:
         round each). A batch refused as a whole (one lease is no longer ours) is retried
         lease by lease. Per lease the new one, or None when it is no longer ours (or the
         outcome is unknown)."""
-        chunks = [leases[n:n + RENEW_BATCH] for n in range(0, len(leases), RENEW_BATCH)]
+        chunks = chunked(leases, RENEW_BATCH)
         params = [[(_RENEW, self._renew_params(lease, until_ms)) for lease in chunk]
                   for chunk in chunks]
         try:

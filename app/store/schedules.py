@@ -10,6 +10,7 @@ import dataclasses
 import uuid
 from typing import Any
 
+from app.chunks import chunked
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms
 from app.wakeups import Wake, no_wake
@@ -68,8 +69,8 @@ class ScheduleStore:
         """The schedules of these names that exist (IN reads of NAMES_PER_READ, in parallel)."""
         futures = [self.db.execute_async(
             f"SELECT {', '.join(_COLUMNS)} FROM {{ks}}.schedules "
-            "WHERE topic_uid = ? AND name IN ?", (topic_uid, names[n:n + NAMES_PER_READ]))
-            for n in range(0, len(names), NAMES_PER_READ)]
+            "WHERE topic_uid = ? AND name IN ?", (topic_uid, chunk))
+            for chunk in chunked(names, NAMES_PER_READ)]
         return {r["name"]: _schedule(topic_uid, r) for rows in self.db.results(futures)
                 for r in rows}
 
@@ -104,7 +105,7 @@ class ScheduleStore:
         """advance() for schedules of one topic: one conditional batch (its partition) per
         ADVANCE_BATCH; a batch refused as a whole (one schedule changed meanwhile) is retried
         one schedule at a time, so each answer is that schedule's own."""
-        chunks = [moves[n:n + ADVANCE_BATCH] for n in range(0, len(moves), ADVANCE_BATCH)]
+        chunks = chunked(moves, ADVANCE_BATCH)
         outcomes = self.db.run_batches([[(_ADVANCE, self._advance_params(s, nf))
                                           for s, nf in chunk] for chunk in chunks])
         answers: list[bool] = []

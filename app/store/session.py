@@ -41,6 +41,7 @@ from cassandra.policies import (
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
 from app import metrics
+from app.chunks import chunked
 from app.config import Config
 from app.errors import StoreUnavailable
 
@@ -253,8 +254,7 @@ class CassandraSession:
         """Send counter updates, per_batch to a COUNTER batch (one request for the client,
         whatever partitions they touch; a lone update goes as itself). Returns the futures."""
         futures = []
-        for start in range(0, len(updates), per_batch):
-            chunk = updates[start:start + per_batch]
+        for chunk in chunked(updates, per_batch):
             if len(chunk) == 1:
                 statement: Any = self.prepare(chunk[0][0]).bind(chunk[0][1])
             else:

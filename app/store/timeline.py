@@ -18,6 +18,7 @@ from typing import Any
 
 from cassandra.cluster import ResponseFuture
 
+from app.chunks import chunked
 from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.session import CassandraSession, item_errors, translate_errors
@@ -43,10 +44,6 @@ def _pointer(row: dict[str, Any], shard: int, part: int) -> Pointer:
     """A timeline row (as _POINTER_COLUMNS selects it) of a shard's partition."""
     return Pointer(cql_ms(row["due_at"]), row["id"], row["version"], row["priority"], shard,
                    part // LANE_STRIDE)
-
-
-def _chunks(items: list[int], size: int) -> list[list[int]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 class TimelineStore:
@@ -78,7 +75,7 @@ class TimelineStore:
               ) -> dict[int, dict[int, list[int]]]:
         """{bucket: {shard: parts holding pointers}} for the given buckets: lane 0's from
         bucket_slots, the other lanes' from bucket_lanes (both read at once)."""
-        chunks = [list(buckets[i:i + 100]) for i in range(0, len(buckets), 100)]
+        chunks = chunked(buckets, 100)
         slot_reads = [self.db.execute_async(
             "SELECT bucket, shard, next_slot FROM {ks}.bucket_slots WHERE topic_uid = ? "
             "AND bucket IN ?", (topic_uid, chunk)) for chunk in chunks]
@@ -118,8 +115,8 @@ class TimelineStore:
         futures = [
             self.db.execute_async(
                 "SELECT bucket, shard, n FROM {ks}.bucket_writes WHERE topic_uid = ? "
-                "AND bucket IN ?", (topic_uid, list(buckets[i:i + 100])))
-            for i in range(0, len(buckets), 100)
+                "AND bucket IN ?", (topic_uid, chunk))
+            for chunk in chunked(buckets, 100)
         ]
         return {(r["bucket"], r["shard"]): r["n"] for rows in self.db.results(futures)
                 for r in rows}
@@ -203,7 +200,7 @@ class TimelineStore:
         groups: dict[tuple[int, int, int], list[int]] = {}
         for index, (b, s, part, _, _) in enumerate(placed):
             groups.setdefault((b, s, part), []).append(index)
-        chunks = [chunk for indexes in groups.values() for chunk in _chunks(indexes, BATCH_ROWS)]
+        chunks = [chunk for indexes in groups.values() for chunk in chunked(indexes, BATCH_ROWS)]
         outcomes = self.db.execute_batches(
             "INSERT INTO {ks}.timeline (topic_uid, bucket, shard, part, due_at, id, version, "
             "priority) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
@@ -265,10 +262,9 @@ class TimelineStore:
     def cursors_of(self, topic_uids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict[int, int]]:
         """cursors of many topics ({topic: {shard: through_ms}}, a topic without any absent):
         CURSOR_TOPICS topics a request, the requests sent together."""
-        uids = list(topic_uids)
         futures = [self.db.execute_async(
             "SELECT topic_uid, shard, through FROM {ks}.cursors WHERE topic_uid IN ?",
-            (uids[i:i + CURSOR_TOPICS],)) for i in range(0, len(uids), CURSOR_TOPICS)]
+            (chunk,)) for chunk in chunked(topic_uids, CURSOR_TOPICS)]
         found: dict[uuid.UUID, dict[int, int]] = defaultdict(dict)
         for rows in self.db.results(futures):
             for r in rows:
