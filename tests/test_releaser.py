@@ -22,6 +22,7 @@ from flask.testing import FlaskClient
 from app import create_app
 from app.config import Config
 from app.errors import StoreUnavailable
+from app.scan import ReadAhead
 from app.services import Services
 from app.timeline import COUNTED_AHEAD_MS
 from app.timeparse import parse_instant
@@ -667,6 +668,25 @@ def test_a_deleted_topic_leaves_nothing_in_the_releasers_records(
             time.sleep(0.05)
         assert uid not in r._topics
         assert not {uid} & (set(r._seen) | set(r._behind) | set(r._quiet))
+
+
+def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_sweep() -> None:
+    """A look-ahead or sweep run under way when a topic is deleted may record it again after
+    the topics step dropped its records (a race the test above cannot time); the next sweep
+    drops such records, which otherwise stayed for good."""
+    with keyspace_alone("putback") as (config, _, _, _), releaser(config, "r-put-back") as r:
+        gone = uuid.uuid4()  # a topic no longer known
+        r._seen[gone] = (frozenset({0}), ReadAhead(0))
+        r._behind[gone] = (frozenset({0}), {(1, 0): 1})
+        r._quiet[gone] = (0, 0)
+        r._pull_kept[gone] = 0
+        runs = r._sweeping.runs
+        deadline = time.monotonic() + 10
+        while r._sweeping.runs < runs + 2 and time.monotonic() < deadline:
+            r._sweeping.wake()
+            time.sleep(0.05)
+        assert r._sweeping.runs >= runs + 2
+        assert not {gone} & (set(r._seen) | set(r._behind) | set(r._quiet) | set(r._pull_kept))
 
 
 def test_the_sweep_goes_on_when_its_reads_for_many_topics_fail(

@@ -400,8 +400,20 @@ class Releaser:
                                       stored, now, topic.uid in recent,
                                       topic.uid in straggling, straggling.get(topic.uid))
                 for topic, mine, stored in plans]
-        all_done(work)  # every topic swept before a failure ends the step
+        try:
+            all_done(work)  # every topic swept before a failure ends the step
+        finally:
+            self._forget_gone()
         return bool(owned_awake)
+
+    def _forget_gone(self) -> None:
+        """Drop what the steps recorded of topics no longer known. follow_topics drops a
+        deleted topic's records, but a look-ahead or sweep run under way then may put one
+        back, which would stay: with topics made and deleted all day, they add up."""
+        for records in (self._pull_kept, self._quiet, self._seen, self._behind):
+            for uid in list(records):  # a copy: the look-ahead's threads add meanwhile
+                if uid not in self._topics:
+                    records.pop(uid, None)
 
     def _starts(self, topic: Topic, mine: dict[int, int], stored: dict[int, int]
                 ) -> dict[int, int]:
