@@ -59,7 +59,7 @@ def _every_node_answers(session: Any, query: str, rows: int, within_s: float = 6
 def _until_every_node_knows(session: Any, ddl: str, check: str, within_s: float = 60) -> None:
     """Run an idempotent DDL until it applies, then wait until every node answers `check`
     (a query of system_schema) with a row. A node of a cluster started a moment ago may not
-    know yet the keyspace the DDL builds on (app.store.migrations retries the same way)."""
+    know yet the keyspace the DDL builds on (app.store.migrations retries a DDL so too)."""
     deadline = time.monotonic() + within_s
     while True:
         try:
@@ -85,9 +85,9 @@ def test_three_nodes_up_normal_and_quorum_survives_one_kill(cluster: None) -> No
                      max_schema_agreement_wait=120)
     session = driver.connect()
     try:
-        # each node knows the other two before a keyspace of RF 3 is made (once, one that
-        # did not yet made it alone: "replication factor 3 ... higher than the number of
-        # nodes 1", and the writes then found no keyspace on the others)
+        # each node knows the other two before a keyspace of RF 3 is made (once, a node that
+        # did not know them yet made it alone: "replication factor 3 ... higher than the
+        # number of nodes 1", and the writes then found no keyspace on the others)
         _every_node_answers(session, "SELECT peer FROM system.peers", 2)
         _until_every_node_knows(
             session, "CREATE KEYSPACE IF NOT EXISTS faults WITH replication = "
