@@ -264,7 +264,7 @@ class Releaser:
         if gone:
             self._last_gone = time.monotonic()
         for uid in gone:  # what the steps recorded of a deleted topic
-            for records in (self._pull_kept, self._quiet, self._seen, self._behind):
+            for records in self._per_topic_records():
                 records.pop(uid, None)
         if any(uid not in before for uid in self._topics):
             self._looking.wake()
@@ -413,13 +413,17 @@ class Releaser:
                 self._forget_gone()
         return bool(owned_awake)
 
+    def _per_topic_records(self) -> tuple[dict[uuid.UUID, Any], ...]:
+        """What the steps record of each topic, keyed by its uid: a deleted topic's go."""
+        return (self._pull_kept, self._quiet, self._seen, self._behind)
+
     def _forget_gone(self) -> None:
         """Drop what the steps recorded of topics no longer known. follow_topics drops a
         deleted topic's records, but a look-ahead or sweep run under way then may put one
         back, which would stay: with topics made and deleted all day, they add up. Run by
         the sweeps of the FORGET_AFTER_GONE_S after a deletion (a pass over every record:
         about 4 ms for 30,000)."""
-        for records in (self._pull_kept, self._quiet, self._seen, self._behind):
+        for records in self._per_topic_records():
             for uid in list(records):  # a copy: the look-ahead's threads add meanwhile
                 if uid not in self._topics:
                     records.pop(uid, None)
