@@ -549,109 +549,113 @@ def test_the_look_ahead_alone_finds_a_message_due_past_its_window_when_it_was_re
         assert 0 <= lag < 1000, (a.message_id, lag)
 
 
-def test_the_sweep_reads_the_cursors_of_its_awake_topics_together(
-        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+def test_the_sweep_reads_the_cursors_of_its_awake_topics_together() -> None:
     """Topics with a backlog nobody leases are awake at every sweep: their cursors are read
-    in one request for all, not one a topic."""
-    topics = [TopicClient(client, auth) for _ in range(3)]
-    uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
-    for topic in topics:
-        assert topic.enqueue(id="waiting").status_code == 201
-    with releaser(config, "r-cursors") as r:
-        together: list[set[uuid.UUID]] = []
-        reads = cursor_reads(r, together)
-        runs = r._sweeping.runs
-        deadline = time.monotonic() + 5
-        while r._sweeping.runs < runs + 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert r._sweeping.runs >= runs + 3
+    in one request for all, not one a topic. In a keyspace of its own, as the sweep tests
+    below: in the shared one a fresh-clone run's first sweep took over 5 s."""
+    with keyspace_alone("cursors") as (config, services, client, auth):
+        topics = [TopicClient(client, auth) for _ in range(3)]
+        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+        for topic in topics:
+            assert topic.enqueue(id="waiting").status_code == 201
+        with releaser(config, "r-cursors") as r:  # made after: it knows all three at once
+            together: list[set[uuid.UUID]] = []
+            reads = cursor_reads(r, together)
+            runs = r._sweeping.runs
+            deadline = time.monotonic() + 5
+            while r._sweeping.runs < runs + 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert r._sweeping.runs >= runs + 3
     assert len(together) >= 2 and all(uids <= c for c in together)  # every sweep, all at once
     assert all(reads.count(uid) == len(together) for uid in uids)  # never alone
 
 
-def test_the_sweep_works_on_its_awake_topics_side_by_side(
-        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+def test_the_sweep_works_on_its_awake_topics_side_by_side() -> None:
     """A sweep's per-topic work on several awake topics overlaps: a crowded keyspace (a few
     hundred topics with backlogs) made a sweep of one topic after another take 15-40 s."""
-    topics = [TopicClient(client, auth) for _ in range(4)]
-    uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
-    for topic in topics:  # a backlog nobody leases: awake at every sweep
-        assert topic.enqueue(id="waiting").status_code == 201
     busy: set[uuid.UUID] = set()
     most = 0
     lock = threading.Lock()
-    with releaser(config, "r-side-by-side") as r:
-        sweep_topic = r._sweep_topic
+    with keyspace_alone("sidebyside") as (config, services, client, auth):
+        topics = [TopicClient(client, auth) for _ in range(4)]
+        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+        for topic in topics:  # a backlog nobody leases: awake at every sweep
+            assert topic.enqueue(id="waiting").status_code == 201
+        with releaser(config, "r-side-by-side") as r:
+            sweep_topic = r._sweep_topic
 
-        def slow(topic: Any, *args: Any) -> None:
-            nonlocal most
-            if topic.uid in uids:
-                with lock:
-                    busy.add(topic.uid)
-                    most = max(most, len(busy))
-                time.sleep(0.3)  # slow round trips
-                with lock:
-                    busy.discard(topic.uid)
-            sweep_topic(topic, *args)
+            def slow(topic: Any, *args: Any) -> None:
+                nonlocal most
+                if topic.uid in uids:
+                    with lock:
+                        busy.add(topic.uid)
+                        most = max(most, len(busy))
+                    time.sleep(0.3)  # slow round trips
+                    with lock:
+                        busy.discard(topic.uid)
+                sweep_topic(topic, *args)
 
-        r._sweep_topic = slow  # type: ignore[method-assign]
-        runs = r._sweeping.runs
-        deadline = time.monotonic() + 10
-        while r._sweeping.runs < runs + 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert r._sweeping.runs >= runs + 2
+            r._sweep_topic = slow  # type: ignore[method-assign]
+            runs = r._sweeping.runs
+            deadline = time.monotonic() + 10
+            while r._sweeping.runs < runs + 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert r._sweeping.runs >= runs + 2
     assert most >= 2, most  # one after another: never more than one at a time
 
 
 def test_the_catch_up_reads_behind_one_topic_at_a_time_only_where_a_count_moved(
-        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every catch-up reads the indexes of its awake topics together; a topic's own reads
     behind its cursors come only once a pointer lands there (its partitions, not again its
     indexes), and that pointer is delivered."""
     monkeypatch.setattr(releaser_module, "CATCH_UP_EVERY_MS", 0)  # every sweep
-    skewed = create_app(config, clock=lambda: now_ms() - 5000)
-    try:
-        with receiving(Receiver()) as target, releaser(config, "r-catch-up") as r:
-            topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
-            uids = [services.topics.get(_tenant_of(services, auth), t.name).uid
-                    for t in topics]
-            wait_quiet(r, set(uids))  # cursors caught up
-            for topic in topics:  # written to: awake for a minute; due long after the test
-                assert topic.enqueue(id="later", delay_ms=600_000).status_code == 201
-            read_alone: list[uuid.UUID] = []
-            own_counts_read: list[uuid.UUID] = []
-            together: list[set[uuid.UUID]] = []
-            stragglers = r.services.scanner.stragglers
-            active_buckets_of = r.services.timeline.active_buckets_of
+    with keyspace_alone("catchup") as (config, services, client, auth), \
+            receiving(Receiver()) as target, releaser(config, "r-catch-up") as r:
+        topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
+        made = now_ms()
+        uids = [services.topics.get(_tenant_of(services, auth), t.name).uid
+                for t in topics]
+        wait_quiet(r, set(uids))  # cursors caught up
+        for topic in topics:  # written to: awake for a minute; due long after the test
+            assert topic.enqueue(id="later", delay_ms=600_000).status_code == 201
+        read_alone: list[uuid.UUID] = []
+        own_counts_read: list[uuid.UUID] = []
+        together: list[set[uuid.UUID]] = []
+        stragglers = r.services.scanner.stragglers
+        active_buckets_of = r.services.timeline.active_buckets_of
 
-            def alone(topic: Any, *args: Any) -> Any:
-                read_alone.append(topic.uid)
-                if args[4] is None:  # no counts given: it reads its indexes again
-                    own_counts_read.append(topic.uid)
-                return stragglers(topic, *args)
+        def alone(topic: Any, *args: Any) -> Any:
+            read_alone.append(topic.uid)
+            if args[4] is None:  # no counts given: it reads its indexes again
+                own_counts_read.append(topic.uid)
+            return stragglers(topic, *args)
 
-            def of(topic_uids: list[uuid.UUID], *args: Any) -> Any:
-                together.append(set(topic_uids))
-                return active_buckets_of(topic_uids, *args)
+        def of(topic_uids: list[uuid.UUID], *args: Any) -> Any:
+            together.append(set(topic_uids))
+            return active_buckets_of(topic_uids, *args)
 
-            r.services.scanner.stragglers = alone  # type: ignore[method-assign]
-            r.services.timeline.active_buckets_of = of  # type: ignore[method-assign]
-            runs = r._sweeping.runs
-            deadline = time.monotonic() + 10
-            while r._sweeping.runs < runs + 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert any(set(uids) <= read for read in together)
-            assert not set(uids) & set(read_alone)  # nothing behind: no read of one
+        r.services.scanner.stragglers = alone  # type: ignore[method-assign]
+        r.services.timeline.active_buckets_of = of  # type: ignore[method-assign]
+        runs = r._sweeping.runs
+        deadline = time.monotonic() + 10
+        while r._sweeping.runs < runs + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(set(uids) <= read for read in together)
+        assert not set(uids) & set(read_alone)  # nothing behind: no read of one
+        skewed = create_app(config, clock=lambda: now_ms() - 20_000)
+        try:
+            # its write must land behind the new topics' cursors (late_producer_of_a_...)
+            assert now_ms() - made < 20_000 - config.safety_lag_ms - 2000
             late = TopicClient(skewed.test_client(), auth, name=topics[0].name,
                                delivery={"mode": "webhook", "url": target.url})
             assert late.enqueue(id="behind").status_code == 201
-            assert target.wait_for(lambda got: len(got) == 1, 15)
-            assert target.ids() == ["behind"]
-            assert uids[0] in read_alone and not {uids[1], uids[2]} & set(read_alone)
-            assert not own_counts_read  # from the counts read together
-    finally:
-        skewed.extensions["duetime"].close()
+        finally:
+            skewed.extensions["duetime"].close()
+        assert target.wait_for(lambda got: len(got) == 1, 15)
+        assert target.ids() == ["behind"]
+        assert uids[0] in read_alone and not {uids[1], uids[2]} & set(read_alone)
+        assert not own_counts_read  # from the counts read together
 
 
 def test_a_deleted_topic_leaves_nothing_in_the_releasers_records(
@@ -747,24 +751,28 @@ def test_the_sweep_goes_on_when_its_reads_for_many_topics_fail(
 
 
 def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
-        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A quiet topic's periodic re-check reads the indexes of many topics at once; a topic
     that passes keeps quiet without its cursors or partitions being read."""
     monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 1000)
-    topics = [TopicClient(client, auth) for _ in range(3)]
-    uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
-    with releaser(config, "r-recheck") as r:
-        reads = cursor_reads(r)
-        wait_quiet(r, uids)
-        marked = {uid: r._quiet[uid][0] for uid in uids}
-        reads.clear()
-        deadline = time.monotonic() + 5
-        while any(r._quiet.get(u, (0, 0))[0] <= marked[u] for u in uids) \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert all(r._quiet.get(u, (0, 0))[0] > marked[u] for u in uids)  # re-checked, quiet still
-        assert not uids & set(reads)
+    with keyspace_alone("recheck") as (config, services, client, auth):
+        topics = [TopicClient(client, auth) for _ in range(3)]
+        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+        with releaser(config, "r-recheck") as r:  # made after: it knows them from its start
+            reads = cursor_reads(r)
+            wait_quiet(r, uids)
+            deadline = time.monotonic() + 10
+            while not uids <= set(r._behind) and time.monotonic() < deadline:
+                time.sleep(0.05)  # a re-check compares what a catch-up recorded: else a sweep
+            assert uids <= set(r._behind)
+            marked = {uid: r._quiet[uid][0] for uid in uids}
+            reads.clear()
+            deadline = time.monotonic() + 5
+            while any(r._quiet.get(u, (0, 0))[0] <= marked[u] for u in uids) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert all(r._quiet.get(u, (0, 0))[0] > marked[u] for u in uids)  # re-checked
+            assert not uids & set(reads)  # and quiet still: no sweep of each
 
 
 def test_a_straggler_no_index_near_now_names_is_found_by_the_quiet_recheck(

@@ -33,13 +33,18 @@ class Behind:
     seen: Counts
 
 
+def reach_ms(cursors: dict[int, int], catchup_ms: int) -> int:
+    """Where a topic's catch-up looks from (epoch ms): catchup_ms before its lowest cursor."""
+    return min(cursors.values()) - catchup_ms
+
+
 def with_stragglers(timeline: Indexes, topics: Sequence[Behind], bucket_ms: int,
                     catchup_ms: int) -> dict[uuid.UUID, Counts]:
     """The topics with an owned write count behind their cursors (within catchup_ms before
     the lowest) that differs from the one recorded: those a straggler may have reached,
     each with the counts of its active buckets there as read now (its catch-up compares
     those and reads no index again: app.scan.DueScanner.stragglers)."""
-    spans = {t.uid: (bucket_of(min(t.cursors.values()) - catchup_ms, bucket_ms),
+    spans = {t.uid: (bucket_of(reach_ms(t.cursors, catchup_ms), bucket_ms),
                      bucket_of(max(t.cursors.values()), bucket_ms))
              for t in topics if t.cursors}
     spanned = [t for t in topics if t.uid in spans]

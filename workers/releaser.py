@@ -69,7 +69,7 @@ from app.store.ownership import OwnershipStore
 from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
 from app.transitions import replace_ahead
 from workers.beat import Beat
-from workers.catch_up import Behind, with_stragglers
+from workers.catch_up import Behind, reach_ms, with_stragglers
 from workers.count_reads import Counts, ReadBefore, changed_topics
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
@@ -548,9 +548,11 @@ class Releaser:
         """Move stragglers (pointers written behind the cursor) to now, where every reader
         finds them (rule 2's trap: docs/design.md); `counts`: the topic's write counts
         behind its cursors, when read already."""
-        # recorded for these shards by _with_stragglers (gone if the topic was just deleted)
-        seen = self._behind.get(topic.uid, (frozenset(), {}))[1]
-        since = min(cursors.values()) - self.services.config.release_catchup_ms
+        # recorded for these shards by _with_stragglers; none if the topic was just deleted
+        seen = self._caught_up_counts(topic.uid, frozenset(cursors))
+        if seen is None:
+            seen = {}
+        since = reach_ms(cursors, self.services.config.release_catchup_ms)
         found = self.services.scanner.stragglers(topic, cursors, since, seen, now, counts)
         done: set[str] = set()
         try:
