@@ -521,6 +521,32 @@ def test_a_releaser_back_after_two_days_delivers_what_came_due_meanwhile(
         past.extensions["duetime"].close()
 
 
+def test_a_message_due_while_its_slot_changed_owner_is_read_by_the_new_owners_look_ahead(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A releaser that gives its slots back drops the timers it held for them. What came due
+    before the new owner's first look-ahead run is read by that run, which reaches back over
+    the hand-over; before, it was left to the sweep, which in a crowded keyspace came
+    seconds later. Here the sweeps do nothing, so only the look-ahead can deliver it."""
+    monkeypatch.setattr(Releaser, "sweep", lambda self: False)
+    with keyspace_alone("handover") as (config, _, client, auth), \
+            receiving(Receiver()) as target:
+        topic, _ = webhook_topic(client, auth, target.url)
+        with releaser(config, "r-old") as old:
+            due = now_ms() + 2500
+            assert topic.enqueue(id="handed", delay_ms=2500).status_code == 201
+            deadline = time.monotonic() + 2
+            while not any(t.due.pointer.id == "handed" for t in old.timers.items()) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert any(t.due.pointer.id == "handed" for t in old.timers.items())
+        # stopped before the due time: its slots given back, the message still in its heap
+        assert target.ids() == []
+        time.sleep(max(0.0, (due + 1000 - now_ms()) / 1000))
+        with releaser(config, "r-new"):
+            assert target.wait_for(lambda got: len(got) == 1, 5), "left to the sweep"
+        assert target.ids() == ["handed"]
+
+
 def test_the_look_ahead_alone_finds_a_message_due_past_its_window_when_it_was_read(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:

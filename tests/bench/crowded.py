@@ -9,7 +9,8 @@ Against the running stack (`make up`):
 3. a webhook topic made before the restart gets 30 messages due 1 to 30 s after it, and
    every 2.5 s a webhook topic is created with one message due 200 ms after: the lag of
    each at a local receiver (arrival - deliver_at), p50/p99/max, none early;
-4. the releaser's cores over that minute, and its step durations (its /metrics);
+4. the releaser's cores over that minute, and its step durations (its /metrics); each
+   message 100 ms late or more, with its due time after the restart;
 5. every topic made is deleted (their retries stop).
 Writes bench-results/crowded.json and prints a table. Usage:
 python -m tests.bench.crowded [T]
@@ -47,6 +48,7 @@ NEW_TOPICS = 12
 NEW_EVERY_S = 2.5
 LIVE_MESSAGES = 30
 METRICS = "http://127.0.0.1:9464/metrics"
+LATE_MS = 100  # a message this late or later is listed, with its due time after the restart
 
 
 def make_crowd(headers: dict[str, str], count: int, run: str) -> list[str]:
@@ -147,6 +149,11 @@ def main(argv: list[str]) -> int:
         cores = (cpu_s(pid) - cpu_before) / (time.monotonic() - started)
         lag = {a.message_id: a.received_ms - parse_instant(a.headers["Duetime-Deliver-At"])
                for a in target.arrivals}
+        restarted_ms = int((time.time() - (time.monotonic() - started)) * 1000)
+        late = {a.message_id: {"lag_ms": lag[a.message_id],
+                               "due_after_restart_ms": parse_instant(
+                                   a.headers["Duetime-Deliver-At"]) - restarted_ms}
+                for a in target.arrivals if lag[a.message_id] >= LATE_MS}
     steps = step_seconds()
     for name in made:
         session.delete(f"{URL}/v1/topics/{name}", headers=headers, timeout=60)
@@ -156,7 +163,8 @@ def main(argv: list[str]) -> int:
         "live_topic_lag_ms": _lags([lag.get(f"live{k}")
                                     for k in range(1, LIVE_MESSAGES + 1)]),
         "live_topic_lag_ms_after_2s": _lags([lag.get(f"live{k}")
-                                             for k in range(3, LIVE_MESSAGES + 1)])}
+                                             for k in range(3, LIVE_MESSAGES + 1)]),
+        "late_messages": late}
     OUT.mkdir(exist_ok=True)
     (OUT / "crowded.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
