@@ -149,7 +149,8 @@ class Releaser:
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
         self._seen: dict[uuid.UUID, tuple[frozenset[int], ReadAhead]] = {}
         self._looked_from: int | None = None  # when the last look-ahead run that ended began
-        self._gained = False  # a slot was claimed since the last look-ahead run began
+        self._claims = 0  # slots claimed so far (written by the ownership tick alone)
+        self._claims_read = 0  # of those, how many a look-ahead run that ended began after
         # a look-ahead record stands this long (app.scan.ReadAhead): half what the window
         # leaves after an idle period, so a whole read comes at least as long before a
         # pointer it alone can find is due (1.5 s of 5, with the defaults)
@@ -250,7 +251,7 @@ class Releaser:
         """A slot was claimed (start, failover, rebalance): its due pointers, cursors,
         operations and schedules are this releaser's now, so every step looks at once, and
         the next look-ahead run reaches back over the hand-over (_handover_reach_ms)."""
-        self._gained = True
+        self._claims += 1
         for step in self.paced:
             step.wake()
         self.schedules.wake()
@@ -304,8 +305,8 @@ class Releaser:
         # from where the last run that ended began: what came due while it ran (it may take
         # seconds in a crowded keyspace) is read now, not left to the sweep
         since = max(min(now, self._looked_from or now), now - MAX_LOOK_BACK_MS) - RECENT_MS
-        gained, self._gained = self._gained, False
-        if gained:  # what the slots' last owner had in its heap came due meanwhile
+        claims = self._claims
+        if claims != self._claims_read:  # what a claimed slot's last owner held came due
             since = min(since, now - self._handover_reach_ms())
         buckets = range(bucket_of(since, bucket_ms), bucket_of(horizon, bucket_ms) + 1)
         # one read for all topics: only those with pointers in the window are polled
@@ -335,6 +336,7 @@ class Releaser:
         # one read of a topic at a time
         all_done(reads)
         self._looked_from = now
+        self._claims_read = claims  # a run that failed leaves the next to read back
 
     def _handover_reach_ms(self) -> int:
         """How far back (ms) the look-ahead run after a slot is claimed reads: a releaser
@@ -342,8 +344,8 @@ class Releaser:
         that dies holds the slot until its lease runs out; the new owner claims it at its
         next ownership tick (a third of a lease). Messages that came due in that gap were
         left to the sweep, which in a crowded keyspace came seconds later (python -m
-        tests.bench.crowded with two releasers: 6 s late). A look-ahead's span more, for the
-        runs under way meanwhile."""
+        tests.bench.crowded with two releasers: 6 s late). The look-ahead's span (5 s by
+        default) covers the tick with room to spare."""
         cfg = self.services.config
         return cfg.release_lease_ms + cfg.release_lookahead_ms
 
