@@ -31,6 +31,7 @@ from tests.conftest import new_tenant_key, own_keyspace
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Arrival, Receiver, receiving
 from tests.test_metrics import scrape
+from tests.waiting import wait_until
 from workers import releaser as releaser_module
 from workers.releaser import Releaser
 
@@ -241,13 +242,20 @@ def late_producer_of_a_quiet_topic(config: Config, services: Services, client: F
             topic, secret = webhook_topic(client, auth, target.url)
             made = now_ms()
             wait_quiet(r, {services.topics.get(_tenant_of(services, auth), topic.name).uid})
-            # else the test would not test a straggler (a fresh-clone run took over 4 s here)
-            assert now_ms() - made < behind_ms - config.safety_lag_ms - 2000
+            assert_written_behind_its_cursors(config, made, behind_ms)
             yield target, TopicClient(skewed.test_client(), auth, name=topic.name,
                                       delivery={"mode": "webhook", "url": target.url}), \
                 secret, skewed
     finally:
         skewed.extensions["duetime"].close()
+
+
+def assert_written_behind_its_cursors(config: Config, made_ms: int, behind_ms: int) -> None:
+    """A write from now by a producer behind_ms behind lands behind the cursors of a topic
+    made at made_ms (they start a safety lag before it), with 2 s to spare for the write:
+    else a test of a straggler would test none (a fresh-clone run took over 4 s to find a
+    new topic quiet)."""
+    assert now_ms() - made_ms < behind_ms - config.safety_lag_ms - 2000
 
 
 def test_a_pointer_written_far_behind_the_cursor_is_still_delivered(
@@ -534,11 +542,8 @@ def test_a_message_due_while_its_slot_changed_owner_is_read_by_the_new_owners_lo
         with releaser(config, "r-old") as old:
             due = now_ms() + 2500
             assert topic.enqueue(id="handed", delay_ms=2500).status_code == 201
-            deadline = time.monotonic() + 2
-            while not any(t.due.pointer.id == "handed" for t in old.timers.items()) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert any(t.due.pointer.id == "handed" for t in old.timers.items())
+            assert wait_until(
+                lambda: any(t.due.pointer.id == "handed" for t in old.timers.items()), 2)
         # stopped before the due time: its slots given back, the message still in its heap
         assert target.ids() == []
         time.sleep(max(0.0, (due + 1000 - now_ms()) / 1000))
@@ -671,8 +676,7 @@ def test_the_catch_up_reads_behind_one_topic_at_a_time_only_where_a_count_moved(
         assert not set(uids) & set(read_alone)  # nothing behind: no read of one
         skewed = create_app(config, clock=lambda: now_ms() - 20_000)
         try:
-            # its write must land behind the new topics' cursors (late_producer_of_a_...)
-            assert now_ms() - made < 20_000 - config.safety_lag_ms - 2000
+            assert_written_behind_its_cursors(config, made, 20_000)
             late = TopicClient(skewed.test_client(), auth, name=topics[0].name,
                                delivery={"mode": "webhook", "url": target.url})
             assert late.enqueue(id="behind").status_code == 201
@@ -787,10 +791,8 @@ def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
         with releaser(config, "r-recheck") as r:  # made after: it knows them from its start
             reads = cursor_reads(r)
             wait_quiet(r, uids)
-            deadline = time.monotonic() + 10
-            while not uids <= set(r._behind) and time.monotonic() < deadline:
-                time.sleep(0.05)  # a re-check compares what a catch-up recorded: else a sweep
-            assert uids <= set(r._behind)
+            # a re-check compares what a catch-up recorded: without it, a sweep
+            assert wait_until(lambda: uids <= set(r._behind), 10)
             marked = {uid: r._quiet[uid][0] for uid in uids}
             reads.clear()
             deadline = time.monotonic() + 5

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.config import Config
 from app.services import Services
 from tests.receiver import Receiver, receiving
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = "18080"
@@ -67,7 +66,7 @@ def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
         assert scrape(f"{BASE}/metrics", "duetime_messages_enqueued_total", labels) == 11
         released = f"http://127.0.0.1:{METRICS_PORT}/metrics"
         assert wait_until(lambda: scrape(released, "duetime_messages_delivered_total",
-                                         labels) == 1, 10)
+                                         labels) == 1, 10, every_s=0.1)
         assert scrape(released, "duetime_webhook_attempts_total", {"outcome": "success"}) == 1
         assert scrape(released, "duetime_delivery_lag_seconds_count", {"mode": "push"}) == 1
         assert scrape(released, "duetime_release_slots_owned", {}) > 0
@@ -91,15 +90,6 @@ def scrape(url: str, name: str, labels: dict[str, str]) -> float:
             if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     return 0.0
-
-
-def wait_until(check: Callable[[], bool], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def quick_start_commands() -> list[str]:

@@ -24,6 +24,7 @@ from tests.conftest import own_keyspace
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
 from tests.test_releaser import releaser, webhook_topic
+from tests.waiting import wait_until
 from workers.paced import PacedStep
 from workers.releaser import WARM_MS
 from workers.wake_listener import WakeListener
@@ -44,15 +45,6 @@ def services(config: Config) -> Iterator[Services]:
     svc = Services(config)
     yield svc
     svc.close()
-
-
-def wait_until(predicate: Callable[[], bool], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 @contextmanager
