@@ -8,6 +8,8 @@ What wakes what (KINDS):
 - "topics": a topic was created, changed or deleted; the releasers follow the change at once.
 - "schedules": a schedule's listing changed; the releasers read the listings' marks.
 - "operations": a campaign operation was enlisted; a releaser claims it at once.
+- "slots": a releaser handed release slots back (rebalance, stop); the others claim their
+  share at once (workers.ownership), not at their next ownership tick.
 
 A wake is a hint, never the record: the write it follows is in Cassandra first, and every
 releaser still polls at an idle period, so a lost datagram costs a delay of at most that
@@ -21,6 +23,7 @@ idle process reads and sends nothing.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -30,7 +33,7 @@ from app import metrics
 from app.config import Config
 from app.errors import DuetimeError
 
-KINDS = frozenset({"due", "topics", "schedules", "operations"})
+KINDS = frozenset({"due", "topics", "schedules", "operations", "slots"})
 PREFIX = b"duetime-wake "
 COALESCE_MS = 2
 ADDRESSES_EVERY_MS = 2000
@@ -116,6 +119,12 @@ class Waker:
                 self._thread.start()
         self._signal.set()
 
+    def refresh_addresses(self) -> None:
+        """Read the releasers' addresses again before the next send: a releaser that just
+        joined is not among those read up to ADDRESSES_EVERY_MS ago."""
+        with self._lock:
+            self._known_at = -math.inf
+
     def _run(self) -> None:
         while True:
             self._signal.wait()
@@ -131,7 +140,9 @@ class Waker:
 
     def _send(self, kinds: set[str]) -> None:
         now = time.monotonic()
-        if now - self._known_at >= ADDRESSES_EVERY_MS / 1000:
+        with self._lock:
+            known_at = self._known_at
+        if now - known_at >= ADDRESSES_EVERY_MS / 1000:
             try:
                 self._known = [a for a in map(parse_address, self._addresses()) if a]
                 self._known_at = now

@@ -1,6 +1,6 @@
 """Release-slot ownership on the real node: fencing of a stale owner, three releaser processes
 sharing the slots, SIGKILL of one (its slots owned again, nothing lost, nothing early), SIGTERM
-of one (slots handed back at once)."""
+of one (slots handed back at once), slots handed back claimed at once by the others."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from app.services import Services, system_clock_ms
 from app.store.ownership import OwnershipStore
 from tests.conftest import ROOT
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import assert_on_time_and_signed, webhook_topic
+from tests.test_releaser import assert_on_time_and_signed, releaser, webhook_topic
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 
 LEASE_MS = 2000
@@ -81,7 +81,7 @@ def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) 
                            on_gained=lambda: gained.append("second"))
     first.tick()
     assert first.owned() == frozenset(range(8))
-    assert gained == ["first"] * 8
+    assert gained == ["first"]  # the free slots were claimed together
     # `first` stops renewing (paused, partitioned). `second` keeps trying to take over.
     deadline = time.monotonic() + 15
     while len(second.owned()) < 8 and time.monotonic() < deadline:
@@ -90,7 +90,8 @@ def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) 
         time.sleep(0.05)
     assert first.owned() == frozenset()
     assert second.owned() == frozenset(range(8))
-    assert gained == ["first"] * 8 + ["second"] * 8  # once per slot claimed, not per tick
+    # once per claim, not per tick: the leases ran out together, and were claimed together
+    assert gained == ["first", "second"]
     # the stale owner's renewal is refused: it learns it lost the slots
     first.tick()
     assert first.owned() == frozenset()
@@ -133,6 +134,25 @@ def test_one_conditional_batch_renews_every_slot_held_and_a_lost_one_is_told_apa
         del services.db.run_batches, services.db.execute_many
 
 
+def test_free_slots_are_claimed_together_all_or_none(services: Services) -> None:
+    store = OwnershipStore(services.db, next(_rings))
+    now = system_clock_ms()
+    first = store.claim_all([(None, 0), (None, 1)], "a", now, now + 60_000)
+    assert first is not None and [(x.slot, x.epoch) for x in first] == [(0, 1), (1, 1)]
+    store.give_back_all(first[:1], system_clock_ms())  # slot 0 is free again, slot 1 is not
+    rows = store.slots(4)
+    later = system_clock_ms()
+    # slot 1 is held: a claim of 0, 1 and 2 together takes none of them
+    assert store.claim_all([(rows[0], 0), (rows[1], 1), (None, 2)], "b", later,
+                           later + 60_000) is None
+    assert {s: (x.owner, x.epoch) for s, x in store.slots(4).items()} == {
+        0: ("a", 1), 1: ("a", 1)}
+    taken = store.claim_all([(rows[0], 0), (None, 2)], "b", later, later + 60_000)
+    assert taken is not None and [(x.slot, x.epoch) for x in taken] == [(0, 2), (2, 1)]
+    assert {s: (x.owner, x.epoch) for s, x in store.slots(4).items()} == {
+        0: ("b", 2), 1: ("a", 1), 2: ("b", 1)}
+
+
 def test_three_releasers_share_slots_and_survive_a_sigkill(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     ring = next(_rings)
@@ -172,3 +192,27 @@ def test_sigterm_hands_the_slots_back_at_once(config: Config, services: Services
         # faster than any lease of t1 could have run out (its last renewal came at most a
         # third of a lease before it stopped): the slots were free, not expiring
         assert taken_over_s < lease_ms * (1 - 1 / RENEW_FRACTION) / 1000, taken_over_s
+
+
+def test_slots_handed_back_are_claimed_at_once_by_the_others(
+        config: Config, services: Services) -> None:
+    """A releaser that hands slots back, to one that joined or because it stops, wakes the
+    others ("slots"), and they claim them at once: a slot nobody holds is one whose due
+    messages wait. The releasers' own ownership ticks are removed here, so only the wake-up
+    can make the claims."""
+    ring = next(_rings)
+    store = OwnershipStore(services.db, ring)
+    settings = {"release_ring": ring, "release_slots": SLOTS, "release_lease_ms": 60_000}
+    with releaser(config, "h1", **settings) as first:
+        first.scheduler.remove_job("tick")
+        wait_owners(store, {"h1"}, 10)
+        with releaser(config, "h2", **settings) as second:
+            second.scheduler.remove_job("tick")
+            assert not second.ownership.owned()  # h1 held every slot when h2 started
+            first.ownership.tick()  # h1 sees h2 and hands half back
+            assert len(first.ownership.owned()) == SLOTS // 2
+            wait_owners(store, {"h1", "h2"}, 3)
+            assert len(second.ownership.owned()) == SLOTS // 2
+        # h2 stopped: it left the membership, then handed its half back to h1
+        wait_owners(store, {"h1"}, 3)
+        assert len(first.ownership.owned()) == SLOTS

@@ -270,7 +270,7 @@ def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
     rows = store.slots(config.release_slots)
     for slot in range(config.release_slots):
         assert store.claim(rows.get(slot), slot, "dead", now, free_at) is not None
-    claimed: list[int] = []  # when r-heir claimed each slot (ms)
+    claimed: list[int] = []  # when r-heir claimed slots (ms)
     with receiving(Receiver()) as target, releaser(config, "r-heir", release_ring=ring,
                                                    release_idle_ms=20_000) as r:
         wake_steps = r.ownership.on_gained
@@ -285,7 +285,7 @@ def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
         assert target.wait_for(lambda got: len(got) >= 1, 20)
     arrival = target.arrivals[0]
     assert arrival.message_id == "orphan"
-    assert len(claimed) == config.release_slots
+    assert len(claimed) == 1  # the dead one's leases ran out together: one claim of them all
     assert claimed[0] >= free_at  # nobody acted on a slot the dead one still held
     # the claim woke the steps: the message went at once, not at the next idle run (look-ahead
     # 20 s, sweep up to 5 s); when the slot was claimed depends on the renewal tick and the load

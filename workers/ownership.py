@@ -1,8 +1,10 @@
 """Which release slots this releaser owns, kept by LWT leases on the slot rows.
 
 tick() runs every lease_ms / RENEW_FRACTION: renew what is held (all at once), heartbeat,
-give back slots
-above the fair share, claim free or expired slots below it. A slot counts as owned only until
+give back slots above the fair share, claim free or expired slots below it (all at once).
+A releaser that gives slots back (rebalance, stop) wakes the others ("slots", app.wakeups),
+which claim at once (claim_share) instead of at their next tick: a slot nobody holds is a
+slot whose due messages wait. A slot counts as owned only until
 VALID_FRACTION of the lease has passed since the renewal was *sent* (monotonic clock), so a
 releaser that cannot renew (partitioned, paused) stops acting on its slots before anyone may
 claim them: a stale owner fences itself. Another releaser claims only after the row's expiry,
@@ -30,11 +32,14 @@ class SlotOwnership:
 
     def __init__(self, store: OwnershipStore, member: str, slots: int, lease_ms: int,
                  clock: Clock, wake_addr: str | None = None,
-                 on_gained: Callable[[], None] = lambda: None) -> None:
-        """on_gained runs after each slot claimed: the steps that act on owned slots should
-        look at once, not at their idle period."""
+                 on_gained: Callable[[], None] = lambda: None,
+                 on_given_back: Callable[[], None] = lambda: None) -> None:
+        """on_gained runs after slots are claimed: the steps that act on owned slots should
+        look at once, not at their idle period. on_given_back runs after slots are handed
+        back: the other releasers should claim them at once."""
         self.store = store
         self.on_gained = on_gained
+        self.on_given_back = on_given_back
         self.wake_addr = wake_addr
         self.member = member
         self.slots = slots
@@ -43,6 +48,7 @@ class SlotOwnership:
         self._held: dict[int, SlotLease] = {}
         self._valid_until: dict[int, float] = {}
         self._lock = threading.Lock()
+        self._step_lock = threading.Lock()  # one tick or claim_share at a time
 
     def owned(self) -> frozenset[int]:
         """Slots this releaser may act on right now."""
@@ -69,16 +75,27 @@ class SlotOwnership:
 
     def tick(self) -> None:
         """One idempotent ownership step; errors leave held slots to their local validity."""
-        self._renew()  # first: nothing may delay keeping what is held
-        self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000),
-                             self.wake_addr)
-        with self._lock:
-            held = sorted(self._held)
-        target = fair_share(self.store.members(), self.member, self.slots)
-        if len(held) > target:
-            self._give_back(held[target:])
-        elif len(held) < target:
-            self._claim(target - len(held))
+        with self._step_lock:
+            self._renew()  # first: nothing may delay keeping what is held
+            self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000),
+                                 self.wake_addr)
+            with self._lock:
+                held = sorted(self._held)
+            target = fair_share(self.store.members(), self.member, self.slots)
+            if len(held) > target:
+                self._give_back(held[target:])
+            elif len(held) < target:
+                self._claim(target - len(held))
+
+    def claim_share(self) -> None:
+        """Claim what is free up to the fair share, now (another releaser gave slots back):
+        two reads, and one conditional batch when there is something to claim."""
+        with self._step_lock:
+            with self._lock:
+                held = len(self._held)
+            target = fair_share(self.store.members(), self.member, self.slots)
+            if held < target:
+                self._claim(target - held)
 
     def _renew(self) -> None:
         with self._lock:
@@ -101,16 +118,29 @@ class SlotOwnership:
         # start at a member-specific offset so joining releasers do not all race for slot 0
         start = stable_hash(self.member) % self.slots
         free.sort(key=lambda s: (s - start) % self.slots)
-        for slot in free:
-            if wanted <= 0:
-                return
-            sent_at = time.monotonic()
-            lease = self.store.claim(rows.get(slot), slot, self.member, now, now + self.lease_ms)
-            if lease is not None:
+        if not free:
+            return
+        sent_at = time.monotonic()
+        leases = self.store.claim_all([(rows.get(s), s) for s in free[:wanted]], self.member,
+                                      now, now + self.lease_ms)
+        if leases is None:  # another releaser took one of them first: slot by slot
+            leases = []
+            for slot in free:
+                if len(leases) >= wanted:
+                    break
+                sent_at = time.monotonic()
+                lease = self.store.claim(rows.get(slot), slot, self.member, now,
+                                         now + self.lease_ms)
+                if lease is not None:
+                    self._keep(lease, sent_at)
+                    leases.append(lease)
+        else:
+            for lease in leases:
                 self._keep(lease, sent_at)
-                wanted -= 1
-                log.info("slot %d claimed epoch=%d member=%s", slot, lease.epoch, self.member)
-                self.on_gained()
+        for lease in leases:
+            log.info("slot %d claimed epoch=%d member=%s", lease.slot, lease.epoch, self.member)
+        if leases:
+            self.on_gained()
 
     def _give_back(self, slots: list[int], why: str = "rebalance") -> None:
         with self._lock:
@@ -119,10 +149,16 @@ class SlotOwnership:
             self._drop(slot, why)
         if leases:
             self.store.give_back_all(leases, self.clock())
+            self.on_given_back()
 
     def release_all(self) -> None:
-        """Graceful stop: hand every slot back at once and leave the membership."""
-        with self._lock:
-            slots = sorted(self._held)
-        self._give_back(slots, "stopping")
-        self.store.leave(self.member)
+        """Graceful stop: leave the membership, then hand every slot back at once. In that
+        order, the releasers woken by the hand-back count without this one and claim its
+        share."""
+        with self._step_lock:
+            with self._lock:
+                slots = sorted(self._held)
+            try:
+                self.store.leave(self.member)
+            finally:
+                self._give_back(slots, "stopping")

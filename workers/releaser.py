@@ -142,7 +142,8 @@ class Releaser:
         self.beat = Beat(cfg.release_lease_ms / RENEW_FRACTION)
         self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
                                        cfg.release_slots, cfg.release_lease_ms, services.clock,
-                                       self.wakes.address, self._gained_slots)
+                                       self.wakes.address, self._gained_slots,
+                                       self._gave_back_slots)
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._known = KnownTopics(services)
         self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
@@ -194,6 +195,7 @@ class Releaser:
         self.wakes.on("due", self._sweeping.wake)
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)
+        self.wakes.on("slots", self._claim_share_now)
 
     def start(self) -> None:
         cfg = self.services.config
@@ -255,6 +257,18 @@ class Releaser:
         for step in self.paced:
             step.wake()
         self.schedules.wake()
+
+    def _gave_back_slots(self) -> None:
+        """Slots were handed back: the other releasers claim them at once ("slots" wake-up),
+        read from the membership now, since a releaser that just joined is the one that
+        should claim them."""
+        self.services.waker.refresh_addresses()
+        self.services.waker.wake("slots")
+
+    def _claim_share_now(self) -> None:
+        """On the wake listener's thread: run the claim on the scheduler's, off this one."""
+        self.scheduler.add_job(self._safely, args=[self.ownership.claim_share],
+                               id="claim_share", replace_existing=True)
 
     def produce_fires(self) -> None:
         self.schedules.tick()
@@ -340,12 +354,13 @@ class Releaser:
 
     def _handover_reach_ms(self) -> int:
         """How far back (ms) the look-ahead run after a slot is claimed reads: a releaser
-        that gives a slot back (rebalance, stop) drops the timers it held for it, and one
-        that dies holds the slot until its lease runs out; the new owner claims it at its
-        next ownership tick (a third of a lease). Messages that came due in that gap were
-        left to the sweep, which in a crowded keyspace came seconds later (python -m
-        tests.bench.crowded with two releasers: 6 s late). The look-ahead's span (5 s by
-        default) covers the tick with room to spare."""
+        that gives a slot back (rebalance, stop) drops the timers it held for it, and the
+        claim comes moments later (the "slots" wake-up) or, the datagram lost, at the next
+        ownership tick (a third of a lease); one that dies holds the slot until its lease
+        runs out. Messages that came due in that gap were left to the sweep, which in a
+        crowded keyspace came seconds later (python -m tests.bench.crowded with two
+        releasers: 6 s late). The look-ahead's span (5 s by default) covers the tick with
+        room to spare."""
         cfg = self.services.config
         return cfg.release_lease_ms + cfg.release_lookahead_ms
 

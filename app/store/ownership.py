@@ -3,6 +3,7 @@
 Guarantees:
 - claim succeeds for one caller per epoch: on a free row (IF NOT EXISTS) or on a row whose
   lease has expired on the claimer's clock (IF epoch = the epoch it read AND expires_at < now);
+  claim_all takes several such slots in one conditional batch, all or none;
 - renew_all and give_back_all apply only for the (owner, epoch) that holds the row, so a
   stale owner can neither extend nor hand back an ownership that moved on; a releaser's
   renewal is one conditional batch (the ring is one partition), all or nothing, then lease
@@ -32,6 +33,10 @@ class SlotLease:
     expires_at_ms: int
 
 
+_CLAIM_NEW = ("INSERT INTO {ks}.release_leases (ring, slot, owner, epoch, expires_at) "
+              "VALUES (?, ?, ?, 1, ?) IF NOT EXISTS")
+_CLAIM_EXPIRED = ("UPDATE {ks}.release_leases SET owner = ?, epoch = ?, expires_at = ? "
+                  "WHERE ring = ? AND slot = ? IF epoch = ? AND expires_at < ?")
 _RENEW = ("UPDATE {ks}.release_leases SET expires_at = ? WHERE ring = ? AND slot = ? "
           "IF owner = ? AND epoch = ?")
 RENEW_BATCH = 100  # leases renewed by one conditional batch
@@ -55,22 +60,38 @@ class OwnershipStore:
     def claim(self, current: SlotLease | None, slot: int, owner: str, now_ms: int,
               until_ms: int) -> SlotLease | None:
         """Take the slot if it is free or its lease expired; the new lease, or None."""
+        cql, params = self._claim_statement(current, slot, owner, now_ms, until_ms)
         try:
-            if current is None:
-                rows = self.db.execute(
-                    "INSERT INTO {ks}.release_leases (ring, slot, owner, epoch, expires_at) "
-                    "VALUES (?, ?, ?, 1, ?) IF NOT EXISTS",
-                    (self.ring, slot, owner, until_ms))
-                epoch = 1
-            else:
-                epoch = current.epoch + 1
-                rows = self.db.execute(
-                    "UPDATE {ks}.release_leases SET owner = ?, epoch = ?, expires_at = ? "
-                    "WHERE ring = ? AND slot = ? IF epoch = ? AND expires_at < ?",
-                    (owner, epoch, until_ms, self.ring, slot, current.epoch, now_ms))
+            rows = self.db.execute(cql, params)
         except StoreUnavailable:
             return None
+        epoch = 1 if current is None else current.epoch + 1
         return SlotLease(slot, owner, epoch, until_ms) if rows[0]["[applied]"] else None
+
+    def claim_all(self, wanted: list[tuple[SlotLease | None, int]], owner: str, now_ms: int,
+                  until_ms: int) -> list[SlotLease] | None:
+        """claim() of every (current row, slot) in one conditional batch (the ring is one
+        partition: one Paxos round): all the new leases, or None when any slot was taken
+        first (then none is taken) or the outcome is unknown."""
+        if not wanted:
+            return []
+        batch = [self._claim_statement(current, slot, owner, now_ms, until_ms)
+                 for current, slot in wanted]
+        try:
+            ((ok, rows),) = self.db.run_batches([batch])
+        except StoreUnavailable:
+            return None
+        if not ok or not rows[0]["[applied]"]:
+            return None
+        return [SlotLease(slot, owner, 1 if current is None else current.epoch + 1, until_ms)
+                for current, slot in wanted]
+
+    def _claim_statement(self, current: SlotLease | None, slot: int, owner: str, now_ms: int,
+                         until_ms: int) -> tuple[str, tuple[object, ...]]:
+        if current is None:
+            return _CLAIM_NEW, (self.ring, slot, owner, until_ms)
+        return _CLAIM_EXPIRED, (owner, current.epoch + 1, until_ms, self.ring, slot,
+                                current.epoch, now_ms)
 
     def renew_all(self, leases: list[SlotLease], until_ms: int) -> list[SlotLease | None]:
         """Move the expiry of held leases to until_ms (a time in the past ends them): one
