@@ -71,7 +71,7 @@ def put_topic(services: Services, tenant: str, name: str,
         if settings.shards != current.settings.shards and _live_messages(services, current):
             raise Conflict("Cannot change shards of a topic with scheduled or leased messages.")
         topic = dataclasses.replace(current, settings=settings, updated_at_ms=now)
-        if services.topics.update(topic):
+        if services.topics.update(topic, current):
             services.topic_cache.forget(tenant, name)
             return topic, False
     raise Conflict("The topic changed concurrently; retry.")

@@ -6,6 +6,8 @@ import dataclasses
 import uuid
 from typing import Any
 
+from cassandra.query import UNSET_VALUE
+
 from app.models import Topic, TopicSettings
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms
@@ -53,8 +55,11 @@ class TopicStore:
         return [_row_to_topic(row["tenant"], row) for row in rows]
 
     def create(self, topic: Topic) -> bool:
-        """Insert a new topic; False when one of that name already exists."""
-        values = self._values(topic)
+        """Insert a new topic; False when one of that name already exists. An unset setting
+        (None) writes no cell: a null bound in an INSERT is a tombstone, and the releasers
+        read this table whole (4 tombstones a pull topic made the reload of a 400-topic
+        keyspace warn)."""
+        values = [UNSET_VALUE if v is None else v for v in self._values(topic)]
         placeholders = ", ".join("?" for _ in values)
         rows = self.db.execute(
             f"INSERT INTO {{ks}}.topics (tenant, name, {', '.join(_COLUMNS)}) "
@@ -63,10 +68,13 @@ class TopicStore:
         )
         return self._noted(bool(rows[0]["[applied]"]), topic.tenant, topic.name)
 
-    def update(self, topic: Topic) -> bool:
-        """Rewrite the settings of the incarnation topic.uid; False if it is gone or replaced."""
+    def update(self, topic: Topic, before: Topic) -> bool:
+        """Rewrite the settings of the incarnation topic.uid (as read: `before`); False if it
+        is gone or replaced. A setting unset before and after writes nothing (no tombstone);
+        one cleared writes its null."""
         assignments = ", ".join(f"{c} = ?" for c in [*_SETTING_COLUMNS, "updated_at"])
-        settings = [getattr(topic.settings, c) for c in _SETTING_COLUMNS]
+        settings = [UNSET_VALUE if new is None and getattr(before.settings, c) is None else new
+                    for c in _SETTING_COLUMNS for new in [getattr(topic.settings, c)]]
         rows = self.db.execute(
             f"UPDATE {{ks}}.topics SET {assignments} WHERE tenant = ? AND name = ? IF uid = ?",
             (*settings, topic.updated_at_ms, topic.tenant, topic.name, topic.uid),
