@@ -21,8 +21,10 @@ from app.config import Config
 from app.services import Services, system_clock_ms
 from app.store.ownership import OwnershipStore
 from tests.conftest import ROOT
+from tests.consumers import now_ms
 from tests.receiver import Receiver, receiving
 from tests.test_releaser import assert_on_time_and_signed, releaser, webhook_topic
+from tests.waiting import wait_until
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 
 LEASE_MS = 2000
@@ -216,3 +218,38 @@ def test_slots_handed_back_are_claimed_at_once_by_the_others(
         # h2 stopped: it left the membership, then handed its half back to h1
         wait_owners(store, {"h1"}, 3)
         assert len(first.ownership.owned()) == SLOTS
+
+
+def test_what_the_giver_held_for_slots_handed_back_is_still_delivered_on_time(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    """A releaser that hands slots back to one that joined still prepares, for one tick, the
+    messages its timers already held there: the new owner claims a moment later, but its
+    first look-ahead may come after their due time. Here the joiner is a membership row
+    with no releaser behind it, which never claims: what the giver dropped would wait until
+    that row expired."""
+    ring = next(_rings)
+    store = OwnershipStore(services.db, ring)
+    settings = {"release_ring": ring, "release_slots": SLOTS, "release_lease_ms": 60_000}
+    with receiving(Receiver()) as target, releaser(config, "g1", **settings) as giver:
+        giver.scheduler.remove_job("tick")
+        wait_owners(store, {"g1"}, 10)
+        topic, secret = webhook_topic(client, auth, target.url)
+        due = now_ms() + 3000
+        sent = topic.batch([{"id": f"h{n}", "deliver_at": due + 20 * n} for n in range(40)])
+        assert {r["status"] for r in sent} == {201}
+        wait_until(lambda: len(giver.timers) >= 40, 2.5)
+        with giver.timers._cond:
+            slot_of = {t.due.pointer.id: t.slot for t in giver.timers._held.values()}
+        store.heartbeat("joined", system_clock_ms(), 60)
+        giver.ownership.tick()  # it sees the new member and hands half its slots back
+        handed_back = set(range(SLOTS)) - giver.ownership.owned()
+        assert len(handed_back) == SLOTS // 2
+        assert now_ms() < due - 500, "the hand-back came too late to test anything"
+        theirs = {m for m, slot in slot_of.items() if slot in handed_back}
+        assert theirs, slot_of  # 40 messages over 16 shards: some are in the half handed back
+        assert target.wait_for(lambda got: len({a.message_id for a in got}) == 40, 10)
+    assert {a.message_id for a in target.arrivals} == {f"h{n}" for n in range(40)}
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
+    lag = {a.message_id: a.received_ms - (due + 20 * int(a.message_id[1:]))
+           for a in target.arrivals}
+    assert max(lag[m] for m in theirs) < 1000, {m: lag[m] for m in theirs}

@@ -4,7 +4,10 @@ tick() runs every lease_ms / RENEW_FRACTION: renew what is held (all at once), h
 give back slots above the fair share, claim free or expired slots below it (all at once).
 A releaser that gives slots back (rebalance, stop) wakes the others ("slots", app.wakeups),
 which claim at once (claim_share) instead of at their next tick: a slot nobody holds is a
-slot whose due messages wait. A slot counts as owned only until
+slot whose due messages wait. For one tick after a rebalance hand-back the releaser that
+gave a slot back may still prepare what its timers already hold there (may_prepare): the new
+owner's first look-ahead comes after its claim, and the per-message LWT decides between the
+two. A slot counts as owned only until
 VALID_FRACTION of the lease has passed since the renewal was *sent* (monotonic clock), so a
 releaser that cannot renew (partitioned, paused) stops acting on its slots before anyone may
 claim them: a stale owner fences itself. Another releaser claims only after the row's expiry,
@@ -47,6 +50,7 @@ class SlotOwnership:
         self.clock = clock
         self._held: dict[int, SlotLease] = {}
         self._valid_until: dict[int, float] = {}
+        self._handed_back: dict[int, float] = {}  # slot -> until when (monotonic s)
         self._lock = threading.Lock()
         self._step_lock = threading.Lock()  # one tick or claim_share at a time
 
@@ -56,12 +60,19 @@ class SlotOwnership:
         with self._lock:
             return frozenset(s for s, until in self._valid_until.items() if until > now)
 
-    def holds(self, slot: int) -> bool:
+    def may_prepare(self, slot: int) -> bool:
+        """May this releaser lease a message of the slot for its POST: it holds the slot, or
+        handed it back to a releaser that joined less than a tick ago (the timers it already
+        had there are due before the new owner's first look-ahead may find them). Safe
+        because a message is leased by an LWT on its version: one of the two takes it."""
+        now = time.monotonic()
         with self._lock:
-            return self._valid_until.get(slot, 0.0) > time.monotonic()
+            return (self._valid_until.get(slot, 0.0) > now
+                    or self._handed_back.get(slot, 0.0) > now)
 
     def _keep(self, lease: SlotLease, sent_at: float) -> None:
         with self._lock:
+            self._handed_back.pop(lease.slot, None)
             self._held[lease.slot] = lease
             self._valid_until[lease.slot] = sent_at + self.lease_ms * VALID_FRACTION / 1000
 
@@ -147,6 +158,12 @@ class SlotOwnership:
             leases = [self._held[s] for s in slots if s in self._held]
         for slot in slots:
             self._drop(slot, why)
+        if why == "rebalance":
+            now = time.monotonic()
+            until = now + self.lease_ms / RENEW_FRACTION / 1000
+            with self._lock:
+                self._handed_back = {s: u for s, u in self._handed_back.items() if u > now}
+                self._handed_back.update((lease.slot, until) for lease in leases)
         if leases:
             self.store.give_back_all(leases, self.clock())
             self.on_given_back()

@@ -68,12 +68,14 @@ class Armed:
 class PushDispatcher:
     def __init__(self, services: Services, member: str, timers: TimerHeap[Timer],
                  topic_of: Callable[[uuid.UUID], Topic | None],
-                 holds: Callable[[int], bool]) -> None:
+                 may_prepare: Callable[[int], bool]) -> None:
+        """may_prepare(slot): may a message of that release slot be leased for its POST
+        (workers.ownership.SlotOwnership.may_prepare)."""
         self.services = services
         self.consumer = f"{RELEASER_PREFIX}{member}"
         self.timers = timers
         self.topic_of = topic_of
-        self.holds = holds
+        self.may_prepare = may_prepare
         self.concurrency = services.config.webhook_concurrency
         self.rng = random.Random()
         # per topic, due timers waiting for room among its PENDING_PER_TOPIC (groups take turns)
@@ -132,9 +134,10 @@ class PushDispatcher:
         self.timers.wake()
 
     def _prepare(self, topic_uid: uuid.UUID, chunk: list[Timer]) -> None:
-        """On a taker thread: lease what this releaser still owns, arm it for its due time."""
+        """On a taker thread: lease what this releaser still may (its slots, and those it
+        handed back a moment ago), arm it for its due time."""
         topic = self.topic_of(topic_uid)
-        keep = [t for t in chunk if topic is not None and self.holds(t.slot)]
+        keep = [t for t in chunk if topic is not None and self.may_prepare(t.slot)]
         armed: list[Armed] = []
         try:
             if topic is not None and keep:

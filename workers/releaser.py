@@ -172,7 +172,7 @@ class Releaser:
         self._slot_maps: dict[tuple[uuid.UUID, int], dict[int, int]] = {}
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
-                                   self.ownership.holds)
+                                   self.ownership.may_prepare)
         self._stop = threading.Event()
         self._stopping = threading.Event()  # set first: long steps end at their next check
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
@@ -354,7 +354,8 @@ class Releaser:
 
     def _handover_reach_ms(self) -> int:
         """How far back (ms) the look-ahead run after a slot is claimed reads: a releaser
-        that gives a slot back (rebalance, stop) drops the timers it held for it, and the
+        that gives a slot back (rebalance, stop) drops the timers it held for it (after a
+        tick's grace, workers.ownership.may_prepare, on a rebalance), and the
         claim comes moments later (the "slots" wake-up) or, the datagram lost, at the next
         ownership tick (a third of a lease); one that dies holds the slot until its lease
         runs out. Messages that came due in that gap were left to the sweep, which in a
