@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from app import dead_letters, metrics
 from app.errors import (
@@ -27,8 +27,8 @@ from app.found_due import Found
 from app.models import MessageState, Payload, Topic
 from app.poll_groups import Waiter
 from app.pull_ahead import HeldLease
-from app.quiet_marks import QuietMark, buckets_to_count, peek_ms
-from app.scan import Due
+from app.quiet_marks import Cell, QuietMark, buckets_to_count, peek_ms
+from app.scan import CellCounts, Due
 from app.services import Services
 from app.store.campaigns import Campaign
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
@@ -187,8 +187,15 @@ def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
         quiet = _QuietRead.start(services, topic, now)
     peek = (idle_ms if quiet is None
             else peek_ms(idle_ms, ahead_ms, services.config.safety_lag_ms))
+    cells = _cell_counts(services, topic, now, quiet) if may_rest else None
+    if cells is not None and not services.quiet_marks.dense(topic.uid):
+        peek = max(peek, CELL_PEEK_MS)
     result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
-                                   ahead_ms=ahead_ms, peek_ms=peek)
+                                   ahead_ms=ahead_ms, peek_ms=peek,
+                                   cells=None if cells is None else cells[1])
+    if cells is not None and result.cell_marks is not None:
+        services.quiet_marks.keep_cells(topic.uid, result.cell_marks, cells[0],
+                                        dense=2 * len(result.cell_marks) < result.cells_read)
     # Lower priority values first, then round-robin across groups (app.fairness), each in
     # the order of deliver_at: messages brought back at once (a campaign resumed, a retry)
     # go in their due order. Otherwise that is timeline order within each lane: what is
@@ -251,6 +258,29 @@ class _QuietRead:
         """The mark left, or None when a wake-up came since this pass began."""
         mark = QuietMark(self.read_at_ms, self.buckets, self.counts, seen_through_ms)
         return mark if services.quiet_marks.keep(topic.uid, mark, self.generation) else None
+
+
+# How far past its window a pass of a topic that is not dense reads, to learn where each
+# (bucket, shard)'s next pointer is: its mark then stands until that one nears (quiet_marks).
+CELL_PEEK_MS = 2000
+
+
+def _cell_counts(services: Services, topic: Topic, now: int, quiet: _QuietRead | None
+                 ) -> tuple[int, CellCounts]:
+    """The wake-up generation and the write counts for the pass's cell marks
+    (app.quiet_marks): the quiet read's when there is one, else sent now, beside the scan's
+    first reads (the generation taken before)."""
+    if quiet is not None:
+        generation, buckets = quiet.generation, quiet.buckets
+        pending: Callable[[], dict[Cell, int]] = quiet.counts.copy
+    else:
+        generation = services.quiet_marks.generation(topic.uid)
+        buckets = buckets_to_count(now, services.config.bucket_ms,
+                                   services.config.safety_lag_ms)
+        pending = services.timeline.start_write_counts(topic.uid, buckets)
+    return generation, CellCounts(now, frozenset(buckets), pending,
+                                  services.quiet_marks.cells(topic.uid),
+                                  services.config.safety_lag_ms)
 
 
 def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int) -> int | None:

@@ -25,6 +25,16 @@ only when the wake-up was lost too. The pass a wake-up starts leaves no mark (`w
 is the one that hands the new message out, and reading the counts first would add a round
 trip to it; the idle read after it leaves one.
 
+Cell marks are the same reasoning per (bucket, shard) of a topic that is not quiet: every pass
+reads the write counts beside its cursors, and leaves a mark on each (bucket, shard) it read
+whole where nothing was due or in flight, with how far the read saw there (up to the first
+pointer not known spent past its window: its peek of that partition). A later pass does not
+read a marked (bucket, shard) whose count has not moved, while its window ends before the
+mark's seen_through_ms and within COUNTED_AHEAD_MS less the safety lag of the mark's count
+read. So a consumer on a topic with a message due now and then costs a read of the
+partitions where something can have changed, not of every shard at every pass. A wake-up
+drops the topic's cell marks too, and a pass keeps them only when none came since it began.
+
 Thread-safe; process-local; bounded (least recently used marks go first).
 """
 
@@ -52,6 +62,27 @@ class QuietMark:
     seen_through_ms: int
 
 
+@dataclasses.dataclass(frozen=True)
+class CellMark:
+    """What a pass's read saw of one (bucket, shard): read_at_ms, the reader's clock when
+    the count was read (epoch ms, before the timeline read); count, the (bucket, shard)'s
+    write count then (None: none yet); seen_through_ms, every pointer there due before it
+    was known spent after that read."""
+
+    read_at_ms: int
+    count: int | None
+    seen_through_ms: int
+
+    def stands(self, count: int | None, window_end_ms: int, safety_lag_ms: int) -> bool:
+        """Can this mark stand for a pass whose window ends at window_end_ms (epoch ms) and
+        which read the (bucket, shard)'s write count as `count`?"""
+        return (count == self.count and window_end_ms < self.seen_through_ms
+                and window_end_ms <= self.read_at_ms + COUNTED_AHEAD_MS - safety_lag_ms)
+
+
+Cell = tuple[int, int]  # (bucket, shard)
+
+
 def buckets_to_count(now_ms: int, bucket_ms: int, safety_lag_ms: int) -> tuple[int, ...]:
     """The buckets a pointer written from now_ms on and counted can be in: due from now_ms
     less the safety lag (another process's clock) to COUNTED_AHEAD_MS ahead."""
@@ -69,6 +100,10 @@ class QuietMarks:
         self.safety_lag_ms = safety_lag_ms
         self.capacity = capacity
         self._marks: OrderedDict[uuid.UUID, QuietMark] = OrderedDict()
+        self._cells: OrderedDict[uuid.UUID, dict[Cell, CellMark]] = OrderedDict()
+        # topics whose last pass could mark few of the (bucket, shard)s it read: a peek for
+        # marks there would fetch pointers past the window for nothing (kept across wake-ups)
+        self._dense: OrderedDict[uuid.UUID, bool] = OrderedDict()
         # per topic the sequence number of its last wake-up; a topic not listed has had none
         # since the last one evicted (its generation is then _floor)
         self._generations: OrderedDict[uuid.UUID, int] = OrderedDict()
@@ -93,6 +128,35 @@ class QuietMarks:
             while len(self._marks) > self.capacity:
                 self._marks.popitem(last=False)
             return True
+
+    def keep_cells(self, topic_uid: uuid.UUID, cells: dict[Cell, CellMark],
+                   generation: int, dense: bool) -> bool:
+        """Keep these cell marks as the topic's (replacing the ones before), unless the topic
+        was woken since generation() returned `generation`; and whether the pass that made
+        them found the topic dense (few (bucket, shard)s it read could be marked). Returns
+        whether the marks were kept."""
+        with self._lock:
+            self._dense[topic_uid] = dense
+            self._dense.move_to_end(topic_uid)
+            while len(self._dense) > self.capacity:
+                self._dense.popitem(last=False)
+            if self._generations.get(topic_uid, self._floor) != generation:
+                return False
+            self._cells[topic_uid] = cells
+            self._cells.move_to_end(topic_uid)
+            while len(self._cells) > self.capacity:
+                self._cells.popitem(last=False)
+            return True
+
+    def cells(self, topic_uid: uuid.UUID) -> dict[Cell, CellMark]:
+        """The topic's cell marks (none after a wake-up)."""
+        with self._lock:
+            return self._cells.get(topic_uid, {})
+
+    def dense(self, topic_uid: uuid.UUID) -> bool:
+        """Did the topic's last pass find it dense (keep_cells)? False when unknown."""
+        with self._lock:
+            return self._dense.get(topic_uid, False)
 
     def standing(self, topic_uid: uuid.UUID, window_end_ms: int) -> QuietMark | None:
         """The topic's mark, if it can stand for a pass whose window ends at window_end_ms
@@ -120,6 +184,7 @@ class QuietMarks:
         """Something was written to the topic, or may have been: the next pass reads."""
         with self._lock:
             self._marks.pop(topic_uid, None)
+            self._cells.pop(topic_uid, None)
             self._woken.add(topic_uid)
             self._sequence += 1
             self._generations[topic_uid] = self._sequence
@@ -127,4 +192,5 @@ class QuietMarks:
             while len(self._generations) > self.capacity:
                 evicted, self._floor = self._generations.popitem(last=False)
                 self._marks.pop(evicted, None)
+                self._cells.pop(evicted, None)
                 self._woken.discard(evicted)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Container, Iterator, Mapping
 
 from app.config import Config
 from app.models import MessageState, Pointer, Topic
+from app.quiet_marks import Cell, CellMark
 from app.store.messages import MessageStore
 from app.store.timeline import READ_AHEAD, PointerPosition, TimelineStore
 from app.timeline import LANE_STRIDE, MS_PER_DAY, bucket_of, bucket_start_ms
@@ -64,6 +65,8 @@ class ScanResult:
     cut: bool = False
     next_ms: int | None = None
     unsettled: bool = False
+    cell_marks: dict[Cell, CellMark] | None = None  # with CellCounts: what the next may skip
+    cells_read: int = 0  # (bucket, shard)s read
 
     def moves(self, untaken: list[Due]) -> dict[int, int]:
         """Cursor moves once the live pointers not in `untaken` are spent: no cursor passes
@@ -173,6 +176,40 @@ class _Partition:
     whole: bool = False
     in_prefix: bool = True
     spent_prefix: PointerPosition | None = None
+    peeked_ms: int | None = None  # its first pointer not known spent past the due window
+
+
+@dataclasses.dataclass
+class CellCounts:
+    """What a scan needs to skip (bucket, shard)s and mark them (app.quiet_marks): the
+    reader's clock and the buckets whose write counts it read before the scan's timeline read
+    (`counts` waits for them), and the marks of the passes before."""
+
+    read_at_ms: int
+    buckets: frozenset[int]
+    counts: Callable[[], dict[Cell, int]]
+    marks: dict[Cell, CellMark]
+    safety_lag_ms: int
+
+    def standing(self, cells: list[Cell], window_end_ms: int) -> dict[Cell, CellMark]:
+        """The marks among cells that stand for a window ending at window_end_ms."""
+        counts = self.counts()
+        return {c: m for c in cells if (m := self.marks.get(c)) is not None
+                and c[0] in self.buckets
+                and m.stands(counts.get(c), window_end_ms, self.safety_lag_ms)}
+
+    def new_marks(self, plan: list[tuple[int, int, int, int, int]], whole: set[int],
+                  busy: set[Cell], peeked: dict[int, int]) -> dict[Cell, CellMark]:
+        """Marks of the (bucket, shard)s of plan in the counted buckets that were read whole
+        and held nothing due or in flight (`busy`): each seen through its first pointer not
+        known spent past the window (peeked, per plan entry), or its read's end."""
+        counts = self.counts()
+        seen: dict[Cell, int] = {}
+        for cell in _read_whole(plan, whole, busy):
+            if cell[0] in self.buckets:
+                seen[cell] = min(peeked.get(i, e[4] + 1) for i, e in enumerate(plan)
+                                 if (e[0], e[1]) == cell)
+        return {c: CellMark(self.read_at_ms, counts.get(c), ms) for c, ms in seen.items()}
 
 
 class _LaneReader:
@@ -256,6 +293,16 @@ class _Reads:
     def full(self) -> bool:
         return len(self.unknown) >= self.quota or self.read >= MAX_ROWS_PER_SCAN
 
+    def report_peeks(self, peek: dict[str, int | None] | None,
+                     peeked: dict[int, int] | None) -> None:
+        """The earliest pointer peeked at, into peek["next_ms"]; each partition's, by plan
+        index, into peeked."""
+        if peek is not None:
+            peek["next_ms"] = self.next_ms
+        if peeked is not None:
+            peeked.update((i, state.peeked_ms) for i, state in self.progress.items()
+                          if state.peeked_ms is not None)
+
     def run(self, reader: _LaneReader, more: int) -> None:
         """Read on in this lane until it gave `more` unknown pointers, its end or a cap."""
         until = len(self.unknown) + more
@@ -282,6 +329,7 @@ class _Reads:
             if self.due_by_ms is not None and p.due_at_ms > self.due_by_ms:
                 # the partition's first such pointer is all a peek needs of it
                 self.next_ms = min(p.due_at_ms, self.next_ms or p.due_at_ms)
+                state.peeked_ms = p.due_at_ms
                 reader.close(index)
                 continue
             self.unknown.append(p)
@@ -390,30 +438,53 @@ class DueScanner:
 
     def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
              stored: dict[int, int] | None = None, ahead_ms: int = 0,
-             peek_ms: int = 0) -> ScanResult:
+             peek_ms: int = 0, cells: CellCounts | None = None) -> ScanResult:
         """Live pointers due by now_ms + ahead_ms (at most about SCAN_SLACK x want) of the
         topic's shards (or of `shards`), and per-shard frontiers (never past now_ms less the
         safety lag). With peek_ms, the same read also looks peek_ms further: next_ms is then
         the earliest pointer there not known spent (one per partition is read), so a caller
         that found nothing due knows nothing can come due before it but what is written
-        after the read."""
+        after the read.
+
+        With `cells` (app.quiet_marks), a (bucket, shard) whose mark stands for this window
+        is not read, and the result's cell_marks are those for the next scan: the marks that
+        stood, and one for each (bucket, shard) read whole that held nothing due or in
+        flight. A mark that stood counts in next_ms where it ends within the peek."""
         stored = self.timeline.cursors(topic.uid) if stored is None else stored
         default = topic.created_at_ms - self.config.safety_lag_ms
         cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)
                    if shards is None or s in shards}
         if not cursors:
             return ScanResult([], {}, {})
-        plan, limit_ms = self._partitions(topic, cursors, now_ms + ahead_ms + peek_ms)
+        horizon = now_ms + ahead_ms + peek_ms
+        plan, limit_ms = self._partitions(topic, cursors, horizon)
+        skipped: dict[Cell, CellMark] = {}
+        if cells is not None:
+            skipped = cells.standing(list(dict.fromkeys((e[0], e[1]) for e in plan)),
+                                     now_ms + ahead_ms)
+            plan = [e for e in plan if (e[0], e[1]) not in skipped]
         frontier = {s: _below(now_ms - self.config.safety_lag_ms, limit_ms) for s in cursors}
         peek: dict[str, int | None] = {}
+        peeked: dict[int, int] = {}
         unknown, whole = self._read(topic, plan, want, frontier, lambda key: False,
                                     now_ms - self.config.safety_lag_ms,
-                                    now_ms + ahead_ms if peek_ms else None, peek)
+                                    now_ms + ahead_ms if peek_ms else None, peek, peeked)
         due, unsettled = self._settle(topic, unknown,
                                       lambda p, row: is_live(p, row, now_ms, ahead_ms))
         cut = len(whole) < len(plan) or limit_ms is not None
-        return ScanResult(due, frontier, cursors, cut=cut, next_ms=peek.get("next_ms"),
-                          unsettled=bool(unsettled))
+        next_ms = peek.get("next_ms")
+        marks = None
+        if cells is not None:
+            bucket_ms = self.config.bucket_ms
+            busy = unsettled | {(bucket_of(d.pointer.due_at_ms, bucket_ms), d.pointer.shard)
+                                for d in due}
+            marks = {**skipped, **cells.new_marks(plan, whole, busy, peeked)}
+            ends = [m.seen_through_ms for m in skipped.values() if m.seen_through_ms <= horizon]
+            if peek_ms and ends:
+                next_ms = min(ends + ([next_ms] if next_ms is not None else []))
+        return ScanResult(due, frontier, cursors, cut=cut, next_ms=next_ms,
+                          unsettled=bool(unsettled), cell_marks=marks,
+                          cells_read=len({(e[0], e[1]) for e in plan}))
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
                  pending: Callable[[PointerKey], bool], seen: ReadAhead | None = None,
@@ -494,14 +565,15 @@ class DueScanner:
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
               frontier: dict[int, int], skip: Callable[[PointerKey], bool],
               settled_ms: int | None = None, due_by_ms: int | None = None,
-              peek: dict[str, int | None] | None = None) -> tuple[list[Pointer], set[int]]:
+              peek: dict[str, int | None] | None = None,
+              peeked: dict[int, int] | None = None) -> tuple[list[Pointer], set[int]]:
         """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
         the plan entries read whole. Lowers `frontier` so that no shard's cursor may pass
         what was not read. With settled_ms, each partition is read from its resume point, and
         a spent prefix due before settled_ms moves that point. With due_by_ms, a partition's
         reading ends at its first such pointer due after it (the entry counts as read
         whole: nothing due by due_by_ms is left in it), and peek["next_ms"] is set to the
-        earliest of those.
+        earliest of those (and peeked[plan index] to each partition's).
 
         Each fair-delivery lane (app.timeline.lane_of) is read on its own, in due order
         (_LaneReader):
@@ -534,8 +606,7 @@ class DueScanner:
             if state.spent_prefix:
                 self.resume.advance(keys[index], state.spent_prefix)
         self.pointers_read += reads.read
-        if peek is not None:
-            peek["next_ms"] = reads.next_ms
+        reads.report_peeks(peek, peeked)
         whole = {i for i, state in reads.progress.items() if state.whole}
         bucket_ms = self.config.bucket_ms
         for index, (bucket, shard, _, _, _) in enumerate(plan):
