@@ -15,7 +15,11 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
    share of the batch rate is out of reach on that machine whatever the store does;
 6. the client's own cost: one client's `GET /healthz` through duetime's client and through
    a `requests.Session`, p50 and client CPU per call (on a small machine the client shares
-   the cores with the API and Cassandra).
+   the cores with the API and Cassandra);
+7. the framework's floor: a Flask app that only answers `GET /healthz`
+   (tests/bench/bare_app.py), served by gunicorn with duetime's settings beside the stack,
+   from the same PRODUCERS threads: what one request costs on the machine before any of
+   duetime's code runs.
 Every call goes through duetime's own client (app.client.Client, urllib3 keep-alive, no
 retries, so a 429 or 503 fails the run instead of hiding in it), the path the README shows
 Python producers and consumers.
@@ -27,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -38,6 +44,7 @@ import requests
 from app.client import ApiError, Client
 from tests.bench.run import (
     OUT,
+    ROOT,
     URL,
     consume,
     dev_headers,
@@ -166,6 +173,52 @@ def http_floor(api: Client, topic: str, count: int) -> dict[str, Any]:
     return floor
 
 
+BARE_PORT = 18099
+
+
+def bare_floor(headers: dict[str, str], count: int) -> dict[str, float]:
+    """Requests/s from PRODUCERS threads and one client's p50 (ms) of `GET /healthz` on a
+    bare Flask app under gunicorn with app/gunicorn_conf.py (same workers and threads)."""
+    env = {**os.environ, "DUETIME_HTTP_PORT": str(BARE_PORT), "DUETIME_HTTP_HOST": "127.0.0.1"}
+    server = subprocess.Popen([str(ROOT / ".venv/bin/gunicorn"), "-c", "app/gunicorn_conf.py",
+                               "tests.bench.bare_app:app"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bare = Client(f"http://127.0.0.1:{BARE_PORT}", headers["Authorization"].split()[1],
+                  timeout_s=60, retries=0, connections=PRODUCERS)
+    try:
+        _until_up(bare)
+
+        def healthz() -> None:
+            if bare.request("GET", "/healthz") != {"status": "ok"}:
+                raise RuntimeError("the bare app did not answer its status")
+
+        took = _one_at_a_time(healthz)
+        share = count // PRODUCERS
+
+        def hammer() -> None:
+            for _ in range(share):
+                healthz()
+
+        rate = share * PRODUCERS / timed_threads([hammer] * PRODUCERS)
+        return {"healthz_per_s": round(rate, 1), "healthz_idle_p50_ms": _summary(took)["p50"]}
+    finally:
+        bare.close()
+        server.terminate()
+        server.wait(30)
+
+
+def _until_up(api: Client, within_s: float = 30.0) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            api.request("GET", "/healthz")
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def client_cost(api: Client) -> dict[str, dict[str, float]]:
     """One client's `GET /healthz`, one call at a time, through duetime's client and through a
     requests.Session: latency p50 (ms) and the calling process's CPU per call (ms)."""
@@ -202,6 +255,7 @@ def main(argv: list[str]) -> int:
     lease_batch = len(received) / seconds
     ceiling = raw_ceiling(5000)
     floor = http_floor(api, single_topic, count)
+    bare = bare_floor(headers, count)
     result: dict[str, Any] = {
         "idle_one_client_ms": idle,
         "enqueue_one_per_request_msgs_per_s": round(single_rate, 1),
@@ -218,7 +272,11 @@ def main(argv: list[str]) -> int:
         # the most a one-message path could reach here: one request that does nothing per
         # enqueue, two (lease and ack) per leased message
         "floor_vs_enqueue_batches": round(floor["refused_enqueue_per_s"] / batch_rate, 3),
-        "floor_vs_lease_batches": round(floor["refused_enqueue_per_s"] / 2 / lease_batch, 3)}
+        "floor_vs_lease_batches": round(floor["refused_enqueue_per_s"] / 2 / lease_batch, 3),
+        # and the same for a Flask app that does nothing, on the same gunicorn settings
+        "bare_floor": bare,
+        "bare_floor_vs_enqueue_batches": round(bare["healthz_per_s"] / batch_rate, 3),
+        "bare_floor_vs_lease_batches": round(bare["healthz_per_s"] / 2 / lease_batch, 3)}
     OUT.mkdir(exist_ok=True)
     (OUT / "single.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
