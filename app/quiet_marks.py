@@ -44,6 +44,7 @@ import dataclasses
 import threading
 import uuid
 from collections import OrderedDict
+from typing import TypeVar
 
 from app.timeline import COUNTED_AHEAD_MS, bucket_of
 
@@ -95,6 +96,18 @@ def peek_ms(idle_ms: int, ahead_ms: int, safety_lag_ms: int) -> int:
     return max(idle_ms, COUNTED_AHEAD_MS - safety_lag_ms - ahead_ms)
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _put(lru: OrderedDict[K, V], key: K, value: V, capacity: int) -> None:
+    """Store as the most recently used entry; the least recently used go past capacity."""
+    lru[key] = value
+    lru.move_to_end(key)
+    while len(lru) > capacity:
+        lru.popitem(last=False)
+
+
 class QuietMarks:
     def __init__(self, safety_lag_ms: int, capacity: int = MAX_TOPICS) -> None:
         self.safety_lag_ms = safety_lag_ms
@@ -123,10 +136,7 @@ class QuietMarks:
         with self._lock:
             if self._generations.get(topic_uid, self._floor) != generation:
                 return False
-            self._marks[topic_uid] = mark
-            self._marks.move_to_end(topic_uid)
-            while len(self._marks) > self.capacity:
-                self._marks.popitem(last=False)
+            _put(self._marks, topic_uid, mark, self.capacity)
             return True
 
     def keep_cells(self, topic_uid: uuid.UUID, cells: dict[Cell, CellMark],
@@ -136,16 +146,10 @@ class QuietMarks:
         them found the topic dense (few (bucket, shard)s it read could be marked). Returns
         whether the marks were kept."""
         with self._lock:
-            self._dense[topic_uid] = dense
-            self._dense.move_to_end(topic_uid)
-            while len(self._dense) > self.capacity:
-                self._dense.popitem(last=False)
+            _put(self._dense, topic_uid, dense, self.capacity)
             if self._generations.get(topic_uid, self._floor) != generation:
                 return False
-            self._cells[topic_uid] = cells
-            self._cells.move_to_end(topic_uid)
-            while len(self._cells) > self.capacity:
-                self._cells.popitem(last=False)
+            _put(self._cells, topic_uid, cells, self.capacity)
             return True
 
     def cells(self, topic_uid: uuid.UUID) -> dict[Cell, CellMark]:
