@@ -156,8 +156,9 @@ def _not_paused(services: Services, topic: Topic, due: list[Due]) -> list[Due]:
 
 
 def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
-    """Read the due messages of every shard and lease them for the run's calls; keep what is
-    left (app.found_due) and move the cursors. After a pass that found nothing, when long
+    """Read the due messages of every shard (but the (bucket, shard)s whose cell marks stand:
+    app.quiet_marks) and lease them for the run's calls; keep what is left (app.found_due)
+    and move the cursors. After a pass that found nothing, when long
     polls may rest (app.pull_wakes), the read peeks further: an idle period, or, for a pass
     not started by a wake-up, to the end of the window of the quiet mark it may leave
     (app.quiet_marks); and where such a mark stands, the topic's write counts are read

@@ -17,8 +17,9 @@ moment (the earliest pointer it saw ahead, or an idle period), unless a wake-up 
 says a pointer was written meanwhile. A wake-up that comes while a pass is running makes
 that pass's rest void, since its read may have missed the write (wakes).
 
-So each pass reads every shard once for all the calls it serves, in one round, instead of
-each call racing the others of its process over shards and homes; idle consumers cost one
+So each pass reads every shard (that can have changed: app.quiet_marks) once for all the
+calls it serves, in one round, instead of each call racing the others of its process over
+shards and homes; idle consumers cost one
 pass per topic and interval in each process, not one per consumer, and on a resting topic
 one per idle period; and a call is never answered before a pass that started after it
 arrived has looked for it. With a host lock
