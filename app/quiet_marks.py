@@ -128,13 +128,17 @@ class QuietMarks:
     def generation(self, topic_uid: uuid.UUID) -> int:
         """Taken by a pass before its counts read, and given back to keep()."""
         with self._lock:
-            return self._generations.get(topic_uid, self._floor)
+            return self._generation_of(topic_uid)
+
+    def _generation_of(self, topic_uid: uuid.UUID) -> int:
+        """The topic's generation now (the caller holds the lock)."""
+        return self._generations.get(topic_uid, self._floor)
 
     def keep(self, topic_uid: uuid.UUID, mark: QuietMark, generation: int) -> bool:
         """Keep the mark, unless the topic was woken since generation() returned
         `generation`. Returns whether it was kept."""
         with self._lock:
-            if self._generations.get(topic_uid, self._floor) != generation:
+            if self._generation_of(topic_uid) != generation:
                 return False
             _put(self._marks, topic_uid, mark, self.capacity)
             return True
@@ -147,7 +151,7 @@ class QuietMarks:
         whether the marks were kept."""
         with self._lock:
             _put(self._dense, topic_uid, dense, self.capacity)
-            if self._generations.get(topic_uid, self._floor) != generation:
+            if self._generation_of(topic_uid) != generation:
                 return False
             _put(self._cells, topic_uid, cells, self.capacity)
             return True

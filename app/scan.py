@@ -105,13 +105,17 @@ def moved_counts(seen: Mapping[tuple[int, int], int | None], counts: dict[tuple[
     return {key: n for key, n in counts.items() if key[1] in shards and seen.get(key) != n}
 
 
+def _cells_of(plan: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int]]:
+    """The (bucket, shard)s of plan, each once, in plan order."""
+    return list(dict.fromkeys((e[0], e[1]) for e in plan))
+
+
 def _read_whole(plan: list[tuple[int, int, int, int, int]], whole: set[int],
                 unsettled: set[tuple[int, int]]) -> list[tuple[int, int]]:
     """The (bucket, shard)s of plan read whole (every part of them) with every pointer
     settled."""
     partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
-    return [key for key in dict.fromkeys((e[0], e[1]) for e in plan)
-            if key not in unsettled and key not in partly]
+    return [key for key in _cells_of(plan) if key not in unsettled and key not in partly]
 
 
 def _remember(seen: dict[tuple[int, int], int], counts: dict[tuple[int, int], int],
@@ -460,8 +464,7 @@ class DueScanner:
         plan, limit_ms = self._partitions(topic, cursors, horizon)
         skipped: dict[Cell, CellMark] = {}
         if cells is not None:
-            skipped = cells.standing(list(dict.fromkeys((e[0], e[1]) for e in plan)),
-                                     now_ms + ahead_ms)
+            skipped = cells.standing(_cells_of(plan), now_ms + ahead_ms)
             plan = [e for e in plan if (e[0], e[1]) not in skipped]
         frontier = {s: _below(now_ms - self.config.safety_lag_ms, limit_ms) for s in cursors}
         peek: dict[str, int | None] = {}
@@ -484,7 +487,7 @@ class DueScanner:
                 next_ms = min(ends + ([next_ms] if next_ms is not None else []))
         return ScanResult(due, frontier, cursors, cut=cut, next_ms=next_ms,
                           unsettled=bool(unsettled), cell_marks=marks,
-                          cells_read=len({(e[0], e[1]) for e in plan}))
+                          cells_read=len(_cells_of(plan)))
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
                  pending: Callable[[PointerKey], bool], seen: ReadAhead | None = None,

@@ -15,22 +15,23 @@ from typing import IO
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_api(env: dict[str, str], output: int | IO[bytes] = subprocess.DEVNULL
-              ) -> subprocess.Popen[bytes]:
+def start_api(env: dict[str, str], output: int | IO[bytes] = subprocess.DEVNULL,
+              app: str = "app.wsgi:app") -> subprocess.Popen[bytes]:
     """Start gunicorn with the project's settings and `env` (DUETIME_* of its port and
-    keyspace); its output goes to `output`."""
+    keyspace), serving `app` (the API unless told); its output goes to `output`."""
     return subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "-c",
-                             "app/gunicorn_conf.py", "app.wsgi:app"], cwd=ROOT, env=env,
+                             "app/gunicorn_conf.py", app], cwd=ROOT, env=env,
                             stdout=output, stderr=subprocess.STDOUT)
 
 
-def wait_ready(base: str, process: subprocess.Popen[bytes], within_s: float = 60) -> bool:
-    """Whether the API at base answers /readyz 200 within within_s (False at once if the
+def wait_ready(base: str, process: subprocess.Popen[bytes], within_s: float = 60,
+               path: str = "/readyz") -> bool:
+    """Whether the server at base answers `path` 200 within within_s (False at once if the
     process has ended)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as answer:
+            with urllib.request.urlopen(f"{base}{path}", timeout=2) as answer:
                 if answer.status == 200:
                     return True
         except OSError:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -44,7 +43,6 @@ import requests
 from app.client import ApiError, Client
 from tests.bench.run import (
     OUT,
-    ROOT,
     URL,
     consume,
     dev_headers,
@@ -55,6 +53,7 @@ from tests.bench.run import (
     raw_ceiling,
     timed_threads,
 )
+from tests.serving import start_api, wait_ready
 
 PRODUCERS = 4
 CONSUMERS = 8
@@ -160,17 +159,22 @@ def http_floor(api: Client, topic: str, count: int) -> dict[str, Any]:
     calls = {"healthz": healthz, "refused_enqueue": refused_enqueue}
     floor: dict[str, Any] = {}
     for name, call in calls.items():
-        took = _one_at_a_time(call)
-
-        def hammer(n: int, call: Any = call) -> None:
-            for _ in range(n):
-                call()
-
-        share = count // PRODUCERS
-        floor[f"{name}_per_s"] = round(share * PRODUCERS / timed_threads(
-            [functools.partial(hammer, share)] * PRODUCERS), 1)
-        floor[f"{name}_idle_p50_ms"] = _summary(took)["p50"]
+        floor[f"{name}_per_s"], floor[f"{name}_idle_p50_ms"] = _rate_and_p50(call, count)
     return floor
+
+
+def _rate_and_p50(call: Callable[[], None], count: int) -> tuple[float, float]:
+    """Calls/s of count calls from PRODUCERS threads, and the p50 (ms) of IDLE_CALLS made one
+    at a time before."""
+    took = _one_at_a_time(call)
+
+    def hammer(n: int) -> None:
+        for _ in range(n):
+            call()
+
+    share = count // PRODUCERS
+    rate = share * PRODUCERS / timed_threads([functools.partial(hammer, share)] * PRODUCERS)
+    return round(rate, 1), _summary(took)["p50"]
 
 
 BARE_PORT = 18099
@@ -179,44 +183,25 @@ BARE_PORT = 18099
 def bare_floor(headers: dict[str, str], count: int) -> dict[str, float]:
     """Requests/s from PRODUCERS threads and one client's p50 (ms) of `GET /healthz` on a
     bare Flask app under gunicorn with app/gunicorn_conf.py (same workers and threads)."""
-    env = {**os.environ, "DUETIME_HTTP_PORT": str(BARE_PORT), "DUETIME_HTTP_HOST": "127.0.0.1"}
-    server = subprocess.Popen([str(ROOT / ".venv/bin/gunicorn"), "-c", "app/gunicorn_conf.py",
-                               "tests.bench.bare_app:app"], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    bare = Client(f"http://127.0.0.1:{BARE_PORT}", headers["Authorization"].split()[1],
-                  timeout_s=60, retries=0, connections=PRODUCERS)
+    base = f"http://127.0.0.1:{BARE_PORT}"
+    server = start_api({**os.environ, "DUETIME_HTTP_PORT": str(BARE_PORT),
+                        "DUETIME_HTTP_HOST": "127.0.0.1"}, app="tests.bench.bare_app:app")
+    bare = Client(base, headers["Authorization"].split()[1], timeout_s=60, retries=0,
+                  connections=PRODUCERS)
     try:
-        _until_up(bare)
+        if not wait_ready(base, server, 30, path="/healthz"):
+            raise RuntimeError("the bare app did not start")
 
         def healthz() -> None:
             if bare.request("GET", "/healthz") != {"status": "ok"}:
                 raise RuntimeError("the bare app did not answer its status")
 
-        took = _one_at_a_time(healthz)
-        share = count // PRODUCERS
-
-        def hammer() -> None:
-            for _ in range(share):
-                healthz()
-
-        rate = share * PRODUCERS / timed_threads([hammer] * PRODUCERS)
-        return {"healthz_per_s": round(rate, 1), "healthz_idle_p50_ms": _summary(took)["p50"]}
+        rate, p50 = _rate_and_p50(healthz, count)
+        return {"healthz_per_s": rate, "healthz_idle_p50_ms": p50}
     finally:
         bare.close()
         server.terminate()
         server.wait(30)
-
-
-def _until_up(api: Client, within_s: float = 30.0) -> None:
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            api.request("GET", "/healthz")
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def client_cost(api: Client) -> dict[str, dict[str, float]]:
