@@ -214,10 +214,12 @@ def test_slots_handed_back_are_claimed_at_once_by_the_others(
             first.ownership.tick()  # h1 sees h2 and hands half back
             assert len(first.ownership.owned()) == SLOTS // 2
             wait_owners(store, {"h1", "h2"}, 3)
-            assert len(second.ownership.owned()) == SLOTS // 2
+            # a releaser keeps what its claim won once the LWT's answer is back: the rows
+            # can show the claim a moment before the claimer's own view does
+            assert wait_until(lambda: len(second.ownership.owned()) == SLOTS // 2, 1)
         # h2 stopped: it left the membership, then handed its half back to h1
         wait_owners(store, {"h1"}, 3)
-        assert len(first.ownership.owned()) == SLOTS
+        assert wait_until(lambda: len(first.ownership.owned()) == SLOTS, 1)
 
 
 def test_what_the_giver_held_for_slots_handed_back_is_still_delivered_on_time(
