@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from app.store.ownership import OwnershipStore
 from tests.conftest import ROOT
 from tests.consumers import now_ms
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import assert_on_time_and_signed, releaser, webhook_topic
+from tests.test_releaser import assert_on_time_and_signed, releaser, tenant_of, webhook_topic
 from tests.waiting import wait_until
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 
@@ -55,23 +56,35 @@ def wait_owners(store: OwnershipStore, members: set[str], within_s: float) -> fl
 @contextmanager
 def releaser_processes(config: Config, ring: int, names: list[str], lease_ms: int = LEASE_MS
                        ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """Releaser processes of one ring, stopped by SIGTERM at the end; when the test fails,
+    the last lines each one logged are printed (pytest shows them with the failure)."""
     env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace, "DUETIME_RELEASE_RING": str(ring),
            "DUETIME_RELEASE_LEASE_MS": str(lease_ms), "DUETIME_RELEASE_SLOTS": str(SLOTS),
            "DUETIME_TOPIC_REFRESH_MS": "300", "DUETIME_RELEASE_SWEEP_MS": "300"}
-    procs = {n: subprocess.Popen([sys.executable, "-m", "app.cli", "releaser", "--member", n],
-                                 cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
-             for n in names}
-    try:
-        yield procs
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    with tempfile.TemporaryDirectory() as logs:
+        paths = {n: os.path.join(logs, f"{n}.log") for n in names}
+        procs = {}
+        for n in names:
+            with open(paths[n], "wb") as log:
+                procs[n] = subprocess.Popen(
+                    [sys.executable, "-m", "app.cli", "releaser", "--member", n],
+                    cwd=ROOT, env=env, stderr=log)
+        try:
+            yield procs
+        except BaseException:
+            for n, path in paths.items():
+                with open(path, errors="replace") as log:
+                    print(f"--- releaser {n}, its last lines:", *log.readlines()[-80:], sep="")
+            raise
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs.values():
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
 def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) -> None:
@@ -239,9 +252,17 @@ def test_what_the_giver_held_for_slots_handed_back_is_still_delivered_on_time(
         due = now_ms() + 3000
         sent = topic.batch([{"id": f"h{n}", "deliver_at": due + 20 * n} for n in range(40)])
         assert {r["status"] for r in sent} == {201}
-        wait_until(lambda: len(giver.timers) >= 40, 2.5)
-        with giver.timers._cond:
-            slot_of = {t.due.pointer.id: t.slot for t in giver.timers._held.values()}
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+
+        def held_for_topic() -> dict[str, int]:
+            """{message id: slot} of this topic's timers (the giver serves every topic of
+            the keyspace, and earlier tests' leases come due in it too)."""
+            with giver.timers._cond:
+                return {t.due.pointer.id: t.slot for t in giver.timers._held.values()
+                        if t.topic_uid == uid}
+
+        assert wait_until(lambda: len(held_for_topic()) == 40, 2.5), held_for_topic()
+        slot_of = held_for_topic()
         store.heartbeat("joined", system_clock_ms(), 60)
         giver.ownership.tick()  # it sees the new member and hands half its slots back
         handed_back = set(range(SLOTS)) - giver.ownership.owned()
