@@ -69,13 +69,10 @@ def releaser_processes(config: Config, ring: int, names: list[str], lease_ms: in
                 procs[n] = subprocess.Popen(
                     [sys.executable, "-m", "app.cli", "releaser", "--member", n],
                     cwd=ROOT, env=env, stderr=log)
+        failed = True
         try:
             yield procs
-        except BaseException:
-            for n, path in paths.items():
-                with open(path, errors="replace") as log:
-                    print(f"--- releaser {n}, its last lines:", *log.readlines()[-80:], sep="")
-            raise
+            failed = False
         finally:
             for p in procs.values():
                 if p.poll() is None:
@@ -85,6 +82,11 @@ def releaser_processes(config: Config, ring: int, names: list[str], lease_ms: in
                     p.wait(15)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            if failed:  # stopped first, so that the logs end with how each stop went
+                for n, path in paths.items():
+                    with open(path, errors="replace") as log:
+                        print(f"--- releaser {n}, its last lines:", *log.readlines()[-80:],
+                              sep="")
 
 
 def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) -> None:

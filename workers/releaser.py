@@ -641,24 +641,42 @@ class Releaser:
                                  self.push.lead_ms())
 
     def stop(self) -> None:
-        """Graceful stop: no new work, finish in-flight POSTs, give the slots back at once."""
+        """Graceful stop: no new work, finish in-flight POSTs, give the slots back at once.
+        The last log line gives each phase's seconds: a slow rolling restart shows which
+        one held it (in-flight POSTs wait up to their topic's timeout_seconds)."""
         log.info("releaser %s stopping", self.member)
+        began = last = time.monotonic()
+        phases: list[str] = []
+
+        def phase_done(name: str) -> None:
+            nonlocal last
+            now = time.monotonic()
+            phases.append(f"{name} {now - last:.2f}")
+            last = now
+
         self._stopping.set()
         self.scheduler.shutdown(wait=True)
+        phase_done("jobs")
         for step in self.paced:
             step.stop()
         self.wakes.close()
         self.schedules.stop()
+        phase_done("steps")
         self._stop.set()
         self.timers.wake()
         self._dispatcher.join()
+        phase_done("dispatcher")
         self.push.stop()
+        phase_done("posts")
         self._readers.shutdown(wait=True)
         self._sweepers.shutdown(wait=True)
+        phase_done("reads")
         self.ownership.release_all()
         with contextlib.suppress(StoreUnavailable):  # else its report leaves by TTL in 60 s
             self.services.clocks.forget(self.member)
-        log.info("releaser %s stopped", self.member)
+        phase_done("slots")
+        log.info("releaser %s stopped in %.2f s (%s)", self.member, time.monotonic() - began,
+                 ", ".join(phases))
 
 
 def run_forever(services: Services, member: str | None = None) -> None:
