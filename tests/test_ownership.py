@@ -21,10 +21,11 @@ from flask.testing import FlaskClient
 from app.config import Config
 from app.services import Services, system_clock_ms
 from app.store.ownership import OwnershipStore
+from tests.campaign_helpers import topic_uid
 from tests.conftest import ROOT
 from tests.consumers import now_ms
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import assert_on_time_and_signed, releaser, tenant_of, webhook_topic
+from tests.test_releaser import assert_on_time_and_signed, releaser, webhook_topic
 from tests.waiting import wait_until
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 
@@ -254,7 +255,7 @@ def test_what_the_giver_held_for_slots_handed_back_is_still_delivered_on_time(
         due = now_ms() + 3000
         sent = topic.batch([{"id": f"h{n}", "deliver_at": due + 20 * n} for n in range(40)])
         assert {r["status"] for r in sent} == {201}
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = topic_uid(services, auth, topic.name)
 
         def held_for_topic() -> dict[str, int]:
             """{message id: slot} of this topic's timers (the giver serves every topic of

@@ -203,7 +203,7 @@ def test_releaser_moves_pull_cursors_over_spent_pointers(
     topic = TopicClient(client, auth, shards=2)
     assert {r["status"] for r in topic.batch([{"id": f"p{i}"} for i in range(30)])} == {201}
     assert len(topic.drain(30, within_s=15)) == 30
-    uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+    uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
     before = services.timeline.cursors(uid)
     acked_at = now_ms()
     def moved_past_acks() -> bool:
@@ -220,7 +220,7 @@ def test_releaser_moves_pull_cursors_over_spent_pointers(
     assert moved_past_acks(), services.timeline.cursors(uid)
 
 
-def tenant_of(services: Services, auth: dict[str, str]) -> str:
+def _tenant_of(services: Services, auth: dict[str, str]) -> str:
     tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
     assert tenant is not None
     return tenant
@@ -241,7 +241,7 @@ def late_producer_of_a_quiet_topic(config: Config, services: Services, client: F
         with receiving(Receiver()) as target, releaser(config, member) as r:
             topic, secret = webhook_topic(client, auth, target.url)
             made = now_ms()
-            wait_quiet(r, {services.topics.get(tenant_of(services, auth), topic.name).uid})
+            wait_quiet(r, {services.topics.get(_tenant_of(services, auth), topic.name).uid})
             assert_written_behind_its_cursors(config, made, behind_ms)
             yield target, TopicClient(skewed.test_client(), auth, name=topic.name,
                                       delivery={"mode": "webhook", "url": target.url}), \
@@ -416,7 +416,7 @@ def test_the_look_ahead_reads_only_the_webhook_topics_written_to_since_it_last_r
     their partitions; a write to one makes it read that one, and everything is delivered."""
     with receiving(Receiver()) as target:
         topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
-        uids = [services.topics.get(tenant_of(services, auth), t.name).uid for t in topics]
+        uids = [services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics]
         for n, topic in enumerate(topics):
             assert topic.enqueue(id=f"ahead{n}", delay_ms=8000).status_code == 201
         # a look-ahead of 9 s: all is read and compared long before a message is taken
@@ -444,7 +444,7 @@ def test_the_look_ahead_reads_a_topic_it_never_read_before_those_it_reads_again(
     monkeypatch.setattr(releaser_module, "LOOK_AHEAD_READERS", 1)
     with keyspace_alone("newfirst") as (config, services, client, auth), \
             receiving(Receiver()) as target:
-        tenant = tenant_of(services, auth)
+        tenant = _tenant_of(services, auth)
         old = [webhook_topic(client, auth, target.url)[0] for _ in range(8)]
         old_uids = {services.topics.get(tenant, t.name).uid for t in old}
         for n, topic in enumerate(old):
@@ -494,7 +494,7 @@ def test_the_look_ahead_reads_a_topic_it_never_read_before_those_it_reads_again(
 def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth)  # pull, nothing ever enqueued
-    uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+    uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
     with releaser(config, "r-quiet") as r:
         reads = cursor_reads(r)
         wait_quiet(r, {uid})  # drained, caught up, no pointer in the window
@@ -564,7 +564,7 @@ def test_the_look_ahead_alone_finds_a_message_due_past_its_window_when_it_was_re
     monkeypatch.setattr(Releaser, "sweep", lambda self: False)
     with receiving(Receiver()) as target:
         topic, _ = webhook_topic(client, auth, target.url)
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
         with releaser(config, "r-past-window", release_lookahead_ms=3000) as r:
             reads = look_ahead_reads(r)
             assert topic.enqueue(id="soon", delay_ms=500).status_code == 201
@@ -586,7 +586,7 @@ def test_the_sweep_reads_the_cursors_of_its_awake_topics_together() -> None:
     below: in the shared one a fresh-clone run's first sweep took over 5 s."""
     with keyspace_alone("cursors") as (config, services, client, auth):
         topics = [TopicClient(client, auth) for _ in range(3)]
-        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
+        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
         for topic in topics:
             assert topic.enqueue(id="waiting").status_code == 201
         with releaser(config, "r-cursors") as r:  # made after: it knows all three at once
@@ -609,7 +609,7 @@ def test_the_sweep_works_on_its_awake_topics_side_by_side() -> None:
     lock = threading.Lock()
     with keyspace_alone("sidebyside") as (config, services, client, auth):
         topics = [TopicClient(client, auth) for _ in range(4)]
-        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
+        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
         for topic in topics:  # a backlog nobody leases: awake at every sweep
             assert topic.enqueue(id="waiting").status_code == 201
         with releaser(config, "r-side-by-side") as r:
@@ -645,7 +645,7 @@ def test_the_catch_up_reads_behind_one_topic_at_a_time_only_where_a_count_moved(
             receiving(Receiver()) as target, releaser(config, "r-catch-up") as r:
         topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
         made = now_ms()
-        uids = [services.topics.get(tenant_of(services, auth), t.name).uid
+        uids = [services.topics.get(_tenant_of(services, auth), t.name).uid
                 for t in topics]
         wait_quiet(r, set(uids))  # cursors caught up
         for topic in topics:  # written to: awake for a minute; due long after the test
@@ -695,7 +695,7 @@ def test_a_deleted_topic_leaves_nothing_in_the_releasers_records(
     made and deleted all day, those records grew without end."""
     with receiving(Receiver()) as target, releaser(config, "r-forget") as r:
         topic, _ = webhook_topic(client, auth, target.url)
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
         assert topic.enqueue(id="soon", delay_ms=300).status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 10)
         deadline = time.monotonic() + 5
@@ -718,7 +718,7 @@ def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_sw
     with keyspace_alone("putback") as (config, services, client, auth), \
             releaser(config, "r-put-back") as r:
         deleted = TopicClient(client, auth)
-        uid = services.topics.get(tenant_of(services, auth), deleted.name).uid
+        uid = services.topics.get(_tenant_of(services, auth), deleted.name).uid
         deadline = time.monotonic() + 5
         while uid not in r._topics and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -759,7 +759,7 @@ def test_the_sweep_goes_on_when_its_reads_for_many_topics_fail(
         backlog = TopicClient(client, auth)  # pull, nobody leases: awake at every sweep
         assert backlog.enqueue(id="waiting").status_code == 201
         quiet = [TopicClient(client, auth) for _ in range(2)]
-        quiet_uids = {services.topics.get(tenant_of(services, auth), t.name).uid
+        quiet_uids = {services.topics.get(_tenant_of(services, auth), t.name).uid
                       for t in quiet}
         with releaser(config, "r-many-fail") as r:
             wait_quiet(r, quiet_uids)
@@ -787,7 +787,7 @@ def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
     monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 1000)
     with keyspace_alone("recheck") as (config, services, client, auth):
         topics = [TopicClient(client, auth) for _ in range(3)]
-        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
+        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
         with releaser(config, "r-recheck") as r:  # made after: it knows them from its start
             reads = cursor_reads(r)
             wait_quiet(r, uids)
