@@ -22,6 +22,7 @@ from app.services import Services
 from app.timeline import COUNTED_AHEAD_MS, MS_PER_DAY
 from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
+from tests.waiting import wait_until
 
 
 def _run_threads(count: int, target: Any) -> None:
@@ -382,9 +383,12 @@ def test_only_pointers_due_soon_after_their_write_move_the_write_counts(
                                            Pointer(far, "far", 1, 100, 0)], now)
     assert placed == [None, None]
     bucket_ms = services.config.bucket_ms
-    counts = services.timeline.write_counts(topic, sorted({near // bucket_ms, far // bucket_ms}))
-    assert counts.get((near // bucket_ms, 0)) == 1
-    assert (far // bucket_ms, 0) not in counts
+    def counts() -> dict[tuple[int, int], int]:
+        return services.timeline.write_counts(topic, sorted({near // bucket_ms, far // bucket_ms}))
+
+    # the bumps are sent after the pointers are durable and not awaited (count_writes)
+    assert wait_until(lambda: counts().get((near // bucket_ms, 0)) == 1, 2), counts()
+    assert not wait_until(lambda: (far // bucket_ms, 0) in counts(), 0.5), counts()
 
 
 def test_cursor_moves_are_one_request_and_only_go_forward(services: Services) -> None:
