@@ -6,10 +6,12 @@ imitates Cassandra.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +28,7 @@ from app.services import Services
 from app.store import migrations
 from app.store.session import CassandraSession
 from tests.serving import serving
+from workers.releaser import running_releasers
 
 ROOT = Path(__file__).resolve().parent.parent
 # the tests' webhook targets listen on loopback; every process they start inherits this
@@ -50,6 +53,46 @@ def own_keyspace(label: str) -> Iterator[Config]:
         yield cfg
     finally:
         _drop_keyspace(cfg)
+
+
+@pytest.fixture(autouse=True)
+def no_releaser_left_running() -> Iterator[None]:
+    """A test that ends (passed or not) with an in-process releaser still running fails,
+    and the releaser is stopped: left running, its steps would go on working (and
+    logging) through every later test, and past the end of the run."""
+    yield
+    left = running_releasers()
+    for r in left:
+        r.stop()
+    if left:
+        pytest.fail(f"releasers left running: {', '.join(r.member for r in left)}")
+
+
+# After the run, the interpreter's exit gets this long; a thread still holding it then has its
+# stack printed, and the process exits with the run's status, or 1 if the run had passed.
+EXIT_GRACE_S = 30.0
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+def _exit_anyway() -> None:
+    time.sleep(EXIT_GRACE_S)
+    left = [t.name for t in threading.enumerate()
+            if t is not threading.current_thread() and not t.daemon and t.is_alive()]
+    print(f"\nthe run ended {EXIT_GRACE_S:.0f} s ago and threads still hold the process: "
+          f"{', '.join(left)}; every thread's stack:", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    os._exit((_exit_status[0] if _exit_status else 0) or 1)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """pytest exits by itself: a daemon watchdog outlives the run only if a non-daemon thread
+    (a leak a test's fixture missed) keeps the interpreter from exiting; it then names it,
+    with its stack, instead of letting it hold the run until CI's limit."""
+    threading.Thread(target=_exit_anyway, name="exit-watchdog", daemon=True).start()
 
 
 @pytest.fixture(scope="session")

@@ -293,6 +293,41 @@ def test_a_straggler_whose_move_failed_is_found_again_and_delivered(
         assert failures and target.ids() == ["behind"]
 
 
+def test_a_stop_ends_every_thread_of_the_releaser_when_its_runs_overrun(
+        config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A releaser whose runs overrun (a sweep of a crowded keyspace on a slow machine: here
+    60 topics at 1 s each, 4 at a time; the schedules job 2 s a tick) still stops within
+    its bound: queued work is cancelled, the runs under way end, and every thread it
+    started has ended, so nothing goes on working once its services are closed."""
+    started: list[int] = []
+
+    def slow_sweep(self: Releaser) -> bool:
+        def one(n: int) -> None:
+            started.append(n)
+            time.sleep(1)
+        releaser_module.all_done([self._sweepers.submit(one, n) for n in range(60)])
+        return True
+
+    monkeypatch.setattr(Releaser, "sweep", slow_sweep)
+    monkeypatch.setattr(Releaser, "produce_fires", lambda self: time.sleep(2))
+    before = set(threading.enumerate())
+    services = Services(config.replace(**FAST))
+    r = Releaser(services, "r-overrun")
+    r.start()
+    try:
+        assert wait_until(lambda: len(started) >= 8, 30), started
+    finally:
+        began = time.monotonic()
+        r.stop()
+        stopped_s = time.monotonic() - began
+        services.close()
+    assert stopped_s < releaser_module.STOP_RUNS_S, stopped_s
+    assert len(started) < 30, f"queued sweep work ran after the stop: {len(started)} of 60"
+    assert wait_until(lambda: not [t for t in threading.enumerate()
+                                   if t not in before and t.is_alive()], 10), \
+        [t.name for t in threading.enumerate() if t not in before]
+
+
 def test_stopping_finishes_the_posts_in_flight(
         config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
     """What SIGTERM does (workers.releaser.run_forever calls stop()): POSTs already sent are
@@ -302,21 +337,24 @@ def test_stopping_finishes_the_posts_in_flight(
         services = Services(config.replace(**FAST))
         r = Releaser(services, "r-graceful")
         r.start()
-        topic, _ = webhook_topic(client, auth, target.url)
-        assert {x["status"] for x in topic.batch(
-            [{"id": f"g{i}", "delay_ms": 300} for i in range(5)])} == {201}
-        deadline = time.monotonic() + 10
-        while target.started < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)  # wait until the POSTs are out (held open by the gate)
-        assert target.started == 5
         stopper = threading.Thread(target=r.stop)
-        stopper.start()
-        time.sleep(0.5)
-        assert stopper.is_alive()  # stop() waits for the POSTs in flight
-        gate.set()
-        stopper.join(30)
+        try:
+            topic, _ = webhook_topic(client, auth, target.url)
+            assert {x["status"] for x in topic.batch(
+                [{"id": f"g{i}", "delay_ms": 300} for i in range(5)])} == {201}
+            # the POSTs are out, held open by the gate
+            assert wait_until(lambda: target.started == 5, 10), target.started
+            stopper.start()
+            time.sleep(0.5)
+            assert stopper.is_alive()  # stop() waits for the POSTs in flight
+        finally:
+            gate.set()
+            if stopper.is_alive():
+                stopper.join(30)
+            else:
+                r.stop()
+            services.close()
         assert not stopper.is_alive()
-        services.close()
         for i in range(5):
             assert topic.get(f"g{i}").get_json()["state"] == "delivered"
         with releaser(config, "r-after"):

@@ -58,12 +58,14 @@ class PacedStep:
     def wake(self) -> None:
         self._woken.set()
 
-    def stop(self) -> None:
-        """Stop after the run under way (if any) and wait for it."""
+    def stop(self, within_s: float | None = None) -> None:
+        """Stop after the run under way (if any) and wait for it, at most within_s (None:
+        as long as it takes); the thread is a daemon, so one still running then cannot
+        keep the process from exiting."""
         self._stopping.set()
         self._woken.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(within_s)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():

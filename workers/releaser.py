@@ -52,7 +52,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
 from typing import Any
 
@@ -121,15 +121,34 @@ WRITTEN_REACH_MS = 60_000
 MAX_SLOT_MAPS = 200_000
 # a run under way when a topic is deleted ends well within this (seconds at worst)
 FORGET_AFTER_GONE_S = 60.0
+# stop() waits this long for the runs under way (steps and jobs) after asking them to end;
+# a run still going then is left on its daemon thread, named in the log
+STOP_RUNS_S = 15.0
 log = logging.getLogger("duetime.releaser")
+# releasers started in this process and not stopped yet (tests check none is left behind)
+_running: set[Releaser] = set()
+_running_lock = threading.Lock()
+
+
+def running_releasers() -> list[Releaser]:
+    """The releasers of this process that were started and not stopped yet."""
+    with _running_lock:
+        return list(_running)
 
 
 def all_done(futures: list[Future[Any]]) -> None:
-    """Wait until every one has ended, then raise the first one's failure (in their order),
-    if any: a run does not end while work it started still runs."""
-    wait(futures)
+    """Wait until every one has ended (or was cancelled by a stop), then raise the first
+    one's failure (in their order), if any: a run does not end while work it started still
+    runs. Future by future, not concurrent.futures.wait: a future cancelled by the pool's
+    shutdown(cancel_futures=True) never wakes wait()."""
+    first: Exception | None = None
     for future in futures:
-        future.result()
+        try:
+            future.result()
+        except Exception as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 class Releaser:
@@ -178,7 +197,10 @@ class Releaser:
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
         self.schedules = ScheduleRunner(services, self.ownership.owned, self._topics.get,
                                         self.beat)
-        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher")
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher",
+                                            daemon=True)
+        self._runs = 0  # steps and jobs running now (_safely), waited for by stop()
+        self._runs_changed = threading.Condition()
         self.scheduler = BackgroundScheduler(job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self._following = PacedStep("topics", self.follow_topics, FOLLOW_EVERY_MS,
@@ -199,6 +221,8 @@ class Releaser:
 
     def start(self) -> None:
         cfg = self.services.config
+        with _running_lock:
+            _running.add(self)
         self._safely(self.ownership.tick)
         self._safely(self.follow_topics)
         jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
@@ -220,6 +244,8 @@ class Releaser:
         unreachable is one warning line per step every UNAVAILABLE_WARN_EVERY_S, not a
         traceback every run (the look-ahead runs 20 times a second)."""
         name = getattr(job, "__name__", str(job))
+        with self._runs_changed:
+            self._runs += 1
         try:
             return job()
         except StoreUnavailable as exc:
@@ -229,8 +255,26 @@ class Releaser:
                 self._unavailable_warned[name] = now
                 log.warning("releaser step %s skipped: %s", name, exc.detail)
         except Exception:
-            log.exception("releaser step %s failed", name)
+            if not self._stopping.is_set():  # a run cut short by stop() is not a failure
+                log.exception("releaser step %s failed", name)
+        finally:
+            with self._runs_changed:
+                self._runs -= 1
+                self._runs_changed.notify_all()
         return None
+
+    def _await_runs(self, within_s: float) -> None:
+        """Wait until no step or job runs, at most within_s; name the threads of the runs
+        still going then (they end at their next check of _stopping or Cassandra call)."""
+        with self._runs_changed:
+            if self._runs_changed.wait_for(lambda: self._runs == 0, within_s):
+                return
+        names = {step.name for step in self.paced} | {"dispatcher"}
+        pools = ("look-ahead", "sweep_", "schedule", "ThreadPoolExecutor")
+        mine = [t.name for t in threading.enumerate()
+                if t.is_alive() and (t.name in names or t.name.startswith(pools))]
+        log.warning("releaser %s: runs still going after %.0f s, left on their threads: %s",
+                    self.member, within_s, ", ".join(sorted(mine)) or "none named")
 
     def report(self) -> None:
         """One log line of what this releaser holds and has done (for operators)."""
@@ -267,6 +311,8 @@ class Releaser:
 
     def _claim_share_now(self) -> None:
         """On the wake listener's thread: run the claim on the scheduler's, off this one."""
+        if self._stopping.is_set():
+            return
         self.scheduler.add_job(self._safely, args=[self.ownership.claim_share],
                                id="claim_share", replace_existing=True)
 
@@ -655,23 +701,29 @@ class Releaser:
             last = now
 
         self._stopping.set()
-        self.scheduler.shutdown(wait=True)
-        phase_done("jobs")
+        with _running_lock:
+            _running.discard(self)
+        # no new job starts; the runs under way end at their next check of _stopping
+        self.scheduler.shutdown(wait=False)
+        for executor in (self._readers, self._sweepers):
+            executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + STOP_RUNS_S
         for step in self.paced:
-            step.stop()
+            step.stop(max(0.0, deadline - time.monotonic()))
         self.wakes.close()
+        self._await_runs(max(0.0, deadline - time.monotonic()))
         self.schedules.stop()
         phase_done("steps")
         self._stop.set()
         self.timers.wake()
-        self._dispatcher.join()
+        self._dispatcher.join(max(0.0, deadline - time.monotonic()))
         phase_done("dispatcher")
         self.push.stop()
         phase_done("posts")
-        self._readers.shutdown(wait=True)
-        self._sweepers.shutdown(wait=True)
-        phase_done("reads")
-        self.ownership.release_all()
+        try:
+            self.ownership.release_all()
+        except StoreUnavailable as exc:  # the slots' leases run out instead
+            log.warning("releaser %s could not hand its slots back: %s", self.member, exc.detail)
         with contextlib.suppress(StoreUnavailable):  # else its report leaves by TTL in 60 s
             self.services.clocks.forget(self.member)
         phase_done("slots")

@@ -101,8 +101,9 @@ class ScheduleRunner:
                 if (s.next_fire or 0) - schedules.AHEAD_MS - 1000 * k / rate <= now]
 
     def stop(self) -> None:
-        """After the last tick: end the producer threads."""
-        self._pool.shutdown(wait=True)
+        """After the last tick: end the producer threads (a tick still running past the
+        releaser's stop bound finds its work cancelled)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
         """A listing changed (app.wakeups): read the marks at the next tick."""
