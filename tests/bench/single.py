@@ -19,7 +19,8 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
 7. the framework's floor: a Flask app that only answers `GET /healthz`
    (tests/bench/bare_app.py), served by gunicorn with duetime's settings beside the stack,
    from the same PRODUCERS threads: what one request costs on the machine before any of
-   duetime's code runs.
+   duetime's code runs; the one-message enqueue rate and the lease `max: 1` + ack pair rate
+   are reported as ratios to it (pairs: half its request rate).
 Every call goes through duetime's own client (app.client.Client, urllib3 keep-alive, no
 retries, so a 429 or 503 fails the run instead of hiding in it), the path the README shows
 Python producers and consumers.
@@ -261,7 +262,11 @@ def main(argv: list[str]) -> int:
         # and the same for a Flask app that does nothing, on the same gunicorn settings
         "bare_floor": bare,
         "bare_floor_vs_enqueue_batches": round(bare["healthz_per_s"] / batch_rate, 3),
-        "bare_floor_vs_lease_batches": round(bare["healthz_per_s"] / 2 / lease_batch, 3)}
+        "bare_floor_vs_lease_batches": round(bare["healthz_per_s"] / 2 / lease_batch, 3),
+        # the ratios that travel between machines: each one-message path against the bare
+        # app's requests (one per enqueue; two, lease and ack, per leased message)
+        "enqueue_one_vs_bare_floor": round(single_rate / bare["healthz_per_s"], 3),
+        "lease1_ack_vs_bare_floor_pairs": round(lease_one / (bare["healthz_per_s"] / 2), 3)}
     OUT.mkdir(exist_ok=True)
     (OUT / "single.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
