@@ -349,7 +349,7 @@ def test_stopping_finishes_the_posts_in_flight(
             assert stopper.is_alive()  # stop() waits for the POSTs in flight
         finally:
             gate.set()
-            if stopper.is_alive():
+            if stopper.ident is not None:  # started: it ends once the POSTs are answered
                 stopper.join(30)
             else:
                 r.stop()

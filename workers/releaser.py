@@ -689,7 +689,10 @@ class Releaser:
     def stop(self) -> None:
         """Graceful stop: no new work, finish in-flight POSTs, give the slots back at once.
         The last log line gives each phase's seconds: a slow rolling restart shows which
-        one held it (in-flight POSTs wait up to their topic's timeout_seconds)."""
+        one held it (in-flight POSTs wait up to their topic's timeout_seconds). A second
+        call returns at once."""
+        if self._stopping.is_set():
+            return
         log.info("releaser %s stopping", self.member)
         began = last = time.monotonic()
         phases: list[str] = []
@@ -704,7 +707,8 @@ class Releaser:
         with _running_lock:
             _running.discard(self)
         # no new job starts; the runs under way end at their next check of _stopping
-        self.scheduler.shutdown(wait=False)
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
         for executor in (self._readers, self._sweepers):
             executor.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + STOP_RUNS_S
