@@ -51,6 +51,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
@@ -199,7 +200,8 @@ class Releaser:
                                         self.beat)
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher",
                                             daemon=True)
-        self._runs = 0  # steps and jobs running now (_safely), waited for by stop()
+        # the threads running a step or job now (_safely), waited for by stop()
+        self._runs: Counter[threading.Thread] = Counter()
         self._runs_changed = threading.Condition()
         self.scheduler = BackgroundScheduler(job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
@@ -244,8 +246,9 @@ class Releaser:
         unreachable is one warning line per step every UNAVAILABLE_WARN_EVERY_S, not a
         traceback every run (the look-ahead runs 20 times a second)."""
         name = getattr(job, "__name__", str(job))
+        me = threading.current_thread()
         with self._runs_changed:
-            self._runs += 1
+            self._runs[me] += 1
         try:
             return job()
         except StoreUnavailable as exc:
@@ -259,7 +262,9 @@ class Releaser:
                 log.exception("releaser step %s failed", name)
         finally:
             with self._runs_changed:
-                self._runs -= 1
+                self._runs[me] -= 1
+                if not self._runs[me]:
+                    del self._runs[me]
                 self._runs_changed.notify_all()
         return None
 
@@ -267,14 +272,11 @@ class Releaser:
         """Wait until no step or job runs, at most within_s; name the threads of the runs
         still going then (they end at their next check of _stopping or Cassandra call)."""
         with self._runs_changed:
-            if self._runs_changed.wait_for(lambda: self._runs == 0, within_s):
+            if self._runs_changed.wait_for(lambda: not self._runs, within_s):
                 return
-        names = {step.name for step in self.paced} | {"dispatcher"}
-        pools = ("look-ahead", "sweep_", "schedule", "ThreadPoolExecutor")
-        mine = [t.name for t in threading.enumerate()
-                if t.is_alive() and (t.name in names or t.name.startswith(pools))]
+            going = sorted(t.name for t in self._runs)
         log.warning("releaser %s: runs still going after %.0f s, left on their threads: %s",
-                    self.member, within_s, ", ".join(sorted(mine)) or "none named")
+                    self.member, within_s, ", ".join(going))
 
     def report(self) -> None:
         """One log line of what this releaser holds and has done (for operators)."""
@@ -712,15 +714,19 @@ class Releaser:
         for executor in (self._readers, self._sweepers):
             executor.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + STOP_RUNS_S
+
+        def left_s() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         for step in self.paced:
-            step.stop(max(0.0, deadline - time.monotonic()))
+            step.stop(left_s())
         self.wakes.close()
-        self._await_runs(max(0.0, deadline - time.monotonic()))
+        self._await_runs(left_s())
         self.schedules.stop()
         phase_done("steps")
         self._stop.set()
         self.timers.wake()
-        self._dispatcher.join(max(0.0, deadline - time.monotonic()))
+        self._dispatcher.join(left_s())
         phase_done("dispatcher")
         self.push.stop()
         phase_done("posts")
