@@ -99,7 +99,11 @@ def test_pull_consumers_of_two_processes_share_one_rate(
     assert abs(_rate_of(paced) - RATE) <= RATE * 0.1, _rate_of(paced)
     assert _ahead_of_schedule(paced, RATE, start) <= 0
     unpaced = [m["received_at"] for i, m in received.items() if i not in set(ids)]
-    assert max(unpaced) - start < 2000  # pacing one campaign holds back no other
+    # pacing one campaign holds back no other: the unpaced 100 are not spread at the pace
+    # (3.3 s at RATE), they are out within half the paced campaign's span, however fast the
+    # machine serves both
+    assert max(unpaced) - start < (max(paced) - start) / 2, (max(unpaced) - start,
+                                                               max(paced) - start)
     # in due order: a message comes after one due later than it only within what one pass
     # hands out at once (a lease of 20), or in the same moment as it
     position = {i: n for n, i in enumerate(ids)}
