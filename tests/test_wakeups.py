@@ -25,9 +25,13 @@ from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
 from tests.test_releaser import releaser, webhook_topic
 from tests.waiting import wait_until
+from workers import releaser as releaser_module
 from workers.paced import PacedStep
 from workers.releaser import WARM_MS
 from workers.wake_listener import WakeListener
+
+# an idle period no machine's delivery comes near (ms)
+IDLE_MS = 20_000
 
 
 @pytest.fixture(scope="module")
@@ -214,9 +218,13 @@ def test_writes_a_releaser_must_see_soon_wake_it_and_others_do_not(
 
 
 def test_an_idle_releaser_reads_seldom_and_a_new_topic_is_still_on_time(
-        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+        config: Config, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # idle periods far longer than any machine's delivery: only the wake-ups explain a
+    # message on time (how soon is make bench's figure)
+    monkeypatch.setattr(releaser_module, "IDLE_EVERY_MS", IDLE_MS)
     with receiving(Receiver()) as target, \
-            releaser(config, "r-idle", release_idle_ms=4000) as r:
+            releaser(config, "r-idle", release_idle_ms=IDLE_MS) as r:
         time.sleep(WARM_MS / 1000 + 0.5)
         looked = r._looking.runs - r._looking.woken_runs
         time.sleep(2)
@@ -238,8 +246,8 @@ def test_an_idle_releaser_reads_seldom_and_a_new_topic_is_still_on_time(
                  f"{[(s.name, s.runs, s.woken_runs) for s in r.paced]}")
     first = target.arrivals[0]
     lag = first.received_ms - parse_instant(first.headers["Duetime-Deliver-At"])
-    # not the idle periods: 5 s to learn the topic, 4 s to look
-    assert 0 <= lag < 1000, f"lag {lag} ms; {state}"
+    # not the idle periods (20 s to learn the topic, 20 s to look)
+    assert 0 <= lag < IDLE_MS / 4, f"lag {lag} ms; {state}"
 
 
 def test_a_lost_wake_costs_a_delay_never_the_message(
@@ -259,10 +267,12 @@ def test_a_lost_wake_costs_a_delay_never_the_message(
 
 
 def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
-        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Failover: a releaser claims a slot when a dead owner's lease runs out, long after its
     warm-up; the claim wakes its steps, so the message waiting there is not left to the idle
-    periods (look-ahead 20 s here, sweep 5 s)."""
+    periods (20 s here for the look-ahead and the sweep)."""
+    monkeypatch.setattr(releaser_module, "IDLE_EVERY_MS", IDLE_MS)
     ring = 7000 + os.getpid() % 1000
     store = OwnershipStore(services.db, ring)
     now = now_ms()
@@ -272,7 +282,7 @@ def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
         assert store.claim(rows.get(slot), slot, "dead", now, free_at) is not None
     claimed: list[int] = []  # when r-heir claimed slots (ms)
     with receiving(Receiver()) as target, releaser(config, "r-heir", release_ring=ring,
-                                                   release_idle_ms=20_000) as r:
+                                                   release_idle_ms=IDLE_MS) as r:
         wake_steps = r.ownership.on_gained
 
         def claim_noted() -> None:
@@ -287,6 +297,6 @@ def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
     assert arrival.message_id == "orphan"
     assert len(claimed) == 1  # the dead one's leases ran out together: one claim of them all
     assert claimed[0] >= free_at  # nobody acted on a slot the dead one still held
-    # the claim woke the steps: the message went at once, not at the next idle run (look-ahead
-    # 20 s, sweep up to 5 s); when the slot was claimed depends on the renewal tick and the load
-    assert arrival.received_ms - claimed[-1] < 1000, (claimed, arrival.received_ms)
+    # the claim woke the steps: the message went at once, not at the next idle run (20 s);
+    # when the slot was claimed depends on the renewal tick and the load
+    assert arrival.received_ms - claimed[-1] < IDLE_MS / 4, (claimed, arrival.received_ms)
