@@ -120,12 +120,14 @@ def test_a_paced_webhook_campaign_is_posted_at_its_rate(
         # releaser prepares a burst early when its heap is busy (up to the whole look-ahead,
         # PushDispatcher.lead_ms), and a message taken before the pace is known goes out
         # unpaced, by design
-        ahead_ms = config.release_lookahead_ms + 3000
+        # and far enough that a slow machine's batch and pace calls end before the releaser
+        # may read them (a fresh-clone run took 7.5 s for both)
+        ahead_ms = config.release_lookahead_ms + 15_000
         start = now_ms() + ahead_ms
         topic.batch([{"campaign": "drip", "deliver_at": start} for _ in range(60)])
         _pace(topic, "drip", 20.0)
         assert now_ms() < start - config.release_lookahead_ms - 1000, now_ms() - start
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 45
         while len(target.arrivals) < 60 and time.monotonic() < deadline:
             time.sleep(0.1)
     assert len(target.arrivals) == 60
