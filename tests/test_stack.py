@@ -68,7 +68,9 @@ def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
         assert wait_until(lambda: scrape(released, "duetime_messages_delivered_total",
                                          labels) == 1, 10, every_s=0.1)
         assert scrape(released, "duetime_webhook_attempts_total", {"outcome": "success"}) == 1
-        assert scrape(released, "duetime_delivery_lag_seconds_count", {"mode": "push"}) == 1
+        # lag has no topic label, and this releaser also POSTs the retries that earlier
+        # tests left in the suite's keyspace: at least this topic's one push
+        assert scrape(released, "duetime_delivery_lag_seconds_count", {"mode": "push"}) >= 1
         assert scrape(released, "duetime_release_slots_owned", {}) > 0
         run_quick_start(env, (ROOT / "var" / f"dev-key-{config.keyspace}").read_text().strip())
     finally:
