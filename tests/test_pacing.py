@@ -96,8 +96,9 @@ def test_pull_consumers_of_two_processes_share_one_rate(
         other_app.extensions["duetime"].close()
     assert len(received) == 250
     paced = [received[i]["received_at"] for i in ids]
-    assert abs(_rate_of(paced) - RATE) <= RATE * 0.1, _rate_of(paced)
+    # a ceiling (never ahead of its slot), not far below it: the speed is the benches' verdict
     assert _ahead_of_schedule(paced, RATE, start) <= 0
+    assert _rate_of([start, *paced]) >= RATE / 2, _rate_of([start, *paced])
     unpaced = [m["received_at"] for i, m in received.items() if i not in set(ids)]
     # pacing one campaign holds back no other: the unpaced 100 are not spread at the pace
     # (3.3 s at RATE), they are out within half the paced campaign's span, however fast the
@@ -133,6 +134,9 @@ def test_a_paced_webhook_campaign_is_posted_at_its_rate(
     assert len(target.arrivals) == 60
     assert_on_time_and_signed(target.arrivals, secret, topic.name)
     times = [a.received_ms for a in target.arrivals]
-    assert abs(_rate_of(times) - 20.0) <= 2.0, _rate_of(times)
+    # the pace is a ceiling: no delivery ahead of its slot, so the 60 take at least 2.95 s
+    # (unpaced they arrive within milliseconds of `start`); how close to 20/s a machine gets
+    # is a speed verdict, left to the benches, so only a pace far below it fails here
     assert _ahead_of_schedule(times, 20.0, start) <= 0
+    assert _rate_of([start, *times]) >= 10.0, _rate_of([start, *times])
     assert campaign(topic, "drip")["counts"]["delivered"] == 60
