@@ -77,11 +77,36 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
     Webhook topics are delivered by the releasers only: leasing one is a 409."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
+    brokered = _from_brokers(services, topic, max_messages, wait_ms, Hold(lease_s, consumer))
+    if brokered is not None:
+        return brokered
     services.pull_wakes.start()
     return services.poll_groups.lease(topic.uid, max_messages, Hold(lease_s, consumer), wait_ms,
                                       lambda waiters: _pass(services, topic, waiters),
                                       lambda waiters: _hand_out(services, topic, waiters),
                                       lambda terms, items: _spill(services, topic, terms, items))
+
+
+def _from_brokers(services: Services, topic: Topic, max_messages: int, wait_ms: int,
+                  hold: Hold) -> list[Leased] | None:
+    """The call served by the releasers owning the topic's shards (app.desk): first what
+    this process holds that has come due, then what the owners lease for it. None when no
+    owner could be asked (the call then finds its messages itself)."""
+    if not services.desk.serves(topic):
+        return None
+    waiter: Waiter[Leased] = Waiter(max_messages, hold, time.monotonic() + wait_ms / 1000)
+    shares: list[list[Leased]] = [[]]
+    _hand_held(services, topic, [waiter], shares, services.clock())
+    got = shares[0]
+    if len(got) >= max_messages:
+        return got
+    taken = services.desk.want(topic, max_messages - len(got), 0 if got else wait_ms,
+                               hold.lease_s, hold.consumer, hold)
+    if taken is None:
+        return got or None
+    handed_at = services.clock()
+    services.lag.observe(topic.uid, "pull", [handed_at - t.due_ms for t in taken])
+    return got + [Leased(t.leased, t.payload, t.due_ms) for t in taken]
 
 
 def _pass(services: Services, topic: Topic,

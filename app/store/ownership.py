@@ -150,6 +150,12 @@ class OwnershipStore:
             "SELECT member FROM {ks}.releaser_members WHERE ring = ?", (self.ring,))
         return sorted(r["member"] for r in rows)
 
+    def member_addresses(self) -> dict[str, str]:
+        """{member: "host:port"} of every live releaser that published an address."""
+        rows = self.db.execute(
+            "SELECT member, wake_addr FROM {ks}.releaser_members WHERE ring = ?", (self.ring,))
+        return {r["member"]: r["wake_addr"] for r in rows if r["wake_addr"]}
+
     def wake_addresses(self) -> list[str]:
         """"host:port" of every live releaser that can be woken (app.wakeups)."""
         rows = self.db.execute(
