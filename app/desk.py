@@ -3,10 +3,11 @@ message is found"): a lease call's want goes to the releasers owning the topic's
 over one TCP connection per releaser, and what they leased for it comes back.
 
 The owners are read from the release slots' leases and the releasers' membership rows at
-most every OWNERS_EVERY_S. What comes back after the call has left (a second owner's answer,
-or one past the call's wait) is held for the next calls and given back when none takes it
-(app.pull_ahead). When no owner can be reached, lease() answers None and the caller finds
-the messages itself.
+most every OWNERS_EVERY_S. A want asks for what this process's calls on the topic asked for
+within the last hold (DUETIME_PULL_GIVE_BACK_MS), at least the call's own n: what the call
+does not take, and what comes back after it left, is held for the next calls and given back
+when none takes it within the hold (app.pull_ahead). When no owner can be reached, want()
+answers None and the caller finds the messages itself.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import logging
 import socket
 import threading
 import time
+import uuid
+from collections import deque
 from collections.abc import Callable, Hashable
 
 from app import broker_wire
@@ -31,6 +34,8 @@ from app.wakeups import parse_address
 OWNERS_EVERY_S = 1.0
 CONNECT_TIMEOUT_S = 1.0
 RETRY_AFTER_S = 2.0  # an address that refused a connection is not tried again before this
+MAX_ASK = 100  # messages one call asks an owner for at most, for itself and those to come
+MAX_TOPICS_TRACKED = 10_000
 ANSWER_GRACE_S = 2.0  # an owner answers a want by its wait; past this more, the call leaves
 log = logging.getLogger(__name__)
 
@@ -126,11 +131,15 @@ class Desk:
     """Thread-safe; one per API process."""
 
     def __init__(self, ownership: OwnershipStore, slots: int, clock: Callable[[], int],
-                 hold: Callable[[Topic, list[HeldLease]], None]) -> None:
+                 hold: Callable[[Topic, list[HeldLease]], None], hold_ms: int) -> None:
+        """hold(topic, leases) keeps leases for the next calls for hold_ms, then gives them
+        back (app.pull_ahead)."""
         self.ownership = ownership
         self.slots = slots
         self.clock = clock
         self.hold = hold
+        self.hold_ms = hold_ms
+        self._calls: dict[uuid.UUID, deque[tuple[float, int]]] = {}
         self._lock = threading.Lock()
         self._reading = threading.Lock()
         self._owners: dict[int, tuple[str, int]] = {}  # slot -> its owner's broker address
@@ -149,12 +158,14 @@ class Desk:
             return None
 
         def late(taken: list[Taken]) -> None:
-            self.hold(topic, [held_lease(t, terms) for t in taken])
+            now = self.clock()
+            self.hold(topic, [held_lease(t, terms, now) for t in taken])
 
         call = _Call(len(links), late)
+        each = max(n, -(-self._demand(topic.uid, n) // len(links)))
         asked = 0
         for link in links:
-            want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms)
+            want = Want(next(self._ids), topic.uid, each, lease_s, consumer, wait_ms)
             if link.send(want, call.answer):
                 asked += 1
             else:
@@ -165,6 +176,21 @@ class Desk:
         if len(got) > n:
             late(got[n:])
         return got[:n]
+
+    def _demand(self, topic_uid: uuid.UUID, n: int) -> int:
+        """How many messages this process's calls on the topic asked for within the last
+        hold, this one's n included (at most MAX_ASK): what is leased beyond a call's n is
+        held that long for the calls to come, so a steady stream of `max: 1` calls is
+        mostly served from what the process holds."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._calls) > MAX_TOPICS_TRACKED:
+                self._calls.clear()
+            recent = self._calls.setdefault(topic_uid, deque())
+            recent.append((now, n))
+            while recent[0][0] < now - self.hold_ms / 1000:
+                recent.popleft()
+            return min(MAX_ASK, sum(k for _, k in recent))
 
     def serves(self, topic: Topic) -> bool:
         """Whether an owner of the topic's shards can be asked now."""
@@ -244,9 +270,10 @@ class Desk:
             link.close()
 
 
-def held_lease(t: Taken, terms: Hashable) -> HeldLease:
-    """What a broker leased, as a lease held for the next calls on these terms."""
+def held_lease(t: Taken, terms: Hashable, now_ms: int) -> HeldLease:
+    """What a broker leased, as a lease held for the next calls on these terms from now_ms:
+    a hold's give-back counts from its due time, which for a backlog is long past."""
     before = dataclasses.replace(t.leased, attempts=t.before_attempts,
                                  consumer=t.before_consumer)
-    return HeldLease(t.due_ms, before, t.leased, t.payload, terms)
+    return HeldLease(max(t.due_ms, now_ms), before, t.leased, t.payload, terms)
 

@@ -92,7 +92,7 @@ class Services:
             clock)
         self.held = HeldLeases(clock, self._give_back, config.pull_give_back_ms)
         self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
-                         clock, self.held.hold)
+                         clock, self.held.hold, config.pull_give_back_ms)
         self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
                                                        wake_at=self._hand_out_at)
         self.quiet_marks = QuietMarks(config.safety_lag_ms)

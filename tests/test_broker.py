@@ -169,3 +169,38 @@ def test_a_long_poll_on_a_topic_made_a_moment_ago_waits_for_its_first_message(
             assert waiting["at"] - asked >= 0.5  # it waited for the message
     finally:
         app.extensions["duetime"].close()
+
+
+def test_a_steady_consumer_of_one_message_at_a_time_is_served_mostly_from_what_is_held(
+        config: Config, auth: dict[str, str], ring: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A want asks for what the process's calls asked for within the hold: the calls after
+    it take what it brought, with no want of their own."""
+    from app import desk
+
+    sent: list[int] = []
+    send = desk._Link.send
+
+    def counted(link: desk._Link, want: Any, answer: Any) -> bool:
+        sent.append(want.n)
+        return send(link, want, answer)
+
+    monkeypatch.setattr(desk._Link, "send", counted)
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        ids = {r["id"] for r in topic.batch([{} for _ in range(100)])}
+        with releaser(config, "b-steady", **ring) as r:
+            wait_owned(r)
+            got: list[str] = []
+            calls = 0
+            deadline = time.monotonic() + 30
+            while len(got) < 100 and time.monotonic() < deadline:
+                calls += 1
+                for m in topic.lease(max_messages=1):
+                    assert topic.ack(m) == 204
+                    got.append(m["id"])
+        assert sorted(got) == sorted(ids)  # each once
+        assert len(sent) < calls / 2, (len(sent), calls, sent)
+    finally:
+        app.extensions["duetime"].close()

@@ -147,37 +147,43 @@ class Broker:
                 return
 
     def _serve(self, topic_uid: uuid.UUID) -> None:
-        """One round for the topic's waiting wants, in their arrival order."""
-        now_s = time.monotonic()
+        """One round for the topic's wants, in their arrival order: each is tried at least
+        once (a want with no wait gets this round's answer), and answered once it got
+        messages or its wait is over."""
         with self._lock:
-            parked = self._wants.get(topic_uid, [])
-            done = [p for p in parked if p.deadline <= now_s]
-            live = [p for p in parked if p.deadline > now_s]
-        topic = self.topic_of(topic_uid)
-        if topic is None and live:  # made a moment ago: waits while the releaser learns it
-            self.on_unknown(topic_uid)
-            for p in done:
-                _send(p, broker_wire.encode_got(p.want.id, []))
-            self._drop(topic_uid, {id(p) for p in done})
-            self._check_at(time.monotonic() + UNKNOWN_RECHECK_S, topic_uid)
+            parked = list(self._wants.get(topic_uid, []))
+        if not parked:
             return
-        shards = self.shards_of(topic) if topic is not None and not topic.pushed else set()
+        topic = self.topic_of(topic_uid)
+        if topic is None:  # made a moment ago: its wants wait while the releaser learns it
+            self.on_unknown(topic_uid)
+            self._answer(topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
+            return
+        shards = self.shards_of(topic) if not topic.pushed else set()
         if not shards:  # not ours (any more): the API process asks the owners it reads next
-            done, live = done + live, []
-        answers: dict[int, list[Taken]] = {}
-        next_ms: int | None = None
-        if live and topic is not None:
-            answers, next_ms = self._lease(topic, shards, [p.want for p in live])
-        answered = [p for p in live if answers.get(id(p.want))] + done
+            self._answer(topic_uid, parked, {}, None, 0.0, final=True)
+            return
+        answers, next_ms = self._lease(topic, shards, [p.want for p in parked])
+        self._answer(topic_uid, parked, answers, next_ms, PARKED_RECHECK_S)
+
+    def _answer(self, topic_uid: uuid.UUID, parked: list[_Parked],
+                answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,
+                final: bool = False) -> None:
+        """Send the answers of the wants that got messages, whose wait is over, or all
+        (`final`); the others wait for their next check: within recheck_s, their earliest
+        deadline, or the next pointer seen ahead (next_ms, epoch ms)."""
+        now_s = time.monotonic()
+        answered = [p for p in parked
+                    if final or answers.get(id(p.want)) or p.deadline <= now_s]
         for p in answered:
             _send(p, broker_wire.encode_got(p.want.id, answers.get(id(p.want), [])))
         left = self._drop(topic_uid, {id(p) for p in answered})
-        if left:
-            when = min([p.deadline for p in left] + [time.monotonic() + PARKED_RECHECK_S])
-            if next_ms is not None:
-                when = min(when, time.monotonic()
-                           + max(0, next_ms - self.services.clock()) / 1000)
-            self._check_at(when, topic_uid)
+        if not left:
+            return
+        when = min([p.deadline for p in left] + [now_s + recheck_s])
+        if next_ms is not None:
+            when = min(when, now_s + max(0, next_ms - self.services.clock()) / 1000)
+        self._check_at(when, topic_uid)
 
     def _drop(self, topic_uid: uuid.UUID, answered: set[int]) -> list[_Parked]:
         """Drop the answered wants (by id()) of the topic; returns those still waiting."""
