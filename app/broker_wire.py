@@ -1,6 +1,8 @@
 """What an API process and a releaser say to each other about pull leases (docs/design.md,
 "How a due message is found"): one JSON object per line over a TCP connection.
 
+A connection opens with a *hello* carrying the token the releaser published with its
+membership row (`releaser_members.broker_token`); the releaser closes one that does not.
 A *want* asks the releaser owning some of a topic's shards for up to `n` of its due messages,
 leased on the caller's terms, waiting up to `wait_ms` for the first. Its answer, *got*, names
 the want and carries the messages leased for it: each row as leased, the attempt count and
@@ -41,6 +43,18 @@ class Taken:
     leased: MessageState
     payload: Payload
     due_ms: int  # when it was due, before the lease moved it
+
+
+def encode_hello(token: str) -> bytes:
+    return _line({"hello": token})
+
+
+def decode_hello(message: dict[str, Any]) -> str:
+    """The token of a hello; KeyError or TypeError when the line is not one."""
+    token = message["hello"]
+    if not isinstance(token, str):
+        raise TypeError("the token is not a string")
+    return token
 
 
 def encode_want(want: Want) -> bytes:

@@ -47,10 +47,16 @@ class _Link:
     An answer goes to the callback its want was sent with; a closed link answers every
     pending want with None."""
 
-    def __init__(self, address: tuple[str, int], on_close: Callable[[_Link], None]) -> None:
+    def __init__(self, address: tuple[str, int], token: str,
+                 on_close: Callable[[_Link], None]) -> None:
         self._sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self._sock.sendall(broker_wire.encode_hello(token))
+        except OSError:
+            self._sock.close()
+            raise
         self._on_close = on_close
         self._lock = threading.Lock()
         self._pending: dict[int, Answer] = {}
@@ -142,7 +148,8 @@ class Desk:
         self._calls: dict[uuid.UUID, deque[tuple[float, int]]] = {}
         self._lock = threading.Lock()
         self._reading = threading.Lock()
-        self._owners: dict[int, tuple[str, int]] = {}  # slot -> its owner's broker address
+        # slot -> its owner's broker: address and token
+        self._owners: dict[int, tuple[tuple[str, int], str]] = {}
         self._owners_read = -float("inf")
         self._links: dict[tuple[str, int], _Link] = {}
         self._refused: dict[tuple[str, int], float] = {}
@@ -197,11 +204,12 @@ class Desk:
         return bool(self._links_of(topic))
 
     def _links_of(self, topic: Topic) -> list[_Link]:
-        addresses = {a for s in range(topic.settings.shards)
-                     if (a := self._owner_of(release_slot_of(str(topic.uid), s, self.slots)))}
-        return [link for a in sorted(addresses) if (link := self._link(a)) is not None]
+        brokers = {b for s in range(topic.settings.shards)
+                   if (b := self._owner_of(release_slot_of(str(topic.uid), s, self.slots)))}
+        return [link for a, token in sorted(brokers)
+                if (link := self._link(a, token)) is not None]
 
-    def _owner_of(self, slot: int) -> tuple[str, int] | None:
+    def _owner_of(self, slot: int) -> tuple[tuple[str, int], str] | None:
         now = time.monotonic()
         if now - self._owners_read >= OWNERS_EVERY_S:
             self._read_owners(now)
@@ -218,21 +226,21 @@ class Desk:
     def _read_owners_now(self) -> None:
         try:
             leases = self.ownership.slots(self.slots)
-            addresses = self.ownership.member_addresses()
+            brokers = self.ownership.brokers()
         except Exception as exc:  # no owner known: the caller finds messages itself
             log.debug("slot owners not read: %s", exc)
-            leases, addresses = {}, {}
+            leases, brokers = {}, {}
         clock = self.clock()
         owners = {}
         for slot, lease in leases.items():
-            address = addresses.get(lease.owner or "")
+            address, token = brokers.get(lease.owner or "", ("", ""))
             parsed = parse_address(address) if address else None
             if parsed is not None and lease.expires_at_ms > clock:
-                owners[slot] = parsed
+                owners[slot] = (parsed, token)
         with self._lock:
             self._owners = owners
 
-    def _link(self, address: tuple[str, int]) -> _Link | None:
+    def _link(self, address: tuple[str, int], token: str) -> _Link | None:
         with self._lock:
             link = self._links.get(address)
             if link is not None:
@@ -240,7 +248,7 @@ class Desk:
             if time.monotonic() - self._refused.get(address, -RETRY_AFTER_S) < RETRY_AFTER_S:
                 return None
         try:
-            link = _Link(address, self._closed)
+            link = _Link(address, token, self._closed)
         except OSError as exc:
             log.debug("broker %s not reached: %s", address, exc)
             with self._lock:

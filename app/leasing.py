@@ -48,6 +48,7 @@ CURSOR_STEP_MS = 1000
 # A pass replaces messages another process took first this many times at most: two
 # processes draining one backlog otherwise traded it in ever smaller takes.
 TAKE_ROUNDS = 3
+BROKER_RETRY_S = 0.05  # an owner's early empty answer: its slots moved, asked again after this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,19 +92,27 @@ def _from_brokers(services: Services, topic: Topic, max_messages: int, wait_ms: 
                   hold: Hold) -> list[Leased] | None:
     """The call served by the releasers owning the topic's shards (app.desk): first what
     this process holds that has come due, then what the owners lease for it. None when no
-    owner could be asked (the call then finds its messages itself)."""
+    owner could be asked (the call then finds its messages itself). An owner that answers
+    nothing before the call's wait is over (it lost the slots meanwhile) is asked again,
+    as read then, every BROKER_RETRY_S."""
     if not services.desk.serves(topic):
         return None
-    waiter: Waiter[Leased] = Waiter(max_messages, hold, time.monotonic() + wait_ms / 1000)
+    deadline = time.monotonic() + wait_ms / 1000
+    waiter: Waiter[Leased] = Waiter(max_messages, hold, deadline)
     shares: list[list[Leased]] = [[]]
     _hand_held(services, topic, [waiter], shares, services.clock())
     got = shares[0]
     if len(got) >= max_messages:
         return got
-    taken = services.desk.want(topic, max_messages - len(got), 0 if got else wait_ms,
-                               hold.lease_s, hold.consumer, hold)
-    if taken is None:
-        return got or None
+    while True:
+        left_ms = 0 if got else max(0, round((deadline - time.monotonic()) * 1000))
+        taken = services.desk.want(topic, max_messages - len(got), left_ms, hold.lease_s,
+                                   hold.consumer, hold)
+        if taken is None:
+            return got or None
+        if taken or got or deadline - time.monotonic() <= BROKER_RETRY_S:
+            break
+        time.sleep(BROKER_RETRY_S)
     handed_at = services.clock()
     services.lag.observe(topic.uid, "pull", [handed_at - t.due_ms for t in taken])
     return got + [Leased(t.leased, t.payload, t.due_ms) for t in taken]

@@ -5,6 +5,7 @@ have come from a broker."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import Counter
@@ -14,10 +15,10 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from app import leasing
+from app import broker_wire, leasing
 from app.config import Config
 from tests.consumers import TopicClient, now_ms
-from tests.test_releaser import releaser
+from tests.test_releaser import _tenant_of, releaser
 from workers.releaser import Releaser
 
 SLOTS = 4
@@ -204,3 +205,36 @@ def test_a_steady_consumer_of_one_message_at_a_time_is_served_mostly_from_what_i
         assert len(sent) < calls / 2, (len(sent), calls, sent)
     finally:
         app.extensions["duetime"].close()
+
+
+def test_a_connection_without_the_releasers_token_is_closed_unanswered(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """The broker's port leases any topic's messages by uid: only a connection that opens
+    with the token the releaser published in its membership row is served."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        assert topic.enqueue(id="kept").status_code == 201
+        services = app.extensions["duetime"]
+        uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+        with releaser(config, "b-token", **ring) as r:
+            wait_owned(r)
+            port = int(r.wakes.address.rpartition(":")[2])
+            want = broker_wire.encode_want(broker_wire.Want(1, uid, 1, 30, None, 0))
+            for hello in (b"", broker_wire.encode_hello("not-the-token")):
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                    sock.sendall(hello + want)
+                    assert _answer_of(sock) == b""  # closed, no answer
+            # the API process, which read the token, is served
+            [got] = topic.lease(max_messages=1, wait_ms=2000)
+            assert got["id"] == "kept" and got["attempts"] == 1
+    finally:
+        app.extensions["duetime"].close()
+
+
+def _answer_of(sock: socket.socket) -> bytes:
+    """What the peer sent before it closed the connection (a reset counts as a close)."""
+    try:
+        return sock.recv(65536)
+    except ConnectionResetError:
+        return b""

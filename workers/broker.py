@@ -1,7 +1,8 @@
 """The releaser's broker for pull topics (docs/design.md, "How a due message is found").
 
 API processes send their lease calls' *wants* (app.broker_wire) over TCP to the releasers
-owning the topic's shards, on the port number of the releaser's wake-ups. The broker is the
+owning the topic's shards, on the port number of the releaser's wake-ups, after a hello
+with the token the releaser publishes in its membership row (others are closed). The broker is the
 only reader of its shards for these wants: it finds what is due there (one scan for every
 want of a topic waiting together, at least FIND_AT_LEAST messages, the rest kept in a ready
 list for READY_FOR_MS), puts it in fair order, leases it on the callers' terms (one take:
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import hmac
 import itertools
 import logging
 import socket
@@ -62,10 +64,12 @@ class Broker:
     `shards_of(topic)` gives the topic's shards this releaser owns now; `on_unknown(uid)`
     is told of a want for a topic `topic_of` does not know (yet)."""
 
-    def __init__(self, services: Services, topic_of: Callable[[uuid.UUID], Topic | None],
+    def __init__(self, services: Services, token: str,
+                 topic_of: Callable[[uuid.UUID], Topic | None],
                  shards_of: Callable[[Topic], set[int]],
                  on_unknown: Callable[[uuid.UUID], None]) -> None:
         self.services = services
+        self.token = token
         self.topic_of = topic_of
         self.shards_of = shards_of
         self.on_unknown = on_unknown
@@ -114,7 +118,11 @@ class Broker:
         """The connection closed: its wants have nobody to answer."""
         with self._lock:
             for uid, parked in list(self._wants.items()):
-                self._wants[uid] = [p for p in parked if p.link != link]
+                left = [p for p in parked if p.link != link]
+                if left:
+                    self._wants[uid] = left
+                else:
+                    del self._wants[uid]
 
     def _kick(self, topic_uid: uuid.UUID) -> None:
         """Serve the topic's wants on a broker thread; once at a time per topic, again at
@@ -316,6 +324,10 @@ class _Handler(socketserver.StreamRequestHandler):
 
         self.server.opened(sock)
         try:
+            if not self._introduced():
+                log.warning("broker: a connection from %s without this releaser's token closed",
+                            self.client_address[0])
+                return
             for line in self.rfile:
                 try:
                     want = broker_wire.decode_want(broker_wire.decode_line(line))
@@ -328,6 +340,14 @@ class _Handler(socketserver.StreamRequestHandler):
         finally:
             self.server.broker.forget_link(link)
             self.server.closed(sock)
+
+    def _introduced(self) -> bool:
+        """Whether the connection's first line is a hello with this releaser's token."""
+        try:
+            token = broker_wire.decode_hello(broker_wire.decode_line(self.rfile.readline()))
+        except (ValueError, KeyError, TypeError):
+            return False
+        return hmac.compare_digest(token.encode(), self.server.broker.token.encode())
 
 
 class _Server(socketserver.ThreadingTCPServer):

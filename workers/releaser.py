@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import secrets
 import signal
 import socket
 import threading
@@ -161,9 +162,10 @@ class Releaser:
         self.wakes = WakeListener(cfg)
         # the ownership tick's period: every idle poll of this releaser falls on its instants
         self.beat = Beat(cfg.release_lease_ms / RENEW_FRACTION)
+        broker_token = secrets.token_urlsafe(24)  # new at every start: a restart revokes it
         self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
                                        cfg.release_slots, cfg.release_lease_ms, services.clock,
-                                       self.wakes.address, self._gained_slots,
+                                       self.wakes.address, broker_token, self._gained_slots,
                                        self._gave_back_slots)
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._known = KnownTopics(services)
@@ -194,7 +196,7 @@ class Releaser:
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.may_prepare)
-        self.broker = Broker(services, self._topics.get, self._shards_owned,
+        self.broker = Broker(services, broker_token, self._topics.get, self._shards_owned,
                              lambda uid: self._following.wake())
         self._stop = threading.Event()
         self._stopping = threading.Event()  # set first: long steps end at their next check
