@@ -164,6 +164,7 @@ class PushDispatcher:
     def _send(self, armed: list[Armed]) -> None:
         """Hand armed messages to the POST process (a missing payload is a failed POST)."""
         jobs: list[PostJob] = []
+        now = self.services.clock()
         with self._lock:
             for a in armed:
                 if a.payload is None:
@@ -171,7 +172,7 @@ class PushDispatcher:
                     continue
                 ref = next(self._refs)
                 self._armed[ref] = a
-                jobs.append(post_job(ref, a, self.concurrency))
+                jobs.append(post_job(ref, a, self.concurrency, now))
         if jobs:
             self._posts.send(jobs)
 
@@ -271,8 +272,9 @@ class PushDispatcher:
         self._finisher.join()
 
 
-def post_job(ref: int, a: Armed, concurrency: int) -> PostJob:
-    """What the POST process needs to send one armed message (payload present)."""
+def post_job(ref: int, a: Armed, concurrency: int, now_ms: int) -> PostJob:
+    """What the POST process needs to send one armed message (payload present), signed for
+    when it goes out: its due time, or now_ms (epoch ms) when that is later."""
     assert a.payload is not None
     settings = a.topic.settings
     timeout_ms = settings.delivery_timeout_seconds * 1000
@@ -280,7 +282,8 @@ def post_job(ref: int, a: Armed, concurrency: int) -> PostJob:
         ref=ref, topic=str(a.topic.uid), concurrency=concurrency, due_ms=a.due_ms,
         start_by_ms=int((a.row.lease_expires_at_ms or 0) - timeout_ms - POST_START_MARGIN_MS),
         priority=a.priority, group=a.row.fair_group, url=settings.delivery_url or "",
-        headers=request_headers(a.topic, a.row, a.payload), body=a.payload.data,
+        headers=request_headers(a.topic, a.row, a.payload, max(now_ms, a.due_ms)),
+        body=a.payload.data,
         timeout_s=settings.delivery_timeout_seconds)
 
 

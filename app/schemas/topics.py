@@ -50,9 +50,15 @@ class TopicPutSchema(Schema):
     delivery = fields.Nested(DeliverySchema, load_default=None, metadata={"description": (
         "pull (default: consumers take leases) or webhook with url: at each message's "
         "deliver_at (never before) a releaser POSTs the payload to url (application/json, or "
-        "application/octet-stream for payload_base64) with headers Duetime-Message-Id, "
-        "Duetime-Topic, Duetime-Attempt, Duetime-Deliver-At (RFC 3339) and Duetime-Signature "
-        "(lowercase hex HMAC-SHA256 of the body bytes keyed with the topic's signing_secret). "
+        "application/octet-stream for payload_base64), signed as Standard Webhooks are: "
+        "webhook-id (the message id, the same on every attempt), webhook-timestamp (Unix "
+        "seconds) and webhook-signature (v1,<base64 HMAC-SHA256 of "
+        "'{webhook-id}.{webhook-timestamp}.{body}'> for each active signing secret, "
+        "space-separated; receivers refuse timestamps outside their tolerance, so a captured "
+        "POST cannot be replayed later). Also Duetime-Message-Id, Duetime-Topic, "
+        "Duetime-Attempt, Duetime-Deliver-At (RFC 3339), and the deprecated "
+        "Duetime-Signature (lowercase hex HMAC-SHA256 of the body alone under the current "
+        "secret's key; it can be replayed, and goes in a later minor version). "
         "2xx within timeout_seconds = delivered; anything else is retried after the retry "
         "backoff (exponential, equal jitter), dead after max_attempts with last_error kept.")})
     quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, metadata={
@@ -68,11 +74,21 @@ class TopicSchema(Schema):
     retry = fields.Nested(RetrySchema, required=True)
     shards = fields.Integer(required=True)
     delivery = fields.Nested(DeliverySchema, required=True)
-    signing_secret = fields.String(
-        required=True, metadata={"description": "HMAC-SHA256 key of Duetime-Signature."})
+    signing_secret = fields.String(required=True, metadata={"description": (
+        "The webhook signing secret: whsec_ + base64 of the HMAC-SHA256 key (Standard "
+        "Webhooks), as the reference libraries take it.")})
+    previous_signing_secret_expires_at = Instant(allow_none=True, required=True, metadata={
+        "description": "Until when the secret a rotation replaced signs too; null when none."})
     quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, required=True)
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
+
+
+class RotateSecretSchema(Schema):
+    overlap_seconds = fields.Integer(
+        load_default=86_400, validate=validate.Range(0, 2_592_000), metadata={
+            "description": "How long the replaced secret signs beside the new one, s "
+                           "(default a day, at most 30 days; 0: it stops at once)."})
 
 
 class TopicListSchema(Schema):
