@@ -35,7 +35,7 @@ def _lease_seconds(body: dict[str, Any], default: int) -> int:
 @blp.route("/leases")
 class Leases(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(LeaseRequestSchema())
+    @blp.arguments(LeaseRequestSchema(), required=False)
     @blp.response(200, LeaseResponseSchema)
     @blp.alt_response(409, description="A webhook topic: its messages are pushed, not leased.")
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:

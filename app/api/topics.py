@@ -78,7 +78,7 @@ class TopicCollection(MethodView):
 @blp.route("/<string:topic>")
 class TopicItem(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(TopicPutSchema())
+    @blp.arguments(TopicPutSchema(), required=False)
     @blp.response(200, TopicSchema, description="Updated.")
     @blp.alt_response(201, schema=TopicSchema, description="Created.")
     @blp.alt_response(409, description="shards changed while messages are live.")

@@ -12,6 +12,9 @@ from app.schemas.fields import Instant
 _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
 
 
+IF_EXISTS = ("reject", "replace", "keep")
+
+
 class MessageInSchema(Schema):
     """One message. Give at most one of deliver_at, delay_ms or local_time (+ timezone); none
     means due now. Give payload (any JSON) or payload_base64 (binary). local_time is a wall
@@ -45,6 +48,17 @@ class MessageInSchema(Schema):
     headers = fields.Dict(keys=fields.String(validate=validate.Length(1, 128)),
                           values=fields.String(validate=validate.Length(max=1024)),
                           validate=validate.Length(max=32))
+    if_exists = fields.String(validate=validate.OneOf(IF_EXISTS), metadata={
+        "description": "What a repeated `id` does (only with an id). reject (default): the "
+                       "same content answers 200 (a retry), other content 409. replace: "
+                       "while the message is scheduled, its time, payload, headers, "
+                       "priority, campaign and group become these (one conditional write: "
+                       "it is handed out with either the old or the new content and time, "
+                       "never a mix, never before the time it carries); 200 with the "
+                       "message, 409 once it is leased or finished. keep: 200 with the "
+                       "message as it is, whatever the content (the first one wins). An id "
+                       "repeated inside one batch is answered as its first occurrence (409 "
+                       "for other content, except with keep)."})
 
     @validates_schema
     def _one_time_one_payload(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -53,6 +67,8 @@ class MessageInSchema(Schema):
             raise ValidationError(f"Give at most one of {', '.join(_TIME_FIELDS)}.", given[1])
         if "local_time" in data and "timezone" not in data:
             raise ValidationError("local_time needs a timezone.", "timezone")
+        if "if_exists" in data and "id" not in data:
+            raise ValidationError("if_exists needs an id.", "if_exists")
         if ("payload" in data) == ("payload_base64" in data):
             raise ValidationError("Give exactly one of payload or payload_base64.", "payload")
 
@@ -72,8 +88,10 @@ class BatchInSchema(Schema):
 class BatchItemSchema(Schema):
     id = fields.String(allow_none=True)
     status = fields.Integer(required=True, metadata={
-        "description": "201 created, 200 already there with the same content, 409 id taken "
-                       "by other content, 400/413 invalid, 503 retry later."})
+        "description": "201 created; 200 already there with the same content, replaced "
+                       "(if_exists replace) or kept (if_exists keep); 409 id taken by other "
+                       "content, or a replace of a message no longer scheduled; 400/413 "
+                       "invalid; 503 retry later."})
     deliver_at = Instant()
     state = fields.String()
     error = fields.Dict(metadata={"description": "problem+json body of a failed item."})
