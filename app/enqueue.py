@@ -247,6 +247,9 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
                                    items[i].if_exists)
     for i, found in replacing:
         results[i] = _replace(services, topic, found, rows[i])
+    # a replace into a campaign: its row made, its running cancel or shift applied, its
+    # bounds widened, as for a new message
+    _cover(services, topic, rows, [i for i, _ in replacing if _fresh(results[i])], results)
     if not pointers:
         return
     counting = _start_counts(services, topic, [rows[i] for i in created])
