@@ -111,8 +111,9 @@ def _version(n: int, k: int, at_ms: int) -> dict[str, Any]:
 
 
 def _replace_while_delivered(topic: TopicClient, messages: int, rounds: int) -> dict[str, int]:
-    """Each message enqueued, then replaced `rounds` times with a time a moment ahead, from
-    two threads at once; returns how many replaces each status got."""
+    """Each message enqueued 2 s ahead, then replaced `rounds` times with a time up to 1.5 s
+    ahead, from two threads at once: some replaces win, some come after the hand-out (409);
+    returns how many replaces each status got."""
     statuses: dict[str, int] = {}
     lock = threading.Lock()
 
@@ -120,11 +121,11 @@ def _replace_while_delivered(topic: TopicClient, messages: int, rounds: int) -> 
         rng = random.Random(seed)
         for k in range(1, rounds + 1):
             for n in range(seed, messages, 2):
-                got = topic.enqueue(**_version(n, k, now_ms() + rng.randint(0, 300)))
+                got = topic.enqueue(**_version(n, k, now_ms() + rng.randint(0, 1500)))
                 with lock:
                     statuses[str(got.status_code)] = statuses.get(str(got.status_code), 0) + 1
     for n in range(messages):
-        assert topic.enqueue(**_version(n, 0, now_ms() + 200)).status_code == 201
+        assert topic.enqueue(**_version(n, 0, now_ms() + 2000)).status_code == 201
     threads = [threading.Thread(target=replacer, args=(s,)) for s in (0, 1)]
     for t in threads:
         t.start()
