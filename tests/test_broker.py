@@ -227,7 +227,7 @@ def test_a_connection_without_the_releasers_token_is_closed_unanswered(
                     assert _answer_of(sock) == b""  # closed, no answer
             # the API process, which read the token, is served
             [got] = topic.lease(max_messages=1, wait_ms=2000)
-            assert got["id"] == "kept" and got["attempts"] == 1
+            assert got["id"] == "kept" and got["attempt"] == 1
     finally:
         app.extensions["duetime"].close()
 
