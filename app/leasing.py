@@ -479,7 +479,7 @@ def take_with_payloads(services: Services, topic: Topic, chunk: list[Due], now: 
         topic.uid, [(d.row.id, d.row.content_hash) for d in chunk])
     rows = take(services, topic, chunk, now, holds, wait_counts, ahead_ms)
     payloads = services.messages.collect_payloads(reading)
-    return [(r, payloads.get(r.id)) for r in rows]
+    return [(r, payloads.get((r.id, r.content_hash))) for r in rows]
 
 
 def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Sequence[Hold],

@@ -157,9 +157,11 @@ class PushDispatcher:
     def _take(self, topic: Topic, keep: list[Timer]) -> list[Armed]:
         ahead = self.services.config.release_lookahead_ms
         taken = take_for_push(self.services, topic, [t.due for t in keep], self.consumer, ahead)
-        by_id = {t.due.pointer.id: t for t in keep}
+        # a replaced message can have two timers (old and new version): the lease won over
+        # version v belongs to v's timer, whose due time is the one that row carries
+        by_version = {(t.due.row.id, t.due.row.version): t for t in keep}
         self.services.scanner.spend(topic, [lease_pointer(r) for r, _ in taken])
-        return [Armed(by_id[r.id], topic, r, p) for r, p in taken]
+        return [Armed(by_version[(r.id, r.version - 1)], topic, r, p) for r, p in taken]
 
     def _send(self, armed: list[Armed]) -> None:
         """Hand armed messages to the POST process (a missing payload is a failed POST)."""
