@@ -5,13 +5,29 @@ from __future__ import annotations
 import http
 from typing import Any
 
+from apispec import BasePlugin
 from flask import Flask, Response
 from flask_smorest import Api
 from flask_smorest.utils import prepare_response
+from marshmallow import Schema
 
 from app.schemas import ProblemSchema
 
 PROBLEM_TYPE = "application/problem+json"
+
+
+class CrossFieldRules(BasePlugin):
+    """Adds a schema class's JSON_RULES (JSON Schema keywords over the whole object: fields
+    that exclude or need each other, checked by its @validates_schema) to its component, so
+    the document says what the server answers 400 to."""
+
+    def schema_helper(self, name: str, definition: dict[str, Any],
+                      **kwargs: Any) -> dict[str, Any] | None:
+        schema = kwargs.get("schema")
+        cls = schema if isinstance(schema, type) else type(schema)
+        if not issubclass(cls, Schema):
+            return None
+        return dict(getattr(cls, "JSON_RULES", {})) or None
 
 
 class DuetimeApi(Api):
@@ -20,6 +36,9 @@ class DuetimeApi(Api):
     413, 422, 429 and 503, answered by every route, are all in the document."""
 
     ERROR_SCHEMA = ProblemSchema
+
+    def __init__(self, app: Flask) -> None:
+        super().__init__(app, spec_kwargs={"extra_plugins": [CrossFieldRules()]})
 
     def _register_responses(self) -> None:
         for status in http.HTTPStatus:

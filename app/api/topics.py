@@ -75,7 +75,7 @@ class TopicCollection(MethodView):
         return {"topics": [topic_view(t) for t in services().topics.list_for(tenant())]}
 
 
-@blp.route("/<string:topic>")
+@blp.route("/<name:topic>")
 class TopicItem(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(TopicPutSchema(), required=False)
@@ -101,7 +101,7 @@ class TopicItem(MethodView):
         usecases.delete_topic(services(), tenant(), topic)
 
 
-@blp.route("/<string:topic>/signing-secret:rotate")
+@blp.route("/<name:topic>/signing-secret:rotate")
 class TopicSecretRotation(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(RotateSecretSchema(), required=False)
@@ -114,7 +114,7 @@ class TopicSecretRotation(MethodView):
                                                          body["overlap_seconds"]))
 
 
-@blp.route("/<string:topic>/stats")
+@blp.route("/<name:topic>/stats")
 class TopicStats(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(StatsQuerySchema(), location="query")
@@ -126,7 +126,7 @@ class TopicStats(MethodView):
         return usecases.topic_stats(services(), found, query["window"])
 
 
-@blp.route("/<string:topic>/lag")
+@blp.route("/<name:topic>/lag")
 class TopicLag(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(LagQuerySchema(), location="query")

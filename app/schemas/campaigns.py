@@ -37,9 +37,13 @@ class CampaignListSchema(Schema):
 class CampaignPatchSchema(Schema):
     """Either shift_ms (202, an operation), or paused and/or max_per_second (200)."""
 
+    JSON_RULES = {"oneOf": [{"required": ["shift_ms"]},
+                            {"anyOf": [{"required": ["paused"]},
+                                       {"required": ["max_per_second"]}]}]}
+
     shift_ms = fields.Integer(validate=[
         validate.Range(-MAX_SHIFT_MS, MAX_SHIFT_MS),
-        validate.NoneOf([0], error="Must not be 0.")], metadata={
+        validate.NoneOf([0], error="Must not be 0.")], metadata={"not": {"enum": [0]},
         "description": "Move every scheduled message by this many ms (negative: earlier), "
                        "never to before now. 400 if the campaign's last message would pass "
                        "the horizon."})

@@ -8,6 +8,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 
 from app.ids import CLIENT_ID, NAME
 from app.schemas.fields import Instant
+from app.schemas.rules import at_most_one, exactly_one, needs
 
 _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
 
@@ -21,6 +22,9 @@ class MessageInSchema(Schema):
     time without offset in `timezone`: a time in a DST gap moves forward by the gap's length,
     a time in a DST fold takes its first occurrence. `timezone` alone (with another time or
     none) names the recipient's zone for the topic's quiet hours."""
+
+    JSON_RULES = {"allOf": [at_most_one(*_TIME_FIELDS), needs("local_time", "timezone"),
+                            needs("if_exists", "id"), exactly_one("payload", "payload_base64")]}
 
     id = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
         "description": "Client id (idempotency key); generated (time-ordered) if absent."})
@@ -133,6 +137,7 @@ class DeadListSchema(Schema):
 class RescheduleSchema(Schema):
     """Give deliver_at or delay_ms (from now)."""
 
+    JSON_RULES = exactly_one("deliver_at", "delay_ms")
     deliver_at = Instant()
     delay_ms = fields.Integer(validate=validate.Range(min=0))
 

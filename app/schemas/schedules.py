@@ -8,6 +8,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 
 from app.ids import NAME
 from app.schemas.fields import Instant, known_zone
+from app.schemas.rules import exactly_one
 
 
 class SchedulePutSchema(Schema):
@@ -21,6 +22,8 @@ class SchedulePutSchema(Schema):
     (more than 1 s late): fire_once makes one late fire (the latest) for all of them, skip
     makes none. Replacing a schedule rewrites its fires produced and not yet handed out
     (cancels those that are no longer fires; 409 if that would change their campaign)."""
+
+    JSON_RULES = exactly_one("payload", "payload_base64")
 
     cron = fields.String(required=True, metadata={"example": "0 9 * * MON-FRI"})
     timezone = fields.String(load_default="UTC", validate=known_zone,
