@@ -140,8 +140,9 @@ class PushDispatcher:
         keep = [t for t in chunk if topic is not None and self.may_prepare(t.slot)]
         armed: list[Armed] = []
         try:
-            if topic is not None and keep:
-                armed = self._take(topic, keep)
+            stored = self._as_now(topic) if keep else None
+            if stored is not None:
+                armed = self._take(stored, keep)
         except Exception:  # log and continue; the sweep finds them again
             log.exception("preparing %d messages failed", len(keep))
             if topic is not None:
@@ -153,6 +154,15 @@ class PushDispatcher:
             self._settled(topic_uid, len(chunk) - len(armed))
         if armed:
             self._send(armed)
+
+    def _as_now(self, known: Topic | None) -> Topic | None:
+        """The topic as stored now (None if deleted meanwhile): a message is signed with the
+        secrets of when it is prepared, so one enqueued after a rotation's answer is signed
+        by the new secret, whatever the topic changes the releaser has followed so far."""
+        if known is None:
+            return None
+        now = self.services.topics.get(known.tenant, known.name)
+        return now if now is not None and now.uid == known.uid else None
 
     def _take(self, topic: Topic, keep: list[Timer]) -> list[Armed]:
         ahead = self.services.config.release_lookahead_ms
