@@ -27,7 +27,7 @@ def _smorest_settings(app: Flask, config: Config) -> None:
     app.config.update(
         API_TITLE="duetime",
         API_VERSION=API_VERSION,
-        OPENAPI_VERSION="3.0.3",
+        OPENAPI_VERSION="3.1.0",
         OPENAPI_URL_PREFIX="/",
         OPENAPI_JSON_PATH="openapi.json",
         OPENAPI_SWAGGER_UI_PATH="/docs",

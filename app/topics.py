@@ -43,9 +43,6 @@ def _validated(settings: TopicSettings, allow: tuple[Network, ...]) -> TopicSett
     if refused:
         raise InvalidInput("Webhooks may not reach that address.",
                            {"delivery": {"url": [f"Refused: {refused}."]}})
-    if settings.max_backoff_seconds < settings.backoff_seconds:
-        raise InvalidInput("retry.max_backoff_seconds is below retry.backoff_seconds.",
-                           {"retry": {"max_backoff_seconds": ["Must be >= backoff_seconds."]}})
     return settings
 
 

@@ -18,8 +18,9 @@ PROBLEM_TYPE = "application/problem+json"
 
 class CrossFieldRules(BasePlugin):
     """Adds a schema class's JSON_RULES (JSON Schema keywords over the whole object: fields
-    that exclude or need each other, checked by its @validates_schema) to its component, so
-    the document says what the server answers 400 to."""
+    that exclude or need each other, checked by its @validates_schema; or what a field's
+    metadata cannot carry) to its component, so the document says what the server answers
+    400 to."""
 
     def schema_helper(self, name: str, definition: dict[str, Any],
                       **kwargs: Any) -> dict[str, Any] | None:
@@ -27,7 +28,15 @@ class CrossFieldRules(BasePlugin):
         cls = schema if isinstance(schema, type) else type(schema)
         if not issubclass(cls, Schema):
             return None
-        return dict(getattr(cls, "JSON_RULES", {})) or None
+        rules = getattr(cls, "JSON_RULES", {})
+        return {key: _merged(definition.get(key), value) for key, value in rules.items()} or None
+
+
+def _merged(generated: Any, extra: Any) -> Any:
+    """extra over generated, dicts key by key (a rule on one property keeps the others)."""
+    if isinstance(generated, dict) and isinstance(extra, dict):
+        return {**generated, **{k: _merged(generated.get(k), v) for k, v in extra.items()}}
+    return extra
 
 
 class DuetimeApi(Api):

@@ -55,6 +55,7 @@ class CampaignPatchSchema(Schema):
                        "deliver_at first."})
     max_per_second = fields.Float(allow_none=True, validate=validate.Range(
         min=0, min_inclusive=False, max=1_000_000), metadata={
+        "exclusiveMinimum": 0,
         "description": "Delivery pace of the campaign (> 0), or null for none."})
 
     @validates_schema

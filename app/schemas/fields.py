@@ -8,6 +8,8 @@ from marshmallow import ValidationError, fields
 
 from app.timeparse import TimeFormatError, format_ms, parse_instant, zone
 
+ZONE_FORMAT = "iana-time-zone"  # the format of a field naming a zone, e.g. Europe/Bucharest
+
 
 def known_zone(value: str) -> None:
     """A marshmallow validator: an IANA time zone this machine knows (tzdata)."""

@@ -7,7 +7,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.ids import CLIENT_ID, NAME
-from app.schemas.fields import Instant
+from app.schemas.fields import ZONE_FORMAT, Instant
 from app.schemas.rules import at_most_one, exactly_one, needs
 
 _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
@@ -24,21 +24,25 @@ class MessageInSchema(Schema):
     none) names the recipient's zone for the topic's quiet hours."""
 
     JSON_RULES = {"allOf": [at_most_one(*_TIME_FIELDS), needs("local_time", "timezone"),
-                            needs("if_exists", "id"), exactly_one("payload", "payload_base64")]}
+                            needs("if_exists", "id"), exactly_one("payload", "payload_base64")],
+                  "properties": {"headers": {"maxProperties": 32,
+                                             "propertyNames": {"minLength": 1,
+                                                               "maxLength": 128}}}}
 
     id = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
         "description": "Client id (idempotency key); generated (time-ordered) if absent."})
     deliver_at = Instant(metadata={"description": "RFC 3339 with offset, or epoch ms."})
     delay_ms = fields.Integer(validate=validate.Range(min=0))
-    local_time = fields.String(metadata={"example": "2026-12-01T09:00:00"})
-    timezone = fields.String(metadata={"example": "Europe/Bucharest"})
+    local_time = fields.String(metadata={"example": "2026-12-01T09:00:00",
+                                         "format": "date-time-local"})
+    timezone = fields.String(metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
     quiet_hours = fields.Boolean(metadata={
         "description": "false: the topic's quiet hours do not apply (a transactional send). "
                        "Otherwise a message due inside them is placed at their end, in its "
                        "own timezone if it has one; its deliver_at shows where."})
     payload = fields.Raw(allow_none=True, metadata={
         "description": "Any JSON value, nested at most 64 levels deep (deeper: 400)."})
-    payload_base64 = fields.String()
+    payload_base64 = fields.String(metadata={"format": "byte"})
     priority = fields.Integer(load_default=100, validate=validate.Range(0, 65535),
                               metadata={"description": "Lower is handed out first."})
     campaign = fields.String(validate=validate.Regexp(NAME))
@@ -116,7 +120,8 @@ class MessageSchema(Schema):
     group = fields.String(allow_none=True)
     attempts = fields.Integer(required=True)
     payload = fields.Raw(allow_none=True)
-    payload_base64 = fields.String(metadata={"description": "Instead of payload, for binary."})
+    payload_base64 = fields.String(metadata={"description": "Instead of payload, for binary.",
+                                             "format": "byte"})
     headers = fields.Dict(keys=fields.String(), values=fields.String())
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
@@ -165,7 +170,7 @@ class LeaseSchema(Schema):
 class LeasedMessageSchema(Schema):
     id = fields.String(required=True)
     payload = fields.Raw(allow_none=True)
-    payload_base64 = fields.String()
+    payload_base64 = fields.String(metadata={"format": "byte"})
     headers = fields.Dict(keys=fields.String(), values=fields.String())
     deliver_at = Instant(required=True)
     priority = fields.Integer(required=True)

@@ -7,7 +7,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.ids import NAME
-from app.schemas.fields import Instant, known_zone
+from app.schemas.fields import ZONE_FORMAT, Instant, known_zone
 from app.schemas.rules import exactly_one
 
 
@@ -25,11 +25,12 @@ class SchedulePutSchema(Schema):
 
     JSON_RULES = exactly_one("payload", "payload_base64")
 
-    cron = fields.String(required=True, metadata={"example": "0 9 * * MON-FRI"})
+    cron = fields.String(required=True, metadata={"example": "0 9 * * MON-FRI",
+                                                  "format": "cron"})
     timezone = fields.String(load_default="UTC", validate=known_zone,
-                             metadata={"example": "Europe/Bucharest"})
+                             metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
     payload = fields.Raw(allow_none=True, metadata={"description": "Any JSON value."})
-    payload_base64 = fields.String()
+    payload_base64 = fields.String(metadata={"format": "byte"})
     priority = fields.Integer(load_default=100, validate=validate.Range(0, 65535))
     campaign = fields.String(validate=validate.Regexp(NAME))
     start_at = Instant(metadata={"description": "No fire before it."})
@@ -48,7 +49,7 @@ class ScheduleSchema(Schema):
     cron = fields.String(required=True)
     timezone = fields.String(required=True)
     payload = fields.Raw(allow_none=True)
-    payload_base64 = fields.String()
+    payload_base64 = fields.String(metadata={"format": "byte"})
     priority = fields.Integer(required=True)
     campaign = fields.String(allow_none=True)
     start_at = Instant(allow_none=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from marshmallow import Schema, fields, validate
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.quiet_hours import HH_MM
-from app.schemas.fields import Instant, known_zone
+from app.schemas.fields import ZONE_FORMAT, Instant, known_zone
 
 
 class QuietHoursSchema(Schema):
@@ -20,18 +22,38 @@ class QuietHoursSchema(Schema):
     end = fields.String(required=True, validate=validate.Regexp(HH_MM, error="Must be HH:MM."),
                         metadata={"example": "08:00"})
     timezone = fields.String(load_default="UTC", validate=known_zone,
-                             metadata={"example": "Europe/Bucharest"})
+                             metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
 
 
 class RetrySchema(Schema):
+    """The delay after the n-th failed attempt: backoff_seconds x 2^(n-1), at most
+    max_backoff_seconds (which caps the first delay too), with equal jitter on webhooks."""
+
     backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
     max_backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
 
 
+# the URLs the url field accepts, as a JSON Schema pattern (a host name ending in a name of
+# letters, or a bare one such as localhost; an optional port; a path)
+HTTP_URL = (r"^https?://([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]{2,63}"
+            r"(:[1-9][0-9]{0,3})?(/[A-Za-z0-9._~-]*)*$")
+
+
 class DeliverySchema(Schema):
+    """mode webhook comes with its url (also when only the mode of a topic changes)."""
+
+    JSON_RULES = {"anyOf": [
+        {"not": {"required": ["mode"], "properties": {"mode": {"const": "webhook"}}}},
+        {"required": ["url"], "properties": {"url": {"type": "string"}}}]}
     mode = fields.String(load_default=None, validate=validate.OneOf(["pull", "webhook"]))
-    url = fields.Url(load_default=None, schemes={"http", "https"}, require_tld=False)
+    url = fields.Url(load_default=None, schemes={"http", "https"}, require_tld=False,
+                     metadata={"format": "http-url", "pattern": HTTP_URL})
     timeout_seconds = fields.Float(load_default=None, validate=validate.Range(0.1, 120))
+
+    @validates_schema
+    def _webhook_has_url(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data.get("mode") == "webhook" and data.get("url") is None:
+            raise ValidationError("Required for mode webhook.", "url")
 
 
 class TopicPutSchema(Schema):
