@@ -57,14 +57,17 @@ PARSED = T.StructType([
 
 
 def read_file(spark: SparkSession, path: str) -> DataFrame:
-    """CSV (header row), JSON lines or Parquet, by extension; every column as text."""
+    """CSV (header row, RFC 4180 quoting), JSON lines or Parquet, by extension; every column
+    as text."""
     lower = path.lower().rstrip("/")
     if lower.endswith(".parquet"):
         df = spark.read.parquet(path)
     elif lower.endswith((".jsonl", ".json", ".ndjson")):
         df = spark.read.json(path, primitivesAsString=True)
     else:
-        df = spark.read.option("header", True).option("mode", "PERMISSIVE").csv(path)
+        # RFC 4180 quoting: a quote inside a quoted field is doubled (a JSON payload column)
+        df = (spark.read.option("header", True).option("mode", "PERMISSIVE")
+              .option("escape", '"').csv(path))
     return df.select([F.col(c).cast("string").alias(c) for c in df.columns])
 
 
