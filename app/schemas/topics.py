@@ -7,7 +7,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.quiet_hours import HH_MM
-from app.schemas.fields import ZONE_FORMAT, Instant, known_zone
+from app.schemas.fields import ZONE_FORMAT, Instant, Int, known_zone
 
 
 class QuietHoursSchema(Schema):
@@ -61,13 +61,14 @@ class TopicPutSchema(Schema):
     fields keep their current values. Changing `shards` of a topic with scheduled or leased
     messages answers 409."""
 
-    lease_seconds = fields.Integer(load_default=None, validate=validate.Range(1, 43_200),
+    lease_seconds = Int(load_default=None,
+                                   validate=validate.Range(1, 43_200),
                                    metadata={"description": "Default lease, s (default 30)."})
-    max_attempts = fields.Integer(load_default=None, validate=validate.Range(1, 1000),
+    max_attempts = Int(load_default=None, validate=validate.Range(1, 1000),
                                   metadata={"description": "Then dead (default 10)."})
     retry = fields.Nested(RetrySchema, load_default=None,
                           metadata={"description": "Backoff after nack/failure, s (1 and 600)."})
-    shards = fields.Integer(load_default=None, validate=validate.Range(1, 256),
+    shards = Int(load_default=None, validate=validate.Range(1, 256),
                             metadata={"description": "Releaser parallelism (default 16)."})
     delivery = fields.Nested(DeliverySchema, load_default=None, metadata={"description": (
         "pull (default: consumers take leases) or webhook with url: at each message's "
@@ -91,10 +92,10 @@ class TopicPutSchema(Schema):
 
 class TopicSchema(Schema):
     name = fields.String(required=True)
-    lease_seconds = fields.Integer(required=True)
-    max_attempts = fields.Integer(required=True)
+    lease_seconds = Int(required=True)
+    max_attempts = Int(required=True)
     retry = fields.Nested(RetrySchema, required=True)
-    shards = fields.Integer(required=True)
+    shards = Int(required=True)
     delivery = fields.Nested(DeliverySchema, required=True)
     signing_secret = fields.String(required=True, metadata={"description": (
         "The webhook signing secret: whsec_ + base64 of the HMAC-SHA256 key (Standard "
@@ -107,7 +108,7 @@ class TopicSchema(Schema):
 
 
 class RotateSecretSchema(Schema):
-    overlap_seconds = fields.Integer(
+    overlap_seconds = Int(
         load_default=86_400, validate=validate.Range(0, 2_592_000), metadata={
             "description": "How long the replaced secret signs beside the new one, s "
                            "(default a day, at most 30 days; 0: it stops at once)."})
@@ -118,17 +119,17 @@ class TopicListSchema(Schema):
 
 
 class CountsSchema(Schema):
-    scheduled = fields.Integer(required=True)
-    leased = fields.Integer(required=True)
-    delivered = fields.Integer(required=True)
-    cancelled = fields.Integer(required=True)
-    dead = fields.Integer(required=True)
+    scheduled = Int(required=True)
+    leased = Int(required=True)
+    delivered = Int(required=True)
+    cancelled = Int(required=True)
+    dead = Int(required=True)
 
 
 class WindowSchema(Schema):
     from_ = Instant(required=True, data_key="from")
     to = Instant(required=True)
-    count = fields.Integer(required=True)
+    count = Int(required=True)
 
 
 class StatsQuerySchema(Schema):
@@ -153,16 +154,16 @@ class LagQuerySchema(Schema):
 class LagWindowSchema(Schema):
     from_ = Instant(required=True, data_key="from")
     to = Instant(required=True)
-    count = fields.Integer(required=True, metadata={
+    count = Int(required=True, metadata={
         "description": "Messages handed out in this minute (leased to a pull consumer, or "
                        "their POST started)."})
-    p50_ms = fields.Integer(required=True, allow_none=True, metadata={
+    p50_ms = Int(required=True, allow_none=True, metadata={
         "description": "Median lag, ms: the upper edge of its bucket (1, 2, 5, 10, 25, 50, "
                        "100, 250, 500 ms, 1, 2.5, 5, 10, 30, 60 s), at most max_ms; null "
                        "when count is 0."})
-    p99_ms = fields.Integer(required=True, allow_none=True,
+    p99_ms = Int(required=True, allow_none=True,
                             metadata={"description": "99th percentile lag, ms, as p50_ms."})
-    max_ms = fields.Integer(required=True, allow_none=True,
+    max_ms = Int(required=True, allow_none=True,
                             metadata={"description": "Largest lag, ms; null when count is 0."})
 
 
