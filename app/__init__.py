@@ -12,7 +12,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from app import dashboard, group_commit, logs, metrics, shedding
-from app.api import docs_assets, openapi_file, problems
+from app.api import docs_assets, openapi_file, problems, validation
 from app.auth import Authenticator
 from app.config import Config, load_config
 from app.errors import PayloadTooLarge
@@ -27,7 +27,7 @@ def _smorest_settings(app: Flask, config: Config) -> None:
     app.config.update(
         API_TITLE="duetime",
         API_VERSION=API_VERSION,
-        OPENAPI_VERSION="3.0.3",
+        OPENAPI_VERSION="3.1.0",
         OPENAPI_URL_PREFIX="/",
         OPENAPI_JSON_PATH="openapi.json",
         OPENAPI_SWAGGER_UI_PATH="/docs",
@@ -106,6 +106,7 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     app.extensions["duetime_groups"] = {"enqueue": group_commit.enqueue_groups(services),
                                         "ack": group_commit.ack_groups(services)}
     smorest = openapi_file.DuetimeApi(app)
+    validation.register(app, smorest)
     # imported here, not at module level: names bound there are attributes of the package
     # and would shadow the use-case modules app.topics, app.messages, app.campaigns and
     # app.schedules

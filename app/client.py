@@ -10,8 +10,10 @@ import Client`).
 - Consumer: lease → handler → ack on threads of its own; an exception in the handler nacks
   the message with the error; a handler that runs long has its lease extended; stop() ends
   after the messages in hand are finished.
-- verify_signature and SignatureCheck: check a webhook POST's Duetime-Signature (HMAC-SHA256
-  of the body with the topic's signing_secret), in any WSGI app.
+- verify_webhook and SignatureCheck: check a webhook POST's Standard Webhooks signature
+  (webhook-id, webhook-timestamp, webhook-signature) with the topic's signing_secret, and
+  refuse one whose timestamp is outside the tolerance (a replay), in any WSGI app;
+  verify_signature checks the deprecated Duetime-Signature (body only, replayable).
 
 The transport is urllib3's keep-alive connection pool, shared by the client's threads: one
 call costs about a third of the client CPU of a requests.Session call (tests/bench/single.py
@@ -20,6 +22,8 @@ measures the API through this client).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import io
@@ -27,7 +31,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -320,22 +324,59 @@ class Consumer:
             log.warning("ack/nack failed: %s", exc)
 
 
+WEBHOOK_TOLERANCE_S = 300  # Standard Webhooks' default: 5 minutes either side
+
+
+def _key_of(secret: str) -> bytes:
+    """A signing secret's HMAC key: base64 after `whsec_`; a plain (older) secret's UTF-8."""
+    if secret.startswith("whsec_"):
+        return base64.b64decode(secret[len("whsec_"):] + "==")
+    return secret.encode()
+
+
+def verify_webhook(secret: str, headers: Mapping[str, str], body: bytes,
+                   tolerance_s: float = WEBHOOK_TOLERANCE_S, now_s: float | None = None
+                   ) -> bool:
+    """True when the POST's headers (any case) carry a Standard Webhooks signature of body
+    under secret (the topic's signing_secret) and its webhook-timestamp is within
+    tolerance_s seconds of now_s (default: this clock): a POST captured and sent again
+    later is refused. Constant-time comparison."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    message_id, stamp = lower.get("webhook-id"), lower.get("webhook-timestamp", "")
+    signatures = lower.get("webhook-signature", "")
+    if not message_id or not stamp.isdigit() or not signatures:
+        return False
+    if abs((time.time() if now_s is None else now_s) - int(stamp)) > tolerance_s:
+        return False
+    try:
+        key = _key_of(secret)
+    except (binascii.Error, ValueError):
+        return False
+    expected = base64.b64encode(hmac.new(
+        key, f"{message_id}.{stamp}.".encode() + body, hashlib.sha256).digest()).decode()
+    return any(version == "v1" and hmac.compare_digest(expected, given)
+               for version, _, given in (s.partition(",") for s in signatures.split()))
+
+
 def verify_signature(secret: str, body: bytes, signature: str | None) -> bool:
-    """True when signature (the Duetime-Signature header) is the HMAC-SHA256 of body under
-    the topic's signing_secret (constant-time comparison)."""
+    """Deprecated (replayable: use verify_webhook): True when signature (the
+    Duetime-Signature header) is the HMAC-SHA256 of body under the topic's signing_secret
+    (constant-time comparison)."""
     if not signature:
         return False
-    expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    expected = hmac.new(_key_of(secret), body, hashlib.sha256).hexdigest()
     return hmac.compare_digest(expected, signature)
 
 
 class SignatureCheck:
-    """WSGI middleware: answers 401 to a POST whose Duetime-Signature does not verify, and
+    """WSGI middleware: answers 401 to a POST whose Standard Webhooks signature does not
+    verify under secret or whose timestamp is outside tolerance_s (verify_webhook), and
     passes the others to app with the body intact. Works for Flask (app.wsgi_app =
     SignatureCheck(app.wsgi_app, secret)) and any WSGI app."""
 
-    def __init__(self, app: Callable[..., Iterable[bytes]], secret: str) -> None:
-        self.app, self.secret = app, secret
+    def __init__(self, app: Callable[..., Iterable[bytes]], secret: str,
+                 tolerance_s: float = WEBHOOK_TOLERANCE_S) -> None:
+        self.app, self.secret, self.tolerance_s = app, secret, tolerance_s
 
     def __call__(self, environ: dict[str, Any],
                  start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -343,7 +384,9 @@ class SignatureCheck:
             length = int(environ.get("CONTENT_LENGTH") or 0)
             body = environ["wsgi.input"].read(length) if length else b""
             environ["wsgi.input"] = io.BytesIO(body)
-            if not verify_signature(self.secret, body, environ.get("HTTP_DUETIME_SIGNATURE")):
+            headers = {name: environ.get(f"HTTP_{name.upper().replace('-', '_')}", "")
+                       for name in ("webhook-id", "webhook-timestamp", "webhook-signature")}
+            if not verify_webhook(self.secret, headers, body, self.tolerance_s):
                 start_response("401 Unauthorized", [("Content-Type", "text/plain")])
                 return [b"bad signature\n"]
         return self.app(environ, start_response)

@@ -53,7 +53,7 @@ def newest_dead(services: Services, topic: Topic,
         found.extend(rows[i] for i in chunk if i in rows and rows[i].state == "dead")
     found = found[:limit]
     payloads = services.messages.get_payloads(topic.uid, [(r.id, r.content_hash) for r in found])
-    return [(r, payloads.get(r.id)) for r in found]
+    return [(r, payloads.get((r.id, r.content_hash))) for r in found]
 
 
 def retry(services: Services, topic: Topic, message_id: str) -> MessageState:

@@ -37,9 +37,16 @@ from app.services import Services
 from app.store.messages import PayloadRow, Staging
 from app.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
 from app.timeparse import TimeFormatError, parse_local_time, zone
-from app.transitions import count_ahead, count_applied, count_moves
+from app.transitions import (
+    apply_transition,
+    count_ahead,
+    count_applied,
+    count_moves,
+    count_replace,
+)
 
 log = logging.getLogger(__name__)
+RETRIES_ON_RACE = 3
 # Deep enough for any real payload, and far from the interpreter's recursion limit (about
 # 1,000), which a payload must stay under for every later answer that embeds it.
 MAX_PAYLOAD_DEPTH = 64
@@ -56,6 +63,7 @@ class NewMessage:
     payload: Payload
     content_hash: str
     group: str | None = None  # fair-delivery group (app.fairness)
+    if_exists: str = "reject"  # what a taken client id does: reject, replace or keep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,11 +141,11 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
         field = next((f for f in ("deliver_at", "delay_ms", "local_time") if f in data), "time")
         raise InvalidInput(f"The delivery time is more than {horizon_days} days ahead.",
                            {field: [f"At most {horizon_days} days ahead."]})
-    content = {k: v for k, v in data.items() if k != "id"}
+    content = {k: v for k, v in data.items() if k not in ("id", "if_exists")}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
     return NewMessage(data.get("id"), deliver, int(data.get("priority", 100)),
                       data.get("campaign"), payload_of(data, max_payload_bytes), digest[:32],
-                      data.get("group"))
+                      data.get("group"), data.get("if_exists", "reject"))
 
 
 def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:
@@ -191,13 +199,19 @@ def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage]) -> li
     for index, row in enumerate(rows):
         first = first_of[row.id]
         if results[index] is None:
-            results[index] = _repeat_answer(results[first], rows[first], row)
+            results[index] = _repeat_answer(results[first], rows[first], row,
+                                            items[index].if_exists)
     return [r for r in results if r is not None]
 
 
 def _repeat_answer(first: EnqueueResult | None, first_row: MessageState,
-                   row: MessageState) -> EnqueueResult:
+                   row: MessageState, if_exists: str) -> EnqueueResult:
+    """An id repeated inside one request: answered as the first occurrence was (keep: 200
+    whatever the content); other content is a conflict, also for replace (which of the two
+    would be meant is not known)."""
     assert first is not None
+    if if_exists == "keep" and first.status in (200, 201):
+        return dataclasses.replace(first, status=200)
     if first_row.content_hash != row.content_hash:
         return EnqueueResult(row.id, 409, error=_conflict(row.id))
     return dataclasses.replace(first, status=200 if first.status == 201 else first.status)
@@ -215,7 +229,7 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
     _write_fresh(services, topic, rows, stage.fresh, stage.writing, results, now)
     inserting = _staged(stage, rows, results)
     outcomes = _insert(services, items, rows, inserting, now)
-    created, pointers, placed_for = [], [], []
+    created, pointers, placed_for, replacing = [], [], [], []
     for i, outcome in zip(inserting, outcomes, strict=True):
         row = rows[i]
         if isinstance(outcome, Exception):
@@ -225,8 +239,17 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
             pointers.append(pointer_of(row, version=1))
             placed_for.append(i)
             results[i] = EnqueueResult(row.id, 201, row.deliver_at_ms, "scheduled")
+        elif (items[i].if_exists == "replace" and outcome[1] is not None
+              and outcome[1].content_hash != row.content_hash):
+            replacing.append((i, outcome[1]))
         else:
-            results[i] = _existing(outcome[1], row, now, pointers, placed_for, i)
+            results[i] = _existing(outcome[1], row, now, pointers, placed_for, i,
+                                   items[i].if_exists)
+    for i, found in replacing:
+        results[i] = _replace(services, topic, found, rows[i])
+    # a replace into a campaign: its row made, its running cancel or shift applied, its
+    # bounds widened, as for a new message
+    _cover(services, topic, rows, [i for i, _ in replacing if _fresh(results[i])], results)
     if not pointers:
         return
     counting = _start_counts(services, topic, [rows[i] for i in created])
@@ -382,15 +405,54 @@ def _insert(services: Services, items: Sequence[NewMessage], rows: list[MessageS
 
 
 def _existing(found: MessageState | None, row: MessageState, now: int, pointers: list[Pointer],
-              placed_for: list[int], index: int) -> EnqueueResult:
+              placed_for: list[int], index: int, if_exists: str) -> EnqueueResult:
     """The id was taken: same content is an idempotent retry (pointer re-written while the
-    message was never moved), different content a conflict."""
+    message was never moved), different content a conflict, or with keep the message as it
+    is (first one wins)."""
+    if found is not None and if_exists == "keep":
+        return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
     if found is None or found.content_hash != row.content_hash:
         return EnqueueResult(row.id, 409, error=_conflict(row.id))
     if found.state == "scheduled" and found.version == 1:
         pointers.append(pointer_of(found, placement_ms(found.due_at_ms, now), 1))
         placed_for.append(index)
     return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
+
+
+def _replace(services: Services, topic: Topic, found: MessageState,
+             row: MessageState) -> EnqueueResult:
+    """if_exists replace: while the message is scheduled, its time, priority, campaign,
+    group and content (payload and headers, written under the new content hash by the
+    stage) become row's, in one conditional write over the version read, its pointer first
+    (app.transitions.apply_transition). A reader that took the old version has the old
+    payload and time; one that finds the new pointer reads the new row: never a mix. 409
+    once it is leased or finished; counters and the campaigns' counts follow the move."""
+    for _ in range(RETRIES_ON_RACE):
+        if found.content_hash == row.content_hash:
+            return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
+        if found.state != "scheduled":
+            return EnqueueResult(row.id, 409, error=Conflict(
+                f"Message {row.id!r} is {found.state}; only a scheduled one is replaced."))
+        now = services.clock()
+        new = dataclasses.replace(
+            found, version=found.version + 1, due_at_ms=placement_ms(row.deliver_at_ms, now),
+            deliver_at_ms=row.deliver_at_ms, priority=row.priority, campaign=row.campaign,
+            group=row.group, content_hash=row.content_hash, updated_at_ms=now)
+        try:
+            apply_transition(services, topic, new, moved=True)
+        except Conflict:  # leased, cancelled or replaced meanwhile: decide again
+            again = services.messages.get(topic.uid, row.id)
+            if again is None:
+                return EnqueueResult(row.id, 409, error=_conflict(row.id))
+            found = again
+            continue
+        except StoreUnavailable as exc:
+            return EnqueueResult(row.id, 503, error=_unavailable(exc))
+        with contextlib.suppress(StoreUnavailable):  # the replace is done; stats may lag
+            count_replace(services, topic, found, new)
+        return EnqueueResult(new.id, 200, new.deliver_at_ms, new.state)
+    return EnqueueResult(row.id, 409, error=Conflict(
+        f"Message {row.id!r} is changing concurrently; retry."))
 
 
 def _start_counts(services: Services, topic: Topic,

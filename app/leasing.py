@@ -48,6 +48,7 @@ CURSOR_STEP_MS = 1000
 # A pass replaces messages another process took first this many times at most: two
 # processes draining one backlog otherwise traded it in ever smaller takes.
 TAKE_ROUNDS = 3
+BROKER_RETRY_S = 0.05  # an owner's early empty answer: its slots moved, asked again after this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +78,44 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
     Webhook topics are delivered by the releasers only: leasing one is a 409."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
+    brokered = _from_brokers(services, topic, max_messages, wait_ms, Hold(lease_s, consumer))
+    if brokered is not None:
+        return brokered
     services.pull_wakes.start()
     return services.poll_groups.lease(topic.uid, max_messages, Hold(lease_s, consumer), wait_ms,
                                       lambda waiters: _pass(services, topic, waiters),
                                       lambda waiters: _hand_out(services, topic, waiters),
                                       lambda terms, items: _spill(services, topic, terms, items))
+
+
+def _from_brokers(services: Services, topic: Topic, max_messages: int, wait_ms: int,
+                  hold: Hold) -> list[Leased] | None:
+    """The call served by the releasers owning the topic's shards (app.desk): first what
+    this process holds that has come due, then what the owners lease for it. None when no
+    owner could be asked (the call then finds its messages itself). An owner that answers
+    nothing before the call's wait is over (it lost the slots meanwhile) is asked again,
+    as read then, every BROKER_RETRY_S."""
+    if not services.desk.serves(topic):
+        return None
+    deadline = time.monotonic() + wait_ms / 1000
+    waiter: Waiter[Leased] = Waiter(max_messages, hold, deadline)
+    shares: list[list[Leased]] = [[]]
+    _hand_held(services, topic, [waiter], shares, services.clock())
+    got = shares[0]
+    if len(got) >= max_messages:
+        return got
+    while True:
+        left_ms = 0 if got else max(0, round((deadline - time.monotonic()) * 1000))
+        taken = services.desk.want(topic, max_messages - len(got), left_ms, hold.lease_s,
+                                   hold.consumer, hold)
+        if taken is None:
+            return got or None
+        if taken or got or deadline - time.monotonic() <= BROKER_RETRY_S:
+            break
+        time.sleep(BROKER_RETRY_S)
+    handed_at = services.clock()
+    services.lag.observe(topic.uid, "pull", [handed_at - t.due_ms for t in taken])
+    return got + [Leased(t.leased, t.payload, t.due_ms) for t in taken]
 
 
 def _pass(services: Services, topic: Topic,
@@ -445,7 +479,7 @@ def take_with_payloads(services: Services, topic: Topic, chunk: list[Due], now: 
         topic.uid, [(d.row.id, d.row.content_hash) for d in chunk])
     rows = take(services, topic, chunk, now, holds, wait_counts, ahead_ms)
     payloads = services.messages.collect_payloads(reading)
-    return [(r, payloads.get(r.id)) for r in rows]
+    return [(r, payloads.get((r.id, r.content_hash))) for r in rows]
 
 
 def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Sequence[Hold],

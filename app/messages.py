@@ -20,7 +20,7 @@ def get_message(services: Services, topic: Topic,
     if row is None:
         raise NotFound(f"No message {message_id!r}.")
     payloads = services.messages.get_payloads(topic.uid, [(row.id, row.content_hash)])
-    return row, payloads.get(row.id)
+    return row, payloads.get((row.id, row.content_hash))
 
 
 def being_pushed(row: MessageState, now_ms: int) -> bool:

@@ -39,6 +39,15 @@ class Topic:
     signing_secret: str
     created_at_ms: int
     updated_at_ms: int
+    # the secret a rotation replaced, which signs too until previous_secret_until_ms
+    previous_secret: str | None = None
+    previous_secret_until_ms: int | None = None
+
+    def signing_secrets(self, now_ms: int) -> list[str]:
+        """The secrets that sign a POST made at now_ms: the current one first."""
+        if self.previous_secret and (self.previous_secret_until_ms or 0) > now_ms:
+            return [self.signing_secret, self.previous_secret]
+        return [self.signing_secret]
 
     @property
     def pushed(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 
 from app.campaign_rules import CampaignRules
 from app.config import Config
+from app.desk import Desk
 from app.found_due import FoundDue
 from app.host_locks import HostLocks
 from app.lag_log import LagLog
@@ -90,6 +91,8 @@ class Services:
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
         self.held = HeldLeases(clock, self._give_back, config.pull_give_back_ms)
+        self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
+                         clock, self.held.hold, config.pull_give_back_ms)
         self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
                                                        wake_at=self._hand_out_at)
         self.quiet_marks = QuietMarks(config.safety_lag_ms)
@@ -132,6 +135,7 @@ class Services:
         return None if due is None else time.monotonic() + (due - self.clock()) / 1000
 
     def close(self) -> None:
+        self.desk.close()
         self.pull_wakes.close()
         self.quiet_watch.close()
         self.waker.close()

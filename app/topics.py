@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import uuid
 from typing import Any
 
+from app import signing
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
 from app.services import Services
@@ -43,9 +43,6 @@ def _validated(settings: TopicSettings, allow: tuple[Network, ...]) -> TopicSett
     if refused:
         raise InvalidInput("Webhooks may not reach that address.",
                            {"delivery": {"url": [f"Refused: {refused}."]}})
-    if settings.max_backoff_seconds < settings.backoff_seconds:
-        raise InvalidInput("retry.max_backoff_seconds is below retry.backoff_seconds.",
-                           {"retry": {"max_backoff_seconds": ["Must be >= backoff_seconds."]}})
     return settings
 
 
@@ -62,7 +59,7 @@ def put_topic(services: Services, tenant: str, name: str,
         current = services.topics.get(tenant, name)
         if current is None:
             settings = _validated(dataclasses.replace(TopicSettings(), **changes), allow)
-            topic = Topic(tenant, name, uuid.uuid4(), settings, secrets.token_hex(32), now, now)
+            topic = Topic(tenant, name, uuid.uuid4(), settings, signing.new_secret(), now, now)
             if services.topics.create(topic):
                 services.topic_cache.forget(tenant, name)
                 return topic, True
@@ -74,6 +71,24 @@ def put_topic(services: Services, tenant: str, name: str,
         if services.topics.update(topic, current):
             services.topic_cache.forget(tenant, name)
             return topic, False
+    raise Conflict("The topic changed concurrently; retry.")
+
+
+def rotate_signing_secret(services: Services, tenant: str, name: str,
+                          overlap_s: int) -> Topic:
+    """Give the topic a new signing secret. For overlap_s seconds the one it replaces signs
+    every POST too (0: not at all), so receivers can move to the new one meanwhile; a secret
+    that was still in its overlap stops signing at once."""
+    for _ in range(RETRIES_ON_RACE):
+        current = get_topic(services, tenant, name)
+        now = services.clock()
+        topic = dataclasses.replace(
+            current, signing_secret=signing.new_secret(), updated_at_ms=now,
+            previous_secret=current.signing_secret if overlap_s else None,
+            previous_secret_until_ms=now + overlap_s * 1000 if overlap_s else None)
+        if services.topics.rotate_secret(topic, current):
+            services.topic_cache.forget(tenant, name)
+            return topic
     raise Conflict("The topic changed concurrently; retry.")
 
 

@@ -96,6 +96,22 @@ def count_moves(services: Services, topic: Topic, moves: Sequence[Move], wait: b
     return _send(services, topic, _deltas(moves), wait, also)
 
 
+def count_replace(services: Services, topic: Topic, before: MessageState,
+                  after: MessageState) -> None:
+    """A scheduled message replaced (if_exists replace): its upcoming load moves from the
+    old due minute to the new one, and its campaigns' scheduled counts from the old
+    campaign to the new one, in one round of counter batches."""
+    per_campaign: dict[str, dict[str, int]] = {}
+    if before.campaign != after.campaign:
+        for campaign, sign in ((before.campaign, -1), (after.campaign, 1)):
+            if campaign:
+                per_campaign[campaign] = {before.state: sign}
+    counts = services.counts
+    _send(services, topic, ({}, per_campaign), True,
+          also=[*counts.upcoming_updates_at(topic.uid, [before.due_at_ms], sign=-1),
+                *counts.upcoming_updates_at(topic.uid, [after.due_at_ms])])
+
+
 @dataclasses.dataclass(frozen=True)
 class CountedAhead:
     """Counter moves sent alongside the conditional writes that are to make them

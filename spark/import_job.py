@@ -4,7 +4,8 @@ extract (CSV, JSON lines or Parquet) → transform (spark.rows, the API's own ch
 bucket/shard/id code) → load (the connector). Steps:
 1. validate every row; bad rows go to the rejects file with their reason, good rows go on;
 2. drop rows whose id repeats an earlier line, and ids the topic already has (a direct join
-   on the message_states key): a re-run or a retried task adds nothing;
+   on the message_states key): a re-run or a retried task adds nothing; a row whose id the
+   topic has with other content is rejected, kept or replaced (`--if-exists`, spark.if_exists);
 3. reserve pointer slots per (bucket, shard) with the API's LWT (TimelineStore.reserve_slots),
    so no partition ever holds more than DUETIME_PARTITION_CAP pointers;
 4. write payloads, then pointers, then state rows (the API's order: a state row never exists
@@ -34,6 +35,7 @@ from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
 from app.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE, WRITE_WINDOW_MS
+from spark import if_exists
 from spark import session as sessions
 from spark.progress import Progress
 from spark.rows import ImportSettings, Reject, to_message
@@ -55,14 +57,17 @@ PARSED = T.StructType([
 
 
 def read_file(spark: SparkSession, path: str) -> DataFrame:
-    """CSV (header row), JSON lines or Parquet, by extension; every column as text."""
+    """CSV (header row, RFC 4180 quoting), JSON lines or Parquet, by extension; every column
+    as text."""
     lower = path.lower().rstrip("/")
     if lower.endswith(".parquet"):
         df = spark.read.parquet(path)
     elif lower.endswith((".jsonl", ".json", ".ndjson")):
         df = spark.read.json(path, primitivesAsString=True)
     else:
-        df = spark.read.option("header", True).option("mode", "PERMISSIVE").csv(path)
+        # RFC 4180 quoting: a quote inside a quoted field is doubled (a JSON payload column)
+        df = (spark.read.option("header", True).option("mode", "PERMISSIVE")
+              .option("escape", '"').csv(path))
     return df.select([F.col(c).cast("string").alias(c) for c in df.columns])
 
 
@@ -96,14 +101,23 @@ def split_duplicates(good: DataFrame) -> tuple[DataFrame, DataFrame]:
     return ranked.filter(F.col("line") == F.col("first_line")).drop("first_line"), dups
 
 
-def only_new(spark: SparkSession, config: Config, topic: Topic, good: DataFrame) -> DataFrame:
-    """Rows whose id the topic does not have yet (direct join: key lookups, no table scan)."""
+def lookup(spark: SparkSession, config: Config, topic: Topic, good: DataFrame
+           ) -> tuple[DataFrame, DataFrame]:
+    """(rows whose id the topic does not have yet, rows whose id it has, with that message's
+    present_state and present_hash), by a direct join: key lookups, no table scan."""
     keyed = good.withColumn("topic_uid", F.lit(str(topic.uid)))
     # a plain projection of the table: anything computed on its side defeats the direct join
     present = sessions.table(spark, config, "message_states", directJoinSetting="on").select(
-        "topic_uid", "home", "id", F.col("state").alias("present_state"))
-    return keyed.join(present, ["topic_uid", "home", "id"], "left").filter(
-        F.col("present_state").isNull()).drop("present_state")
+        "topic_uid", "home", "id", F.col("state").alias("present_state"),
+        F.col("content_hash").alias("present_hash"))
+    joined = keyed.join(present, ["topic_uid", "home", "id"], "left")
+    new = joined.filter(F.col("present_state").isNull()).drop("present_state", "present_hash")
+    return new, joined.filter(F.col("present_state").isNotNull())
+
+
+def only_new(spark: SparkSession, config: Config, topic: Topic, good: DataFrame) -> DataFrame:
+    """Rows whose id the topic does not have yet."""
+    return lookup(spark, config, topic, good)[0]
 
 
 def reserve_slots(services: Services, topic: Topic, groups: list[tuple[int, int, int]]
@@ -236,7 +250,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         parsed = validate(spark, read_file(spark, args.file), settings).persist()
         good, dups = split_duplicates(parsed.filter(F.col("reason").isNull()))
         progress.enter("looking up ids the topic already has")
-        new = only_new(spark, config, topic, good).persist()
+        new, present = lookup(spark, config, topic, good)
+        new, present = new.persist(), present.persist()
         campaigns.refuse_import(services, topic, campaign_names(new))
         groups = [(r["bucket"], r["shard"], r["count"])
                   for r in new.groupBy("bucket", "shard").count().collect()]
@@ -245,15 +260,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             config.partition_cap).persist()
         load(progress, config, placed)
         warnings = count(services, topic, placed, groups)
+        replaced, unreplaced = 0, if_exists.refused(present, args.if_exists)
+        if args.if_exists == "replace":
+            progress.enter("replacing scheduled messages whose content changed")
+            replaced, late = if_exists.replace(
+                spark, services, topic, if_exists.to_replace(present, args.if_exists))
+            unreplaced = unreplaced.unionByName(late)
         progress.enter(f"writing rejects to {args.rejects}")
         rejects = parsed.filter(F.col("reason").isNotNull()).select("line", "reason", "raw") \
-            .unionByName(dups).orderBy("line")
+            .unionByName(dups).unionByName(unreplaced).orderBy("line")
         rejects.coalesce(1).write.mode("overwrite").option("header", True).csv(args.rejects)
         totals = Counter({"rows": parsed.count(), "rejected": rejects.count(),
-                          "imported": sum(n for _, _, n in groups)})
+                          "imported": sum(n for _, _, n in groups), "replaced": replaced})
     elapsed = time.monotonic() - began
     summary = {**totals, "already_present": totals["rows"] - totals["rejected"]
-               - totals["imported"], "seconds": round(elapsed, 2),
+               - totals["imported"] - totals["replaced"], "seconds": round(elapsed, 2),
                "rows_per_s": round(totals["rows"] / elapsed, 1), "rejects": args.rejects,
                "warnings": warnings}
     spark.stop()
@@ -269,6 +290,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--campaign", default=None)
     p.add_argument("--rejects", default=None, help="folder for the rejects CSV "
                    "(default: FILE.rejects)")
+    p.add_argument("--if-exists", choices=if_exists.MODES, default=None,
+                   help="a row whose id the topic has, with other content: reject (default; "
+                   "listed in the rejects file), replace (while the message is scheduled) or "
+                   "keep (the message as it is)")
     p.add_argument("--restore", action="store_true", help="FILE is an export of "
                    "`duetime spark export`: bring its messages back in their states")
     return p
@@ -281,6 +306,11 @@ def main(argv: list[str]) -> int:
         print("--campaign does not apply to --restore: messages keep their own",
               file=sys.stderr)
         return 2
+    if args.restore and args.if_exists:
+        print("--if-exists does not apply to --restore: messages present are kept",
+              file=sys.stderr)
+        return 2
+    args.if_exists = args.if_exists or "reject"
     try:
         if args.restore:
             from spark import restore_job  # imports this module

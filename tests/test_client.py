@@ -5,6 +5,7 @@ signature check on a real push."""
 
 from __future__ import annotations
 
+import datetime as dt
 import http.server
 import json
 import socket
@@ -13,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+import standardwebhooks
 from flask import Flask
 
 from app.client import (
@@ -23,6 +25,7 @@ from app.client import (
     Consumer,
     SignatureCheck,
     verify_signature,
+    verify_webhook,
 )
 from app.config import Config
 from app.services import Services
@@ -182,13 +185,29 @@ def test_an_api_not_there_is_unreachable_after_the_retries() -> None:
     assert time.monotonic() - began >= 0.05 + 0.1 + 0.2  # each retry after its backoff
 
 
-def test_a_real_push_verifies_and_a_tampered_one_does_not(api: Client, config: Config) -> None:
+def test_a_real_push_verifies_and_a_tampered_or_replayed_one_does_not(
+        api: Client, config: Config) -> None:
+    """A POST is verified by the Standard Webhooks reference library (standardwebhooks, from
+    PyPI) and by the client's own check; a changed body fails both, and the client's
+    middleware refuses a correctly signed POST whose timestamp is past its tolerance (one
+    captured 10 minutes ago and sent again)."""
     with receiving(Receiver()) as target, releaser(config, "sig"):
         topic = api.put_topic("hooks", delivery={"mode": "webhook", "url": target.url})
-        api.enqueue("hooks", {"hello": "world"})
+        api.enqueue("hooks", {"hello": "world"}, id="signed")
         assert target.wait_for(lambda got: len(got) == 1, 20)
     arrival = target.arrivals[0]
-    secret, signature = topic["signing_secret"], arrival.headers["Duetime-Signature"]
+    secret = topic["signing_secret"]
+    assert secret.startswith("whsec_")
+    assert arrival.headers["webhook-id"] == "signed"
+    assert abs(int(arrival.headers["webhook-timestamp"]) - arrival.received_ms / 1000) < 5
+    assert standardwebhooks.Webhook(secret).verify(arrival.body, arrival.headers) == {
+        "hello": "world"}
+    with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
+        standardwebhooks.Webhook(secret).verify(arrival.body + b" ", arrival.headers)
+    assert verify_webhook(secret, arrival.headers, arrival.body)
+    assert not verify_webhook(secret, arrival.headers, arrival.body + b" ")
+    # the deprecated body-only signature, for old receivers
+    signature = arrival.headers["Duetime-Signature"]
     assert verify_signature(secret, arrival.body, signature)
     assert not verify_signature(secret, arrival.body + b" ", signature)
     assert not verify_signature(secret, arrival.body, None)
@@ -197,7 +216,20 @@ def test_a_real_push_verifies_and_a_tampered_one_does_not(api: Client, config: C
     checked.add_url_rule("/hook", "hook", lambda: "ok", methods=["POST"])
     checked.wsgi_app = SignatureCheck(checked.wsgi_app, secret)  # type: ignore[method-assign]
     client = checked.test_client()
-    ok = client.post("/hook", data=arrival.body, headers={"Duetime-Signature": signature})
+    standard = {k: arrival.headers[k]
+                for k in ("webhook-id", "webhook-timestamp", "webhook-signature")}
+    ok = client.post("/hook", data=arrival.body, headers=standard)
     assert ok.status_code == 200 and ok.get_data() == b"ok"
-    assert client.post("/hook", data=b"{}", headers={
-        "Duetime-Signature": signature}).status_code == 401
+    assert client.post("/hook", data=b"{}", headers=standard).status_code == 401
+    assert client.post("/hook", data=arrival.body, headers={
+        "Duetime-Signature": signature}).status_code == 401  # the replayable one is not enough
+    captured = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
+    replayed = {"webhook-id": "signed", "webhook-timestamp": str(int(captured.timestamp())),
+                "webhook-signature": standardwebhooks.Webhook(secret).sign(
+                    "signed", captured, arrival.body.decode())}
+    assert client.post("/hook", data=arrival.body, headers=replayed).status_code == 401
+    fresh = dt.datetime.now(dt.UTC)
+    resent = {**replayed, "webhook-timestamp": str(int(fresh.timestamp())),
+              "webhook-signature": standardwebhooks.Webhook(secret).sign(
+                  "signed", fresh, arrival.body.decode())}
+    assert client.post("/hook", data=arrival.body, headers=resent).status_code == 200

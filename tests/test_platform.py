@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import yaml
 from flask.testing import FlaskClient
 
 from app.services import Services
 from app.store import migrations
-from tests.conftest import devstack
+from tests.conftest import ROOT, devstack
 
 
 def test_node_is_cassandra_5_0(services: Services) -> None:
@@ -65,3 +66,29 @@ def test_unknown_route_is_problem_json(client: FlaskClient) -> None:
     answer = client.get("/no/such/thing")
     assert answer.status_code == 404
     assert answer.content_type == "application/problem+json"
+
+
+def test_a_method_a_route_does_not_take_gets_405_naming_those_it_does(
+        client: FlaskClient) -> None:
+    """RFC 9110: a 405 carries Allow (a fuzzer's TRACE found it missing)."""
+    for method, path, allowed in (("TRACE", "/healthz", {"GET", "HEAD", "OPTIONS"}),
+                                  ("DELETE", "/metrics", {"GET", "HEAD", "OPTIONS"})):
+        answer = client.open(path, method=method)
+        assert answer.status_code == 405, (method, path)
+        assert answer.content_type == "application/problem+json"
+        assert {m.strip() for m in answer.headers["Allow"].split(",")} == allowed, (
+            method, path, answer.headers.get("Allow"))
+
+
+def test_bodies_the_spec_calls_optional_may_be_left_out(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    """Every field of these bodies has a default, and openapi.yaml says so (requestBody not
+    required): a call without one gets the defaults."""
+    spec = yaml.safe_load((ROOT / "openapi.yaml").read_text())
+    for path, method in (("/v1/topics/{topic}", "put"), ("/v1/topics/{topic}/leases", "post"),
+                         ("/v1/topics/{topic}/signing-secret:rotate", "post")):
+        assert spec["paths"][path][method]["requestBody"]["required"] is False, path
+    made = client.put("/v1/topics/bodiless", headers=auth)
+    assert made.status_code == 201 and made.get_json()["lease_seconds"] == 30
+    leased = client.post("/v1/topics/bodiless/leases", headers=auth)
+    assert leased.status_code == 200 and leased.get_json() == {"messages": []}

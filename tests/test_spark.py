@@ -156,3 +156,46 @@ def test_imported_messages_are_released_and_the_report_matches_the_api(
     page = (tmp_path / "report" / "index.html").read_text()
     assert "states.png" in page and (tmp_path / "report" / "lag.png").stat().st_size > 1000
     assert "funnel.png" in page and (tmp_path / "report" / "funnel.png").stat().st_size > 1000
+
+
+def test_an_import_rejects_or_replaces_messages_it_finds_with_other_content(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        tmp_path: Path) -> None:
+    topic = TopicClient(client, auth)
+    tenant = tenant_of(services, auth)
+    at = now_ms() + 3_600_000
+    moved = at + 600_000
+    for name in ("same", "other", "taken"):
+        assert topic.enqueue(id=name, deliver_at=at, payload={"v": 1}).status_code == 201
+    assert topic.enqueue(id="taken-now", payload={"v": 1}).status_code == 201
+    [leased] = topic.lease(1)
+    assert leased["id"] == "taken-now"
+    path = tmp_path / "again.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(["id", "recipient", "payload", "deliver_at"])
+        out.writerow(["same", "u", json.dumps({"v": 1}), str(at)])
+        out.writerow(["other", "u", json.dumps({"v": 2}), str(moved)])
+        out.writerow(["taken-now", "u", json.dumps({"v": 2}), str(moved)])
+        out.writerow(["fresh", "u", json.dumps({"v": 2}), str(moved)])
+
+    def run(mode: str, folder: str) -> tuple[dict[str, Any], dict[str, str]]:
+        summary = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant",
+                            tenant, "--if-exists", mode, "--rejects", str(tmp_path / folder))
+        found = csv.DictReader(next((tmp_path / folder).glob("*.csv")).open(encoding="utf-8"))
+        return summary, {r["line"]: r["reason"] for r in found}
+
+    rejected, why = run("reject", "r1")  # the default, as the API's
+    assert (rejected["imported"], rejected["replaced"], rejected["rejected"],
+            rejected["already_present"]) == (1, 0, 2, 1), rejected
+    assert set(why) == {"2", "3"} and all("other content" in r for r in why.values()), why
+    assert topic.get("other").get_json()["payload"] == {"v": 1}
+
+    replaced, why = run("replace", "r2")
+    assert (replaced["imported"], replaced["replaced"], replaced["rejected"],
+            replaced["already_present"]) == (0, 1, 1, 2), replaced
+    assert list(why) == ["3"] and "id is leased" in why["3"], why
+    other = topic.get("other").get_json()
+    assert other["payload"] == {"v": 2} and parse_instant(other["deliver_at"]) == moved
+    assert topic.get("taken-now").get_json()["payload"] == {"v": 1}
+    assert stats(client, topic)["scheduled"] == 4  # same, other, taken, fresh: nothing twice

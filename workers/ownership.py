@@ -34,7 +34,7 @@ class SlotOwnership:
     """Thread-safe view of the slots held, with the tick that keeps it."""
 
     def __init__(self, store: OwnershipStore, member: str, slots: int, lease_ms: int,
-                 clock: Clock, wake_addr: str | None = None,
+                 clock: Clock, wake_addr: str | None = None, broker_token: str | None = None,
                  on_gained: Callable[[], None] = lambda: None,
                  on_given_back: Callable[[], None] = lambda: None) -> None:
         """on_gained runs after slots are claimed: the steps that act on owned slots should
@@ -44,6 +44,7 @@ class SlotOwnership:
         self.on_gained = on_gained
         self.on_given_back = on_given_back
         self.wake_addr = wake_addr
+        self.broker_token = broker_token
         self.member = member
         self.slots = slots
         self.lease_ms = lease_ms
@@ -89,7 +90,7 @@ class SlotOwnership:
         with self._step_lock:
             self._renew()  # first: nothing may delay keeping what is held
             self.store.heartbeat(self.member, self.clock(), max(1, self.lease_ms // 1000),
-                                 self.wake_addr)
+                                 self.wake_addr, self.broker_token)
             with self._lock:
                 held = sorted(self._held)
             target = fair_share(self.store.members(), self.member, self.slots)

@@ -140,8 +140,9 @@ class PushDispatcher:
         keep = [t for t in chunk if topic is not None and self.may_prepare(t.slot)]
         armed: list[Armed] = []
         try:
-            if topic is not None and keep:
-                armed = self._take(topic, keep)
+            stored = self._as_now(topic) if keep else None
+            if stored is not None:
+                armed = self._take(stored, keep)
         except Exception:  # log and continue; the sweep finds them again
             log.exception("preparing %d messages failed", len(keep))
             if topic is not None:
@@ -154,16 +155,28 @@ class PushDispatcher:
         if armed:
             self._send(armed)
 
+    def _as_now(self, known: Topic | None) -> Topic | None:
+        """The topic as stored now (None if deleted meanwhile): a message is signed with the
+        secrets of when it is prepared, so one enqueued after a rotation's answer is signed
+        by the new secret, whatever the topic changes the releaser has followed so far."""
+        if known is None:
+            return None
+        now = self.services.topics.get(known.tenant, known.name)
+        return now if now is not None and now.uid == known.uid else None
+
     def _take(self, topic: Topic, keep: list[Timer]) -> list[Armed]:
         ahead = self.services.config.release_lookahead_ms
         taken = take_for_push(self.services, topic, [t.due for t in keep], self.consumer, ahead)
-        by_id = {t.due.pointer.id: t for t in keep}
+        # a replaced message can have two timers (old and new version): the lease won over
+        # version v belongs to v's timer, whose due time is the one that row carries
+        by_version = {(t.due.row.id, t.due.row.version): t for t in keep}
         self.services.scanner.spend(topic, [lease_pointer(r) for r, _ in taken])
-        return [Armed(by_id[r.id], topic, r, p) for r, p in taken]
+        return [Armed(by_version[(r.id, r.version - 1)], topic, r, p) for r, p in taken]
 
     def _send(self, armed: list[Armed]) -> None:
         """Hand armed messages to the POST process (a missing payload is a failed POST)."""
         jobs: list[PostJob] = []
+        now = self.services.clock()
         with self._lock:
             for a in armed:
                 if a.payload is None:
@@ -171,7 +184,7 @@ class PushDispatcher:
                     continue
                 ref = next(self._refs)
                 self._armed[ref] = a
-                jobs.append(post_job(ref, a, self.concurrency))
+                jobs.append(post_job(ref, a, self.concurrency, now))
         if jobs:
             self._posts.send(jobs)
 
@@ -271,8 +284,9 @@ class PushDispatcher:
         self._finisher.join()
 
 
-def post_job(ref: int, a: Armed, concurrency: int) -> PostJob:
-    """What the POST process needs to send one armed message (payload present)."""
+def post_job(ref: int, a: Armed, concurrency: int, now_ms: int) -> PostJob:
+    """What the POST process needs to send one armed message (payload present), signed for
+    when it goes out: its due time, or now_ms (epoch ms) when that is later."""
     assert a.payload is not None
     settings = a.topic.settings
     timeout_ms = settings.delivery_timeout_seconds * 1000
@@ -280,7 +294,8 @@ def post_job(ref: int, a: Armed, concurrency: int) -> PostJob:
         ref=ref, topic=str(a.topic.uid), concurrency=concurrency, due_ms=a.due_ms,
         start_by_ms=int((a.row.lease_expires_at_ms or 0) - timeout_ms - POST_START_MARGIN_MS),
         priority=a.priority, group=a.row.fair_group, url=settings.delivery_url or "",
-        headers=request_headers(a.topic, a.row, a.payload), body=a.payload.data,
+        headers=request_headers(a.topic, a.row, a.payload, max(now_ms, a.due_ms)),
+        body=a.payload.data,
         timeout_s=settings.delivery_timeout_seconds)
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import secrets
 import signal
 import socket
 import threading
@@ -70,6 +71,7 @@ from app.store.ownership import OwnershipStore
 from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
 from app.transitions import replace_ahead
 from workers.beat import Beat
+from workers.broker import Broker
 from workers.catch_up import Behind, reach_ms, with_stragglers
 from workers.count_reads import Counts, ReadBefore, changed_topics
 from workers.operations import OperationRunner
@@ -160,9 +162,10 @@ class Releaser:
         self.wakes = WakeListener(cfg)
         # the ownership tick's period: every idle poll of this releaser falls on its instants
         self.beat = Beat(cfg.release_lease_ms / RENEW_FRACTION)
+        broker_token = secrets.token_urlsafe(24)  # new at every start: a restart revokes it
         self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
                                        cfg.release_slots, cfg.release_lease_ms, services.clock,
-                                       self.wakes.address, self._gained_slots,
+                                       self.wakes.address, broker_token, self._gained_slots,
                                        self._gave_back_slots)
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._known = KnownTopics(services)
@@ -193,6 +196,8 @@ class Releaser:
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.may_prepare)
+        self.broker = Broker(services, broker_token, self._topics.get, self._shards_owned,
+                             lambda uid: self._following.wake())
         self._stop = threading.Event()
         self._stopping = threading.Event()  # set first: long steps end at their next check
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
@@ -235,6 +240,10 @@ class Releaser:
             self.scheduler.add_job(self._safely, self.beat.trigger(every_ms), args=[job],
                                    id=job.__name__)
         self.wakes.start()
+        if self.broker.start(int(self.wakes.address.rpartition(":")[2])):
+            # writes of pull topics due soon name their topic to the broker too
+            self.services.pull_wakes.on_wake = self.broker.woken
+            self.services.pull_wakes.start()
         self.scheduler.start()
         for step in self.paced:
             step.start()
@@ -346,6 +355,11 @@ class Releaser:
             mine = {s: slot for s, slot in self._slots_of(topic).items() if slot in owned}
             if mine:
                 yield topic, mine
+
+    def _shards_owned(self, topic: Topic) -> set[int]:
+        """The topic's shards whose release slot this releaser holds now."""
+        owned = self.ownership.owned()
+        return {s for s, slot in self._slots_of(topic).items() if slot in owned}
 
     def _slots_of(self, topic: Topic) -> dict[int, int]:
         """{shard: release slot} of a topic (cached)."""
@@ -708,6 +722,7 @@ class Releaser:
         self._stopping.set()
         with _running_lock:
             _running.discard(self)
+        self.broker.stop()
         # no new job starts; the runs under way end at their next check of _stopping
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)

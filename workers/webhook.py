@@ -1,4 +1,5 @@
-"""Webhook POSTs of API.md (Consuming: push): body = payload, Duetime-* headers, HMAC signature.
+"""Webhook POSTs (openapi.yaml, topics' `delivery`): body = payload, Duetime-* headers,
+Standard Webhooks signatures (app.signing).
 
 A target's answer is an outcome, never an exception: 2xx is delivered, anything else (status,
 timeout, refused connection) is an error string kept on the message as last_error.
@@ -6,11 +7,10 @@ timeout, refused connection) is an error string kept on the message as last_erro
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import ssl
 
+from app import signing
 from app.models import MessageState, Payload, Topic
 from app.timeparse import format_ms
 from workers.http_client import AsyncHttpClient, HttpError
@@ -18,14 +18,11 @@ from workers.http_client import AsyncHttpClient, HttpError
 CONTENT_TYPES = {"json": "application/json", "base64": "application/octet-stream"}
 
 
-def signature(secret: str, body: bytes) -> str:
-    """Duetime-Signature: lowercase hex HMAC-SHA256 of the exact body bytes, keyed by the
-    topic's signing secret (UTF-8)."""
-    return hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
-
-
-def request_headers(topic: Topic, row: MessageState, payload: Payload) -> dict[str, str]:
-    """The message's own headers, then ours (ours win on a clash)."""
+def request_headers(topic: Topic, row: MessageState, payload: Payload,
+                    now_ms: int) -> dict[str, str]:
+    """The message's own headers, then ours (ours win on a clash), signed at now_ms (epoch
+    ms) by every secret of the topic active then (app.signing)."""
+    timestamp_s = now_ms // 1000
     return {
         **payload.headers,
         "Content-Type": CONTENT_TYPES.get(payload.encoding, "application/octet-stream"),
@@ -33,7 +30,11 @@ def request_headers(topic: Topic, row: MessageState, payload: Payload) -> dict[s
         "Duetime-Topic": topic.name,
         "Duetime-Attempt": str(row.attempts),
         "Duetime-Deliver-At": format_ms(row.deliver_at_ms),
-        "Duetime-Signature": signature(topic.signing_secret, payload.data),
+        "Duetime-Signature": signing.body_signature(topic.signing_secret, payload.data),
+        "webhook-id": row.id,
+        "webhook-timestamp": str(timestamp_s),
+        "webhook-signature": signing.standard_signature(
+            topic.signing_secrets(now_ms), row.id, timestamp_s, payload.data),
     }
 
 

@@ -22,7 +22,7 @@ from app.schemas.campaigns import (
 from app.store.operations import Operation
 from app.topics import get_topic_cached
 
-blp = Blueprint("campaigns", __name__, url_prefix="/v1/topics/<string:topic>",
+blp = Blueprint("campaigns", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Campaigns: watch, cancel, shift, pause a send of many messages.")
 
 
@@ -46,7 +46,7 @@ class CampaignCollection(MethodView):
         return {"campaigns": usecases.list_views(services(), found)}
 
 
-@blp.route("/campaigns/<string:campaign>")
+@blp.route("/campaigns/<name:campaign>")
 class CampaignItem(MethodView):
     @blp.doc(security=SECURITY)
     @blp.response(200, CampaignSchema)

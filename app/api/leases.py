@@ -23,7 +23,7 @@ from app.schemas.messages import (
 )
 from app.topics import get_topic_cached
 
-blp = Blueprint("consuming", __name__, url_prefix="/v1/topics/<string:topic>",
+blp = Blueprint("consuming", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Pull consumption: lease due messages, then ack, nack or extend.")
 
 
@@ -35,7 +35,7 @@ def _lease_seconds(body: dict[str, Any], default: int) -> int:
 @blp.route("/leases")
 class Leases(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(LeaseRequestSchema())
+    @blp.arguments(LeaseRequestSchema(), required=False)
     @blp.response(200, LeaseResponseSchema)
     @blp.alt_response(409, description="A webhook topic: its messages are pushed, not leased.")
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
@@ -54,7 +54,7 @@ class Leases(MethodView):
         } for m in got]}
 
 
-@blp.route("/messages/<string:message_id>/ack")
+@blp.route("/messages/<message_id:message_id>/ack")
 class Ack(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(AckSchema())
@@ -86,7 +86,7 @@ class Acks(MethodView):
             for (i, _), err in zip(pairs, answers, strict=True)]}
 
 
-@blp.route("/messages/<string:message_id>/nack")
+@blp.route("/messages/<message_id:message_id>/nack")
 class Nack(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(NackSchema())
@@ -100,7 +100,7 @@ class Nack(MethodView):
                      body.get("delay_ms"), body.get("error"))
 
 
-@blp.route("/messages/<string:message_id>/extend")
+@blp.route("/messages/<message_id:message_id>/extend")
 class Extend(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(ExtendSchema())

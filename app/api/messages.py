@@ -28,7 +28,7 @@ from app.schemas.messages import (
 )
 from app.topics import get_topic_cached
 
-blp = Blueprint("messages", __name__, url_prefix="/v1/topics/<string:topic>",
+blp = Blueprint("messages", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Messages on a topic's timeline.")
 
 
@@ -130,7 +130,7 @@ class MessageBatch(MethodView):
         return {"results": results}
 
 
-@blp.route("/messages/<string:message_id>")
+@blp.route("/messages/<message_id:message_id>")
 class MessageItem(MethodView):
     @blp.doc(security=SECURITY)
     @blp.response(200, MessageSchema)
@@ -180,7 +180,7 @@ class DeadLetters(MethodView):
                              in dead_letters.newest_dead(services(), found, query["limit"])]}
 
 
-@blp.route("/messages/<string:message_id>/retry")
+@blp.route("/messages/<message_id:message_id>/retry")
 class RetryDead(MethodView):
     @blp.doc(security=SECURITY)
     @blp.response(200, MessageSchema)

@@ -5,13 +5,38 @@ from __future__ import annotations
 import http
 from typing import Any
 
+from apispec import BasePlugin
 from flask import Flask, Response
 from flask_smorest import Api
 from flask_smorest.utils import prepare_response
+from marshmallow import Schema
 
 from app.schemas import ProblemSchema
 
 PROBLEM_TYPE = "application/problem+json"
+
+
+class CrossFieldRules(BasePlugin):
+    """Adds a schema class's JSON_RULES (JSON Schema keywords over the whole object: fields
+    that exclude or need each other, checked by its @validates_schema; or what a field's
+    metadata cannot carry) to its component, so the document says what the server answers
+    400 to."""
+
+    def schema_helper(self, name: str, definition: dict[str, Any],
+                      **kwargs: Any) -> dict[str, Any] | None:
+        schema = kwargs.get("schema")
+        cls = schema if isinstance(schema, type) else type(schema)
+        if not issubclass(cls, Schema):
+            return None
+        rules = getattr(cls, "JSON_RULES", {})
+        return {key: _merged(definition.get(key), value) for key, value in rules.items()} or None
+
+
+def _merged(generated: Any, extra: Any) -> Any:
+    """extra over generated, dicts key by key (a rule on one property keeps the others)."""
+    if isinstance(generated, dict) and isinstance(extra, dict):
+        return {**generated, **{k: _merged(generated.get(k), v) for k, v in extra.items()}}
+    return extra
 
 
 class DuetimeApi(Api):
@@ -20,6 +45,9 @@ class DuetimeApi(Api):
     413, 422, 429 and 503, answered by every route, are all in the document."""
 
     ERROR_SCHEMA = ProblemSchema
+
+    def __init__(self, app: Flask) -> None:
+        super().__init__(app, spec_kwargs={"extra_plugins": [CrossFieldRules()]})
 
     def _register_responses(self) -> None:
         for status in http.HTTPStatus:

@@ -61,7 +61,10 @@ def _from_http(exc: HTTPException) -> Response:
                        "malformed-request")
     title = exc.name or "Error"
     detail = exc.description or title
-    return problem(status, title, detail, title.lower().replace(" ", "-"))
+    # the exception's own headers: a 405's Allow (RFC 9110 requires it), a 401's challenge
+    kept = {name: value for name, value in exc.get_headers()
+            if name.lower() != "content-type"}
+    return problem(status, title, detail, title.lower().replace(" ", "-"), headers=kept)
 
 
 def _too_deep(exc: RecursionError) -> Response:

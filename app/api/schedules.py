@@ -16,7 +16,7 @@ from app.schemas.schedules import ScheduleListSchema, SchedulePutSchema, Schedul
 from app.store.schedules import Schedule
 from app.topics import get_topic_cached
 
-blp = Blueprint("schedules", __name__, url_prefix="/v1/topics/<string:topic>",
+blp = Blueprint("schedules", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Recurring schedules: cron in a time zone, each fire a message.")
 
 
@@ -41,7 +41,7 @@ class ScheduleCollection(MethodView):
         return {"schedules": [schedule_view(s) for s in services().schedules.all(found.uid)]}
 
 
-@blp.route("/schedules/<string:name>")
+@blp.route("/schedules/<name:name>")
 class ScheduleItem(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(SchedulePutSchema())

@@ -7,6 +7,7 @@ from typing import Any
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
+from app import signing
 from app import topics as usecases
 from app.api.common import SECURITY, services, tenant
 from app.api.validation import check_name
@@ -14,6 +15,7 @@ from app.models import Topic
 from app.schemas.topics import (
     LagQuerySchema,
     LagSchema,
+    RotateSecretSchema,
     StatsQuerySchema,
     TopicListSchema,
     TopicPutSchema,
@@ -40,7 +42,9 @@ def topic_view(topic: Topic) -> dict[str, Any]:
         "shards": s.shards,
         "delivery": {"mode": s.delivery_mode, "url": s.delivery_url,
                      "timeout_seconds": s.delivery_timeout_seconds},
-        "signing_secret": topic.signing_secret,
+        "signing_secret": signing.shown(topic.signing_secret),
+        "previous_signing_secret_expires_at": (
+            topic.previous_secret_until_ms if topic.previous_secret else None),
         "quiet_hours": None if s.quiet_start is None else {
             "start": s.quiet_start, "end": s.quiet_end, "timezone": s.quiet_timezone},
         "created_at": topic.created_at_ms, "updated_at": topic.updated_at_ms,
@@ -71,10 +75,10 @@ class TopicCollection(MethodView):
         return {"topics": [topic_view(t) for t in services().topics.list_for(tenant())]}
 
 
-@blp.route("/<string:topic>")
+@blp.route("/<name:topic>")
 class TopicItem(MethodView):
     @blp.doc(security=SECURITY)
-    @blp.arguments(TopicPutSchema())
+    @blp.arguments(TopicPutSchema(), required=False)
     @blp.response(200, TopicSchema, description="Updated.")
     @blp.alt_response(201, schema=TopicSchema, description="Created.")
     @blp.alt_response(409, description="shards changed while messages are live.")
@@ -97,7 +101,23 @@ class TopicItem(MethodView):
         usecases.delete_topic(services(), tenant(), topic)
 
 
-@blp.route("/<string:topic>/stats")
+@blp.route("/<name:topic>/signing-secret:rotate")
+class TopicSecretRotation(MethodView):
+    @blp.doc(security=SECURITY)
+    @blp.arguments(RotateSecretSchema(), required=False)
+    @blp.response(200, TopicSchema, description="Rotated: the topic with its new secret.")
+    def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
+        """Give the topic a new webhook signing secret. For `overlap_seconds` (default a
+        day) the old one signs every POST too, so receivers can switch without a refused
+        POST; then only the new one does. A POST is signed with the secrets of when its
+        message was prepared: one enqueued after this answer carries the new secret's
+        signature; one prepared before it (up to the prepare lead ahead of its time) the
+        secrets of then."""
+        return topic_view(usecases.rotate_signing_secret(services(), tenant(), topic,
+                                                         body["overlap_seconds"]))
+
+
+@blp.route("/<name:topic>/stats")
 class TopicStats(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(StatsQuerySchema(), location="query")
@@ -109,7 +129,7 @@ class TopicStats(MethodView):
         return usecases.topic_stats(services(), found, query["window"])
 
 
-@blp.route("/<string:topic>/lag")
+@blp.route("/<name:topic>/lag")
 class TopicLag(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(LagQuerySchema(), location="query")

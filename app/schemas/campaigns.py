@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from app.schemas.fields import Instant
+from app.schemas.fields import Bool, Instant, Int
 from app.schemas.topics import CountsSchema
 
 MAX_SHIFT_MS = 365 * 86_400_000
@@ -37,13 +37,17 @@ class CampaignListSchema(Schema):
 class CampaignPatchSchema(Schema):
     """Either shift_ms (202, an operation), or paused and/or max_per_second (200)."""
 
-    shift_ms = fields.Integer(validate=[
+    JSON_RULES = {"oneOf": [{"required": ["shift_ms"]},
+                            {"anyOf": [{"required": ["paused"]},
+                                       {"required": ["max_per_second"]}]}]}
+
+    shift_ms = Int(validate=[
         validate.Range(-MAX_SHIFT_MS, MAX_SHIFT_MS),
-        validate.NoneOf([0], error="Must not be 0.")], metadata={
+        validate.NoneOf([0], error="Must not be 0.")], metadata={"not": {"enum": [0]},
         "description": "Move every scheduled message by this many ms (negative: earlier), "
                        "never to before now. 400 if the campaign's last message would pass "
                        "the horizon."})
-    paused = fields.Boolean(metadata={
+    paused = Bool(metadata={
         "description": "true: its due messages are handed out neither to pull consumers nor "
                        "to webhooks (within 1 s on every process; a webhook message already "
                        "prepared, up to the prepare lead before its time, still goes). false: "
@@ -51,6 +55,7 @@ class CampaignPatchSchema(Schema):
                        "deliver_at first."})
     max_per_second = fields.Float(allow_none=True, validate=validate.Range(
         min=0, min_inclusive=False, max=1_000_000), metadata={
+        "exclusiveMinimum": 0,
         "description": "Delivery pace of the campaign (> 0), or null for none."})
 
     @validates_schema
@@ -71,15 +76,15 @@ class OperationSchema(Schema):
     campaign = fields.String(required=True)
     state = fields.String(required=True,
                           validate=validate.OneOf(["running", "succeeded", "failed"]))
-    processed = fields.Integer(required=True, metadata={
+    processed = Int(required=True, metadata={
         "description": "Messages of the campaign looked at so far."})
-    changed = fields.Integer(required=True, metadata={
+    changed = Int(required=True, metadata={
         "description": "Messages this operation cancelled or moved."})
-    delivering = fields.Integer(required=True, metadata={
+    delivering = Int(required=True, metadata={
         "description": "Cancel: messages found being POSTed to the webhook, which a cancel "
                        "can no longer stop (counted as they end: delivered, or cancelled if "
                        "the POST fails)."})
-    shift_ms = fields.Integer(required=True)
+    shift_ms = Int(required=True)
     started_at = Instant(required=True)
     finished_at = Instant(allow_none=True)
     error = fields.String(allow_none=True)

@@ -8,6 +8,8 @@ from marshmallow import ValidationError, fields
 
 from app.timeparse import TimeFormatError, format_ms, parse_instant, zone
 
+ZONE_FORMAT = "iana-time-zone"  # the format of a field naming a zone, e.g. Europe/Bucharest
+
 
 def known_zone(value: str) -> None:
     """A marshmallow validator: an IANA time zone this machine knows (tzdata)."""
@@ -17,12 +19,34 @@ def known_zone(value: str) -> None:
         raise ValidationError(str(exc)) from exc
 
 
+class Int(fields.Integer):
+    """A JSON integer: an int, or a number with no fraction (1.0, as JSON Schema counts it).
+    Refuses a string, a bool and a fractional number (which fields.Integer would truncate)."""
+
+    def _validated(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.make_error("invalid")
+        if isinstance(value, float) and not value.is_integer():
+            raise self.make_error("invalid")
+        return int(value)
+
+
+class Bool(fields.Boolean):
+    """A JSON boolean: true or false only (fields.Boolean would take 0, 1, "yes", ...)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid", input=value)
+        return value
+
+
 class Instant(fields.Field):
     """RFC 3339 with offset, or integer epoch milliseconds, in; RFC 3339 UTC (ms) out."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, epoch_ms_in: bool = False, **kwargs: Any) -> None:
+        """epoch_ms_in: an input field, documented as taking epoch ms (an integer) too."""
         metadata = kwargs.pop("metadata", {})
-        metadata.setdefault("type", "string")
+        metadata.setdefault("type", ["string", "integer"] if epoch_ms_in else "string")
         metadata.setdefault("format", "date-time")
         metadata.setdefault("example", "2026-12-01T09:00:00.250Z")
         super().__init__(metadata=metadata, **kwargs)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.ids import CLIENT_ID, NAME
-from app.schemas.fields import Instant
+from app.schemas.fields import ZONE_FORMAT, Bool, Instant, Int
+from app.schemas.rules import at_most_one, exactly_one, needs
 
 _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
+
+
+IF_EXISTS = ("reject", "replace", "keep")
 
 
 class MessageInSchema(Schema):
@@ -19,20 +24,28 @@ class MessageInSchema(Schema):
     a time in a DST fold takes its first occurrence. `timezone` alone (with another time or
     none) names the recipient's zone for the topic's quiet hours."""
 
+    JSON_RULES = {"allOf": [at_most_one(*_TIME_FIELDS), needs("local_time", "timezone"),
+                            needs("if_exists", "id"), exactly_one("payload", "payload_base64")],
+                  "properties": {"headers": {"maxProperties": 32,
+                                             "propertyNames": {"minLength": 1,
+                                                               "maxLength": 128}}}}
+
     id = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
         "description": "Client id (idempotency key); generated (time-ordered) if absent."})
-    deliver_at = Instant(metadata={"description": "RFC 3339 with offset, or epoch ms."})
-    delay_ms = fields.Integer(validate=validate.Range(min=0))
-    local_time = fields.String(metadata={"example": "2026-12-01T09:00:00"})
-    timezone = fields.String(metadata={"example": "Europe/Bucharest"})
-    quiet_hours = fields.Boolean(metadata={
+    deliver_at = Instant(epoch_ms_in=True,
+                         metadata={"description": "RFC 3339 with offset, or epoch ms."})
+    delay_ms = Int(validate=validate.Range(min=0))
+    local_time = fields.String(metadata={"example": "2026-12-01T09:00:00",
+                                         "format": "date-time-local"})
+    timezone = fields.String(metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
+    quiet_hours = Bool(metadata={
         "description": "false: the topic's quiet hours do not apply (a transactional send). "
                        "Otherwise a message due inside them is placed at their end, in its "
                        "own timezone if it has one; its deliver_at shows where."})
     payload = fields.Raw(allow_none=True, metadata={
         "description": "Any JSON value, nested at most 64 levels deep (deeper: 400)."})
-    payload_base64 = fields.String()
-    priority = fields.Integer(load_default=100, validate=validate.Range(0, 65535),
+    payload_base64 = fields.String(metadata={"format": "byte"})
+    priority = Int(load_default=100, validate=validate.Range(0, 65535),
                               metadata={"description": "Lower is handed out first."})
     campaign = fields.String(validate=validate.Regexp(NAME))
     group = fields.String(validate=validate.Regexp(NAME), metadata={
@@ -45,6 +58,17 @@ class MessageInSchema(Schema):
     headers = fields.Dict(keys=fields.String(validate=validate.Length(1, 128)),
                           values=fields.String(validate=validate.Length(max=1024)),
                           validate=validate.Length(max=32))
+    if_exists = fields.String(validate=validate.OneOf(IF_EXISTS), metadata={
+        "description": "What a repeated `id` does (only with an id). reject (default): the "
+                       "same content answers 200 (a retry), other content 409. replace: "
+                       "while the message is scheduled, its time, payload, headers, "
+                       "priority, campaign and group become these (one conditional write: "
+                       "it is handed out with either the old or the new content and time, "
+                       "never a mix, never before the time it carries); 200 with the "
+                       "message, 409 once it is leased or finished. keep: 200 with the "
+                       "message as it is, whatever the content (the first one wins). An id "
+                       "repeated inside one batch is answered as its first occurrence (409 "
+                       "for other content, except with keep)."})
 
     @validates_schema
     def _one_time_one_payload(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -53,6 +77,8 @@ class MessageInSchema(Schema):
             raise ValidationError(f"Give at most one of {', '.join(_TIME_FIELDS)}.", given[1])
         if "local_time" in data and "timezone" not in data:
             raise ValidationError("local_time needs a timezone.", "timezone")
+        if "if_exists" in data and "id" not in data:
+            raise ValidationError("if_exists needs an id.", "if_exists")
         if ("payload" in data) == ("payload_base64" in data):
             raise ValidationError("Give exactly one of payload or payload_base64.", "payload")
 
@@ -71,9 +97,11 @@ class BatchInSchema(Schema):
 
 class BatchItemSchema(Schema):
     id = fields.String(allow_none=True)
-    status = fields.Integer(required=True, metadata={
-        "description": "201 created, 200 already there with the same content, 409 id taken "
-                       "by other content, 400/413 invalid, 503 retry later."})
+    status = Int(required=True, metadata={
+        "description": "201 created; 200 already there with the same content, replaced "
+                       "(if_exists replace) or kept (if_exists keep); 409 id taken by other "
+                       "content, or a replace of a message no longer scheduled; 400/413 "
+                       "invalid; 503 retry later."})
     deliver_at = Instant()
     state = fields.String()
     error = fields.Dict(metadata={"description": "problem+json body of a failed item."})
@@ -89,12 +117,13 @@ class MessageSchema(Schema):
     state = fields.String(required=True, validate=validate.OneOf(
         ["scheduled", "leased", "delivered", "cancelled", "dead"]))
     deliver_at = Instant(required=True)
-    priority = fields.Integer(required=True)
+    priority = Int(required=True)
     campaign = fields.String(allow_none=True)
     group = fields.String(allow_none=True)
-    attempts = fields.Integer(required=True)
+    attempts = Int(required=True)
     payload = fields.Raw(allow_none=True)
-    payload_base64 = fields.String(metadata={"description": "Instead of payload, for binary."})
+    payload_base64 = fields.String(metadata={"description": "Instead of payload, for binary.",
+                                             "format": "byte"})
     headers = fields.Dict(keys=fields.String(), values=fields.String())
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
@@ -115,8 +144,9 @@ class DeadListSchema(Schema):
 class RescheduleSchema(Schema):
     """Give deliver_at or delay_ms (from now)."""
 
-    deliver_at = Instant()
-    delay_ms = fields.Integer(validate=validate.Range(min=0))
+    JSON_RULES = exactly_one("deliver_at", "delay_ms")
+    deliver_at = Instant(epoch_ms_in=True)
+    delay_ms = Int(validate=validate.Range(min=0))
 
     @validates_schema
     def _exactly_one(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -125,9 +155,9 @@ class RescheduleSchema(Schema):
 
 
 class LeaseRequestSchema(Schema):
-    max = fields.Integer(load_default=10, validate=validate.Range(1, 1000))
-    wait_ms = fields.Integer(load_default=0, validate=validate.Range(0, 30_000))
-    lease_seconds = fields.Integer(validate=validate.Range(1, 43_200), metadata={
+    max = Int(load_default=10, validate=validate.Range(1, 1000))
+    wait_ms = Int(load_default=0, validate=validate.Range(0, 30_000))
+    lease_seconds = Int(validate=validate.Range(1, 43_200), metadata={
         "description": "Default: the topic's lease_seconds."})
     consumer = fields.String(validate=validate.Length(max=128))
 
@@ -142,13 +172,13 @@ class LeaseSchema(Schema):
 class LeasedMessageSchema(Schema):
     id = fields.String(required=True)
     payload = fields.Raw(allow_none=True)
-    payload_base64 = fields.String()
+    payload_base64 = fields.String(metadata={"format": "byte"})
     headers = fields.Dict(keys=fields.String(), values=fields.String())
     deliver_at = Instant(required=True)
-    priority = fields.Integer(required=True)
+    priority = Int(required=True)
     campaign = fields.String(allow_none=True)
     group = fields.String(allow_none=True)
-    attempt = fields.Integer(required=True)
+    attempt = Int(required=True)
     lease = fields.Nested(LeaseSchema, required=True)
 
 
@@ -156,8 +186,20 @@ class LeaseResponseSchema(Schema):
     messages = fields.List(fields.Nested(LeasedMessageSchema), required=True)
 
 
+# a lease token as leases hand it out (app.leasing.token_of): the lease's uuid, then
+# optionally its version and expiry (epoch ms), then optionally the campaign
+LEASE_TOKEN = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+    r"(\.[0-9]{1,19}\.[0-9]{1,19}(\.([a-z0-9][a-z0-9_.-]{0,63})?)?)?$")
+
+
+def _lease_token() -> fields.String:
+    return fields.String(required=True, validate=validate.Regexp(
+        LEASE_TOKEN, error="Not a lease token."))
+
+
 class AckSchema(Schema):
-    lease_token = fields.String(required=True)
+    lease_token = _lease_token()
 
 
 class AckItemSchema(Schema):
@@ -173,7 +215,7 @@ class AckBatchSchema(Schema):
 
 class AckResultSchema(Schema):
     id = fields.String(required=True)
-    status = fields.Integer(required=True, metadata={
+    status = Int(required=True, metadata={
         "description": "204 delivered (or already acked with this token), 400 malformed "
                        "token, 404 no such message, 409 lease no longer held, 503 retry."})
     error = fields.Dict(metadata={"description": "problem+json body of a failed item."})
@@ -184,14 +226,14 @@ class AckBatchResultSchema(Schema):
 
 
 class NackSchema(Schema):
-    lease_token = fields.String(required=True)
-    delay_ms = fields.Integer(validate=validate.Range(0, 365 * 86_400_000))
+    lease_token = _lease_token()
+    delay_ms = Int(validate=validate.Range(0, 365 * 86_400_000))
     error = fields.String(validate=validate.Length(max=2000))
 
 
 class ExtendSchema(Schema):
-    lease_token = fields.String(required=True)
-    lease_seconds = fields.Integer(required=True, validate=validate.Range(1, 43_200))
+    lease_token = _lease_token()
+    lease_seconds = Int(required=True, validate=validate.Range(1, 43_200))
 
 
 class ExtendResponseSchema(Schema):

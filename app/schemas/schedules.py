@@ -7,7 +7,8 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.ids import NAME
-from app.schemas.fields import Instant, known_zone
+from app.schemas.fields import ZONE_FORMAT, Instant, Int, known_zone
+from app.schemas.rules import exactly_one
 
 
 class SchedulePutSchema(Schema):
@@ -22,15 +23,20 @@ class SchedulePutSchema(Schema):
     makes none. Replacing a schedule rewrites its fires produced and not yet handed out
     (cancels those that are no longer fires; 409 if that would change their campaign)."""
 
-    cron = fields.String(required=True, metadata={"example": "0 9 * * MON-FRI"})
+    JSON_RULES = exactly_one("payload", "payload_base64")
+
+    cron = fields.String(required=True, metadata={"example": "0 9 * * MON-FRI",
+                                                  "format": "cron"})
     timezone = fields.String(load_default="UTC", validate=known_zone,
-                             metadata={"example": "Europe/Bucharest"})
+                             metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
     payload = fields.Raw(allow_none=True, metadata={"description": "Any JSON value."})
-    payload_base64 = fields.String()
-    priority = fields.Integer(load_default=100, validate=validate.Range(0, 65535))
+    payload_base64 = fields.String(metadata={"format": "byte"})
+    priority = Int(load_default=100, validate=validate.Range(0, 65535))
     campaign = fields.String(validate=validate.Regexp(NAME))
-    start_at = Instant(metadata={"description": "No fire before it."})
-    end_at = Instant(metadata={"description": "No fire after it; after start_at."})
+    start_at = Instant(epoch_ms_in=True, metadata={"description": "No fire before it."})
+    end_at = Instant(epoch_ms_in=True, metadata={
+        "description": "No fire after it. Must be after start_at (else 400: a relation "
+                       "between two fields that JSON Schema cannot state)."})
     misfire = fields.String(load_default="fire_once",
                             validate=validate.OneOf(["fire_once", "skip"]))
 
@@ -45,8 +51,8 @@ class ScheduleSchema(Schema):
     cron = fields.String(required=True)
     timezone = fields.String(required=True)
     payload = fields.Raw(allow_none=True)
-    payload_base64 = fields.String()
-    priority = fields.Integer(required=True)
+    payload_base64 = fields.String(metadata={"format": "byte"})
+    priority = Int(required=True)
     campaign = fields.String(allow_none=True)
     start_at = Instant(allow_none=True)
     end_at = Instant(allow_none=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from marshmallow import Schema, fields, validate
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.quiet_hours import HH_MM
-from app.schemas.fields import Instant, known_zone
+from app.schemas.fields import ZONE_FORMAT, Instant, Int, known_zone
 
 
 class QuietHoursSchema(Schema):
@@ -20,18 +22,38 @@ class QuietHoursSchema(Schema):
     end = fields.String(required=True, validate=validate.Regexp(HH_MM, error="Must be HH:MM."),
                         metadata={"example": "08:00"})
     timezone = fields.String(load_default="UTC", validate=known_zone,
-                             metadata={"example": "Europe/Bucharest"})
+                             metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
 
 
 class RetrySchema(Schema):
+    """The delay after the n-th failed attempt: backoff_seconds x 2^(n-1), at most
+    max_backoff_seconds (which caps the first delay too), with equal jitter on webhooks."""
+
     backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
     max_backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
 
 
+# the URLs the url field accepts, as a JSON Schema pattern (a host name ending in a name of
+# letters, or a bare one such as localhost; an optional port; a path)
+HTTP_URL = (r"^https?://([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]{2,63}"
+            r"(:[1-9][0-9]{0,3})?(/[A-Za-z0-9._~-]*)*$")
+
+
 class DeliverySchema(Schema):
+    """mode webhook comes with its url (also when only the mode of a topic changes)."""
+
+    JSON_RULES = {"anyOf": [
+        {"not": {"required": ["mode"], "properties": {"mode": {"const": "webhook"}}}},
+        {"required": ["url"], "properties": {"url": {"type": "string"}}}]}
     mode = fields.String(load_default=None, validate=validate.OneOf(["pull", "webhook"]))
-    url = fields.Url(load_default=None, schemes={"http", "https"}, require_tld=False)
+    url = fields.Url(load_default=None, schemes={"http", "https"}, require_tld=False,
+                     metadata={"format": "http-url", "pattern": HTTP_URL})
     timeout_seconds = fields.Float(load_default=None, validate=validate.Range(0.1, 120))
+
+    @validates_schema
+    def _webhook_has_url(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data.get("mode") == "webhook" and data.get("url") is None:
+            raise ValidationError("Required for mode webhook.", "url")
 
 
 class TopicPutSchema(Schema):
@@ -39,20 +61,27 @@ class TopicPutSchema(Schema):
     fields keep their current values. Changing `shards` of a topic with scheduled or leased
     messages answers 409."""
 
-    lease_seconds = fields.Integer(load_default=None, validate=validate.Range(1, 43_200),
+    lease_seconds = Int(load_default=None,
+                                   validate=validate.Range(1, 43_200),
                                    metadata={"description": "Default lease, s (default 30)."})
-    max_attempts = fields.Integer(load_default=None, validate=validate.Range(1, 1000),
+    max_attempts = Int(load_default=None, validate=validate.Range(1, 1000),
                                   metadata={"description": "Then dead (default 10)."})
     retry = fields.Nested(RetrySchema, load_default=None,
                           metadata={"description": "Backoff after nack/failure, s (1 and 600)."})
-    shards = fields.Integer(load_default=None, validate=validate.Range(1, 256),
+    shards = Int(load_default=None, validate=validate.Range(1, 256),
                             metadata={"description": "Releaser parallelism (default 16)."})
     delivery = fields.Nested(DeliverySchema, load_default=None, metadata={"description": (
         "pull (default: consumers take leases) or webhook with url: at each message's "
         "deliver_at (never before) a releaser POSTs the payload to url (application/json, or "
-        "application/octet-stream for payload_base64) with headers Duetime-Message-Id, "
-        "Duetime-Topic, Duetime-Attempt, Duetime-Deliver-At (RFC 3339) and Duetime-Signature "
-        "(lowercase hex HMAC-SHA256 of the body bytes keyed with the topic's signing_secret). "
+        "application/octet-stream for payload_base64), signed as Standard Webhooks are: "
+        "webhook-id (the message id, the same on every attempt), webhook-timestamp (Unix "
+        "seconds) and webhook-signature (v1,<base64 HMAC-SHA256 of "
+        "'{webhook-id}.{webhook-timestamp}.{body}'> for each active signing secret, "
+        "space-separated; receivers refuse timestamps outside their tolerance, so a captured "
+        "POST cannot be replayed later). Also Duetime-Message-Id, Duetime-Topic, "
+        "Duetime-Attempt, Duetime-Deliver-At (RFC 3339), and the deprecated "
+        "Duetime-Signature (lowercase hex HMAC-SHA256 of the body alone under the current "
+        "secret's key; it can be replayed, and goes in a later minor version). "
         "2xx within timeout_seconds = delivered; anything else is retried after the retry "
         "backoff (exponential, equal jitter), dead after max_attempts with last_error kept.")})
     quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, metadata={
@@ -63,16 +92,26 @@ class TopicPutSchema(Schema):
 
 class TopicSchema(Schema):
     name = fields.String(required=True)
-    lease_seconds = fields.Integer(required=True)
-    max_attempts = fields.Integer(required=True)
+    lease_seconds = Int(required=True)
+    max_attempts = Int(required=True)
     retry = fields.Nested(RetrySchema, required=True)
-    shards = fields.Integer(required=True)
+    shards = Int(required=True)
     delivery = fields.Nested(DeliverySchema, required=True)
-    signing_secret = fields.String(
-        required=True, metadata={"description": "HMAC-SHA256 key of Duetime-Signature."})
+    signing_secret = fields.String(required=True, metadata={"description": (
+        "The webhook signing secret: whsec_ + base64 of the HMAC-SHA256 key (Standard "
+        "Webhooks), as the reference libraries take it.")})
+    previous_signing_secret_expires_at = Instant(allow_none=True, required=True, metadata={
+        "description": "Until when the secret a rotation replaced signs too; null when none."})
     quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, required=True)
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
+
+
+class RotateSecretSchema(Schema):
+    overlap_seconds = Int(
+        load_default=86_400, validate=validate.Range(0, 2_592_000), metadata={
+            "description": "How long the replaced secret signs beside the new one, s "
+                           "(default a day, at most 30 days; 0: it stops at once)."})
 
 
 class TopicListSchema(Schema):
@@ -80,17 +119,17 @@ class TopicListSchema(Schema):
 
 
 class CountsSchema(Schema):
-    scheduled = fields.Integer(required=True)
-    leased = fields.Integer(required=True)
-    delivered = fields.Integer(required=True)
-    cancelled = fields.Integer(required=True)
-    dead = fields.Integer(required=True)
+    scheduled = Int(required=True)
+    leased = Int(required=True)
+    delivered = Int(required=True)
+    cancelled = Int(required=True)
+    dead = Int(required=True)
 
 
 class WindowSchema(Schema):
     from_ = Instant(required=True, data_key="from")
     to = Instant(required=True)
-    count = fields.Integer(required=True)
+    count = Int(required=True)
 
 
 class StatsQuerySchema(Schema):
@@ -115,16 +154,16 @@ class LagQuerySchema(Schema):
 class LagWindowSchema(Schema):
     from_ = Instant(required=True, data_key="from")
     to = Instant(required=True)
-    count = fields.Integer(required=True, metadata={
+    count = Int(required=True, metadata={
         "description": "Messages handed out in this minute (leased to a pull consumer, or "
                        "their POST started)."})
-    p50_ms = fields.Integer(required=True, allow_none=True, metadata={
+    p50_ms = Int(required=True, allow_none=True, metadata={
         "description": "Median lag, ms: the upper edge of its bucket (1, 2, 5, 10, 25, 50, "
                        "100, 250, 500 ms, 1, 2.5, 5, 10, 30, 60 s), at most max_ms; null "
                        "when count is 0."})
-    p99_ms = fields.Integer(required=True, allow_none=True,
+    p99_ms = Int(required=True, allow_none=True,
                             metadata={"description": "99th percentile lag, ms, as p50_ms."})
-    max_ms = fields.Integer(required=True, allow_none=True,
+    max_ms = Int(required=True, allow_none=True,
                             metadata={"description": "Largest lag, ms; null when count is 0."})
 
 

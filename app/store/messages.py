@@ -437,27 +437,29 @@ class MessageStore:
                        (len(payloads), len(members), len(fresh)))
 
     def get_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
-                     ) -> dict[str, Payload]:
-        """Payloads of (id, content_hash) pairs of one topic, by id."""
+                     ) -> dict[tuple[str, str], Payload]:
+        """Payloads of (id, content_hash) pairs of one topic, by that pair (a replaced
+        message has one body per version)."""
         return self.collect_payloads(self.start_payloads(topic_uid, keys))
 
     def start_payloads(self, topic_uid: uuid.UUID, keys: Sequence[tuple[str, str]]
-                       ) -> tuple[dict[str, str], list[ResponseFuture]]:
+                       ) -> tuple[set[tuple[str, str]], list[ResponseFuture]]:
         """Start reading payloads, one read per home (to overlap with other round trips); see
         collect_payloads."""
-        wanted = dict(keys)
-        ids = list(wanted)
+        wanted = set(keys)
+        ids = list(dict.fromkeys(i for i, _ in keys))
         chunks = _by_home(((_home(topic_uid, i), n) for n, i in enumerate(ids)), IN_CHUNK)
         futures = [self.db.execute_async(_GET_PAYLOADS, (topic_uid, home_of(ids[c[0]]),
                                                          [ids[n] for n in c])) for c in chunks]
         return wanted, futures
 
-    def collect_payloads(self, started: tuple[dict[str, str], list[ResponseFuture]]
-                         ) -> dict[str, Payload]:
+    def collect_payloads(self, started: tuple[set[tuple[str, str]], list[ResponseFuture]]
+                         ) -> dict[tuple[str, str], Payload]:
         wanted, futures = started
         found = {}
         for rows in self.db.results(futures):
             for r in rows:
-                if wanted.get(r["id"]) == r["content_hash"]:
-                    found[r["id"]] = Payload(r["payload"], r["encoding"], dict(r["headers"] or {}))
+                key = (r["id"], r["content_hash"])
+                if key in wanted:
+                    found[key] = Payload(r["payload"], r["encoding"], dict(r["headers"] or {}))
         return found

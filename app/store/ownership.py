@@ -129,14 +129,16 @@ class OwnershipStore:
         """End held leases now so other releasers may claim the slots at once."""
         self.renew_all(leases, now_ms - 1)
 
-    def heartbeat(self, member: str, now_ms: int, ttl_s: int, wake_addr: str | None = None
-                  ) -> None:
-        """Say this releaser is alive for ttl_s more seconds, and where it is woken."""
+    def heartbeat(self, member: str, now_ms: int, ttl_s: int, wake_addr: str | None = None,
+                  broker_token: str | None = None) -> None:
+        """Say this releaser is alive for ttl_s more seconds, where it is woken, and what
+        its pull broker asks a connection to present."""
         self.db.execute(
-            "INSERT INTO {ks}.releaser_members (ring, member, seen_at, wake_addr) "
-            "VALUES (?, ?, ?, ?) USING TTL ?",
+            "INSERT INTO {ks}.releaser_members (ring, member, seen_at, wake_addr, broker_token) "
+            "VALUES (?, ?, ?, ?, ?) USING TTL ?",
             (self.ring, member, now_ms,
-             UNSET_VALUE if wake_addr is None else wake_addr, ttl_s))
+             UNSET_VALUE if wake_addr is None else wake_addr,
+             UNSET_VALUE if broker_token is None else broker_token, ttl_s))
 
     def leave(self, member: str) -> None:
         """Drop this releaser from the membership at once (graceful stop). The row is in a
@@ -149,6 +151,15 @@ class OwnershipStore:
         rows = self.db.execute(
             "SELECT member FROM {ks}.releaser_members WHERE ring = ?", (self.ring,))
         return sorted(r["member"] for r in rows)
+
+    def brokers(self) -> dict[str, tuple[str, str]]:
+        """{member: ("host:port", token)} of every live releaser whose pull broker can be
+        reached (workers/broker.py)."""
+        rows = self.db.execute(
+            "SELECT member, wake_addr, broker_token FROM {ks}.releaser_members WHERE ring = ?",
+            (self.ring,))
+        return {r["member"]: (r["wake_addr"], r["broker_token"]) for r in rows
+                if r["wake_addr"] and r["broker_token"]}
 
     def wake_addresses(self) -> list[str]:
         """"host:port" of every live releaser that can be woken (app.wakeups)."""

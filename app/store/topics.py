@@ -14,7 +14,8 @@ from app.timeparse import cql_ms
 from app.wakeups import Wake, no_wake
 
 _SETTING_COLUMNS = [f.name for f in dataclasses.fields(TopicSettings)]
-_COLUMNS = ["uid", *_SETTING_COLUMNS, "signing_secret", "created_at", "updated_at"]
+_COLUMNS = ["uid", *_SETTING_COLUMNS, "signing_secret", "created_at", "updated_at",
+            "previous_secret", "previous_secret_until"]
 
 
 def _row_to_topic(tenant: str, row: dict[str, Any]) -> Topic:
@@ -22,7 +23,9 @@ def _row_to_topic(tenant: str, row: dict[str, Any]) -> Topic:
     return Topic(
         tenant=tenant, name=row["name"], uid=row["uid"], settings=settings,
         signing_secret=row["signing_secret"], created_at_ms=cql_ms(row["created_at"]),
-        updated_at_ms=cql_ms(row["updated_at"]),
+        updated_at_ms=cql_ms(row["updated_at"]), previous_secret=row["previous_secret"],
+        previous_secret_until_ms=(None if row["previous_secret_until"] is None
+                                  else cql_ms(row["previous_secret_until"])),
     )
 
 
@@ -81,6 +84,18 @@ class TopicStore:
         )
         return self._noted(bool(rows[0]["[applied]"]), topic.tenant, topic.name)
 
+    def rotate_secret(self, topic: Topic, before: Topic) -> bool:
+        """Write topic's secrets (a rotation) if the incarnation still holds the secret read
+        in `before`: two rotations at once cannot both drop a secret; False otherwise."""
+        rows = self.db.execute(
+            "UPDATE {ks}.topics SET signing_secret = ?, previous_secret = ?, "
+            "previous_secret_until = ?, updated_at = ? WHERE tenant = ? AND name = ? "
+            "IF uid = ? AND signing_secret = ?",
+            (topic.signing_secret, topic.previous_secret, topic.previous_secret_until_ms,
+             topic.updated_at_ms, topic.tenant, topic.name, topic.uid, before.signing_secret),
+        )
+        return self._noted(bool(rows[0]["[applied]"]), topic.tenant, topic.name)
+
     def delete(self, tenant: str, name: str, uid: uuid.UUID) -> bool:
         """Remove the incarnation uid. Topic deletion is rare and its partition tiny, so this
         one delete is no tombstone burden; its messages are unreachable through the new uid."""
@@ -111,4 +126,5 @@ class TopicStore:
         return [
             topic.uid, *[getattr(topic.settings, c) for c in _SETTING_COLUMNS],
             topic.signing_secret, topic.created_at_ms, topic.updated_at_ms,
+            topic.previous_secret, topic.previous_secret_until_ms,
         ]

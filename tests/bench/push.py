@@ -23,6 +23,7 @@ from typing import Any
 
 import requests
 
+from app import signing
 from app.timeparse import parse_instant
 from app.webhook_targets import parse_allow
 from tests.bench.plot import lag_by_second
@@ -30,7 +31,6 @@ from tests.bench.run import OUT, URL, dev_headers, now_ms, percentile
 from tests.loop_thread import LoopThread
 from tests.receiver import Receiver, receiving
 from workers.http_client import AsyncHttpClient
-from workers.webhook import signature
 
 LOOPBACK = "127.0.0.0/8,::1"
 
@@ -111,7 +111,10 @@ def post_ceiling(count: int, concurrency: int) -> float:
                 status, _ = await client.post(url, body, {
                     "Content-Type": "application/json", "Duetime-Message-Id": f"c{i}",
                     "Duetime-Deliver-At": "2026-01-01T00:00:00.000Z",
-                    "Duetime-Signature": signature("s" * 32, body)}, 10)
+                    "Duetime-Signature": signing.body_signature("s" * 32, body),
+                    "webhook-id": f"c{i}", "webhook-timestamp": "1767225600",
+                    "webhook-signature": signing.standard_signature(
+                        ["s" * 32], f"c{i}", 1767225600, body)}, 10)
                 if status != 200:
                     raise SystemExit(f"the receiver answered {status}")
 

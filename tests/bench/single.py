@@ -4,8 +4,9 @@ queue, side by side with the batch paths of the same run.
 Against the running stack (`make up`), each phase on a fresh topic created a moment before:
 1. idle stack, one client, one request at a time: enqueue (one message, due now), lease
    `max: 1`, ack; latency p50/p99/max of each (ms);
-2. enqueue, one message per request, PRODUCERS threads: msgs/s; and in the same run batches
-   of 1,000 from the same threads: the ratio;
+2. enqueue, one message per request, PRODUCERS threads: msgs/s; the same with `if_exists:
+   replace` moving a scheduled message (each id enqueued before); and in the same run
+   batches of 1,000 from the same threads: the ratios;
 3. lease `max: 1` + ack, CONSUMERS threads on a backlog: msgs/s; and lease 100 + one batch
    ack on the same backlog size: the ratio;
 4. the raw-Cassandra ceiling of the same run (tests.bench.run.raw_ceiling);
@@ -100,6 +101,26 @@ def enqueue_singly(api: Client, topic: str, count: int) -> float:
     def produce(mine: range) -> None:
         for n in mine:
             api.enqueue(topic, {"n": n})
+
+    return count / timed_threads([functools.partial(produce, range(k, count, PRODUCERS))
+                                  for k in range(PRODUCERS)])
+
+
+def replace_singly(api: Client, topic: str, count: int) -> float:
+    """msgs/s of count single-message enqueues with `if_exists: replace` from PRODUCERS
+    threads, each moving a scheduled message (enqueued before, in batches) an hour later
+    with a new payload."""
+    later = now_ms() + 3_600_000
+    for first in range(0, count, 1000):
+        api.enqueue_batch(topic, [{"id": f"r{n}", "payload": {"n": n}, "deliver_at": later}
+                                  for n in range(first, min(first + 1000, count))])
+
+    def produce(mine: range) -> None:
+        for n in mine:
+            answer = api.enqueue(topic, {"n": n, "v": 2}, id=f"r{n}", if_exists="replace",
+                                 deliver_at=later + 3_600_000)
+            if answer.get("deliver_at") is None:
+                raise RuntimeError(f"replace of r{n} answered {answer}")
 
     return count / timed_threads([functools.partial(produce, range(k, count, PRODUCERS))
                                   for k in range(PRODUCERS)])
@@ -234,6 +255,8 @@ def main(argv: list[str]) -> int:
     idle = idle_latency(api, headers)
     single_topic = make_topic(headers)
     single_rate = enqueue_singly(api, single_topic, count)
+    replace_topic = make_topic(headers)
+    replace_rate = replace_singly(api, replace_topic, count)
     batch_topic = make_topic(headers)
     batch_rate, _ = enqueue(headers, batch_topic, count * 5, now_ms(), 0, PRODUCERS)
     lease_one = lease_singly(api, single_topic, count)
@@ -247,6 +270,8 @@ def main(argv: list[str]) -> int:
         "enqueue_one_per_request_msgs_per_s": round(single_rate, 1),
         "enqueue_batches_msgs_per_s": round(batch_rate, 1),
         "enqueue_one_vs_batches": round(single_rate / batch_rate, 3),
+        "enqueue_replace_one_per_request_msgs_per_s": round(replace_rate, 1),
+        "enqueue_replace_vs_enqueue_one": round(replace_rate / single_rate, 3),
         "lease1_ack_msgs_per_s": round(lease_one, 1),
         "lease100_batch_ack_msgs_per_s": round(lease_batch, 1),
         "lease1_vs_batches": round(lease_one / lease_batch, 3),
@@ -271,7 +296,7 @@ def main(argv: list[str]) -> int:
     (OUT / "single.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
         print(f"{name:36} {json.dumps(value) if isinstance(value, dict) else value}")
-    for topic in (single_topic, batch_topic):
+    for topic in (single_topic, replace_topic, batch_topic):
         api.delete_topic(topic)
     return 0
 

@@ -1,0 +1,105 @@
+"""What an API process and a releaser say to each other about pull leases (docs/design.md,
+"How a due message is found"): one JSON object per line over a TCP connection.
+
+A connection opens with a *hello* carrying the token the releaser published with its
+membership row (`releaser_members.broker_token`); the releaser closes one that does not.
+A *want* asks the releaser owning some of a topic's shards for up to `n` of its due messages,
+leased on the caller's terms, waiting up to `wait_ms` for the first. Its answer, *got*, names
+the want and carries the messages leased for it: each row as leased, the attempt count and
+consumer it had before (to give it back unchanged) and its payload. Times are epoch ms.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import uuid
+from typing import Any
+
+from app.models import MessageState, Payload
+
+_UUIDS = ("topic_uid", "lease_token", "last_op")
+
+
+@dataclasses.dataclass(frozen=True)
+class Want:
+    """Up to n due messages of a topic, leased for lease_s (seconds) to consumer."""
+
+    id: int
+    topic_uid: uuid.UUID
+    n: int
+    lease_s: int
+    consumer: str | None
+    wait_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    """A message a releaser leased for a want: the row before and as leased, its payload."""
+
+    before_attempts: int
+    before_consumer: str | None
+    leased: MessageState
+    payload: Payload
+    due_ms: int  # when it was due, before the lease moved it
+
+
+def encode_hello(token: str) -> bytes:
+    return _line({"hello": token})
+
+
+def decode_hello(message: dict[str, Any]) -> str:
+    """The token of a hello; KeyError or TypeError when the line is not one."""
+    token = message["hello"]
+    if not isinstance(token, str):
+        raise TypeError("the token is not a string")
+    return token
+
+
+def encode_want(want: Want) -> bytes:
+    return _line({"want": want.id, "topic": str(want.topic_uid), "n": want.n,
+                  "lease_s": want.lease_s, "consumer": want.consumer, "wait_ms": want.wait_ms})
+
+
+def decode_want(message: dict[str, Any]) -> Want:
+    """A want from its decoded line; ValueError or KeyError for a malformed one."""
+    return Want(int(message["want"]), uuid.UUID(message["topic"]), int(message["n"]),
+                int(message["lease_s"]), message.get("consumer"), int(message["wait_ms"]))
+
+
+def encode_got(want_id: int, taken: list[Taken]) -> bytes:
+    return _line({"got": want_id, "messages": [_taken(t) for t in taken]})
+
+
+def decode_got(message: dict[str, Any]) -> tuple[int, list[Taken]]:
+    return int(message["got"]), [_untaken(m) for m in message["messages"]]
+
+
+def decode_line(line: bytes) -> dict[str, Any]:
+    """One line's object; ValueError when it is not a JSON object."""
+    found = json.loads(line)
+    if not isinstance(found, dict):
+        raise ValueError("not an object")
+    return found
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def _taken(t: Taken) -> dict[str, Any]:
+    row = {k: (str(v) if k in _UUIDS and v is not None else v)
+           for k, v in dataclasses.asdict(t.leased).items()}
+    return {"row": row, "before_attempts": t.before_attempts,
+            "before_consumer": t.before_consumer, "due_ms": t.due_ms,
+            "payload": base64.b64encode(t.payload.data).decode("ascii"),
+            "encoding": t.payload.encoding, "headers": t.payload.headers}
+
+
+def _untaken(m: dict[str, Any]) -> Taken:
+    row: dict[str, Any] = {k: (uuid.UUID(v) if k in _UUIDS and v is not None else v)
+                           for k, v in m["row"].items()}
+    return Taken(m["before_attempts"], m["before_consumer"], MessageState(**row),
+                 Payload(base64.b64decode(m["payload"]), m["encoding"], m["headers"]),
+                 m["due_ms"])

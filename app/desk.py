@@ -1,0 +1,287 @@
+"""The API process's end of the brokers (workers/broker.py; docs/design.md, "How a due
+message is found"): a lease call's want goes to the releasers owning the topic's shards,
+over one TCP connection per releaser, and what they leased for it comes back.
+
+The owners are read from the release slots' leases and the releasers' membership rows at
+most every OWNERS_EVERY_S. A want asks for what this process's calls on the topic asked for
+within the last hold (DUETIME_PULL_GIVE_BACK_MS), at least the call's own n: what the call
+does not take, and what comes back after it left, is held for the next calls and given back
+when none takes it within the hold (app.pull_ahead). When no owner can be reached, want()
+answers None and the caller finds the messages itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Hashable
+
+from app import broker_wire
+from app.broker_wire import Taken, Want
+from app.models import Topic
+from app.pull_ahead import HeldLease
+from app.store.ownership import OwnershipStore
+from app.timeline import release_slot_of
+from app.wakeups import parse_address
+
+OWNERS_EVERY_S = 1.0
+CONNECT_TIMEOUT_S = 1.0
+RETRY_AFTER_S = 2.0  # an address that refused a connection is not tried again before this
+MAX_ASK = 100  # messages one call asks an owner for at most, for itself and those to come
+MAX_TOPICS_TRACKED = 10_000
+ANSWER_GRACE_S = 2.0  # an owner answers a want by its wait; past this more, the call leaves
+log = logging.getLogger(__name__)
+
+Answer = Callable[[list[Taken] | None], None]
+
+
+class _Link:
+    """One connection to a releaser's broker: wants out, answers in on a thread of its own.
+    An answer goes to the callback its want was sent with; a closed link answers every
+    pending want with None."""
+
+    def __init__(self, address: tuple[str, int], token: str,
+                 on_close: Callable[[_Link], None]) -> None:
+        self._sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self._sock.sendall(broker_wire.encode_hello(token))
+        except OSError:
+            self._sock.close()
+            raise
+        self._on_close = on_close
+        self._lock = threading.Lock()
+        self._pending: dict[int, Answer] = {}
+        self._closed = False
+        threading.Thread(target=self._read_loop, name="desk-link", daemon=True).start()
+
+    def send(self, want: Want, answer: Answer) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._pending[want.id] = answer
+            try:
+                self._sock.sendall(broker_wire.encode_want(want))
+            except OSError:
+                self._pending.pop(want.id, None)
+                return False
+        return True
+
+    def _read_loop(self) -> None:
+        try:
+            with self._sock.makefile("rb") as lines:
+                for line in lines:
+                    want_id, taken = broker_wire.decode_got(broker_wire.decode_line(line))
+                    with self._lock:
+                        answer = self._pending.pop(want_id, None)
+                    if answer is not None:
+                        answer(taken)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.debug("broker link closed: %r", exc)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending, self._pending = self._pending, {}
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._on_close(self)
+        for answer in pending.values():
+            answer(None)
+
+
+class _Call:
+    """One lease call's wait for its owners' answers: done once one brought messages or all
+    answered; what arrives after it left goes to `late`."""
+
+    def __init__(self, expected: int, late: Callable[[list[Taken]], None]) -> None:
+        self._expected = expected
+        self._late = late
+        self._cond = threading.Condition()
+        self._got: list[Taken] = []
+        self._answered = 0
+        self._open = True
+
+    def answer(self, taken: list[Taken] | None) -> None:
+        with self._cond:
+            if self._open:
+                self._got.extend(taken or [])
+                self._answered += 1
+                self._cond.notify_all()
+                return
+        if taken:
+            self._late(taken)
+
+    def wait(self, timeout_s: float) -> list[Taken]:
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._got) or self._answered >= self._expected,
+                                timeout_s)
+            self._open = False
+            return self._got
+
+
+class Desk:
+    """Thread-safe; one per API process."""
+
+    def __init__(self, ownership: OwnershipStore, slots: int, clock: Callable[[], int],
+                 hold: Callable[[Topic, list[HeldLease]], None], hold_ms: int) -> None:
+        """hold(topic, leases) keeps leases for the next calls for hold_ms, then gives them
+        back (app.pull_ahead)."""
+        self.ownership = ownership
+        self.slots = slots
+        self.clock = clock
+        self.hold = hold
+        self.hold_ms = hold_ms
+        self._calls: dict[uuid.UUID, deque[tuple[float, int]]] = {}
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()
+        # slot -> its owner's broker: address and token
+        self._owners: dict[int, tuple[tuple[str, int], str]] = {}
+        self._owners_read = -float("inf")
+        self._links: dict[tuple[str, int], _Link] = {}
+        self._refused: dict[tuple[str, int], float] = {}
+        self._ids = itertools.count(1)
+
+    def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int, consumer: str | None,
+             terms: Hashable) -> list[Taken] | None:
+        """Up to n messages leased by the topic's owners for lease_s to consumer (more may
+        come: the surplus is held for calls on the same `terms`); None when no owner could
+        be asked."""
+        links = self._links_of(topic)
+        if not links:
+            return None
+
+        def late(taken: list[Taken]) -> None:
+            now = self.clock()
+            self.hold(topic, [held_lease(t, terms, now) for t in taken])
+
+        call = _Call(len(links), late)
+        each = max(n, -(-self._demand(topic.uid, n) // len(links)))
+        asked = 0
+        for link in links:
+            want = Want(next(self._ids), topic.uid, each, lease_s, consumer, wait_ms)
+            if link.send(want, call.answer):
+                asked += 1
+            else:
+                call.answer(None)
+        if not asked:
+            return None
+        got = call.wait(wait_ms / 1000 + ANSWER_GRACE_S)
+        if len(got) > n:
+            late(got[n:])
+        return got[:n]
+
+    def _demand(self, topic_uid: uuid.UUID, n: int) -> int:
+        """How many messages this process's calls on the topic asked for within the last
+        hold, this one's n included (at most MAX_ASK): what is leased beyond a call's n is
+        held that long for the calls to come, so a steady stream of `max: 1` calls is
+        mostly served from what the process holds."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._calls) > MAX_TOPICS_TRACKED:
+                self._calls.clear()
+            recent = self._calls.setdefault(topic_uid, deque())
+            recent.append((now, n))
+            while recent[0][0] < now - self.hold_ms / 1000:
+                recent.popleft()
+            return min(MAX_ASK, sum(k for _, k in recent))
+
+    def serves(self, topic: Topic) -> bool:
+        """Whether an owner of the topic's shards can be asked now."""
+        return bool(self._links_of(topic))
+
+    def _links_of(self, topic: Topic) -> list[_Link]:
+        brokers = {b for s in range(topic.settings.shards)
+                   if (b := self._owner_of(release_slot_of(str(topic.uid), s, self.slots)))}
+        return [link for a, token in sorted(brokers)
+                if (link := self._link(a, token)) is not None]
+
+    def _owner_of(self, slot: int) -> tuple[tuple[str, int], str] | None:
+        now = time.monotonic()
+        if now - self._owners_read >= OWNERS_EVERY_S:
+            self._read_owners(now)
+        return self._owners.get(slot)
+
+    def _read_owners(self, now_s: float) -> None:
+        """Read who owns each slot; calls meanwhile wait for it rather than find none."""
+        with self._reading:
+            if now_s - self._owners_read < OWNERS_EVERY_S:
+                return
+            self._read_owners_now()
+            self._owners_read = now_s
+
+    def _read_owners_now(self) -> None:
+        try:
+            leases = self.ownership.slots(self.slots)
+            brokers = self.ownership.brokers()
+        except Exception as exc:  # no owner known: the caller finds messages itself
+            log.debug("slot owners not read: %s", exc)
+            leases, brokers = {}, {}
+        clock = self.clock()
+        owners = {}
+        for slot, lease in leases.items():
+            address, token = brokers.get(lease.owner or "", ("", ""))
+            parsed = parse_address(address) if address else None
+            if parsed is not None and lease.expires_at_ms > clock:
+                owners[slot] = (parsed, token)
+        with self._lock:
+            self._owners = owners
+
+    def _link(self, address: tuple[str, int], token: str) -> _Link | None:
+        with self._lock:
+            link = self._links.get(address)
+            if link is not None:
+                return link
+            if time.monotonic() - self._refused.get(address, -RETRY_AFTER_S) < RETRY_AFTER_S:
+                return None
+        try:
+            link = _Link(address, token, self._closed)
+        except OSError as exc:
+            log.debug("broker %s not reached: %s", address, exc)
+            with self._lock:
+                self._refused[address] = time.monotonic()
+            return None
+        with self._lock:
+            if address in self._links:  # another call connected meanwhile
+                extra, link = link, self._links[address]
+            else:
+                self._links[address] = link
+                extra = None
+        if extra is not None:
+            extra.close()
+        return link
+
+    def _closed(self, link: _Link) -> None:
+        with self._lock:
+            for address, known in list(self._links.items()):
+                if known is link:
+                    del self._links[address]
+                    self._refused[address] = time.monotonic()
+
+    def close(self) -> None:
+        with self._lock:
+            links = list(self._links.values())
+        for link in links:
+            link.close()
+
+
+def held_lease(t: Taken, terms: Hashable, now_ms: int) -> HeldLease:
+    """What a broker leased, as a lease held for the next calls on these terms from now_ms:
+    a hold's give-back counts from its due time, which for a backlog is long past."""
+    before = dataclasses.replace(t.leased, attempts=t.before_attempts,
+                                 consumer=t.before_consumer)
+    return HeldLease(max(t.due_ms, now_ms), before, t.leased, t.payload, terms)
+

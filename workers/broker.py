@@ -1,0 +1,378 @@
+"""The releaser's broker for pull topics (docs/design.md, "How a due message is found").
+
+API processes send their lease calls' *wants* (app.broker_wire) over TCP to the releasers
+owning the topic's shards, on the port number of the releaser's wake-ups, after a hello
+with the token the releaser publishes in its membership row (others are closed). The broker is the
+only reader of its shards for these wants: it finds what is due there (one scan for every
+want of a topic waiting together, at least FIND_AT_LEAST messages, the rest kept in a ready
+list for READY_FOR_MS), puts it in fair order, leases it on the callers' terms (one take:
+conditional batches per home across the wants) and sends it back. A want that found nothing
+waits, parked, until a pull wake-up names its topic (a write due soon), the earliest pointer
+its scan saw ahead comes due, PARKED_RECHECK_S passes (a lost wake-up) or its wait ends.
+
+Leases run HOLD_S longer than asked: the API process may keep what no call of its took for a
+moment (app.pull_ahead) before it gives it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import hmac
+import itertools
+import logging
+import socket
+import socketserver
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from app import broker_wire
+from app.broker_wire import Taken, Want
+from app.fairness import fair_order
+from app.leasing import CURSOR_STEP_MS, Hold, passed_over, take_with_payloads
+from app.models import Topic
+from app.scan import Due
+from app.services import Services
+
+FIND_AT_LEAST = 32
+READY_FOR_MS = 1000
+PARKED_RECHECK_S = 1.0
+UNKNOWN_RECHECK_S = 0.1
+PEEK_MAX_MS = 5000
+BROKER_THREADS = 4
+log = logging.getLogger("duetime.broker")
+
+Reply = Callable[[bytes], None]
+
+
+class _Parked:
+    """A want waiting for messages, with where its answer goes and until when it waits."""
+
+    def __init__(self, want: Want, reply: Reply, link: int) -> None:
+        self.want = want
+        self.reply = reply
+        self.link = link
+        self.deadline = time.monotonic() + want.wait_ms / 1000
+
+
+class Broker:
+    """Serves wants for the shards the releaser owns. Thread-safe; one per releaser.
+    `shards_of(topic)` gives the topic's shards this releaser owns now; `on_unknown(uid)`
+    is told of a want for a topic `topic_of` does not know (yet)."""
+
+    def __init__(self, services: Services, token: str,
+                 topic_of: Callable[[uuid.UUID], Topic | None],
+                 shards_of: Callable[[Topic], set[int]],
+                 on_unknown: Callable[[uuid.UUID], None]) -> None:
+        self.services = services
+        self.token = token
+        self.topic_of = topic_of
+        self.shards_of = shards_of
+        self.on_unknown = on_unknown
+        self.hold_s = -(-services.config.pull_give_back_ms // 1000)  # whole seconds, rounded up
+        self._lock = threading.Lock()
+        self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
+        self._ready: dict[uuid.UUID, tuple[float, list[Due]]] = {}
+        self._serving: set[uuid.UUID] = set()
+        self._again: set[uuid.UUID] = set()
+        self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
+        self._checks: list[tuple[float, int, uuid.UUID]] = []  # (monotonic s, seq, topic)
+        self._seq = itertools.count()
+        self._checks_changed = threading.Condition()
+        self._stopping = threading.Event()
+        self._clock = threading.Thread(target=self._clock_loop, name="broker-clock", daemon=True)
+        self._server: _Server | None = None
+
+    def start(self, port: int) -> bool:
+        """Listen on TCP `port` (the wake-ups' UDP port number); False when it is taken."""
+        try:
+            self._server = _Server(("0.0.0.0", port), self)
+        except OSError as exc:
+            log.warning("broker not serving on tcp port %d: %s", port, exc)
+            return False
+        threading.Thread(target=self._server.serve_forever, name="broker-listener",
+                         daemon=True).start()
+        self._clock.start()
+        log.info("broker on tcp port %d", port)
+        return True
+
+    def want(self, want: Want, reply: Reply, link: int) -> None:
+        with self._lock:
+            self._wants[want.topic_uid].append(_Parked(want, reply, link))
+        self._kick(want.topic_uid)
+
+    def woken(self, topic_uid: uuid.UUID) -> None:
+        """A pointer of the topic due soon was written: what the ready list holds is not the
+        whole truth any more, and waiting wants look again."""
+        with self._lock:
+            self._ready.pop(topic_uid, None)
+            waiting = bool(self._wants.get(topic_uid))
+        if waiting:
+            self._kick(topic_uid)
+
+    def forget_link(self, link: int) -> None:
+        """The connection closed: its wants have nobody to answer."""
+        with self._lock:
+            for uid, parked in list(self._wants.items()):
+                left = [p for p in parked if p.link != link]
+                if left:
+                    self._wants[uid] = left
+                else:
+                    del self._wants[uid]
+
+    def _kick(self, topic_uid: uuid.UUID) -> None:
+        """Serve the topic's wants on a broker thread; once at a time per topic, again at
+        once when wants came meanwhile."""
+        if self._stopping.is_set():
+            return
+        with self._lock:
+            if topic_uid in self._serving:
+                self._again.add(topic_uid)
+                return
+            self._serving.add(topic_uid)
+        try:
+            self._pool.submit(self._serve_loop, topic_uid)
+        except RuntimeError:  # shut down by stop()
+            with self._lock:
+                self._serving.discard(topic_uid)
+
+    def _serve_loop(self, topic_uid: uuid.UUID) -> None:
+        while True:
+            try:
+                self._serve(topic_uid)
+            except Exception:
+                log.exception("serving the wants of topic %s failed", topic_uid)
+                self._check_at(time.monotonic() + PARKED_RECHECK_S, topic_uid)
+            with self._lock:
+                if topic_uid in self._again and not self._stopping.is_set():
+                    self._again.discard(topic_uid)
+                    continue
+                self._serving.discard(topic_uid)
+                return
+
+    def _serve(self, topic_uid: uuid.UUID) -> None:
+        """One round for the topic's wants, in their arrival order: each is tried at least
+        once (a want with no wait gets this round's answer), and answered once it got
+        messages or its wait is over."""
+        with self._lock:
+            parked = list(self._wants.get(topic_uid, []))
+        if not parked:
+            return
+        topic = self.topic_of(topic_uid)
+        if topic is None:  # made a moment ago: its wants wait while the releaser learns it
+            self.on_unknown(topic_uid)
+            self._answer(topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
+            return
+        shards = self.shards_of(topic) if not topic.pushed else set()
+        if not shards:  # not ours (any more): the API process asks the owners it reads next
+            self._answer(topic_uid, parked, {}, None, 0.0, final=True)
+            return
+        answers, next_ms = self._lease(topic, shards, [p.want for p in parked])
+        self._answer(topic_uid, parked, answers, next_ms, PARKED_RECHECK_S)
+
+    def _answer(self, topic_uid: uuid.UUID, parked: list[_Parked],
+                answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,
+                final: bool = False) -> None:
+        """Send the answers of the wants that got messages, whose wait is over, or all
+        (`final`); the others wait for their next check: within recheck_s, their earliest
+        deadline, or the next pointer seen ahead (next_ms, epoch ms)."""
+        now_s = time.monotonic()
+        answered = [p for p in parked
+                    if final or answers.get(id(p.want)) or p.deadline <= now_s]
+        for p in answered:
+            _send(p, broker_wire.encode_got(p.want.id, answers.get(id(p.want), [])))
+        left = self._drop(topic_uid, {id(p) for p in answered})
+        if not left:
+            return
+        when = min([p.deadline for p in left] + [now_s + recheck_s])
+        if next_ms is not None:
+            when = min(when, now_s + max(0, next_ms - self.services.clock()) / 1000)
+        self._check_at(when, topic_uid)
+
+    def _drop(self, topic_uid: uuid.UUID, answered: set[int]) -> list[_Parked]:
+        """Drop the answered wants (by id()) of the topic; returns those still waiting."""
+        with self._lock:
+            left = [p for p in self._wants.get(topic_uid, []) if id(p) not in answered]
+            if left:
+                self._wants[topic_uid] = left
+            else:
+                self._wants.pop(topic_uid, None)
+        return left
+
+    def _lease(self, topic: Topic, shards: set[int], wants: list[Want]
+               ) -> tuple[dict[int, list[Taken]], int | None]:
+        """Lease due messages of these shards for the wants, in fair order, in arrival
+        order of the wants. Returns {id(want): taken} and, when a scan found nothing due,
+        the earliest pointer it saw ahead (epoch ms)."""
+        services = self.services
+        now = services.clock()
+        total = sum(w.n for w in wants)
+        ready = self._fresh_ready(topic.uid, now)
+        result = None
+        if ready is None or len(ready) < total:
+            longest = max(w.wait_ms for w in wants)
+            result = services.scanner.scan(topic, now, max(total, FIND_AT_LEAST), shards,
+                                           peek_ms=min(longest, PEEK_MAX_MS))
+            paused = passed_over(services, topic, result.due)
+            services.scanner.spend(topic, [d.pointer for d in result.due
+                                           if d.row.id in paused])
+            ready = fair_order([d for d in result.due if d.row.id not in paused])
+        chunk, owners = _share(ready, wants)
+        holds = [Hold(wants[o].lease_s + self.hold_s, wants[o].consumer) for o in owners]
+        taken = take_with_payloads(services, topic, chunk, now, holds) if chunk else []
+        by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
+        answers: dict[int, list[Taken]] = defaultdict(list)
+        for row, payload in taken:
+            d, o = by_id[row.id]
+            if payload is not None:  # else it comes due again when its lease runs out
+                answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
+                                                   d.row.due_at_ms))
+        rest = ready[len(chunk):]
+        with self._lock:
+            self._ready[topic.uid] = (time.monotonic() + READY_FOR_MS / 1000, rest)
+        if result is not None:
+            won = {row.id for row, _ in taken}
+            untaken = rest + [d for d in chunk if d.row.id not in won]
+            moves = result.moves(untaken)
+            services.scanner.advance(topic, {s: ms for s, ms in moves.items()
+                                             if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
+        next_ms = result.next_ms if result is not None and not result.due else None
+        return answers, next_ms
+
+    def _fresh_ready(self, topic_uid: uuid.UUID, now: int) -> list[Due] | None:
+        with self._lock:
+            found = self._ready.pop(topic_uid, None)
+        if found is None or found[0] < time.monotonic():
+            return None
+        return [d for d in found[1] if d.row.due_at_ms <= now]
+
+    def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
+        with self._checks_changed:
+            heapq.heappush(self._checks, (when_s, next(self._seq), topic_uid))
+            self._checks_changed.notify()
+
+    def _clock_loop(self) -> None:
+        """Serve parked topics at their next check (their earliest pointer ahead, a want's
+        deadline, or PARKED_RECHECK_S)."""
+        while not self._stopping.is_set():
+            due: list[uuid.UUID] = []
+            with self._checks_changed:
+                now = time.monotonic()
+                while self._checks and self._checks[0][0] <= now:
+                    due.append(heapq.heappop(self._checks)[2])
+                if not due:
+                    wait = self._checks[0][0] - now if self._checks else PARKED_RECHECK_S
+                    self._checks_changed.wait(min(wait, PARKED_RECHECK_S))
+                    continue
+            for uid in dict.fromkeys(due):
+                with self._lock:
+                    waiting = bool(self._wants.get(uid))
+                if waiting:
+                    self._kick(uid)
+
+    def stop(self) -> None:
+        """No new want is served; the parked ones are dropped (their callers' waits end)."""
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.close_all()
+        with self._checks_changed:
+            self._checks_changed.notify_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _share(ready: list[Due], wants: list[Want]) -> tuple[list[Due], list[int]]:
+    """The prefix of `ready` the wants take, each message with the index of its want:
+    the wants in arrival order, each filled up to n."""
+    chunk: list[Due] = []
+    owners: list[int] = []
+    room = [w.n for w in wants]
+    which = 0
+    for d in ready:
+        while which < len(wants) and room[which] == 0:
+            which += 1
+        if which == len(wants):
+            break
+        chunk.append(d)
+        owners.append(which)
+        room[which] -= 1
+    return chunk, owners
+
+
+def _send(parked: _Parked, line: bytes) -> None:
+    with contextlib.suppress(OSError):  # the caller went away: its leases run out
+        parked.reply(line)
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    """One API process's connection: wants in, answers out."""
+
+    server: _Server
+
+    def handle(self) -> None:
+        link = id(self)
+        lock = threading.Lock()
+        sock = self.request
+
+        def reply(line: bytes) -> None:
+            with lock:
+                sock.sendall(line)
+
+        self.server.opened(sock)
+        try:
+            if not self._introduced():
+                log.warning("broker: a connection from %s without this releaser's token closed",
+                            self.client_address[0])
+                return
+            for line in self.rfile:
+                try:
+                    want = broker_wire.decode_want(broker_wire.decode_line(line))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("broker: malformed want dropped")
+                    continue
+                self.server.broker.want(want, reply, link)
+        except OSError:
+            pass
+        finally:
+            self.server.broker.forget_link(link)
+            self.server.closed(sock)
+
+    def _introduced(self) -> bool:
+        """Whether the connection's first line is a hello with this releaser's token."""
+        try:
+            token = broker_wire.decode_hello(broker_wire.decode_line(self.rfile.readline()))
+        except (ValueError, KeyError, TypeError):
+            return False
+        return hmac.compare_digest(token.encode(), self.server.broker.token.encode())
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], broker: Broker) -> None:
+        self.broker = broker
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def opened(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._open_lock:
+            self._open.add(sock)
+
+    def closed(self, sock: socket.socket) -> None:
+        with self._open_lock:
+            self._open.discard(sock)
+
+    def close_all(self) -> None:
+        self.server_close()
+        with self._open_lock:
+            for sock in list(self._open):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
