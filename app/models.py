@@ -13,7 +13,7 @@ STATES = ("scheduled", "leased", "delivered", "cancelled", "dead")
 
 @dataclasses.dataclass(frozen=True)
 class TopicSettings:
-    """What a producer may set on a topic (API.md, Topics). Durations in seconds."""
+    """What a producer may set on a topic (openapi.yaml, topics). Durations in seconds."""
 
     lease_seconds: int = 30
     max_attempts: int = 10

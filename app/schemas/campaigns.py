@@ -1,4 +1,4 @@
-"""Campaign and operation schemas (API.md, Campaigns)."""
+"""Campaign and operation schemas (openapi.yaml: campaigns, operations)."""
 
 from __future__ import annotations
 

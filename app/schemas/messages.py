@@ -1,4 +1,4 @@
-"""Message and lease schemas (API.md, Messages and Consuming: pull)."""
+"""Message and lease schemas (openapi.yaml: messages, leases, acks)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Recurring schedule schemas (API.md, Recurring schedules)."""
+"""Recurring schedule schemas (openapi.yaml: schedules)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Topic schemas (API.md, Topics)."""
+"""Topic schemas (openapi.yaml: topics)."""
 
 from __future__ import annotations
 
