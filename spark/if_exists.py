@@ -19,7 +19,6 @@ from app.services import Services
 MODES = ("reject", "replace", "keep")
 REPLACE_CHUNK = 200
 REPLACERS = 8
-REJECT_COLUMNS = ("line", "reason", "raw")
 
 
 def differing(present: DataFrame) -> DataFrame:
