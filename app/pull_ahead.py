@@ -1,17 +1,14 @@
-"""Pull leases taken ahead: a long-polling call is handed a message at its due moment, not a
-poll interval and a lease round trip after it.
+"""Leases a releaser took for this process that no call has taken yet (app.desk): the
+surplus of a want made for several calls, or an answer that came after its call left.
 
-A lease pass for waiting calls also leases messages due within DUETIME_PULL_AHEAD_MS, on the
-terms of a call that will still be waiting then, the lease running from the message's due
-time (app.leasing.take, as the releasers' push does). Until its due time such a message is
-held here, in this process. From its due time on it is handed to a waiting call with the
-same terms, after one read has checked that the lease is still the one taken: a cancel or a
-reschedule meanwhile wins, and the message is dropped, never handed out. A message no call
-has taken give_back_after_ms (DUETIME_PULL_GIVE_BACK_MS) after its due time (its call was
-answered by others, or gave up) is given back: scheduled again at once, the attempt not
-counted. A process that closes (an API worker that gunicorn stops) gives back all it holds;
-one that dies holding messages leaves them leased, and they come due again when the lease
-expires (at least once, late by the lease).
+Each is held here, in this process, for the next call on the same terms (lease seconds and
+consumer), from its due time on, after one read has checked that the lease is still the one
+taken: a cancel or a reschedule meanwhile wins, and the message is dropped, never handed
+out. One no call has taken give_back_after_ms (DUETIME_PULL_GIVE_BACK_MS) after its due time
+(or after it was held, for a backlog's) is given back: scheduled again at once, the attempt
+not counted. A process that closes (an API worker that gunicorn stops) gives back all it
+holds; one that dies holding messages leaves them leased, and they come due again when the
+lease expires (at least once, late by the lease).
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ log = logging.getLogger("duetime.pull_ahead")
 
 @dataclasses.dataclass(frozen=True)
 class HeldLease:
-    """A message leased ahead: its due time before the lease (never handed out before it),
+    """A message leased for a call: its due time before the lease (never handed out before it),
     the row before and after the lease, its payload and the terms of the lease."""
 
     due_ms: int
@@ -50,7 +47,8 @@ GiveBack = Callable[[Topic, list[HeldLease]], None]
 
 
 class HeldLeases:
-    """Messages this process leased ahead, per topic, earliest due first. Thread-safe. A
+    """Messages leased for this process and not yet handed out, per topic, earliest due
+    first. Thread-safe. A
     thread of its own gives back what no call took in time (give_back, a callback)."""
 
     def __init__(self, clock: Callable[[], int], give_back: GiveBack,
@@ -60,48 +58,44 @@ class HeldLeases:
         self.give_back_after_ms = give_back_after_ms
         self._held: dict[uuid.UUID, list[tuple[int, int, HeldLease]]] = {}
         self._topics: dict[uuid.UUID, Topic] = {}
-        self._offered: set[int] = set()  # sequence numbers of due ones no call could take
         self._seq = itertools.count()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def hold(self, topic: Topic, items: list[HeldLease]) -> None:
-        """Hold messages just leased ahead until their due time."""
-        self._push(topic, items, offered=False)
+        """Hold messages a releaser leased for this process until a call takes them."""
+        self._push(topic, items)
 
-    def count(self, topic_uid: uuid.UUID) -> int:
+    def take_due(self, topic_uid: uuid.UUID, now_ms: int, limit: int,
+                 terms: Hashable) -> list[HeldLease]:
+        """Up to limit held messages on these terms due by now_ms, earliest first, no longer
+        held (those on other terms stay)."""
         with self._changed:
-            return len(self._held.get(topic_uid, ()))
+            heap = self._held.get(topic_uid, [])
+            due = sorted(entry for entry in heap if entry[0] <= now_ms)
+            mine = [entry for entry in due if entry[2].terms == terms][:limit]
+            if mine:
+                taken = {seq for _, seq, _ in mine}
+                heap[:] = [entry for entry in heap if entry[1] not in taken]
+                heapq.heapify(heap)
+                if not heap:
+                    del self._held[topic_uid]
+                    self._topics.pop(topic_uid, None)
+            return [item for _, _, item in mine]
 
-    def next_due_ms(self, topic_uid: uuid.UUID) -> int | None:
-        """The due time of the earliest held message no call has been offered yet."""
-        with self._changed:
-            return min((due for due, seq, _ in self._held.get(topic_uid, ())
-                        if seq not in self._offered), default=None)
+    def put_back(self, topic: Topic, items: list[HeldLease]) -> None:
+        """Hold again messages a call could not hand out (a read failed)."""
+        self._push(topic, items)
 
-    def take_due(self, topic_uid: uuid.UUID, now_ms: int, limit: int) -> list[HeldLease]:
-        """Up to limit held messages due by now_ms, earliest first, no longer held."""
-        with self._changed:
-            return self._pop(topic_uid, now_ms, limit)
-
-    def put_back(self, topic: Topic, items: list[HeldLease], offered: bool = True) -> None:
-        """Hold again due messages no waiting call could take (other terms): they wake no
-        call until a new one arrives (offered), and are given back in time if none takes
-        them."""
-        self._push(topic, items, offered)
-
-    def _push(self, topic: Topic, items: list[HeldLease], offered: bool) -> None:
+    def _push(self, topic: Topic, items: list[HeldLease]) -> None:
         if not items:
             return
         with self._changed:
             heap = self._held.setdefault(topic.uid, [])
             self._topics[topic.uid] = topic
             for item in items:
-                seq = next(self._seq)
-                if offered:
-                    self._offered.add(seq)
-                heapq.heappush(heap, (item.due_ms, seq, item))
+                heapq.heappush(heap, (item.due_ms, next(self._seq), item))
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._return_loop,
                                                 name="pull-ahead-returner", daemon=True)
@@ -124,9 +118,7 @@ class HeldLeases:
         heap = self._held.get(topic_uid, [])
         out: list[HeldLease] = []
         while heap and heap[0][0] <= until_ms and len(out) < limit:
-            _, seq, item = heapq.heappop(heap)
-            self._offered.discard(seq)
-            out.append(item)
+            out.append(heapq.heappop(heap)[2])
         if not heap and topic_uid in self._held:
             del self._held[topic_uid]
             self._topics.pop(topic_uid, None)

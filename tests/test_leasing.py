@@ -14,7 +14,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app, metrics, scan
+from app import create_app, scan
 from app.config import Config
 from app.ids import home_of
 from app.models import Pointer
@@ -451,83 +451,3 @@ def test_a_lease_whose_write_failed_is_found_by_the_next_call(
     monkeypatch.setattr(services.placer, "place", place)
     again = topic.lease(1, wait_ms=0)
     assert [m["id"] for m in again] == ["failing"]
-
-
-def _keeping_found_due(app: Flask) -> Services:
-    """The app's services with what a pass found kept 5 s (app.found_due), so the tests
-    below do not depend on how fast this host runs their calls (a lease's own pointer, due
-    when it expires in 30 s, still comes due after that)."""
-    services: Services = app.extensions["duetime"]
-    services.found_due.keep_ms = 5_000
-    return services
-
-
-def test_one_message_calls_lease_what_the_first_pass_found_without_reading_again(
-        app: Flask, auth: dict[str, str]) -> None:
-    services = _keeping_found_due(app)
-    topic = TopicClient(app.test_client(), auth)
-    start = now_ms() - 10_000
-    ids = [r["id"] for r in topic.batch([{"deliver_at": format_ms(start + n * 100)}
-                                         for n in range(8)])]
-    assert [m["id"] for m in topic.lease(1)] == ids[:1]
-    read = services.scanner.pointers_read
-    assert [topic.lease(1)[0]["id"] for _ in range(7)] == ids[1:]
-    assert services.scanner.pointers_read == read  # each came from the first pass's list
-    assert topic.lease(1) == []
-
-
-def test_two_processes_of_a_host_do_not_race_for_what_the_other_just_took(
-        app: Flask, config: Config, auth: dict[str, str]) -> None:
-    """Two apps stand for two API workers of one host: both keep what their first reads
-    found, and each pass leaves out what the other took (app.taken_log), so taking turns
-    one message at a time loses no conditional write."""
-    second = create_app(config)
-    try:
-        mine, theirs = _keeping_found_due(app), _keeping_found_due(second)
-        topic = TopicClient(app.test_client(), auth)
-        other = TopicClient(second.test_client(), auth, name=topic.name)
-        start = now_ms() - 10_000
-        ids = [r["id"] for r in topic.batch([{"deliver_at": format_ms(start + n * 100)}
-                                             for n in range(8)])]
-        lost = metrics.CONDITIONAL_NOT_APPLIED.labels("message_states")
-        lost_before = lost._value.get()
-        leased = [topic.lease(1)[0]["id"], other.lease(1)[0]["id"]]  # a read each
-        read = mine.scanner.pointers_read + theirs.scanner.pointers_read
-        for _ in range(3):
-            leased += [topic.lease(1)[0]["id"], other.lease(1)[0]["id"]]
-        assert leased == ids
-        assert mine.scanner.pointers_read + theirs.scanner.pointers_read == read  # kept lists
-        assert lost._value.get() == lost_before
-        assert topic.lease(1) == [] and other.lease(1) == []
-    finally:
-        second.extensions["duetime"].close()
-
-
-def test_a_kept_message_cancelled_meanwhile_is_never_handed_out(
-        app: Flask, auth: dict[str, str]) -> None:
-    services = _keeping_found_due(app)
-    topic = TopicClient(app.test_client(), auth)
-    start = now_ms() - 10_000
-    first, second, third = [r["id"] for r in topic.batch(
-        [{"deliver_at": format_ms(start + n * 100)} for n in range(3)])]
-    assert [m["id"] for m in topic.lease(1)] == [first]
-    assert topic.client.delete(topic.url(f"/messages/{second}"),
-                               headers=topic.headers).status_code == 204
-    read = services.scanner.pointers_read
-    assert [m["id"] for m in topic.lease(1)] == [third]
-    assert services.scanner.pointers_read == read  # second was in the list, and lost its take
-    assert topic.get(second).get_json()["state"] == "cancelled"
-    assert topic.lease(1) == []
-
-
-def test_a_message_put_before_kept_ones_by_this_process_goes_first(
-        app: Flask, auth: dict[str, str]) -> None:
-    _keeping_found_due(app)
-    topic = TopicClient(app.test_client(), auth)
-    start = now_ms() - 10_000
-    low = [r["id"] for r in topic.batch([{"deliver_at": format_ms(start + n * 100),
-                                          "priority": 5} for n in range(4)])]
-    assert [m["id"] for m in topic.lease(1)] == low[:1]
-    urgent = topic.enqueue(priority=0).get_json()["id"]  # kept: low[1:]; this one beats them
-    assert [m["id"] for m in topic.lease(1)] == [urgent]
-    assert [topic.lease(1)[0]["id"] for _ in range(3)] == low[1:]
