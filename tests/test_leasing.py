@@ -240,7 +240,7 @@ def test_pointer_behind_the_cursor_is_still_found(
     for _ in range(3):  # readers move the cursors up to now - safety lag, in steps of 1 s
         topic.lease(wait_ms=600)
     services: Services = app.extensions["duetime"]
-    found = services.topics.get(next(iter(_tenant_of(services, auth))), topic.name)
+    found = services.topics.get(next(iter(tenant_of(services, auth))), topic.name)
     assert found is not None
     assert services.timeline.cursors(found.uid), "cursors should have advanced"
     past = topic.enqueue(id="past", deliver_at=format_ms(now_ms() - 3_600_000))
@@ -298,7 +298,7 @@ def test_a_backlog_over_more_buckets_than_a_scan_reads_is_leased_earliest_first(
     assert set(got[:3]) == {"m0", "m1", "m2"}
 
 
-def _tenant_of(services: Services, auth: dict[str, str]) -> set[str]:
+def tenant_of(services: Services, auth: dict[str, str]) -> set[str]:
     tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
     return {tenant} if tenant else set()
 

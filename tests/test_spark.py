@@ -24,7 +24,7 @@ from tests.conftest import ROOT
 from tests.consumers import TopicClient, now_ms
 from tests.import_files import write_csv
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import assert_on_time_and_signed, releaser, wait_state, webhook_topic
+from tests.releasing import assert_on_time_and_signed, wait_state, webhook_topic
 
 ROWS = 100_000
 
@@ -123,7 +123,7 @@ def test_imported_messages_are_released_and_the_report_matches_the_api(
     def script(message_id: str, before: int) -> int:
         return 500 if message_id.endswith(("3", "7")) and before == 0 else 200
 
-    with receiving(Receiver(script)) as target, releaser(config, "r-spark"):
+    with receiving(Receiver(script)) as target:
         topic, secret = webhook_topic(client, auth, target.url,
                                       retry={"backoff_seconds": 0.2, "max_backoff_seconds": 1})
         path = tmp_path / "soon.csv"

@@ -18,7 +18,7 @@ from flask import Flask
 from app import broker_wire, leasing
 from app.config import Config
 from tests.consumers import TopicClient, now_ms
-from tests.test_releaser import _tenant_of, releaser
+from tests.releasing import releaser, tenant_of
 from workers.releaser import Releaser
 
 SLOTS = 4
@@ -216,7 +216,7 @@ def test_a_connection_without_the_releasers_token_is_closed_unanswered(
         topic = TopicClient(app.test_client(), auth)
         assert topic.enqueue(id="kept").status_code == 201
         services = app.extensions["duetime"]
-        uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         with releaser(config, "b-token", **ring) as r:
             wait_owned(r)
             port = int(r.wakes.address.rpartition(":")[2])
