@@ -51,7 +51,6 @@ class Config:
     message_rate_limit_per_s: float = 0.0  # messages enqueued a second per tenant (0: none)
     message_rate_burst: int = 0
     pull_ahead_ms: int = 100  # long polls: lease this far ahead, hand out at the due time
-    pull_give_back_ms: int = 250  # what no call took this long after its due time goes back
     # long polls on a quiet topic, without a wake-up (app.pull_wakes), read this often (0:
     # every POLL_INTERVAL_MS, never resting)
     pull_idle_ms: int = 1000
@@ -123,7 +122,7 @@ def _validate(config: Config) -> None:
     positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
                 "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
                 "release_sweep_ms", "release_idle_ms", "topic_refresh_ms", "webhook_concurrency",
-                "release_prepare_rate", "pull_give_back_ms")
+                "release_prepare_rate")
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"DUETIME_{name.upper()} must be > 0")

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 
 from app import dead_letters, metrics
+from app.broker_wire import Taken
 from app.errors import (
     Conflict,
     DuetimeError,
@@ -24,7 +25,6 @@ from app.errors import (
     StoreUnavailable,
 )
 from app.models import MessageState, Payload, Topic
-from app.pull_ahead import HeldLease
 from app.scan import Due
 from app.services import Services
 from app.store.campaigns import Campaign
@@ -67,65 +67,39 @@ class Hold:
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
           lease_s: int, consumer: str | None) -> list[Leased]:
     """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll).
-    The releasers owning the topic's shards find and take them (app.desk, workers.broker);
-    this process first hands out what it holds for calls on the same terms. NoReleaser (503)
+    The releasers owning the topic's shards find and take them (app.desk, workers.broker).
+    NoReleaser (503)
     when no owner could be reached within the wait. Webhook topics are delivered by the
     releasers only: leasing one is a 409."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
-    hold = Hold(lease_s, consumer)
     deadline = time.monotonic() + wait_ms / 1000
-    got = _hand_held(services, topic, max_messages, hold, services.clock())
-    while len(got) < max_messages:
-        left_ms = 0 if got else max(0, round((deadline - time.monotonic()) * 1000))
-        taken = services.desk.want(topic, max_messages - len(got), left_ms, hold.lease_s,
-                                   hold.consumer, hold)
+    while True:
+        left_ms = max(0, round((deadline - time.monotonic()) * 1000))
+        taken = services.desk.want(topic, max_messages, left_ms, lease_s, consumer)
         if taken:
             services.lag.observe(topic.uid, "pull", [services.clock() - t.due_ms
                                                      for t in taken])
-            got += [Leased(t.leased, t.payload, t.due_ms) for t in taken]
-            break
-        if got or deadline - time.monotonic() <= BROKER_RETRY_S:
-            if taken is None and not got:
+            return [Leased(t.leased, t.payload, t.due_ms) for t in taken]
+        if deadline - time.monotonic() <= BROKER_RETRY_S:
+            if taken is None:
                 raise NoReleaser(f"No releaser serving topic {topic.name!r} could be "
                                  "reached; retry.")
-            break
+            return []
         # no owner reachable (None), or one answered early with nothing (it lost the
         # slots): ask again, as read then, until the call's wait is over
         time.sleep(BROKER_RETRY_S)
-    return got
 
 
-def _hand_held(services: Services, topic: Topic, want: int, terms: Hold,
-               now: int) -> list[Leased]:
-    """Up to `want` of the messages this process holds for the topic on these terms, due by
-    now, earliest first. One read checks each is still leased as it was taken: one cancelled
-    or moved meanwhile is dropped, never handed out (app.pull_ahead holds the rest until a
-    call on their terms comes, or gives them back)."""
-    items = services.held.take_due(topic.uid, now, want, terms)
-    if not items:
-        return []
-    try:
-        rows = services.messages.get_many(topic.uid, [i.leased.id for i in items])
-    except Exception:
-        services.held.put_back(topic, items)  # for the next try
-        raise
-    handed = [Leased(i.leased, i.payload, i.due_ms) for i in items
-              if (row := rows.get(i.leased.id)) is not None
-              and row.version == i.leased.version and row.state == "leased"]
-    services.lag.observe(topic.uid, "pull", [services.clock() - m.due_ms for m in handed])
-    return handed
-
-
-def give_back(services: Services, topic: Topic, items: list[HeldLease]) -> None:
-    """Messages leased ahead that no call took: scheduled again, due now (pointer first,
-    then the LWT over the lease), the attempt not counted. One changed meanwhile (cancelled,
-    or already given back) is left as it is."""
+def give_back(services: Services, topic: Topic, items: list[Taken]) -> None:
+    """Messages a releaser leased for a call that had gone: scheduled again, due now (pointer
+    first, then the LWT over the lease), the attempt not counted. One changed meanwhile
+    (cancelled, or acked) is left as it is."""
     now = services.clock()
     again = [dataclasses.replace(
         i.leased, state="scheduled", version=i.leased.version + 1,
         due_at_ms=placement_ms(i.due_ms, now), lease_token=None, lease_expires_at_ms=None,
-        attempts=i.before.attempts, consumer=i.before.consumer, updated_at_ms=now)
+        attempts=i.before_attempts, consumer=i.before_consumer, updated_at_ms=now)
         for i in items]
     won = move_many(services, topic, again, now)
     _spend_lease_pointers(services, topic, [i.leased for i in items])

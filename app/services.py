@@ -10,13 +10,13 @@ import time
 import uuid
 from collections.abc import Callable
 
+from app.broker_wire import Taken
 from app.campaign_rules import CampaignRules
 from app.config import Config
 from app.desk import Desk
 from app.lag_log import LagLog
 from app.models import Topic
 from app.placement import PointerPlacer
-from app.pull_ahead import HeldLease, HeldLeases
 from app.pull_wakes import PullWakes
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
@@ -81,9 +81,8 @@ class Services:
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
-        self.held = HeldLeases(clock, self._give_back, config.pull_give_back_ms)
         self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
-                         clock, self.held.hold, config.pull_give_back_ms)
+                         clock, self._give_back)
         self.pull_wakes = PullWakes(config, PullListenerStore(self.db, config.release_ring),
                                     lambda _topic_uid: None, self.topic_cache.wake)
 
@@ -102,7 +101,7 @@ class Services:
         long polls (workers.broker)."""
         self.pull_wakes.tell(topic_uid)
 
-    def _give_back(self, topic: Topic, items: list[HeldLease]) -> None:
+    def _give_back(self, topic: Topic, items: list[Taken]) -> None:
         from app.leasing import give_back  # the use case module imports this one
 
         give_back(self, topic, items)
@@ -113,6 +112,5 @@ class Services:
         self.waker.close()
         self.quotas.close()
         self.lag.close()
-        self.held.close()
         self.topic_cache.close()
         self.db.shutdown()

@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
-from app.services import Services
+from app.services import Clock, Services, system_clock_ms
 from app.timeparse import parse_instant
 from tests.conftest import FAST, new_tenant_key, own_keyspace
 from tests.consumers import TopicClient
@@ -25,10 +25,11 @@ from workers.releaser import Releaser
 
 
 @contextmanager
-def releaser(config: Config, member: str, **settings: Any) -> Iterator[Releaser]:
-    """An in-process releaser on the test keyspace (FAST, then `settings`), stopped
-    gracefully afterwards."""
-    services = Services(config.replace(**{**FAST, **settings}))
+def releaser(config: Config, member: str, *, clock: Clock = system_clock_ms,
+             **settings: Any) -> Iterator[Releaser]:
+    """An in-process releaser on the test keyspace (FAST, then `settings`) on `clock` (epoch
+    ms), stopped gracefully afterwards."""
+    services = Services(config.replace(**{**FAST, **settings}), clock)
     r = Releaser(services, member)
     r.start()
     try:

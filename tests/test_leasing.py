@@ -10,19 +10,19 @@ import time
 import uuid
 from typing import Any
 
-import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app, scan
+from app import create_app
 from app.config import Config
 from app.ids import home_of
 from app.models import Pointer
 from app.services import Services
-from app.timeline import COUNTED_AHEAD_MS, MS_PER_DAY
+from app.timeline import COUNTED_AHEAD_MS
 from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.waiting import wait_until
+from workers.releaser import Releaser
 
 
 def _run_threads(count: int, target: Any) -> None:
@@ -257,97 +257,9 @@ def test_pointer_behind_the_cursor_is_still_found(
     lagging.extensions["duetime"].close()
 
 
-def _lease_two_days_on(config: Config, auth: dict[str, str], topic: str,
-                      calls: int) -> list[str]:
-    """The ids `calls` lease calls get from an app whose clock is two days on, in order."""
-    def clock() -> int:
-        return now_ms() + 2 * MS_PER_DAY
-
-    later = create_app(config, clock=clock)
-    try:
-        consumer = TopicClient(later.test_client(), auth, name=topic, clock=clock)
-        return [m["id"] for _ in range(calls)
-                for m in consumer.lease(max_messages=10, wait_ms=300)]
-    finally:
-        later.extensions["duetime"].close()
-
-
-def test_a_backlog_older_than_a_day_is_still_leased(
-        config: Config, auth: dict[str, str], app: Flask) -> None:
-    """Consumers back after two days find what came due while they were gone: a cursor that
-    far behind is not moved past pointers no scan read."""
-    topic = TopicClient(app.test_client(), auth)
-    assert {r["status"] for r in topic.batch([{"id": f"old{i}"} for i in range(5)])} == {201}
-    got = _lease_two_days_on(config, auth, topic.name, 4)
-    assert sorted(got) == [f"old{i}" for i in range(5)]
-
-
-def test_a_backlog_over_more_buckets_than_a_scan_reads_is_leased_earliest_first(
-        config: Config, auth: dict[str, str], app: Flask,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A scan reads the earliest MAX_BUCKETS_PER_SCAN active buckets of a far-behind cursor's
-    span, and the cursor stops where the unread ones begin."""
-    monkeypatch.setattr(scan, "MAX_BUCKETS_PER_SCAN", 3)
-    topic = TopicClient(app.test_client(), auth)
-    start = now_ms()
-    assert {r["status"] for r in topic.batch(
-        [{"id": f"m{k}", "deliver_at": format_ms(start + k * config.bucket_ms)}
-         for k in range(6)])} == {201}
-    got = _lease_two_days_on(config, auth, topic.name, 6)
-    assert sorted(got) == [f"m{k}" for k in range(6)]
-    assert set(got[:3]) == {"m0", "m1", "m2"}
-
-
 def tenant_of(services: Services, auth: dict[str, str]) -> set[str]:
     tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
     return {tenant} if tenant else set()
-
-
-def test_ten_thousand_at_one_second_all_delivered_partitions_capped(
-        config: Config, auth: dict[str, str]) -> None:
-    small_cap = config.replace(partition_cap=200)
-    app = create_app(small_cap)
-    services: Services = app.extensions["duetime"]
-    try:
-        topic = TopicClient(app.test_client(), auth, lease_seconds=120)
-        second = (now_ms() // 1000 + 4) * 1000
-        for start in range(0, 10_000, 1000):
-            results = topic.batch([{"id": f"h{i}", "payload": i, "deliver_at": second + i % 1000}
-                                   for i in range(start, start + 1000)])
-            assert {r["status"] for r in results} == {201}
-        tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
-        assert tenant is not None
-        found = services.topics.get(tenant, topic.name)
-        assert found is not None
-        # pointers sit at max(deliver_at, enqueue time): the enqueue may run past `second`
-        sizes = [n for bucket in range(second // config.bucket_ms,
-                                       now_ms() // config.bucket_ms + 1)
-                 for n in _partition_sizes(services, found.uid, bucket)]
-        assert sum(sizes) == 10_000 and max(sizes) <= 200, (sum(sizes), max(sizes), len(sizes))
-        delivered: set[str] = set()
-
-        def consume(_: int) -> None:
-            mine = TopicClient(app.test_client(), auth, name=topic.name)
-            delivered.update(mine.drain(10_000, within_s=120, max_messages=500))
-            topic.received.extend(mine.received)
-
-        _run_threads(4, consume)
-        assert len(delivered) == 10_000
-        assert min(m["received_at"] for m in topic.received) >= second
-    finally:
-        services.close()
-
-
-def _partition_sizes(services: Services, topic_uid: Any, bucket: int) -> list[int]:
-    parts = services.timeline.parts(topic_uid, [bucket], 200).get(bucket, {})  # cap of the test
-    sizes = []
-    for shard, found in parts.items():
-        for part in found:
-            rows = services.db.execute(
-                "SELECT count(*) AS n FROM {ks}.timeline WHERE topic_uid = ? AND bucket = ? "
-                "AND shard = ? AND part = ?", (topic_uid, bucket, shard, part))
-            sizes.append(rows[0]["n"])
-    return sizes
 
 
 def test_batch_ack_answers_each_item_like_the_single_ack(
@@ -436,13 +348,14 @@ def test_a_lease_hands_out_the_earliest_due_whichever_shard_holds_them(
 
 
 def test_a_lease_whose_write_failed_is_found_by_the_next_call(
-        app: Flask, auth: dict[str, str], monkeypatch: Any) -> None:
+        app: Flask, auth: dict[str, str], monkeypatch: Any, suite_releaser: Releaser) -> None:
     """Found by `make faults` (a node restart): a pass whose lease pointer could not be
     written remembered the message's pointer as spent anyway, so no later pass of that process
-    looked at it again and the cursor moved past it: the message was never delivered."""
+    looked at it again and the cursor moved past it: the message was never delivered. The
+    suite's releaser is the broker that takes the lease."""
     topic = TopicClient(app.test_client(), auth)
     assert topic.enqueue(id="failing").status_code == 201
-    services = app.extensions["duetime"]
+    services = suite_releaser.services
     place = services.placer.place
     monkeypatch.setattr(services.placer, "place", lambda topic_uid, pointers, now_ms, pushed: [
         ConnectionError("node down")] * len(pointers))

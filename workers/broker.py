@@ -9,9 +9,6 @@ list for READY_FOR_MS), puts it in fair order, leases it on the callers' terms (
 conditional batches per home across the wants) and sends it back. A want that found nothing
 waits, parked, until a pull wake-up names its topic (a write due soon), the earliest pointer
 its scan saw ahead comes due, PARKED_RECHECK_S passes (a lost wake-up) or its wait ends.
-
-Leases run HOLD_S longer than asked: the API process may keep what no call of its took for a
-moment (app.pull_ahead) before it gives it back.
 """
 
 from __future__ import annotations
@@ -73,7 +70,6 @@ class Broker:
         self.topic_of = topic_of
         self.shards_of = shards_of
         self.on_unknown = on_unknown
-        self.hold_s = -(-services.config.pull_give_back_ms // 1000)  # whole seconds, rounded up
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         self._ready: dict[uuid.UUID, tuple[float, list[Due]]] = {}
@@ -222,7 +218,7 @@ class Broker:
                                            if d.row.id in paused])
             ready = fair_order([d for d in result.due if d.row.id not in paused])
         chunk, owners = _share(ready, wants)
-        holds = [Hold(wants[o].lease_s + self.hold_s, wants[o].consumer) for o in owners]
+        holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         taken = take_with_payloads(services, topic, chunk, now, holds) if chunk else []
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         answers: dict[int, list[Taken]] = defaultdict(list)
@@ -353,6 +349,7 @@ class _Handler(socketserver.StreamRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # every API process of a host may connect at once
     block_on_close = False
 
     def __init__(self, address: tuple[str, int], broker: Broker) -> None:
