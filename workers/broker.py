@@ -8,7 +8,8 @@ want of a topic waiting together, at least FIND_AT_LEAST messages, the rest kept
 list for READY_FOR_MS), puts it in fair order, leases it on the callers' terms (one take:
 conditional batches per home across the wants) and sends it back. A want that found nothing
 waits, parked, until a pull wake-up names its topic (a write due soon), the earliest pointer
-its scan saw ahead comes due, PARKED_RECHECK_S passes (a lost wake-up) or its wait ends.
+its scan saw ahead comes due, the idle period (DUETIME_PULL_IDLE_MS) passes (a lost
+wake-up) or its wait ends.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from app.services import Services
 
 FIND_AT_LEAST = 32
 READY_FOR_MS = 1000
-PARKED_RECHECK_S = 1.0
 UNKNOWN_RECHECK_S = 0.1
 PEEK_MAX_MS = 5000
 BROKER_THREADS = 4
@@ -70,6 +70,7 @@ class Broker:
         self.topic_of = topic_of
         self.shards_of = shards_of
         self.on_unknown = on_unknown
+        self.recheck_s = services.config.pull_idle_ms / 1000
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         self._ready: dict[uuid.UUID, tuple[float, list[Due]]] = {}
@@ -142,7 +143,7 @@ class Broker:
                 self._serve(topic_uid)
             except Exception:
                 log.exception("serving the wants of topic %s failed", topic_uid)
-                self._check_at(time.monotonic() + PARKED_RECHECK_S, topic_uid)
+                self._check_at(time.monotonic() + self.recheck_s, topic_uid)
             with self._lock:
                 if topic_uid in self._again and not self._stopping.is_set():
                     self._again.discard(topic_uid)
@@ -168,7 +169,7 @@ class Broker:
             self._answer(topic_uid, parked, {}, None, 0.0, final=True)
             return
         answers, next_ms = self._lease(topic, shards, [p.want for p in parked])
-        self._answer(topic_uid, parked, answers, next_ms, PARKED_RECHECK_S)
+        self._answer(topic_uid, parked, answers, next_ms, self.recheck_s)
 
     def _answer(self, topic_uid: uuid.UUID, parked: list[_Parked],
                 answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,
@@ -253,7 +254,7 @@ class Broker:
 
     def _clock_loop(self) -> None:
         """Serve parked topics at their next check (their earliest pointer ahead, a want's
-        deadline, or PARKED_RECHECK_S)."""
+        deadline, or the idle period)."""
         while not self._stopping.is_set():
             due: list[uuid.UUID] = []
             with self._checks_changed:
@@ -261,8 +262,8 @@ class Broker:
                 while self._checks and self._checks[0][0] <= now:
                     due.append(heapq.heappop(self._checks)[2])
                 if not due:
-                    wait = self._checks[0][0] - now if self._checks else PARKED_RECHECK_S
-                    self._checks_changed.wait(min(wait, PARKED_RECHECK_S))
+                    wait = self._checks[0][0] - now if self._checks else self.recheck_s
+                    self._checks_changed.wait(min(wait, self.recheck_s))
                     continue
             for uid in dict.fromkeys(due):
                 with self._lock:
