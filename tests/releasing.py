@@ -21,6 +21,7 @@ from app.timeparse import parse_instant
 from tests.conftest import FAST, new_tenant_key, own_keyspace
 from tests.consumers import TopicClient
 from tests.receiver import Arrival
+from tests.waiting import wait_until
 from workers.releaser import Releaser
 
 
@@ -85,6 +86,16 @@ def wait_state(topic: TopicClient, message_id: str, state: str, within_s: float)
             return body
         time.sleep(0.05)
     raise AssertionError(f"{message_id} still {body}")
+
+
+def wait_served(client: FlaskClient, auth: dict[str, str], topic: str,
+                within_s: float = 10) -> None:
+    """Until the API process of `client` can reach a releaser owning the topic's shards (its
+    lease calls are served by them; it reads who they are at most once a second)."""
+    services: Services = client.application.extensions["duetime"]
+    found = services.topics.get(tenant_of(services, auth), topic)
+    assert found is not None
+    assert wait_until(lambda: services.desk.serves(found), within_s), "no releaser serves it"
 
 
 def tenant_of(services: Services, auth: dict[str, str]) -> str:

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from app import broker_wire
 from app.broker_wire import Taken, Want
-from app.fairness import fair_order
+from app.fairness import fair_order, known_turns_end
 from app.leasing import CURSOR_STEP_MS, Hold, passed_over, take_with_payloads
 from app.models import Topic
 from app.scan import Due
@@ -209,6 +209,7 @@ class Broker:
         now = services.clock()
         total = sum(w.n for w in wants)
         ready = self._fresh_ready(topic.uid, now)
+        kept_end: int | None = None  # of a fresh read, the part kept is fair for the next
         result = None
         if ready is None or len(ready) < total:
             longest = max(w.wait_ms for w in wants)
@@ -219,6 +220,8 @@ class Broker:
                                            if d.row.id in paused])
             ready = fair_order([d for d in result.due if d.row.id not in paused])
         chunk, owners = _share(ready, wants)
+        if result is not None:
+            kept_end = known_turns_end(ready, len(chunk))
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         taken = take_with_payloads(services, topic, chunk, now, holds) if chunk else []
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
@@ -228,12 +231,12 @@ class Broker:
             if payload is not None:  # else it comes due again when its lease runs out
                 answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
                                                    d.row.due_at_ms))
-        rest = ready[len(chunk):]
+        rest = ready[len(chunk):kept_end]
         with self._lock:
             self._ready[topic.uid] = (time.monotonic() + READY_FOR_MS / 1000, rest)
         if result is not None:
             won = {row.id for row, _ in taken}
-            untaken = rest + [d for d in chunk if d.row.id not in won]
+            untaken = ready[len(chunk):] + [d for d in chunk if d.row.id not in won]
             moves = result.moves(untaken)
             services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                              if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})

@@ -33,6 +33,7 @@ from tests.releasing import (
     keyspace_alone,
     releaser,
     tenant_of,
+    wait_served,
     wait_state,
     webhook_topic,
 )
@@ -145,10 +146,9 @@ def test_releaser_moves_pull_cursors_over_spent_pointers(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth, shards=2)
     assert {r["status"] for r in topic.batch([{"id": f"p{i}"} for i in range(30)])} == {201}
-    assert len(topic.drain(30, within_s=15)) == 30
     uid = services.topics.get(tenant_of(services, auth), topic.name).uid
     before = services.timeline.cursors(uid)
-    acked_at = now_ms()
+
     def moved_past_acks() -> bool:
         after = services.timeline.cursors(uid)
         return set(after) == {0, 1} and all(
@@ -156,7 +156,10 @@ def test_releaser_moves_pull_cursors_over_spent_pointers(
             for s, t in after.items())
 
     with releaser(config, "r-cursors"):
-        # cursors move in steps of CURSOR_STEP_MS (5 s), never past now - safety lag
+        wait_served(client, auth, topic.name)
+        assert len(topic.drain(30, within_s=15)) == 30  # leased through the releaser
+        acked_at = now_ms()
+        # cursors move in steps of CURSOR_STEP_MS, never past now - safety lag
         deadline = time.monotonic() + 15
         while not moved_past_acks() and time.monotonic() < deadline:
             time.sleep(0.2)
