@@ -1,22 +1,20 @@
 """Wake-ups for long polls: a process that writes a pointer of a pull topic due soon tells the
-processes serving long polls, so their calls on a quiet topic need not read the timeline
-every few milliseconds to be on time.
+releasers serving long polls (workers.broker), so a want parked there with nothing due need
+not re-read the timeline every few milliseconds to be on time.
 
-A process that serves long polls (its first lease call starts this) listens on a UDP socket
-and registers its address in `pull_listeners` every HEARTBEAT_S (TTL_S). A process that
-writes pointers of a pull topic due within the wake horizon (PointerPlacer) sends every
-other registered process the topic's uid, coalesced as app.wakeups does for the releasers;
-the addresses are read at most every ADDRESSES_EVERY_MS and only while there is something
-to send. Its own calls it wakes directly (app.poll_groups.PollGroups.wake). A process that
-creates, changes or deletes a topic tells them TOPICS, and their topic caches follow the
-change at once (app.topic_cache).
+A releaser listens on a UDP socket and registers its address in `pull_listeners` every
+HEARTBEAT_S (TTL_S). A process that writes pointers of a pull topic due within the wake
+horizon (app.placement.pull_wake_ms) sends every registered process the topic's uid,
+coalesced as app.wakeups does for the releasers; the addresses are read at most every
+ADDRESSES_EVERY_MS and only while there is something to send. A process that creates,
+changes or deletes a topic tells them TOPICS, and their topic caches follow the change at
+once (app.topic_cache).
 
-A pass that found nothing due and nothing it could not settle lets its topic rest until
-the earliest pointer it saw ahead or an idle period (DUETIME_PULL_IDLE_MS), whichever comes
-first (app.leasing). That is safe only while every writer knows where to wake this process:
-ready() says so from READY_AFTER_S after its first registration (every sender has read the
-addresses again by then) for as long as its registration is renewed. A wake-up is a hint,
-never the record: a lost one delays a message by at most the idle period, never loses it.
+A parked want looks again after the idle period (DUETIME_PULL_IDLE_MS) without a wake-up.
+That is on time only while every writer knows where to wake: ready() says so from
+READY_AFTER_S after the first registration (every sender has read the addresses again by
+then) for as long as the registration is renewed. A wake-up is a hint, never the record: a
+lost one delays a message by at most the idle period, never loses it.
 """
 
 from __future__ import annotations

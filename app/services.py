@@ -8,22 +8,16 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable
 
+from app.broker_wire import Taken
 from app.campaign_rules import CampaignRules
 from app.config import Config
 from app.desk import Desk
-from app.found_due import FoundDue
-from app.host_locks import HostLocks
 from app.lag_log import LagLog
 from app.models import Topic
 from app.placement import PointerPlacer
-from app.poll_groups import PollGroups
-from app.pull_ahead import HeldLease, HeldLeases
 from app.pull_wakes import PullWakes
-from app.quiet_marks import QuietMarks
-from app.quiet_watch import QuietWatch
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
@@ -40,7 +34,6 @@ from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
-from app.taken_log import TakenLog
 from app.topic_cache import TopicCache
 from app.wakeups import Waker
 
@@ -81,26 +74,17 @@ class Services:
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)
-        host_locks = HostLocks()
-        self.found_due = FoundDue(clock, shared=TakenLog(host_locks.directory))
         self.placer = PointerPlacer(self.timeline, config, self.waker.wake,
-                                    self.found_due.placed, self._pull_written)
+                                    pull_written=self._pull_written)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.quotas = Quotas(self.db, {
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
-        self.held = HeldLeases(clock, self._give_back, config.pull_give_back_ms)
         self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
-                         clock, self.held.hold, config.pull_give_back_ms)
-        self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
-                                                       wake_at=self._hand_out_at)
-        self.quiet_marks = QuietMarks(config.safety_lag_ms)
-        self.quiet_watch = QuietWatch(self.quiet_marks.standing, self.timeline.write_counts_of,
-                                      self._pull_woken, config.pull_idle_ms,
-                                      config.pull_ahead_ms, clock)
+                         clock, self._give_back)
         self.pull_wakes = PullWakes(config, PullListenerStore(self.db, config.release_ring),
-                                    self._pull_woken, self.topic_cache.wake)
+                                    lambda _topic_uid: None, self.topic_cache.wake)
 
     def _wake(self, kind: str) -> None:
         """Tell the releasers (app.wakeups), and of a topic change the processes serving long
@@ -113,34 +97,20 @@ class Services:
         return self.pull_wakes.ready()
 
     def _pull_written(self, topic_uid: uuid.UUID) -> None:
-        """Pointers of a pull topic due soon were written: wake the long polls of this
-        process and of the others."""
-        self._pull_woken(topic_uid)
+        """Pointers of a pull topic due soon were written: tell the releasers serving its
+        long polls (workers.broker)."""
         self.pull_wakes.tell(topic_uid)
 
-    def _pull_woken(self, topic_uid: uuid.UUID) -> None:
-        """Pointers of a pull topic due soon were written, here or (a datagram) by another
-        process: its long polls read again at once."""
-        self.quiet_marks.forget(topic_uid)
-        self.poll_groups.wake(topic_uid)
-
-    def _give_back(self, topic: Topic, items: list[HeldLease]) -> None:
+    def _give_back(self, topic: Topic, items: list[Taken]) -> None:
         from app.leasing import give_back  # the use case module imports this one
 
         give_back(self, topic, items)
 
-    def _hand_out_at(self, key: Hashable) -> float | None:
-        """When (monotonic s) the next message held for topic uid `key` comes due."""
-        due = self.held.next_due_ms(key) if isinstance(key, uuid.UUID) else None
-        return None if due is None else time.monotonic() + (due - self.clock()) / 1000
-
     def close(self) -> None:
         self.desk.close()
         self.pull_wakes.close()
-        self.quiet_watch.close()
         self.waker.close()
         self.quotas.close()
         self.lag.close()
-        self.held.close()
         self.topic_cache.close()
         self.db.shutdown()

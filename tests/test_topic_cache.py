@@ -119,7 +119,8 @@ def test_an_idle_cache_stops_reading(services: Services,
 
 def test_a_quiet_cache_follows_slowly_and_at_once_when_another_process_changes_a_topic(
         config: Config, services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a process that serves long polls and is known to the others (app.pull_wakes), the
+    """In a process that listens for wake-ups and is known to the others (a releaser serving
+    long polls: app.pull_wakes), the
     cache follows every QUIET_FOLLOW_MS (5 s here, so no periodic read can explain what
     follows), and a topic recreated by another process reaches it with the wake-up."""
     monkeypatch.setattr(pull_wakes, "READY_AFTER_S", 0)
@@ -133,9 +134,7 @@ def test_a_quiet_cache_follows_slowly_and_at_once_when_another_process_changes_a
     reader_services.pull_wakes.on_topics = cache.wake
     try:
         topic = TopicClient(writer.test_client(), auth)
-        here = reader.test_client()
-        assert here.post(topic.url("/leases"), headers=auth,  # starts its listener
-                         json={"max": 1, "wait_ms": 0}).status_code == 200
+        reader_services.pull_wakes.start()  # as a releaser does
         _wait_for(reader_services.pull_wakes.ready, 10)
         old_uid = cache.get(tenant, topic.name).uid  # type: ignore[union-attr]
         time.sleep(topic_cache.CLOCK_MARGIN_MS / 1000 + 0.2)  # past its creation's change

@@ -230,6 +230,10 @@ class Releaser:
         cfg = self.services.config
         with _running_lock:
             _running.add(self)
+        # the broker listens before the first tick publishes its address: an API process
+        # that reads it then and finds the port closed would not try again for a while
+        self.wakes.start()
+        broker_started = self.broker.start(int(self.wakes.address.rpartition(":")[2]))
         self._safely(self.ownership.tick)
         self._safely(self.follow_topics)
         jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
@@ -239,8 +243,7 @@ class Releaser:
         for job, every_ms in jobs:
             self.scheduler.add_job(self._safely, self.beat.trigger(every_ms), args=[job],
                                    id=job.__name__)
-        self.wakes.start()
-        if self.broker.start(int(self.wakes.address.rpartition(":")[2])):
+        if broker_started:
             # writes of pull topics due soon name their topic to the broker too
             self.services.pull_wakes.on_wake = self.broker.woken
             self.services.pull_wakes.start()

@@ -26,7 +26,7 @@ from app.timeline import schedule_slot_of
 from app.timeparse import format_ms, parse_instant, parse_local_time
 from tests.campaign_helpers import topic_uid
 from tests.consumers import TopicClient, now_ms
-from tests.test_releaser import releaser
+from tests.releasing import releaser
 from workers.schedules import PLAN_MARGIN, ScheduleRunner
 
 EVERY_2S = "*/2 * * * * *"

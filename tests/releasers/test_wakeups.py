@@ -23,7 +23,7 @@ from app.timeparse import parse_instant
 from tests.conftest import own_keyspace
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import releaser, webhook_topic
+from tests.releasing import releaser, webhook_topic
 from tests.waiting import wait_until
 from workers import releaser as releaser_module
 from workers.paced import PacedStep
