@@ -163,7 +163,8 @@ class Desk:
         call = _Call(len(links), late)
         asked = 0
         for link in links:
-            want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms)
+            want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms,
+                        topic.tenant, topic.name)
             if link.send(want, call.answer):
                 asked += 1
             else:
