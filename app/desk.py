@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from app import broker_wire
 from app.broker_wire import Taken, Want
@@ -135,6 +136,7 @@ class Desk:
         self.slots = slots
         self.clock = clock
         self.give_back = give_back
+        self._giving_back = ThreadPoolExecutor(1, thread_name_prefix="desk-give-back")
         self._lock = threading.Lock()
         self._reading = threading.Lock()
         self._connecting = threading.Lock()
@@ -154,15 +156,15 @@ class Desk:
             return None
 
         def late(taken: list[Taken]) -> None:
-            try:
-                self.give_back(topic, taken)
-            except Exception:  # their leases expire instead: late, never lost
-                log.warning("could not give back %d messages", len(taken), exc_info=True)
+            # off the link's reader and the call's thread: a give-back is Cassandra writes
+            with contextlib.suppress(RuntimeError):  # closing: their leases expire instead
+                self._giving_back.submit(self._give_back_now, topic, taken)
 
         call = _Call(len(links), late)
         asked = 0
         for link in links:
-            want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms)
+            want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms,
+                        topic.tenant, topic.name)
             if link.send(want, call.answer):
                 asked += 1
             else:
@@ -173,6 +175,12 @@ class Desk:
         if len(got) > n:
             late(got[n:])
         return got[:n]
+
+    def _give_back_now(self, topic: Topic, taken: list[Taken]) -> None:
+        try:
+            self.give_back(topic, taken)
+        except Exception:  # their leases expire instead: late, never lost
+            log.warning("could not give back %d messages", len(taken), exc_info=True)
 
     def serves(self, topic: Topic) -> bool:
         """Whether an owner of the topic's shards can be asked now."""
@@ -243,8 +251,11 @@ class Desk:
                     self._refused[address] = time.monotonic()
 
     def close(self) -> None:
+        """Close the links (what their owners still send is not read: those leases expire),
+        then finish the give-backs under way."""
         with self._lock:
             links = list(self._links.values())
         for link in links:
             link.close()
+        self._giving_back.shutdown(wait=True)
 

@@ -34,7 +34,7 @@ class PointerPlacer:
         self.store = store
         self.config = config
         self._wake = wake  # app.wakeups
-        self._pull_written = pull_written  # a pull topic's pointers due soon: app.pull_wakes
+        self._pull_written = pull_written  # a pull topic's pointers due soon: app.wakeups
         self._lock = threading.Lock()
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
@@ -172,6 +172,6 @@ class PointerPlacer:
 
 def pull_wake_ms(config: Config) -> int:
     """How far ahead of its writer's clock a pull topic's pointer wakes the long polls
-    (app.pull_wakes): until a parked want looks again (the idle period), plus the clock
+    (app.wakeups.pull_kind): until a parked want looks again (the idle period), plus the clock
     difference between processes that the safety lag allows."""
     return config.pull_idle_ms + config.safety_lag_ms

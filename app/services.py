@@ -17,7 +17,6 @@ from app.desk import Desk
 from app.lag_log import LagLog
 from app.models import Topic
 from app.placement import PointerPlacer
-from app.pull_wakes import PullWakes
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
@@ -29,13 +28,12 @@ from app.store.lag import LagStore
 from app.store.messages import MessageStore
 from app.store.operations import OperationStore
 from app.store.ownership import OwnershipStore
-from app.store.pull_listeners import PullListenerStore
 from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
 from app.topic_cache import TopicCache
-from app.wakeups import Waker
+from app.wakeups import Waker, pull_kind
 
 Clock = Callable[[], int]
 
@@ -61,8 +59,8 @@ class Services:
         self.db = CassandraSession(config)
         self.waker = Waker(OwnershipStore(self.db, config.release_ring).wake_addresses)
         self.keys = ApiKeyStore(self.db)
-        self.topics = TopicStore(self.db, self._wake)
-        self.topic_cache = TopicCache(self.topics, quiet=self._pull_wakes_ready)
+        self.topics = TopicStore(self.db, self.waker.wake)
+        self.topic_cache = TopicCache(self.topics)
         self.counts = CountStore(self.db)
         self.campaigns = CampaignStore(self.db)
         self.campaign_rules = CampaignRules(self.campaigns)
@@ -83,23 +81,11 @@ class Services:
             clock)
         self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
                          clock, self._give_back)
-        self.pull_wakes = PullWakes(config, PullListenerStore(self.db, config.release_ring),
-                                    lambda _topic_uid: None, self.topic_cache.wake)
-
-    def _wake(self, kind: str) -> None:
-        """Tell the releasers (app.wakeups), and of a topic change the processes serving long
-        polls too (their topic caches)."""
-        self.waker.wake(kind)
-        if kind == "topics":
-            self.pull_wakes.tell_topics()
-
-    def _pull_wakes_ready(self) -> bool:
-        return self.pull_wakes.ready()
 
     def _pull_written(self, topic_uid: uuid.UUID) -> None:
         """Pointers of a pull topic due soon were written: tell the releasers serving its
         long polls (workers.broker)."""
-        self.pull_wakes.tell(topic_uid)
+        self.waker.wake(pull_kind(topic_uid))
 
     def _give_back(self, topic: Topic, items: list[Taken]) -> None:
         from app.leasing import give_back  # the use case module imports this one
@@ -108,7 +94,6 @@ class Services:
 
     def close(self) -> None:
         self.desk.close()
-        self.pull_wakes.close()
         self.waker.close()
         self.quotas.close()
         self.lag.close()

@@ -159,9 +159,8 @@ class Broker:
             parked = list(self._wants.get(topic_uid, []))
         if not parked:
             return
-        topic = self.topic_of(topic_uid)
+        topic = self.topic_of(topic_uid) or self._read_topic(topic_uid, parked[0].want)
         if topic is None:  # made a moment ago: its wants wait while the releaser learns it
-            self.on_unknown(topic_uid)
             self._answer(topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
             return
         shards = self.shards_of(topic) if not topic.pushed else set()
@@ -170,6 +169,16 @@ class Broker:
             return
         answers, next_ms = self._lease(topic, shards, [p.want for p in parked])
         self._answer(topic_uid, parked, answers, next_ms, self.recheck_s)
+
+    def _read_topic(self, topic_uid: uuid.UUID, want: Want) -> Topic | None:
+        """A topic this releaser does not know yet (made a moment ago), read by the tenant
+        and name its want carries; the releaser is told to follow the changes. None when it
+        is not there (or is another incarnation)."""
+        self.on_unknown(topic_uid)
+        if not want.name:
+            return None
+        found = self.services.topics.get(want.tenant, want.name)
+        return found if found is not None and found.uid == topic_uid else None
 
     def _answer(self, topic_uid: uuid.UUID, parked: list[_Parked],
                 answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,

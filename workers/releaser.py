@@ -225,6 +225,7 @@ class Releaser:
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)
         self.wakes.on("slots", self._claim_share_now)
+        self.wakes.on_pull(self.broker.woken)  # a write of a pull topic due soon
 
     def start(self) -> None:
         cfg = self.services.config
@@ -233,7 +234,7 @@ class Releaser:
         # the broker listens before the first tick publishes its address: an API process
         # that reads it then and finds the port closed would not try again for a while
         self.wakes.start()
-        broker_started = self.broker.start(int(self.wakes.address.rpartition(":")[2]))
+        self.broker.start(int(self.wakes.address.rpartition(":")[2]))
         self._safely(self.ownership.tick)
         self._safely(self.follow_topics)
         jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
@@ -243,10 +244,6 @@ class Releaser:
         for job, every_ms in jobs:
             self.scheduler.add_job(self._safely, self.beat.trigger(every_ms), args=[job],
                                    id=job.__name__)
-        if broker_started:
-            # writes of pull topics due soon name their topic to the broker too
-            self.services.pull_wakes.on_wake = self.broker.woken
-            self.services.pull_wakes.start()
         self.scheduler.start()
         for step in self.paced:
             step.start()
