@@ -195,13 +195,19 @@ def label_of(kind: str) -> str:
 
 
 class DatagramListener:
-    """A UDP socket on DUETIME_WAKE_PORT (0: any free port) whose datagrams go to `handle`,
-    on a thread of its own once started; `address` is what senders are told ("host:port")."""
+    """A UDP socket on `port` (default DUETIME_WAKE_PORT; 0: any free port) whose datagrams
+    go to `handle`, on a thread of its own once started; `address` is what senders are told
+    ("host:port")."""
 
-    def __init__(self, config: Config, handle: Callable[[bytes], None], name: str) -> None:
+    def __init__(self, config: Config, handle: Callable[[bytes], None], name: str,
+                 port: int | None = None) -> None:
         self._handle = handle
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._socket.bind(("0.0.0.0", config.wake_port))
+        try:
+            self._socket.bind(("0.0.0.0", config.wake_port if port is None else port))
+        except OSError:
+            self._socket.close()
+            raise
         self.address = f"{advertised_host(config)}:{self._socket.getsockname()[1]}"
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)

@@ -84,18 +84,25 @@ class Broker:
         self._clock = threading.Thread(target=self._clock_loop, name="broker-clock", daemon=True)
         self._server: _Server | None = None
 
-    def start(self, port: int) -> bool:
-        """Listen on TCP `port` (the wake-ups' UDP port number); False when it is taken."""
-        try:
-            self._server = _Server(("0.0.0.0", port), self)
-        except OSError as exc:
-            log.warning("broker not serving on tcp port %d: %s", port, exc)
-            return False
+    def bind(self, port: int) -> int:
+        """Bind the TCP listening socket on `port` (0: any free one) and return its number;
+        OSError when it is taken. Nothing is served before start()."""
+        self._server = _Server(("0.0.0.0", port), self)
+        return int(self._server.server_address[1])
+
+    def unbind(self) -> None:
+        """Close what bind() opened (the releaser found the number taken for UDP)."""
+        if self._server is not None:
+            self._server.server_close()
+            self._server = None
+
+    def start(self) -> None:
+        """Serve wants on the socket bind() opened."""
+        assert self._server is not None, "bind() first"
         threading.Thread(target=self._server.serve_forever, name="broker-listener",
                          daemon=True).start()
         self._clock.start()
-        log.info("broker on tcp port %d", port)
-        return True
+        log.info("broker on tcp port %d", self._server.server_address[1])
 
     def want(self, want: Want, reply: Reply, link: int) -> None:
         with self._lock:
@@ -287,7 +294,8 @@ class Broker:
         """No new want is served; the parked ones are dropped (their callers' waits end)."""
         self._stopping.set()
         if self._server is not None:
-            self._server.shutdown()
+            if self._clock.is_alive():  # serve_forever runs: shutdown() waits for it to end
+                self._server.shutdown()
             self._server.close_all()
         with self._checks_changed:
             self._checks_changed.notify_all()

@@ -15,10 +15,11 @@ log = logging.getLogger("duetime.releaser")
 
 
 class WakeListener:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, port: int | None = None) -> None:
+        """Bind UDP `port` (default DUETIME_WAKE_PORT); OSError when it is taken."""
         self._callbacks: dict[str, list[Callable[[], None]]] = {k: [] for k in wakeups.KINDS}
         self._on_pull: Callable[[uuid.UUID], None] = lambda _uid: None
-        self._socket = wakeups.DatagramListener(config, self._wake, "wake-listener")
+        self._socket = wakeups.DatagramListener(config, self._wake, "wake-listener", port)
         self.address = self._socket.address
 
     def on(self, kind: str, callback: Callable[[], None]) -> None:

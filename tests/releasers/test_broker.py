@@ -22,7 +22,8 @@ from app.timeline import MS_PER_DAY
 from app.timeparse import format_ms
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
-from workers.releaser import Releaser
+from workers.broker import Broker
+from workers.releaser import Releaser, bind_listeners
 
 SLOTS = 4
 
@@ -193,6 +194,51 @@ def test_a_connection_without_the_releasers_token_is_closed_unanswered(
             assert got["id"] == "kept" and got["attempt"] == 1
     finally:
         app.extensions["duetime"].close()
+
+
+def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
+        config: Config, services: Services) -> None:
+    """Wants (TCP) and wake-ups (UDP) share the one published port number. With any free
+    port asked for, a TCP number already taken for UDP is passed over, not served half."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("0.0.0.0", 0))
+        busy = taken.getsockname()[1]
+        broker = Broker(services, "token", lambda uid: None, lambda topic: set(),
+                        lambda uid: None)
+        first_bind = broker.bind
+        tried: list[int] = []
+
+        def bind(port: int) -> int:
+            tried.append(first_bind(busy if not tried else port))
+            return tried[-1]
+
+        broker.bind = bind  # type: ignore[method-assign]
+        wakes = bind_listeners(config.replace(wake_port=0), broker)
+        try:
+            port = int(wakes.address.rpartition(":")[2])
+            assert tried[0] == busy and port == tried[-1] != busy
+            broker.start()
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass  # the broker listens on the wake-ups' number
+        finally:
+            broker.stop()
+            wakes.close()
+
+
+def test_a_releaser_whose_fixed_port_is_taken_does_not_start(
+        config: Config, services: Services) -> None:
+    """A releaser that could not serve its shards' pull topics must not own them: a taken
+    DUETIME_WAKE_PORT fails its start instead of running without a broker."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        taken = Services(config.replace(wake_port=port), services.clock)
+        try:
+            with pytest.raises(OSError):
+                Releaser(taken, "b-taken")
+        finally:
+            taken.close()
 
 
 def _answer_of(sock: socket.socket) -> bytes:
