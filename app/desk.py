@@ -224,7 +224,12 @@ class Desk:
             self._owners = owners
 
     def _link(self, address: tuple[str, int], token: str) -> _Link | None:
-        """The connection to a broker, made by one call while the others wait for it."""
+        """The connection to a broker, made by one call while the others wait for it (a
+        call whose link exists does not wait for another's connecting)."""
+        with self._lock:
+            link = self._links.get(address)
+        if link is not None:
+            return link
         with self._connecting:
             with self._lock:
                 link = self._links.get(address)
