@@ -24,7 +24,8 @@ _UUIDS = ("topic_uid", "lease_token", "last_op")
 
 @dataclasses.dataclass(frozen=True)
 class Want:
-    """Up to n due messages of a topic, leased for lease_s (seconds) to consumer."""
+    """Up to n due messages of a topic, leased for lease_s (seconds) to consumer. tenant and
+    name let a releaser that does not know the topic yet (made a moment ago) read it."""
 
     id: int
     topic_uid: uuid.UUID
@@ -32,6 +33,8 @@ class Want:
     lease_s: int
     consumer: str | None
     wait_ms: int
+    tenant: str = ""
+    name: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,13 +62,15 @@ def decode_hello(message: dict[str, Any]) -> str:
 
 def encode_want(want: Want) -> bytes:
     return _line({"want": want.id, "topic": str(want.topic_uid), "n": want.n,
-                  "lease_s": want.lease_s, "consumer": want.consumer, "wait_ms": want.wait_ms})
+                  "lease_s": want.lease_s, "consumer": want.consumer, "wait_ms": want.wait_ms,
+                  "tenant": want.tenant, "name": want.name})
 
 
 def decode_want(message: dict[str, Any]) -> Want:
     """A want from its decoded line; ValueError or KeyError for a malformed one."""
     return Want(int(message["want"]), uuid.UUID(message["topic"]), int(message["n"]),
-                int(message["lease_s"]), message.get("consumer"), int(message["wait_ms"]))
+                int(message["lease_s"]), message.get("consumer"), int(message["wait_ms"]),
+                str(message.get("tenant", "")), str(message.get("name", "")))
 
 
 def encode_got(want_id: int, taken: list[Taken]) -> bytes:

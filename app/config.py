@@ -50,10 +50,8 @@ class Config:
     rate_burst: int = 0
     message_rate_limit_per_s: float = 0.0  # messages enqueued a second per tenant (0: none)
     message_rate_burst: int = 0
-    pull_ahead_ms: int = 100  # long polls: lease this far ahead, hand out at the due time
-    pull_give_back_ms: int = 250  # what no call took this long after its due time goes back
-    # long polls on a quiet topic, without a wake-up (app.pull_wakes), read this often (0:
-    # every POLL_INTERVAL_MS, never resting)
+    # a long poll parked at its releaser (workers.broker) with nothing due looks again this
+    # often when no wake-up (app.wakeups.pull_kind) comes
     pull_idle_ms: int = 1000
 
     bucket_ms: int = 60_000
@@ -123,17 +121,15 @@ def _validate(config: Config) -> None:
     positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
                 "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
                 "release_sweep_ms", "release_idle_ms", "topic_refresh_ms", "webhook_concurrency",
-                "release_prepare_rate", "pull_give_back_ms")
+                "release_prepare_rate")
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"DUETIME_{name.upper()} must be > 0")
     _validate_release(config)
     if not 0 <= config.wake_port <= 65535:
         raise ConfigError("DUETIME_WAKE_PORT must be from 0 (any free port) to 65535")
-    if not 0 <= config.pull_ahead_ms <= 1000:
-        raise ConfigError("DUETIME_PULL_AHEAD_MS must be from 0 (off) to 1000")
-    if not 0 <= config.pull_idle_ms <= 60_000:
-        raise ConfigError("DUETIME_PULL_IDLE_MS must be from 0 (never rest) to 60000")
+    if not 50 <= config.pull_idle_ms <= 60_000:
+        raise ConfigError("DUETIME_PULL_IDLE_MS must be from 50 to 60000")
     if not 1 <= config.min_lease_s <= config.max_lease_s:
         raise ConfigError("DUETIME_MIN_LEASE_S must be >= 1 and <= DUETIME_MAX_LEASE_S")
     _validate_texts(config)

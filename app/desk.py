@@ -3,30 +3,25 @@ message is found"): a lease call's want goes to the releasers owning the topic's
 over one TCP connection per releaser, and what they leased for it comes back.
 
 The owners are read from the release slots' leases and the releasers' membership rows at
-most every OWNERS_EVERY_S. A want asks for what this process's calls on the topic asked for
-within the last hold (DUETIME_PULL_GIVE_BACK_MS), at least the call's own n: what the call
-does not take, and what comes back after it left, is held for the next calls and given back
-when none takes it within the hold (app.pull_ahead). When no owner can be reached, want()
-answers None and the caller finds the messages itself.
+most every OWNERS_EVERY_S. A want asks each owner for the call's n; what comes back beyond
+the n, or after the call left, is given back at once (scheduled again, its attempt not
+counted). When no owner can be reached, want() answers None.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import socket
 import threading
 import time
-import uuid
-from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from app import broker_wire
 from app.broker_wire import Taken, Want
 from app.models import Topic
-from app.pull_ahead import HeldLease
 from app.store.ownership import OwnershipStore
 from app.timeline import release_slot_of
 from app.wakeups import parse_address
@@ -34,8 +29,6 @@ from app.wakeups import parse_address
 OWNERS_EVERY_S = 1.0
 CONNECT_TIMEOUT_S = 1.0
 RETRY_AFTER_S = 2.0  # an address that refused a connection is not tried again before this
-MAX_ASK = 100  # messages one call asks an owner for at most, for itself and those to come
-MAX_TOPICS_TRACKED = 10_000
 ANSWER_GRACE_S = 2.0  # an owner answers a want by its wait; past this more, the call leaves
 log = logging.getLogger(__name__)
 
@@ -137,17 +130,16 @@ class Desk:
     """Thread-safe; one per API process."""
 
     def __init__(self, ownership: OwnershipStore, slots: int, clock: Callable[[], int],
-                 hold: Callable[[Topic, list[HeldLease]], None], hold_ms: int) -> None:
-        """hold(topic, leases) keeps leases for the next calls for hold_ms, then gives them
-        back (app.pull_ahead)."""
+                 give_back: Callable[[Topic, list[Taken]], None]) -> None:
+        """give_back(topic, taken) makes leased messages no call took due again at once."""
         self.ownership = ownership
         self.slots = slots
         self.clock = clock
-        self.hold = hold
-        self.hold_ms = hold_ms
-        self._calls: dict[uuid.UUID, deque[tuple[float, int]]] = {}
+        self.give_back = give_back
+        self._giving_back = ThreadPoolExecutor(1, thread_name_prefix="desk-give-back")
         self._lock = threading.Lock()
         self._reading = threading.Lock()
+        self._connecting = threading.Lock()
         # slot -> its owner's broker: address and token
         self._owners: dict[int, tuple[tuple[str, int], str]] = {}
         self._owners_read = -float("inf")
@@ -155,24 +147,24 @@ class Desk:
         self._refused: dict[tuple[str, int], float] = {}
         self._ids = itertools.count(1)
 
-    def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int, consumer: str | None,
-             terms: Hashable) -> list[Taken] | None:
-        """Up to n messages leased by the topic's owners for lease_s to consumer (more may
-        come: the surplus is held for calls on the same `terms`); None when no owner could
-        be asked."""
+    def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int,
+             consumer: str | None) -> list[Taken] | None:
+        """Up to n messages leased by the topic's owners for lease_s to consumer; None when
+        no owner could be asked."""
         links = self._links_of(topic)
         if not links:
             return None
 
         def late(taken: list[Taken]) -> None:
-            now = self.clock()
-            self.hold(topic, [held_lease(t, terms, now) for t in taken])
+            # off the link's reader and the call's thread: a give-back is Cassandra writes
+            with contextlib.suppress(RuntimeError):  # closing: their leases expire instead
+                self._giving_back.submit(self._give_back_now, topic, taken)
 
         call = _Call(len(links), late)
-        each = max(n, -(-self._demand(topic.uid, n) // len(links)))
         asked = 0
         for link in links:
-            want = Want(next(self._ids), topic.uid, each, lease_s, consumer, wait_ms)
+            want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms,
+                        topic.tenant, topic.name)
             if link.send(want, call.answer):
                 asked += 1
             else:
@@ -184,20 +176,11 @@ class Desk:
             late(got[n:])
         return got[:n]
 
-    def _demand(self, topic_uid: uuid.UUID, n: int) -> int:
-        """How many messages this process's calls on the topic asked for within the last
-        hold, this one's n included (at most MAX_ASK): what is leased beyond a call's n is
-        held that long for the calls to come, so a steady stream of `max: 1` calls is
-        mostly served from what the process holds."""
-        now = time.monotonic()
-        with self._lock:
-            if len(self._calls) > MAX_TOPICS_TRACKED:
-                self._calls.clear()
-            recent = self._calls.setdefault(topic_uid, deque())
-            recent.append((now, n))
-            while recent[0][0] < now - self.hold_ms / 1000:
-                recent.popleft()
-            return min(MAX_ASK, sum(k for _, k in recent))
+    def _give_back_now(self, topic: Topic, taken: list[Taken]) -> None:
+        try:
+            self.give_back(topic, taken)
+        except Exception:  # their leases expire instead: late, never lost
+            log.warning("could not give back %d messages", len(taken), exc_info=True)
 
     def serves(self, topic: Topic) -> bool:
         """Whether an owner of the topic's shards can be asked now."""
@@ -241,28 +224,29 @@ class Desk:
             self._owners = owners
 
     def _link(self, address: tuple[str, int], token: str) -> _Link | None:
+        """The connection to a broker, made by one call while the others wait for it (a
+        call whose link exists does not wait for another's connecting)."""
         with self._lock:
             link = self._links.get(address)
-            if link is not None:
-                return link
-            if time.monotonic() - self._refused.get(address, -RETRY_AFTER_S) < RETRY_AFTER_S:
-                return None
-        try:
-            link = _Link(address, token, self._closed)
-        except OSError as exc:
-            log.debug("broker %s not reached: %s", address, exc)
+        if link is not None:
+            return link
+        with self._connecting:
             with self._lock:
-                self._refused[address] = time.monotonic()
-            return None
-        with self._lock:
-            if address in self._links:  # another call connected meanwhile
-                extra, link = link, self._links[address]
-            else:
+                link = self._links.get(address)
+                if link is not None:
+                    return link
+                if time.monotonic() - self._refused.get(address, -RETRY_AFTER_S) < RETRY_AFTER_S:
+                    return None
+            try:
+                link = _Link(address, token, self._closed)
+            except OSError as exc:
+                log.debug("broker %s not reached: %s", address, exc)
+                with self._lock:
+                    self._refused[address] = time.monotonic()
+                return None
+            with self._lock:
                 self._links[address] = link
-                extra = None
-        if extra is not None:
-            extra.close()
-        return link
+            return link
 
     def _closed(self, link: _Link) -> None:
         with self._lock:
@@ -272,16 +256,11 @@ class Desk:
                     self._refused[address] = time.monotonic()
 
     def close(self) -> None:
+        """Close the links (what their owners still send is not read: those leases expire),
+        then finish the give-backs under way."""
         with self._lock:
             links = list(self._links.values())
         for link in links:
             link.close()
-
-
-def held_lease(t: Taken, terms: Hashable, now_ms: int) -> HeldLease:
-    """What a broker leased, as a lease held for the next calls on these terms from now_ms:
-    a hold's give-back counts from its due time, which for a backlog is long past."""
-    before = dataclasses.replace(t.leased, attempts=t.before_attempts,
-                                 consumer=t.before_consumer)
-    return HeldLease(max(t.due_ms, now_ms), before, t.leased, t.payload, terms)
+        self._giving_back.shutdown(wait=True)
 

@@ -72,6 +72,14 @@ class Overloaded(StoreUnavailable):
     retry_after_s = 1
 
 
+class NoReleaser(StoreUnavailable):
+    """No releaser owning the topic's shards could be reached within the call's wait: pull
+    leases are served by them (workers.broker). 503 until one runs or takes the slots over."""
+
+    title, slug = "No releaser", "no-releaser"
+    retry_after_s = 1
+
+
 class SchemaBehind(StoreUnavailable):
     """The keyspace lacks migrations this code needs (run `duetime schema apply`)."""
 

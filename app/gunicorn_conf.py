@@ -127,9 +127,8 @@ def on_starting(server: Any) -> None:
 
 def worker_exit(server: Any, worker: Any) -> None:
     """In a worker that stops (a deploy, a restart, `HUP`, Ctrl-C), after its last request:
-    close its services (app.services.Services.close), which gives back the messages it
-    leased ahead for pull calls that are gone (else they stay leased until their leases
-    end) and writes its last delivery lag figures."""
+    close its services (app.services.Services.close), which closes its connections to the
+    releasers and writes its last delivery lag figures."""
     wsgi = getattr(worker, "wsgi", None)  # absent when the app failed to load
     services = getattr(wsgi, "extensions", {}).get("duetime")
     if services is not None:

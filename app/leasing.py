@@ -11,24 +11,21 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from app import dead_letters, metrics
+from app.broker_wire import Taken
 from app.errors import (
     Conflict,
     DuetimeError,
     InvalidInput,
     LeaseLost,
+    NoReleaser,
     NotFound,
     StoreUnavailable,
 )
-from app.fairness import fair_order, known_turns_end
-from app.found_due import Found
 from app.models import MessageState, Payload, Topic
-from app.poll_groups import Waiter
-from app.pull_ahead import HeldLease
-from app.quiet_marks import Cell, QuietMark, buckets_to_count, peek_ms
-from app.scan import CellCounts, Due
+from app.scan import Due
 from app.services import Services
 from app.store.campaigns import Campaign
 from app.timeline import placement_ms, retry_backoff_ms, ttl_s
@@ -45,9 +42,6 @@ from app.transitions import (
 # (app.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
 # re-reading, never a message. Writing it on every lease cost each lease a round trip.
 CURSOR_STEP_MS = 1000
-# A pass replaces messages another process took first this many times at most: two
-# processes draining one backlog otherwise traded it in ever smaller takes.
-TAKE_ROUNDS = 3
 BROKER_RETRY_S = 0.05  # an owner's early empty answer: its slots moved, asked again after this
 
 
@@ -73,397 +67,39 @@ class Hold:
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
           lease_s: int, consumer: str | None) -> list[Leased]:
     """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll).
-    The calls of this process on one topic are served together (app.poll_groups), and
-    messages leased ahead for them are handed out at their due time (app.pull_ahead).
-    Webhook topics are delivered by the releasers only: leasing one is a 409."""
+    The releasers owning the topic's shards find and take them (app.desk, workers.broker).
+    NoReleaser (503)
+    when no owner could be reached within the wait. Webhook topics are delivered by the
+    releasers only: leasing one is a 409."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
-    brokered = _from_brokers(services, topic, max_messages, wait_ms, Hold(lease_s, consumer))
-    if brokered is not None:
-        return brokered
-    services.pull_wakes.start()
-    return services.poll_groups.lease(topic.uid, max_messages, Hold(lease_s, consumer), wait_ms,
-                                      lambda waiters: _pass(services, topic, waiters),
-                                      lambda waiters: _hand_out(services, topic, waiters),
-                                      lambda terms, items: _spill(services, topic, terms, items))
-
-
-def _from_brokers(services: Services, topic: Topic, max_messages: int, wait_ms: int,
-                  hold: Hold) -> list[Leased] | None:
-    """The call served by the releasers owning the topic's shards (app.desk): first what
-    this process holds that has come due, then what the owners lease for it. None when no
-    owner could be asked (the call then finds its messages itself). An owner that answers
-    nothing before the call's wait is over (it lost the slots meanwhile) is asked again,
-    as read then, every BROKER_RETRY_S."""
-    if not services.desk.serves(topic):
-        return None
     deadline = time.monotonic() + wait_ms / 1000
-    waiter: Waiter[Leased] = Waiter(max_messages, hold, deadline)
-    shares: list[list[Leased]] = [[]]
-    _hand_held(services, topic, [waiter], shares, services.clock())
-    got = shares[0]
-    if len(got) >= max_messages:
-        return got
     while True:
-        left_ms = 0 if got else max(0, round((deadline - time.monotonic()) * 1000))
-        taken = services.desk.want(topic, max_messages - len(got), left_ms, hold.lease_s,
-                                   hold.consumer, hold)
-        if taken is None:
-            return got or None
-        if taken or got or deadline - time.monotonic() <= BROKER_RETRY_S:
-            break
+        left_ms = max(0, round((deadline - time.monotonic()) * 1000))
+        taken = services.desk.want(topic, max_messages, left_ms, lease_s, consumer)
+        if taken:
+            services.lag.observe(topic.uid, "pull", [services.clock() - t.due_ms
+                                                     for t in taken])
+            return [Leased(t.leased, t.payload, t.due_ms) for t in taken]
+        if deadline - time.monotonic() <= BROKER_RETRY_S:
+            if taken is None:
+                raise NoReleaser(f"No releaser serving topic {topic.name!r} could be "
+                                 "reached; retry.")
+            return []
+        # no owner reachable (None), or one answered early with nothing (it lost the
+        # slots): ask again, as read then, until the call's wait is over
         time.sleep(BROKER_RETRY_S)
-    handed_at = services.clock()
-    services.lag.observe(topic.uid, "pull", [handed_at - t.due_ms for t in taken])
-    return got + [Leased(t.leased, t.payload, t.due_ms) for t in taken]
 
 
-def _pass(services: Services, topic: Topic,
-          waiters: Sequence[Waiter[Leased]]) -> list[list[Leased]]:
-    """One pass for these calls: first the messages held for them that are due
-    (_hand_held); then the due messages an earlier pass of this process found and left
-    (app.found_due); then, for what those did not fill, the due messages of every shard are
-    read once, put in fair order (app.fairness.fair_order), and leased in the calls' order
-    (a paused campaign's are passed over), each call up to its want on its own terms; a
-    message another process took first is replaced by the next due one (in up to
-    TAKE_ROUNDS takes). A read looks for at least FIND_AT_LEAST messages, and what it found
-    due and this pass left is kept for the next passes. Messages due within the pull
-    look-ahead are leased too, for the calls that will still be waiting then, and held
-    until their due time (app.pull_ahead). Then the cursors move past what is spent, in
-    steps of at least CURSOR_STEP_MS. A pass whose read found nothing lets the topic rest
-    (_rest). Returns each call's share."""
-    now = services.clock()
-    wakes = services.poll_groups.wakes(topic.uid)  # before the read: see PollGroups.rest
-    run = _Run(waiters, now)
-    services.found_due.catch_up(topic.uid)
-    _hand_held(services, topic, waiters, run.shares, now)
-    handed = [len(share) for share in run.shares]  # held ones, observed as they were handed
-    run.counted = list(handed)  # leased, with or without a payload
-    if run.wanted() > 0:
-        found = services.found_due.take(topic.uid)
-        if found is not None:  # all due by now: nothing to lease ahead or leave untaken
-            order = _not_paused(services, topic, found.due)
-            used = _take_rounds(services, topic, run, order, ahead_ms=0, patient=[],
-                                held_before=0, untaken=[])
-            services.found_due.keep(topic.uid, dataclasses.replace(found, due=order[used:]))
-    quiet_until = _read_and_take(services, topic, run) if run.wanted() > 0 else None
-    if quiet_until is not None and not any(run.shares):
-        _rest(services, topic, quiet_until, wakes)
-    services.held.hold(topic, run.held)
-    services.found_due.took(topic.uid, run.taken)
-    services.lag.observe(topic.uid, "pull", [now - m.due_ms for share, first
-                                  in zip(run.shares, handed, strict=True) for m in share[first:]])
-    return run.shares
-
-
-# A timeline read for a pass looks for at least this many due messages, and what the pass
-# does not take is kept for the next ones (app.found_due): one message per call then costs
-# the take alone, not a read of cursors, partitions, pointers and rows first.
-FIND_AT_LEAST = 32
-
-
-@dataclasses.dataclass
-class _Run:
-    """The state of one pass: its calls, each one's share and count leased so far (with or
-    without a payload), what it leased ahead to hold, and its clock (epoch ms)."""
-
-    waiters: Sequence[Waiter[Leased]]
-    now: int
-    shares: list[list[Leased]] = dataclasses.field(init=False)
-    counted: list[int] = dataclasses.field(init=False)
-    held: list[HeldLease] = dataclasses.field(default_factory=list)
-    taken: list[str] = dataclasses.field(default_factory=list)  # ids of the takes that applied
-
-    def __post_init__(self) -> None:
-        self.shares = [[] for _ in self.waiters]
-        self.counted = [0] * len(self.waiters)
-
-    def wanted(self) -> int:
-        return sum(w.want for w in self.waiters) - sum(self.counted)
-
-
-def _not_paused(services: Services, topic: Topic, due: list[Due]) -> list[Due]:
-    """due without the messages of paused campaigns, which are spent for this pass."""
-    paused = passed_over(services, topic, due)
-    services.scanner.spend(topic, [d.pointer for d in due if d.row.id in paused])
-    return [d for d in due if d.row.id not in paused]
-
-
-def _read_and_take(services: Services, topic: Topic, run: _Run) -> int | None:
-    """Read the due messages of every shard (but the (bucket, shard)s whose cell marks stand:
-    app.quiet_marks) and lease them for the run's calls; keep what is left (app.found_due)
-    and move the cursors. After a pass that found nothing, when long
-    polls may rest (app.pull_wakes), the read peeks further: an idle period, or, for a pass
-    not started by a wake-up, to the end of the window of the quiet mark it may leave
-    (app.quiet_marks); and where such a mark stands, the topic's write counts are read
-    instead of its timeline. When it then found nothing due, could settle every pointer it
-    read and was not cut short, returns until when (epoch ms) nothing can come due that it
-    did not see but what is written after it (its next pass leases ahead by then): an idle
-    period at most, or while its quiet mark stands, which app.quiet_watch checks meanwhile.
-    Else None."""
-    now, waiters = run.now, run.waiters
-    ahead_ms = services.config.pull_ahead_ms
-    patient = [n for n, w in enumerate(waiters)
-               if w.deadline - time.monotonic() > ahead_ms / 1000] if ahead_ms else []
-    held_before = services.held.count(topic.uid) if patient else 0
-    if sum(waiters[n].want - run.counted[n] for n in patient) <= held_before:
-        ahead_ms = 0  # what is held already fills every call that waits
-    mark = services.found_due.mark()
-    may_rest = services.pull_wakes.ready()
-    if may_rest:  # a standing mark needs no pass before it (a new group's first too)
-        still = _still_quiet(services, topic, now, ahead_ms)
-        if still is not None:
-            return still
-    # only after a pass that found nothing: a pass of a busy topic need not read further
-    idle_ms = (services.config.pull_idle_ms if may_rest
-               and services.poll_groups.found_nothing(topic.uid) else 0)
-    quiet: _QuietRead | None = None
-    if idle_ms and not services.quiet_marks.woken(topic.uid):
-        quiet = _QuietRead.start(services, topic, now)
-    peek = (idle_ms if quiet is None
-            else peek_ms(idle_ms, ahead_ms, services.config.safety_lag_ms))
-    cells = _cell_counts(services, topic, now, quiet) if may_rest else None
-    if cells is not None and not services.quiet_marks.dense(topic.uid):
-        peek = max(peek, CELL_PEEK_MS)
-    result = services.scanner.scan(topic, now, max(run.wanted(), FIND_AT_LEAST),
-                                   ahead_ms=ahead_ms, peek_ms=peek,
-                                   cells=None if cells is None else cells[1])
-    if cells is not None and result.cell_marks is not None:
-        services.quiet_marks.keep_cells(topic.uid, result.cell_marks, cells[0],
-                                        dense=2 * len(result.cell_marks) < result.cells_read)
-    # Lower priority values first, then round-robin across groups (app.fairness), each in
-    # the order of deliver_at: messages brought back at once (a campaign resumed, a retry)
-    # go in their due order. Otherwise that is timeline order within each lane: what is
-    # taken is then a prefix of each partition, which moves its resume point
-    # (app.scan.ResumePoints).
-    order = fair_order(_not_paused(services, topic, result.due))
-    untaken: list[Due] = []
-    used = _take_rounds(services, topic, run, order, ahead_ms, patient, held_before, untaken)
-    # a read that stopped short may have left out the next turns of a group that runs out
-    end = known_turns_end(order, used) if result.cut else len(order)
-    services.found_due.keep(topic.uid, Found(now, mark, order[used:end]))
-    moves = result.moves(untaken + order[used:])
-    services.scanner.advance(topic, {s: ms for s, ms in moves.items()
-                                     if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
-    if not idle_ms or order or result.cut or result.unsettled:
-        return None
-    seen_through = now + ahead_ms + peek if result.next_ms is None else result.next_ms
-    kept = None if quiet is None else quiet.keep(services, topic, seen_through)
-    if kept is not None:
-        return _watched_until(services, topic, kept, seen_through)
-    return _quiet_until(services, now, idle_ms, seen_through)
-
-
-def _quiet_until(services: Services, now: int, idle_ms: int, seen_through_ms: int) -> int:
-    """Until when (epoch ms) a topic may rest after a read that saw every pointer due
-    before seen_through_ms: an idle period at most, and its next pass leases ahead of the
-    first pointer it did not see."""
-    return min(now + idle_ms, seen_through_ms - services.config.pull_ahead_ms)
-
-
-def _watched_until(services: Services, topic: Topic, mark: QuietMark,
-                   seen_through_ms: int) -> int:
-    """Until when (epoch ms) a topic under a quiet mark may rest: while the mark stands,
-    and its next pass leases ahead of the first pointer it did not see. Meanwhile
-    app.quiet_watch checks its counts every idle period, with those of the process's other
-    quiet topics, and wakes it when they move."""
-    services.quiet_watch.watch(topic.uid)
-    return (min(services.quiet_marks.stands_until(mark), seen_through_ms)
-            - services.config.pull_ahead_ms)
-
-
-@dataclasses.dataclass(frozen=True)
-class _QuietRead:
-    """A pass that may leave a quiet mark (app.quiet_marks): the counts and generation
-    taken before its timeline read."""
-
-    read_at_ms: int
-    generation: int
-    buckets: tuple[int, ...]
-    counts: dict[tuple[int, int], int]
-
-    @classmethod
-    def start(cls, services: Services, topic: Topic, now: int) -> _QuietRead:
-        generation = services.quiet_marks.generation(topic.uid)
-        buckets = buckets_to_count(now, services.config.bucket_ms, services.config.safety_lag_ms)
-        return cls(now, generation, buckets, services.timeline.write_counts(topic.uid, buckets))
-
-    def keep(self, services: Services, topic: Topic, seen_through_ms: int
-             ) -> QuietMark | None:
-        """The mark left, or None when a wake-up came since this pass began."""
-        mark = QuietMark(self.read_at_ms, self.buckets, self.counts, seen_through_ms)
-        return mark if services.quiet_marks.keep(topic.uid, mark, self.generation) else None
-
-
-# How far past its window a pass of a topic that is not dense reads, to learn where each
-# (bucket, shard)'s next pointer is: its mark then stands until that one nears (quiet_marks).
-CELL_PEEK_MS = 2000
-
-
-def _cell_counts(services: Services, topic: Topic, now: int, quiet: _QuietRead | None
-                 ) -> tuple[int, CellCounts]:
-    """The wake-up generation and the write counts for the pass's cell marks
-    (app.quiet_marks): the quiet read's when there is one, else sent now, beside the scan's
-    first reads (the generation taken before)."""
-    if quiet is not None:
-        generation, buckets = quiet.generation, quiet.buckets
-        pending: Callable[[], dict[Cell, int]] = quiet.counts.copy
-    else:
-        generation = services.quiet_marks.generation(topic.uid)
-        buckets = buckets_to_count(now, services.config.bucket_ms,
-                                   services.config.safety_lag_ms)
-        pending = services.timeline.start_write_counts(topic.uid, buckets)
-    return generation, CellCounts(now, frozenset(buckets), pending,
-                                  services.quiet_marks.cells(topic.uid),
-                                  services.config.safety_lag_ms)
-
-
-def _still_quiet(services: Services, topic: Topic, now: int, ahead_ms: int) -> int | None:
-    """When the topic's quiet mark stands for this pass (one read of its write counts
-    instead of its partitions), until when (epoch ms) it may rest; else None (counts that
-    moved drop the mark as a wake-up does, so this pass reads at once and leaves none)."""
-    quiet = services.quiet_marks.standing(topic.uid, now + ahead_ms)
-    if quiet is None:
-        return None
-    if services.timeline.write_counts(topic.uid, quiet.buckets) != quiet.counts:
-        services.quiet_marks.forget(topic.uid)
-        return None
-    metrics.QUIET_CHECKS.inc()
-    return _watched_until(services, topic, quiet, quiet.seen_through_ms)
-
-
-def _rest(services: Services, topic: Topic, quiet_until: int, wakes: int) -> None:
-    """No interval pass over the topic in this process until quiet_until (epoch ms) unless
-    a wake-up comes (app.poll_groups.PollGroups.rest); none at all when a wake-up came
-    since this pass began (`wakes`: its read may have missed that write)."""
-    rest_s = (quiet_until - services.clock()) / 1000
-    if rest_s > services.poll_groups.interval_s:
-        services.poll_groups.rest(topic.uid, time.monotonic() + rest_s, wakes)
-
-
-def _take_rounds(services: Services, topic: Topic, run: _Run, order: list[Due], ahead_ms: int,
-                 patient: list[int], held_before: int, untaken: list[Due]) -> int:
-    """Lease from `order` for the run's calls, in up to TAKE_ROUNDS takes, and hold those
-    leased ahead for the patient calls. Returns how much of `order` was used."""
-    waiters, used = run.waiters, 0
-    for _ in range(TAKE_ROUNDS):
-        chunk, owners, used = _next_chunk(order, used, waiters, run.counted, patient,
-                                          held_before + len(run.held), run.now, untaken)
-        if not chunk:
-            break
-        owner_of = {d.row.id: owner for d, owner in zip(chunk, owners, strict=True)}
-        before = {d.row.id: d.row for d in chunk}
-        holds = [waiters[owner if owner >= 0 else patient[0]].terms for owner in owners]
-        for row, payload in take_with_payloads(services, topic, chunk, run.now, holds,
-                                               ahead_ms=ahead_ms):
-            run.taken.append(row.id)
-            owner = owner_of[row.id]
-            if owner >= 0:
-                run.counted[owner] += 1
-                if payload is not None:
-                    run.shares[owner].append(Leased(row, payload, before[row.id].due_at_ms))
-            elif payload is not None:
-                run.held.append(HeldLease(before[row.id].due_at_ms, before[row.id], row,
-                                          payload, waiters[patient[0]].terms))
-    return used
-
-
-def _next_chunk(order: list[Due], used: int, waiters: Sequence[Waiter[Leased]],
-                counted: list[int], patient: list[int], held: int, now: int,
-                untaken: list[Due]) -> tuple[list[Due], list[int], int]:
-    """The next messages of `order` (from `used` on) to take, each with its owner: a call
-    with room left for one due now, -1 (held) for one due later while fewer are held than
-    the patient calls have room for (a call leaves with what its first hand-out finds; the
-    rest wait for the consumer's next call, which a steady consumer makes well within
-    DUETIME_PULL_GIVE_BACK_MS). Those skipped (due later, enough held) go to `untaken`.
-    Returns (chunk, owners, where the next chunk starts)."""
-    chunk: list[Due] = []
-    owners: list[int] = []
-    pending = [0] * len(waiters)
-    holding = 0
-    while used < len(order):
-        d = order[used]
-        room = [w.want - counted[n] - pending[n] for n, w in enumerate(waiters)]
-        owner: int | None = None
-        if d.row.due_at_ms <= now:
-            owner = next((n for n, r in enumerate(room) if r > 0), None)
-        elif sum(room[n] for n in patient) > held + holding:
-            owner = -1  # held while the calls that wait have room for it
-        if owner is None and not any(r > 0 for r in room):
-            break
-        used += 1
-        if owner is None:
-            untaken.append(d)
-            continue
-        chunk.append(d)
-        owners.append(owner)
-        if owner >= 0:
-            pending[owner] += 1
-        else:
-            holding += 1
-    return chunk, owners, used
-
-
-def _hand_out(services: Services, topic: Topic,
-              waiters: Sequence[Waiter[Leased]]) -> list[list[Leased]]:
-    """The held messages that have come due, to these calls (no read of the timeline)."""
-    shares: list[list[Leased]] = [[] for _ in waiters]
-    _hand_held(services, topic, waiters, shares, services.clock())
-    return shares
-
-
-def _hand_held(services: Services, topic: Topic, waiters: Sequence[Waiter[Leased]],
-               shares: list[list[Leased]], now: int) -> None:
-    """Add to the calls' shares the messages held for this topic due by now, earliest first,
-    each to a call on its terms with room left. One read checks each is still leased as it
-    was taken: one cancelled or moved meanwhile is dropped, never handed out. Due ones no
-    call here can take (other terms) are held again until a call comes or they are given
-    back (app.pull_ahead)."""
-    room = sum(w.want - len(share) for w, share in zip(waiters, shares, strict=True))
-    items = services.held.take_due(topic.uid, now, room) if room > 0 else []
-    if not items:
-        return
-    try:
-        rows = services.messages.get_many(topic.uid, [i.leased.id for i in items])
-    except Exception:
-        services.held.put_back(topic, items, offered=False)  # for the next try
-        raise
-    unmatched: list[HeldLease] = []
-    handed_due: list[int] = []
-    for item in items:
-        row = rows.get(item.leased.id)
-        if row is None or row.version != item.leased.version or row.state != "leased":
-            continue  # cancelled, moved or made dead meanwhile: not ours to hand out
-        owner = next((n for n, w in enumerate(waiters)
-                      if w.terms == item.terms and len(shares[n]) < w.want), None)
-        if owner is None:
-            unmatched.append(item)
-            continue
-        shares[owner].append(Leased(item.leased, item.payload, item.due_ms))
-        handed_due.append(item.due_ms)
-    handed_at = services.clock()
-    services.lag.observe(topic.uid, "pull", [handed_at - due for due in handed_due])
-    services.held.put_back(topic, unmatched)
-
-
-def _spill(services: Services, topic: Topic, terms: Hold, items: list[Leased]) -> None:
-    """What a pass leased for a call a hand-out answered meanwhile: held, due now, for the
-    next call on these terms (or given back)."""
-    services.held.put_back(topic, [
-        HeldLease(m.due_ms, dataclasses.replace(m.row, attempts=m.row.attempts - 1,
-                                                consumer=None), m.row, m.payload, terms)
-        for m in items], offered=False)
-
-
-def give_back(services: Services, topic: Topic, items: list[HeldLease]) -> None:
-    """Messages leased ahead that no call took: scheduled again, due now (pointer first,
-    then the LWT over the lease), the attempt not counted. One changed meanwhile (cancelled,
-    or already given back) is left as it is."""
+def give_back(services: Services, topic: Topic, items: list[Taken]) -> None:
+    """Messages a releaser leased for a call that had gone: scheduled again, due now (pointer
+    first, then the LWT over the lease), the attempt not counted. One changed meanwhile
+    (cancelled, or acked) is left as it is."""
     now = services.clock()
     again = [dataclasses.replace(
         i.leased, state="scheduled", version=i.leased.version + 1,
         due_at_ms=placement_ms(i.due_ms, now), lease_token=None, lease_expires_at_ms=None,
-        attempts=i.before.attempts, consumer=i.before.consumer, updated_at_ms=now)
+        attempts=i.before_attempts, consumer=i.before_consumer, updated_at_ms=now)
         for i in items]
     won = move_many(services, topic, again, now)
     _spend_lease_pointers(services, topic, [i.leased for i in items])

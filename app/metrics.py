@@ -102,17 +102,12 @@ REQUESTS_SHED = Counter(
     "DUETIME_SHED_QUEUE_MS for a thread (app.shedding).")
 WAKEUPS_SENT = Counter(
     "duetime_wakeups_sent_total",
-    "Wake-ups this process sent (app.wakeups), by kind: to releasers, and 'pull' for each "
-    "topic told to a process serving long polls (app.pull_wakes).", ["kind"])
+    "Wake-ups this process sent to releasers (app.wakeups), by kind ('pull': a pull "
+    "topic's long polls, whichever topic).", ["kind"])
 WAKEUPS_RECEIVED = Counter(
     "duetime_wakeups_received_total",
-    "Wake-ups received, by kind: a releaser's (workers/wake_listener.py), and 'pull' for "
-    "each topic a process serving long polls was told of (app.pull_wakes).", ["kind"])
-QUIET_CHECKS = Counter(
-    "duetime_pull_quiet_checks_total",
-    "Checks of a quiet topic's write counts that found nothing written since a pass that "
-    "found nothing, so its timeline partitions were not read: by a lease pass, or by the "
-    "process's watch of all its quiet topics at once (app.quiet_marks, app.quiet_watch).")
+    "Wake-ups a releaser received (workers/wake_listener.py), by kind ('pull': a pull "
+    "topic's long polls, whichever topic).", ["kind"])
 CLOCK_RELEASER_GAP = Gauge(
     "duetime_clock_releaser_gap_seconds",
     "This process's clock minus the live releaser's it is farthest from (each measured "

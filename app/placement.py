@@ -30,13 +30,11 @@ class PointerPlacer:
     """Thread-safe; one per process."""
 
     def __init__(self, store: TimelineStore, config: Config, wake: Wake = no_wake,
-                 placed: Callable[[uuid.UUID, int], None] | None = None,
                  pull_written: Callable[[uuid.UUID], None] | None = None) -> None:
         self.store = store
         self.config = config
         self._wake = wake  # app.wakeups
-        self._placed = placed  # (topic uid, earliest due ms) of what was written: FoundDue
-        self._pull_written = pull_written  # a pull topic's pointers due soon: app.pull_wakes
+        self._pull_written = pull_written  # a pull topic's pointers due soon: app.wakeups
         self._lock = threading.Lock()
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
@@ -119,8 +117,7 @@ class PointerPlacer:
         written, else the exception. TTL: until due plus the retention window. Written
         pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. For a
         topic the releasers push (`pushed`), written pointers due within their look-ahead
-        wake them (app.wakeups) once all is written. Then `placed` (app.found_due) hears of
-        the earliest due time written, whatever the outcomes. `landed`, when given, is called
+        wake them (app.wakeups) once all is written. `landed`, when given, is called
         once the pointers are written and before anyone is told of them: an enqueue that
         writes its rows beside its pointers waits there for the rows, so what a reader is
         woken for is there to read."""
@@ -165,8 +162,6 @@ class PointerPlacer:
             if p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
                 counts[(bucket, shard)] += 1
         self.store.count_writes(topic_uid, counts)
-        if self._placed is not None and placed:
-            self._placed(topic_uid, min(p.due_at_ms for _, _, _, p, _ in placed))
         if pushed and any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms
                           for _, _, p in written):
             self._wake("due")
@@ -177,6 +172,6 @@ class PointerPlacer:
 
 def pull_wake_ms(config: Config) -> int:
     """How far ahead of its writer's clock a pull topic's pointer wakes the long polls
-    (app.pull_wakes): as far as a resting pass may have looked (its look-ahead and idle
-    period), plus the clock difference between processes that the safety lag allows."""
-    return config.pull_idle_ms + config.pull_ahead_ms + config.safety_lag_ms
+    (app.wakeups.pull_kind): until a parked want looks again (the idle period), plus the clock
+    difference between processes that the safety lag allows."""
+    return config.pull_idle_ms + config.safety_lag_ms

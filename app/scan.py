@@ -17,7 +17,6 @@ from collections.abc import Callable, Container, Iterator, Mapping
 
 from app.config import Config
 from app.models import MessageState, Pointer, Topic
-from app.quiet_marks import Cell, CellMark
 from app.store.messages import MessageStore
 from app.store.timeline import READ_AHEAD, PointerPosition, TimelineStore
 from app.timeline import LANE_STRIDE, MS_PER_DAY, bucket_of, bucket_start_ms
@@ -65,8 +64,6 @@ class ScanResult:
     cut: bool = False
     next_ms: int | None = None
     unsettled: bool = False
-    cell_marks: dict[Cell, CellMark] | None = None  # with CellCounts: what the next may skip
-    cells_read: int = 0  # (bucket, shard)s read
 
     def moves(self, untaken: list[Due]) -> dict[int, int]:
         """Cursor moves once the live pointers not in `untaken` are spent: no cursor passes
@@ -181,39 +178,6 @@ class _Partition:
     in_prefix: bool = True
     spent_prefix: PointerPosition | None = None
     peeked_ms: int | None = None  # its first pointer not known spent past the due window
-
-
-@dataclasses.dataclass
-class CellCounts:
-    """What a scan needs to skip (bucket, shard)s and mark them (app.quiet_marks): the
-    reader's clock and the buckets whose write counts it read before the scan's timeline read
-    (`counts` waits for them), and the marks of the passes before."""
-
-    read_at_ms: int
-    buckets: frozenset[int]
-    counts: Callable[[], dict[Cell, int]]
-    marks: dict[Cell, CellMark]
-    safety_lag_ms: int
-
-    def standing(self, cells: list[Cell], window_end_ms: int) -> dict[Cell, CellMark]:
-        """The marks among cells that stand for a window ending at window_end_ms."""
-        counts = self.counts()
-        return {c: m for c in cells if (m := self.marks.get(c)) is not None
-                and c[0] in self.buckets
-                and m.stands(counts.get(c), window_end_ms, self.safety_lag_ms)}
-
-    def new_marks(self, plan: list[tuple[int, int, int, int, int]], whole: set[int],
-                  busy: set[Cell], peeked: dict[int, int]) -> dict[Cell, CellMark]:
-        """Marks of the (bucket, shard)s of plan in the counted buckets that were read whole
-        and held nothing due or in flight (`busy`): each seen through its first pointer not
-        known spent past the window (peeked, per plan entry), or its read's end."""
-        counts = self.counts()
-        seen: dict[Cell, int] = {}
-        for cell in _read_whole(plan, whole, busy):
-            if cell[0] in self.buckets:
-                seen[cell] = min(peeked.get(i, e[4] + 1) for i, e in enumerate(plan)
-                                 if (e[0], e[1]) == cell)
-        return {c: CellMark(self.read_at_ms, counts.get(c), ms) for c, ms in seen.items()}
 
 
 class _LaneReader:
@@ -442,18 +406,13 @@ class DueScanner:
 
     def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
              stored: dict[int, int] | None = None, ahead_ms: int = 0,
-             peek_ms: int = 0, cells: CellCounts | None = None) -> ScanResult:
+             peek_ms: int = 0) -> ScanResult:
         """Live pointers due by now_ms + ahead_ms (at most about SCAN_SLACK x want) of the
         topic's shards (or of `shards`), and per-shard frontiers (never past now_ms less the
         safety lag). With peek_ms, the same read also looks peek_ms further: next_ms is then
         the earliest pointer there not known spent (one per partition is read), so a caller
         that found nothing due knows nothing can come due before it but what is written
-        after the read.
-
-        With `cells` (app.quiet_marks), a (bucket, shard) whose mark stands for this window
-        is not read, and the result's cell_marks are those for the next scan: the marks that
-        stood, and one for each (bucket, shard) read whole that held nothing due or in
-        flight. A mark that stood counts in next_ms where it ends within the peek."""
+        after the read."""
         stored = self.timeline.cursors(topic.uid) if stored is None else stored
         default = topic.created_at_ms - self.config.safety_lag_ms
         cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)
@@ -462,10 +421,6 @@ class DueScanner:
             return ScanResult([], {}, {})
         horizon = now_ms + ahead_ms + peek_ms
         plan, limit_ms = self._partitions(topic, cursors, horizon)
-        skipped: dict[Cell, CellMark] = {}
-        if cells is not None:
-            skipped = cells.standing(_cells_of(plan), now_ms + ahead_ms)
-            plan = [e for e in plan if (e[0], e[1]) not in skipped]
         frontier = {s: _below(now_ms - self.config.safety_lag_ms, limit_ms) for s in cursors}
         peek: dict[str, int | None] = {}
         peeked: dict[int, int] = {}
@@ -475,19 +430,8 @@ class DueScanner:
         due, unsettled = self._settle(topic, unknown,
                                       lambda p, row: is_live(p, row, now_ms, ahead_ms))
         cut = len(whole) < len(plan) or limit_ms is not None
-        next_ms = peek.get("next_ms")
-        marks = None
-        if cells is not None:
-            bucket_ms = self.config.bucket_ms
-            busy = unsettled | {(bucket_of(d.pointer.due_at_ms, bucket_ms), d.pointer.shard)
-                                for d in due}
-            marks = {**skipped, **cells.new_marks(plan, whole, busy, peeked)}
-            ends = [m.seen_through_ms for m in skipped.values() if m.seen_through_ms <= horizon]
-            if peek_ms and ends:
-                next_ms = min(ends + ([next_ms] if next_ms is not None else []))
-        return ScanResult(due, frontier, cursors, cut=cut, next_ms=next_ms,
-                          unsettled=bool(unsettled), cell_marks=marks,
-                          cells_read=len(_cells_of(plan)))
+        return ScanResult(due, frontier, cursors, cut=cut, next_ms=peek.get("next_ms"),
+                          unsettled=bool(unsettled))
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
                  pending: Callable[[PointerKey], bool], seen: ReadAhead | None = None,

@@ -8,22 +8,15 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable
 
+from app.broker_wire import Taken
 from app.campaign_rules import CampaignRules
 from app.config import Config
 from app.desk import Desk
-from app.found_due import FoundDue
-from app.host_locks import HostLocks
 from app.lag_log import LagLog
 from app.models import Topic
 from app.placement import PointerPlacer
-from app.poll_groups import PollGroups
-from app.pull_ahead import HeldLease, HeldLeases
-from app.pull_wakes import PullWakes
-from app.quiet_marks import QuietMarks
-from app.quiet_watch import QuietWatch
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
 from app.store.campaigns import CampaignStore
@@ -35,14 +28,12 @@ from app.store.lag import LagStore
 from app.store.messages import MessageStore
 from app.store.operations import OperationStore
 from app.store.ownership import OwnershipStore
-from app.store.pull_listeners import PullListenerStore
 from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
-from app.taken_log import TakenLog
 from app.topic_cache import TopicCache
-from app.wakeups import Waker
+from app.wakeups import Waker, pull_kind
 
 Clock = Callable[[], int]
 
@@ -68,8 +59,8 @@ class Services:
         self.db = CassandraSession(config)
         self.waker = Waker(OwnershipStore(self.db, config.release_ring).wake_addresses)
         self.keys = ApiKeyStore(self.db)
-        self.topics = TopicStore(self.db, self._wake)
-        self.topic_cache = TopicCache(self.topics, quiet=self._pull_wakes_ready)
+        self.topics = TopicStore(self.db, self.waker.wake)
+        self.topic_cache = TopicCache(self.topics)
         self.counts = CountStore(self.db)
         self.campaigns = CampaignStore(self.db)
         self.campaign_rules = CampaignRules(self.campaigns)
@@ -81,66 +72,30 @@ class Services:
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)
-        host_locks = HostLocks()
-        self.found_due = FoundDue(clock, shared=TakenLog(host_locks.directory))
         self.placer = PointerPlacer(self.timeline, config, self.waker.wake,
-                                    self.found_due.placed, self._pull_written)
+                                    pull_written=self._pull_written)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.quotas = Quotas(self.db, {
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
-        self.held = HeldLeases(clock, self._give_back, config.pull_give_back_ms)
         self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
-                         clock, self.held.hold, config.pull_give_back_ms)
-        self.poll_groups: PollGroups[Any] = PollGroups(host_lock=host_locks.hold,
-                                                       wake_at=self._hand_out_at)
-        self.quiet_marks = QuietMarks(config.safety_lag_ms)
-        self.quiet_watch = QuietWatch(self.quiet_marks.standing, self.timeline.write_counts_of,
-                                      self._pull_woken, config.pull_idle_ms,
-                                      config.pull_ahead_ms, clock)
-        self.pull_wakes = PullWakes(config, PullListenerStore(self.db, config.release_ring),
-                                    self._pull_woken, self.topic_cache.wake)
-
-    def _wake(self, kind: str) -> None:
-        """Tell the releasers (app.wakeups), and of a topic change the processes serving long
-        polls too (their topic caches)."""
-        self.waker.wake(kind)
-        if kind == "topics":
-            self.pull_wakes.tell_topics()
-
-    def _pull_wakes_ready(self) -> bool:
-        return self.pull_wakes.ready()
+                         clock, self._give_back)
 
     def _pull_written(self, topic_uid: uuid.UUID) -> None:
-        """Pointers of a pull topic due soon were written: wake the long polls of this
-        process and of the others."""
-        self._pull_woken(topic_uid)
-        self.pull_wakes.tell(topic_uid)
+        """Pointers of a pull topic due soon were written: tell the releasers serving its
+        long polls (workers.broker)."""
+        self.waker.wake(pull_kind(topic_uid))
 
-    def _pull_woken(self, topic_uid: uuid.UUID) -> None:
-        """Pointers of a pull topic due soon were written, here or (a datagram) by another
-        process: its long polls read again at once."""
-        self.quiet_marks.forget(topic_uid)
-        self.poll_groups.wake(topic_uid)
-
-    def _give_back(self, topic: Topic, items: list[HeldLease]) -> None:
+    def _give_back(self, topic: Topic, items: list[Taken]) -> None:
         from app.leasing import give_back  # the use case module imports this one
 
         give_back(self, topic, items)
 
-    def _hand_out_at(self, key: Hashable) -> float | None:
-        """When (monotonic s) the next message held for topic uid `key` comes due."""
-        due = self.held.next_due_ms(key) if isinstance(key, uuid.UUID) else None
-        return None if due is None else time.monotonic() + (due - self.clock()) / 1000
-
     def close(self) -> None:
         self.desk.close()
-        self.pull_wakes.close()
-        self.quiet_watch.close()
         self.waker.close()
         self.quotas.close()
         self.lag.close()
-        self.held.close()
         self.topic_cache.close()
         self.db.shutdown()

@@ -10,11 +10,7 @@ to topic_changes (the releasers follow the same table, workers.topics):
   for at most MAX_AGE_MS (a change whose topic_changes row was never written, the writer
   dying in between, is picked up then); otherwise the topic is read as before;
 - with no cached lookup for IDLE_MS the follower stops reading and the cache empties: an idle
-  API costs nothing;
-- in a process that other processes wake when they change a topic (`quiet`: app.pull_wakes
-  is ready), the follower reads every QUIET_FOLLOW_MS instead, and at once when woken
-  (wake), and entries are trusted for QUIET_TRUST_MS after a read: a change then reaches
-  the cache as soon as its wake-up does, and within about QUIET_FOLLOW_MS if it is lost.
+  API costs nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from cassandra.util import unix_time_from_uuid1
 
@@ -31,8 +26,6 @@ from app.store.topics import TopicStore
 
 FOLLOW_EVERY_MS = 100
 TRUST_MS = 1000
-QUIET_FOLLOW_MS = 1000
-QUIET_TRUST_MS = QUIET_FOLLOW_MS + TRUST_MS
 MAX_AGE_MS = 10_000
 IDLE_MS = 10_000
 # A change row is written after its topic row, its id timed by Cassandra's clock, so a
@@ -51,10 +44,8 @@ def _monotonic_ms() -> int:
 class TopicCache:
     """Thread-safe. get() reads through; the follower thread starts on first use."""
 
-    def __init__(self, store: TopicStore, quiet: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, store: TopicStore) -> None:
         self.store = store
-        self.quiet = quiet
-        self._woken = threading.Event()  # a topic changed elsewhere: follow at once
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str], tuple[Topic | None, int, int]] = {}
         self._followed_at = -TRUST_MS  # monotonic ms of the last successful changes read
@@ -71,7 +62,7 @@ class TopicCache:
         key = (tenant, name)
         with self._lock:
             entry = self._entries.get(key)
-            trusted = now - self._followed_at <= (QUIET_TRUST_MS if self.quiet() else TRUST_MS)
+            trusted = now - self._followed_at <= TRUST_MS
         if entry is not None and trusted and now - entry[1] <= MAX_AGE_MS:
             return entry[0]
         fetched_wall = time.time_ns() // 1_000_000
@@ -86,14 +77,9 @@ class TopicCache:
         with self._lock:
             self._entries.pop((tenant, name), None)
 
-    def wake(self) -> None:
-        """Another process changed a topic: follow the changes now."""
-        self._woken.set()
-
     def close(self) -> None:
         self._closed = True
         self._wake.set()
-        self._woken.set()
 
     def _start(self) -> None:
         if self._thread is not None and self._wake.is_set():
@@ -115,13 +101,11 @@ class TopicCache:
                 self._wake.wait()  # until the next lookup
                 continue
             started = _monotonic_ms()
-            self._woken.clear()  # before the read: one woken during it reads again
             try:
                 self._drop_changed(time.time_ns() // 1_000_000)
             except Exception as exc:  # untrusted until a read succeeds; lookups read through
                 log.debug("following topic changes failed: %r", exc)
-            every = QUIET_FOLLOW_MS if self.quiet() else FOLLOW_EVERY_MS
-            self._woken.wait(max(0, every - (_monotonic_ms() - started)) / 1000)
+            time.sleep(max(0, FOLLOW_EVERY_MS - (_monotonic_ms() - started)) / 1000)
 
     def _drop_changed(self, wall_ms: int) -> None:
         started = _monotonic_ms()

@@ -10,6 +10,9 @@ What wakes what (KINDS):
 - "operations": a campaign operation was enlisted; a releaser claims it at once.
 - "slots": a releaser handed release slots back (rebalance, stop); the others claim their
   share at once (workers.ownership), not at their next ownership tick.
+- "pull:<topic uid>" (pull_kind): pointers of that pull topic due within the wake horizon
+  (app.placement.pull_wake_ms) were written; the releasers' brokers serve the long polls
+  parked on it at once (workers.broker), and drop what they kept of its last read.
 
 A wake is a hint, never the record: the write it follows is in Cassandra first, and every
 releaser still polls at an idle period, so a lost datagram costs a delay of at most that
@@ -27,6 +30,7 @@ import math
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from app import metrics
@@ -34,6 +38,7 @@ from app.config import Config
 from app.errors import DuetimeError
 
 KINDS = frozenset({"due", "topics", "schedules", "operations", "slots"})
+PULL = "pull:"
 PREFIX = b"duetime-wake "
 COALESCE_MS = 2
 ADDRESSES_EVERY_MS = 2000
@@ -46,6 +51,21 @@ Wake = Callable[[str], None]  # Waker.wake, as the stores and the placer take it
 
 def no_wake(kind: str) -> None:
     """A Wake that tells no releaser (stores built outside Services, test doubles)."""
+
+
+def pull_kind(topic_uid: uuid.UUID) -> str:
+    """The kind that wakes the long polls of a pull topic."""
+    return f"{PULL}{topic_uid}"
+
+
+def pulled_topic(kind: str) -> uuid.UUID | None:
+    """The topic a pull kind names; None for any other kind."""
+    if not kind.startswith(PULL):
+        return None
+    try:
+        return uuid.UUID(kind[len(PULL):])
+    except ValueError:
+        return None
 
 
 def encode(kinds: set[str], prefix: bytes = PREFIX) -> list[bytes]:
@@ -64,11 +84,12 @@ def encode(kinds: set[str], prefix: bytes = PREFIX) -> list[bytes]:
 
 def decode(datagram: bytes, prefix: bytes = PREFIX,
            known: frozenset[str] | None = KINDS) -> set[str]:
-    """The kinds a datagram asks for (with `known`, only those; foreign datagrams: none)."""
+    """The kinds a datagram asks for (with `known`, only those and pull kinds; foreign
+    datagrams: none)."""
     if not datagram.startswith(prefix):
         return set()
     return {k for k in datagram[len(prefix):].decode("ascii", "replace").split(",")
-            if k and (known is None or k in known)}
+            if k and (known is None or k in known or pulled_topic(k) is not None)}
 
 
 def parse_address(address: str) -> tuple[str, int] | None:
@@ -90,15 +111,11 @@ def advertised_host(config: Config) -> str:
 
 
 class Waker:
-    """Thread-safe; one per process. wake() never blocks on the network or Cassandra. With
-    `label`, every kind sent counts under that label in WAKEUPS_SENT (kinds that name
-    topics would otherwise make a label each)."""
+    """Thread-safe; one per process. wake() never blocks on the network or Cassandra."""
 
-    def __init__(self, addresses: Addresses, prefix: bytes = PREFIX,
-                 label: str | None = None) -> None:
+    def __init__(self, addresses: Addresses, prefix: bytes = PREFIX) -> None:
         self._addresses = addresses
         self._prefix = prefix
-        self._label = label
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._signal = threading.Event()
@@ -155,10 +172,8 @@ class Waker:
             try:
                 for datagram in datagrams:
                     self._socket.sendto(datagram, address)
-                if self._label is not None:
-                    metrics.WAKEUPS_SENT.labels(self._label).inc(len(kinds))
-                for kind in kinds if self._label is None else ():
-                    metrics.WAKEUPS_SENT.labels(kind).inc()
+                for kind in kinds:
+                    metrics.WAKEUPS_SENT.labels(label_of(kind)).inc()
             except OSError as exc:  # a listener gone or unreachable: its polls cover it
                 log.debug("wake to %s not sent: %s", address, exc)
 
@@ -174,14 +189,25 @@ class Waker:
             self._socket.close()
 
 
-class DatagramListener:
-    """A UDP socket on DUETIME_WAKE_PORT (0: any free port) whose datagrams go to `handle`,
-    on a thread of its own once started; `address` is what senders are told ("host:port")."""
+def label_of(kind: str) -> str:
+    """The metrics label of a kind: "pull" for every topic's pull kind (bounded series)."""
+    return "pull" if kind.startswith(PULL) else kind
 
-    def __init__(self, config: Config, handle: Callable[[bytes], None], name: str) -> None:
+
+class DatagramListener:
+    """A UDP socket on `port` (default DUETIME_WAKE_PORT; 0: any free port) whose datagrams
+    go to `handle`, on a thread of its own once started; `address` is what senders are told
+    ("host:port")."""
+
+    def __init__(self, config: Config, handle: Callable[[bytes], None], name: str,
+                 port: int | None = None) -> None:
         self._handle = handle
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._socket.bind(("0.0.0.0", config.wake_port))
+        try:
+            self._socket.bind(("0.0.0.0", config.wake_port if port is None else port))
+        except OSError:
+            self._socket.close()
+            raise
         self.address = f"{advertised_host(config)}:{self._socket.getsockname()[1]}"
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)

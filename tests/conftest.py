@@ -28,12 +28,17 @@ from app.services import Services
 from app.store import migrations
 from app.store.session import CassandraSession
 from tests.serving import serving
-from workers.releaser import running_releasers
+from workers.releaser import Releaser, running_releasers
 
 ROOT = Path(__file__).resolve().parent.parent
 # the tests' webhook targets listen on loopback; every process they start inherits this
 os.environ.setdefault("DUETIME_WEBHOOK_ALLOW", "127.0.0.0/8,::1")
 DEVSTACK = [sys.executable, str(ROOT / "devstack" / "cassandra.py")]
+
+# topics are learned through topic_changes (every 100 ms), not by re-reading them all
+FAST = {"release_lease_ms": 2000, "release_rescan_ms": 50, "release_sweep_ms": 300,
+        "topic_refresh_ms": 600_000}
+SUITE_RELEASER = "suite"
 
 
 def devstack(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -61,7 +66,7 @@ def no_releaser_left_running() -> Iterator[None]:
     and the releaser is stopped: left running, its steps would go on working (and
     logging) through every later test, and past the end of the run."""
     yield
-    left = running_releasers()
+    left = [r for r in running_releasers() if r.member != SUITE_RELEASER]
     for r in left:
         r.stop()
     if left:
@@ -96,9 +101,27 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def config() -> Iterator[Config]:
+def shared_config() -> Iterator[Config]:
+    """The keyspace most tests share (tests/releasers/ has one of its own)."""
     with own_keyspace("test") as cfg:
         yield cfg
+
+
+@pytest.fixture(scope="session")
+def config(shared_config: Config) -> Config:
+    return shared_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_releaser(shared_config: Config) -> Iterator[Releaser]:
+    """The releaser of the shared keyspace, for the whole run: it serves the pull leases
+    (workers.broker) and posts the webhooks of the tests there, as `make up`'s does."""
+    services = Services(shared_config.replace(**FAST))
+    r = Releaser(services, SUITE_RELEASER)
+    r.start()
+    yield r
+    r.stop()
+    services.close()
 
 
 def _drop_keyspace(cfg: Config, within_s: float = 60.0) -> None:

@@ -31,7 +31,6 @@ from app.config import Config
 from app.services import Services
 from tests.conftest import new_tenant_key
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import releaser
 
 
 @pytest.fixture()
@@ -191,7 +190,7 @@ def test_a_real_push_verifies_and_a_tampered_or_replayed_one_does_not(
     PyPI) and by the client's own check; a changed body fails both, and the client's
     middleware refuses a correctly signed POST whose timestamp is past its tolerance (one
     captured 10 minutes ago and sent again)."""
-    with receiving(Receiver()) as target, releaser(config, "sig"):
+    with receiving(Receiver()) as target:
         topic = api.put_topic("hooks", delivery={"mode": "webhook", "url": target.url})
         api.enqueue("hooks", {"hello": "world"}, id="signed")
         assert target.wait_for(lambda got: len(got) == 1, 20)

@@ -8,12 +8,10 @@ import time
 from collections import Counter
 
 from flask import Flask
-from flask.testing import FlaskClient
 
-from app.config import Config
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import releaser, webhook_topic
+from tests.releasing import keyspace_alone, releaser, webhook_topic
 
 PASS = 100  # messages wanted by each lease call (one pass each)
 
@@ -24,9 +22,6 @@ def _lease_passes(topic: TopicClient, passes: int) -> list[list[dict]]:
 
 def test_a_small_campaign_due_after_50000_of_another_gets_its_share_of_the_first_passes(
         app: Flask, auth: dict[str, str]) -> None:
-    # what the first pass found and left is kept (app.found_due) for the second, however
-    # slowly this host runs the calls: it must not cost small its turns
-    app.extensions["duetime"].found_due.keep_ms = 60_000
     topic = TopicClient(app.test_client(), auth)
     past = now_ms() - 60_000  # due already: a backlog, placed on the timeline by write time
     for chunk in range(50):
@@ -75,12 +70,13 @@ def test_a_group_name_outside_the_pattern_is_a_problem_naming_the_field(
     assert "group" in answer.get_json()["errors"]
 
 
-def test_a_webhook_topic_takes_turns_across_campaigns_behind_a_slow_target(
-        config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
+def test_a_webhook_topic_takes_turns_across_campaigns_behind_a_slow_target() -> None:
     """Two POSTs held open at the target, 300 of one campaign and then 10 of another waiting
-    for the topic's two slots: once the target answers, the small campaign goes in turns."""
+    for the topic's two slots: once the target answers, the small campaign goes in turns.
+    In a keyspace of its own: its releaser alone has two POST slots a topic."""
     gate = threading.Event()
-    with receiving(Receiver(gate=gate)) as target, \
+    with keyspace_alone("fair") as (config, _, client, auth), \
+            receiving(Receiver(gate=gate)) as target, \
             releaser(config.replace(webhook_concurrency=2), "r-fair"):
         topic, _ = webhook_topic(client, auth, target.url)
         assert {r["status"] for r in topic.batch(

@@ -17,7 +17,7 @@ from app.timeparse import parse_instant
 from tests.campaign_helpers import campaign
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import releaser, webhook_topic
+from tests.releasing import webhook_topic
 
 
 def stats(topic: TopicClient) -> Any:
@@ -175,7 +175,7 @@ def test_replaces_racing_pull_consumers_hand_out_whole_versions_never_early(
 
 def test_replaces_racing_a_releaser_post_whole_versions_never_early(
         config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
-    with receiving(Receiver()) as target, releaser(config, "r-replace"):
+    with receiving(Receiver()) as target:
         topic, _ = webhook_topic(client, auth, target.url)
         statuses = _replace_while_delivered(topic, 50, 10)
         assert target.wait_for(lambda got: len({a.message_id for a in got}) == 50, 30)

@@ -10,19 +10,19 @@ import time
 import uuid
 from typing import Any
 
-import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app, metrics, scan
+from app import create_app
 from app.config import Config
 from app.ids import home_of
 from app.models import Pointer
 from app.services import Services
-from app.timeline import COUNTED_AHEAD_MS, MS_PER_DAY
+from app.timeline import COUNTED_AHEAD_MS
 from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.waiting import wait_until
+from workers.releaser import Releaser
 
 
 def _run_threads(count: int, target: Any) -> None:
@@ -240,7 +240,7 @@ def test_pointer_behind_the_cursor_is_still_found(
     for _ in range(3):  # readers move the cursors up to now - safety lag, in steps of 1 s
         topic.lease(wait_ms=600)
     services: Services = app.extensions["duetime"]
-    found = services.topics.get(next(iter(_tenant_of(services, auth))), topic.name)
+    found = services.topics.get(next(iter(tenant_of(services, auth))), topic.name)
     assert found is not None
     assert services.timeline.cursors(found.uid), "cursors should have advanced"
     past = topic.enqueue(id="past", deliver_at=format_ms(now_ms() - 3_600_000))
@@ -257,97 +257,9 @@ def test_pointer_behind_the_cursor_is_still_found(
     lagging.extensions["duetime"].close()
 
 
-def _lease_two_days_on(config: Config, auth: dict[str, str], topic: str,
-                      calls: int) -> list[str]:
-    """The ids `calls` lease calls get from an app whose clock is two days on, in order."""
-    def clock() -> int:
-        return now_ms() + 2 * MS_PER_DAY
-
-    later = create_app(config, clock=clock)
-    try:
-        consumer = TopicClient(later.test_client(), auth, name=topic, clock=clock)
-        return [m["id"] for _ in range(calls)
-                for m in consumer.lease(max_messages=10, wait_ms=300)]
-    finally:
-        later.extensions["duetime"].close()
-
-
-def test_a_backlog_older_than_a_day_is_still_leased(
-        config: Config, auth: dict[str, str], app: Flask) -> None:
-    """Consumers back after two days find what came due while they were gone: a cursor that
-    far behind is not moved past pointers no scan read."""
-    topic = TopicClient(app.test_client(), auth)
-    assert {r["status"] for r in topic.batch([{"id": f"old{i}"} for i in range(5)])} == {201}
-    got = _lease_two_days_on(config, auth, topic.name, 4)
-    assert sorted(got) == [f"old{i}" for i in range(5)]
-
-
-def test_a_backlog_over_more_buckets_than_a_scan_reads_is_leased_earliest_first(
-        config: Config, auth: dict[str, str], app: Flask,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A scan reads the earliest MAX_BUCKETS_PER_SCAN active buckets of a far-behind cursor's
-    span, and the cursor stops where the unread ones begin."""
-    monkeypatch.setattr(scan, "MAX_BUCKETS_PER_SCAN", 3)
-    topic = TopicClient(app.test_client(), auth)
-    start = now_ms()
-    assert {r["status"] for r in topic.batch(
-        [{"id": f"m{k}", "deliver_at": format_ms(start + k * config.bucket_ms)}
-         for k in range(6)])} == {201}
-    got = _lease_two_days_on(config, auth, topic.name, 6)
-    assert sorted(got) == [f"m{k}" for k in range(6)]
-    assert set(got[:3]) == {"m0", "m1", "m2"}
-
-
-def _tenant_of(services: Services, auth: dict[str, str]) -> set[str]:
+def tenant_of(services: Services, auth: dict[str, str]) -> set[str]:
     tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
     return {tenant} if tenant else set()
-
-
-def test_ten_thousand_at_one_second_all_delivered_partitions_capped(
-        config: Config, auth: dict[str, str]) -> None:
-    small_cap = config.replace(partition_cap=200)
-    app = create_app(small_cap)
-    services: Services = app.extensions["duetime"]
-    try:
-        topic = TopicClient(app.test_client(), auth, lease_seconds=120)
-        second = (now_ms() // 1000 + 4) * 1000
-        for start in range(0, 10_000, 1000):
-            results = topic.batch([{"id": f"h{i}", "payload": i, "deliver_at": second + i % 1000}
-                                   for i in range(start, start + 1000)])
-            assert {r["status"] for r in results} == {201}
-        tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
-        assert tenant is not None
-        found = services.topics.get(tenant, topic.name)
-        assert found is not None
-        # pointers sit at max(deliver_at, enqueue time): the enqueue may run past `second`
-        sizes = [n for bucket in range(second // config.bucket_ms,
-                                       now_ms() // config.bucket_ms + 1)
-                 for n in _partition_sizes(services, found.uid, bucket)]
-        assert sum(sizes) == 10_000 and max(sizes) <= 200, (sum(sizes), max(sizes), len(sizes))
-        delivered: set[str] = set()
-
-        def consume(_: int) -> None:
-            mine = TopicClient(app.test_client(), auth, name=topic.name)
-            delivered.update(mine.drain(10_000, within_s=120, max_messages=500))
-            topic.received.extend(mine.received)
-
-        _run_threads(4, consume)
-        assert len(delivered) == 10_000
-        assert min(m["received_at"] for m in topic.received) >= second
-    finally:
-        services.close()
-
-
-def _partition_sizes(services: Services, topic_uid: Any, bucket: int) -> list[int]:
-    parts = services.timeline.parts(topic_uid, [bucket], 200).get(bucket, {})  # cap of the test
-    sizes = []
-    for shard, found in parts.items():
-        for part in found:
-            rows = services.db.execute(
-                "SELECT count(*) AS n FROM {ks}.timeline WHERE topic_uid = ? AND bucket = ? "
-                "AND shard = ? AND part = ?", (topic_uid, bucket, shard, part))
-            sizes.append(rows[0]["n"])
-    return sizes
 
 
 def test_batch_ack_answers_each_item_like_the_single_ack(
@@ -436,13 +348,14 @@ def test_a_lease_hands_out_the_earliest_due_whichever_shard_holds_them(
 
 
 def test_a_lease_whose_write_failed_is_found_by_the_next_call(
-        app: Flask, auth: dict[str, str], monkeypatch: Any) -> None:
+        app: Flask, auth: dict[str, str], monkeypatch: Any, suite_releaser: Releaser) -> None:
     """Found by `make faults` (a node restart): a pass whose lease pointer could not be
     written remembered the message's pointer as spent anyway, so no later pass of that process
-    looked at it again and the cursor moved past it: the message was never delivered."""
+    looked at it again and the cursor moved past it: the message was never delivered. The
+    suite's releaser is the broker that takes the lease."""
     topic = TopicClient(app.test_client(), auth)
     assert topic.enqueue(id="failing").status_code == 201
-    services = app.extensions["duetime"]
+    services = suite_releaser.services
     place = services.placer.place
     monkeypatch.setattr(services.placer, "place", lambda topic_uid, pointers, now_ms, pushed: [
         ConnectionError("node down")] * len(pointers))
@@ -451,83 +364,3 @@ def test_a_lease_whose_write_failed_is_found_by_the_next_call(
     monkeypatch.setattr(services.placer, "place", place)
     again = topic.lease(1, wait_ms=0)
     assert [m["id"] for m in again] == ["failing"]
-
-
-def _keeping_found_due(app: Flask) -> Services:
-    """The app's services with what a pass found kept 5 s (app.found_due), so the tests
-    below do not depend on how fast this host runs their calls (a lease's own pointer, due
-    when it expires in 30 s, still comes due after that)."""
-    services: Services = app.extensions["duetime"]
-    services.found_due.keep_ms = 5_000
-    return services
-
-
-def test_one_message_calls_lease_what_the_first_pass_found_without_reading_again(
-        app: Flask, auth: dict[str, str]) -> None:
-    services = _keeping_found_due(app)
-    topic = TopicClient(app.test_client(), auth)
-    start = now_ms() - 10_000
-    ids = [r["id"] for r in topic.batch([{"deliver_at": format_ms(start + n * 100)}
-                                         for n in range(8)])]
-    assert [m["id"] for m in topic.lease(1)] == ids[:1]
-    read = services.scanner.pointers_read
-    assert [topic.lease(1)[0]["id"] for _ in range(7)] == ids[1:]
-    assert services.scanner.pointers_read == read  # each came from the first pass's list
-    assert topic.lease(1) == []
-
-
-def test_two_processes_of_a_host_do_not_race_for_what_the_other_just_took(
-        app: Flask, config: Config, auth: dict[str, str]) -> None:
-    """Two apps stand for two API workers of one host: both keep what their first reads
-    found, and each pass leaves out what the other took (app.taken_log), so taking turns
-    one message at a time loses no conditional write."""
-    second = create_app(config)
-    try:
-        mine, theirs = _keeping_found_due(app), _keeping_found_due(second)
-        topic = TopicClient(app.test_client(), auth)
-        other = TopicClient(second.test_client(), auth, name=topic.name)
-        start = now_ms() - 10_000
-        ids = [r["id"] for r in topic.batch([{"deliver_at": format_ms(start + n * 100)}
-                                             for n in range(8)])]
-        lost = metrics.CONDITIONAL_NOT_APPLIED.labels("message_states")
-        lost_before = lost._value.get()
-        leased = [topic.lease(1)[0]["id"], other.lease(1)[0]["id"]]  # a read each
-        read = mine.scanner.pointers_read + theirs.scanner.pointers_read
-        for _ in range(3):
-            leased += [topic.lease(1)[0]["id"], other.lease(1)[0]["id"]]
-        assert leased == ids
-        assert mine.scanner.pointers_read + theirs.scanner.pointers_read == read  # kept lists
-        assert lost._value.get() == lost_before
-        assert topic.lease(1) == [] and other.lease(1) == []
-    finally:
-        second.extensions["duetime"].close()
-
-
-def test_a_kept_message_cancelled_meanwhile_is_never_handed_out(
-        app: Flask, auth: dict[str, str]) -> None:
-    services = _keeping_found_due(app)
-    topic = TopicClient(app.test_client(), auth)
-    start = now_ms() - 10_000
-    first, second, third = [r["id"] for r in topic.batch(
-        [{"deliver_at": format_ms(start + n * 100)} for n in range(3)])]
-    assert [m["id"] for m in topic.lease(1)] == [first]
-    assert topic.client.delete(topic.url(f"/messages/{second}"),
-                               headers=topic.headers).status_code == 204
-    read = services.scanner.pointers_read
-    assert [m["id"] for m in topic.lease(1)] == [third]
-    assert services.scanner.pointers_read == read  # second was in the list, and lost its take
-    assert topic.get(second).get_json()["state"] == "cancelled"
-    assert topic.lease(1) == []
-
-
-def test_a_message_put_before_kept_ones_by_this_process_goes_first(
-        app: Flask, auth: dict[str, str]) -> None:
-    _keeping_found_due(app)
-    topic = TopicClient(app.test_client(), auth)
-    start = now_ms() - 10_000
-    low = [r["id"] for r in topic.batch([{"deliver_at": format_ms(start + n * 100),
-                                          "priority": 5} for n in range(4)])]
-    assert [m["id"] for m in topic.lease(1)] == low[:1]
-    urgent = topic.enqueue(priority=0).get_json()["id"]  # kept: low[1:]; this one beats them
-    assert [m["id"] for m in topic.lease(1)] == [urgent]
-    assert [topic.lease(1)[0]["id"] for _ in range(3)] == low[1:]

@@ -16,7 +16,7 @@ from app.config import Config
 from tests.campaign_helpers import campaign
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import assert_on_time_and_signed, releaser, webhook_topic
+from tests.releasing import assert_on_time_and_signed, webhook_topic
 
 RATE = 30.0
 PASS_SLACK_S = 0.15  # the longest one lease pass may take here
@@ -115,7 +115,7 @@ def test_pull_consumers_of_two_processes_share_one_rate(
 
 def test_a_paced_webhook_campaign_is_posted_at_its_rate(
         config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
-    with receiving(Receiver()) as target, releaser(config, "r-paced"):
+    with receiving(Receiver()) as target:
         topic, secret = webhook_topic(client, auth, target.url)
         # due beyond the look-ahead, so no releaser can have them before the pace is set: a
         # releaser prepares a burst early when its heap is busy (up to the whole look-ahead,

@@ -22,11 +22,8 @@ from app.ids import (
     new_message_id,
 )
 from app.models import Payload
-from app.quiet_marks import QuietMark, QuietMarks, buckets_to_count
-from app.quiet_marks import peek_ms as quiet_peek_ms
-from app.quiet_watch import CHUNK, QuietWatch
 from app.scan import ReadAhead
-from app.timeline import COUNTED_AHEAD_MS, fair_share, release_slot_of
+from app.timeline import fair_share, release_slot_of
 from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 from workers import count_reads, quiet_recheck
 from workers.catch_up import Behind, with_stragglers
@@ -293,134 +290,6 @@ def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_t
     # the first past the window and the one the merge holds behind it, not the other 8
     assert taken == [3] * count
     assert all(reads.progress[i].whole for i in range(count))
-
-
-def test_a_quiet_mark_stands_only_within_what_its_read_saw_and_its_counted_window() -> None:
-    marks = QuietMarks(safety_lag_ms=1000)
-    topic = uuid.uuid4()
-    mark = QuietMark(100_000, (1, 2), {(1, 0): 3}, seen_through_ms=105_000)
-    assert marks.keep(topic, mark, marks.generation(topic))
-    assert marks.standing(topic, 104_999) == mark
-    assert marks.standing(topic, 105_000) is None  # beyond what the read saw
-    far = QuietMark(100_000, (1, 2), {}, seen_through_ms=200_000)
-    assert marks.keep(topic, far, marks.generation(topic))
-    # a pointer written after the read and due later than this was not counted
-    assert marks.standing(topic, 100_000 + COUNTED_AHEAD_MS - 1000) == far
-    assert marks.standing(topic, 100_000 + COUNTED_AHEAD_MS - 999) is None
-
-
-def test_a_wake_up_drops_a_quiet_mark_and_refuses_one_from_a_pass_begun_before_it() -> None:
-    marks = QuietMarks(safety_lag_ms=1000, capacity=2)
-    topic, others = uuid.uuid4(), [uuid.uuid4() for _ in range(3)]
-    mark = QuietMark(0, (0,), {}, seen_through_ms=5000)
-    began = marks.generation(topic)
-    marks.forget(topic)
-    assert not marks.keep(topic, mark, began) and marks.standing(topic, 0) is None
-    assert marks.keep(topic, mark, marks.generation(topic))
-    marks.forget(topic)
-    assert marks.standing(topic, 0) is None
-    # a pass begun before the first wake-up of a topic, whose record was evicted since, is
-    # refused too
-    fresh = uuid.uuid4()
-    began = marks.generation(fresh)
-    marks.forget(fresh)
-    for other in others:
-        marks.forget(other)
-    assert not marks.keep(fresh, mark, began)
-    assert marks.keep(fresh, mark, marks.generation(fresh))
-
-
-def test_the_quiet_watch_reads_its_topics_together_and_wakes_those_whose_counts_moved(
-        ) -> None:
-    marks = QuietMarks(safety_lag_ms=1000)
-    now = [100_000]
-    stored: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
-    reads: list[tuple[list[uuid.UUID], tuple[int, ...]]] = []
-    woken: list[uuid.UUID] = []
-
-    def read(topics: list[uuid.UUID], buckets: tuple[int, ...]
-             ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
-        reads.append((list(topics), tuple(buckets)))
-        return {t: stored[t] for t in topics if t in stored}
-
-    watch = QuietWatch(marks.standing, read, woken.append, period_ms=1000, window_ms=100,
-                       clock=lambda: now[0])
-    watch.close()  # no thread: these checks are run by hand
-    quiet, written, short, other_buckets = (uuid.uuid4() for _ in range(4))
-    for topic, buckets, seen_through in ((quiet, (1,), 109_000), (written, (1,), 109_000),
-                                         (short, (1,), 100_050), (other_buckets, (2,), 109_000)):
-        assert marks.keep(topic, QuietMark(100_000, buckets, {}, seen_through),
-                          marks.generation(topic))
-        watch.watch(topic)
-    stored[written] = {(1, 3): 1}
-    assert watch.check() == [written]
-    # one read per set of buckets; the mark that no longer stands left the watch unread
-    assert sorted(len(topics) for topics, _ in reads) == [1, 2]
-    assert short not in {t for topics, _ in reads for t in topics}
-    assert watch.watching() == {quiet, other_buckets}
-    now[0] = 109_000  # a window to 109.1 s: past what both marks saw (109 s)
-    reads.clear()
-    assert watch.check() == [] and reads == [] and watch.watching() == set()
-
-
-def test_a_topic_marked_again_while_the_watch_drops_its_old_mark_stays_watched() -> None:
-    marks = QuietMarks(safety_lag_ms=1000)
-    topic = uuid.uuid4()
-    passes: list[threading.Thread] = []
-
-    def old_mark_ran_out(topic_uid: uuid.UUID, window_end_ms: int) -> QuietMark | None:
-        # meanwhile a pass leaves a new mark and watches the topic (another thread)
-        marks.keep(topic_uid, QuietMark(100_000, (1,), {}, 109_000),
-                   marks.generation(topic_uid))
-        passes.append(threading.Thread(target=watch.watch, args=(topic_uid,)))
-        passes[0].start()
-        passes[0].join(0.2)
-        return None
-
-    watch = QuietWatch(old_mark_ran_out, lambda topics, buckets: {}, lambda topic_uid: None,
-                       period_ms=1000, window_ms=100, clock=lambda: 100_000)
-    watch.close()  # no thread: the check is run by hand
-    watch.watch(topic)
-    assert watch.check() == []
-    passes[0].join(5)
-    assert watch.watching() == {topic}
-
-
-def test_the_quiet_watch_reads_in_chunks_and_wakes_every_topic_it_could_not_read() -> None:
-    marks = QuietMarks(safety_lag_ms=1000)
-    topics = [uuid.uuid4() for _ in range(CHUNK + 1)]
-    woken: list[uuid.UUID] = []
-    sizes: list[int] = []
-
-    def unreachable(topics: list[uuid.UUID], buckets: tuple[int, ...]
-                    ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
-        sizes.append(len(topics))
-        raise ConnectionError("down")
-
-    watch = QuietWatch(marks.standing, unreachable, woken.append, period_ms=1000,
-                       window_ms=100, clock=lambda: 100_000)
-    watch.close()  # no thread: the check is run by hand
-    for topic in topics:
-        marks.keep(topic, QuietMark(100_000, (1,), {}, 109_000), marks.generation(topic))
-        watch.watch(topic)
-    assert sorted(watch.check()) == sorted(topics) == sorted(woken)
-    assert sorted(sizes) == [1, CHUNK] and watch.watching() == set()
-
-
-def test_a_resting_pass_counts_the_buckets_a_write_from_now_on_could_be_counted_in() -> None:
-    assert buckets_to_count(120_500, 60_000, 1000) == (1, 2)  # 119.5 s to 130.5 s
-    assert buckets_to_count(125_000, 60_000, 1000) == (2,)
-    assert buckets_to_count(175_000, 60_000, 1000) == (2, 3)
-    assert quiet_peek_ms(1000, 100, 1000) == COUNTED_AHEAD_MS - 1100
-    assert quiet_peek_ms(20_000, 100, 1000) == 20_000
-
-
-def test_the_pass_a_wake_up_starts_is_told_so_once() -> None:
-    marks = QuietMarks(safety_lag_ms=1000)
-    topic = uuid.uuid4()
-    assert not marks.woken(topic)
-    marks.forget(topic)
-    assert marks.woken(topic) and not marks.woken(topic)
 
 
 def test_a_quiet_topic_needs_a_sweep_for_a_pointer_at_its_cursor_or_a_straggler_behind_it(

@@ -20,7 +20,7 @@ from app.services import Services
 from app.timeparse import parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Arrival, Receiver, receiving
-from tests.test_releaser import _tenant_of, releaser, webhook_topic
+from tests.releasing import tenant_of, webhook_topic
 
 
 def verifies(secret: str, arrival: Arrival) -> bool:
@@ -42,7 +42,7 @@ def rotate(client: FlaskClient, auth: dict[str, str], topic: TopicClient,
 
 def test_during_a_rotation_receivers_of_the_old_and_of_the_new_secret_both_verify(
         config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
-    with receiving(Receiver()) as target, releaser(config, "sig-rotate"):
+    with receiving(Receiver()) as target:
         topic, old = webhook_topic(client, auth, target.url)
         assert topic.enqueue(id="before").status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 20)
@@ -70,9 +70,9 @@ def test_a_topic_made_before_whsec_secrets_keeps_its_key_in_the_new_form(
         auth: dict[str, str]) -> None:
     """Its plain secret is shown as whsec_ + base64 of the same key: old receivers keep
     checking Duetime-Signature with the plain string, new ones verify with the shown one."""
-    with receiving(Receiver()) as target, releaser(config, "sig-legacy"):
+    with receiving(Receiver()) as target:
         topic, _ = webhook_topic(client, auth, target.url)
-        tenant = _tenant_of(services, auth)
+        tenant = tenant_of(services, auth)
         made = services.topics.get(tenant, topic.name)
         assert made is not None
         plain = secrets.token_hex(32)  # how topics were given secrets before

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from app import create_app, pull_wakes, topic_cache
+from app import create_app, topic_cache
 from app.config import Config
 from app.models import Topic
 from app.services import Services
@@ -115,39 +115,3 @@ def test_an_idle_cache_stops_reading(services: Services,
         _wait_for(lambda: store.changes_read > parked, 2)
     finally:
         cache.close()
-
-
-def test_a_quiet_cache_follows_slowly_and_at_once_when_another_process_changes_a_topic(
-        config: Config, services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a process that serves long polls and is known to the others (app.pull_wakes), the
-    cache follows every QUIET_FOLLOW_MS (5 s here, so no periodic read can explain what
-    follows), and a topic recreated by another process reaches it with the wake-up."""
-    monkeypatch.setattr(pull_wakes, "READY_AFTER_S", 0)
-    monkeypatch.setattr(topic_cache, "QUIET_FOLLOW_MS", 5000)
-    monkeypatch.setattr(topic_cache, "QUIET_TRUST_MS", 6000)
-    tenant, auth = new_tenant_key(services)
-    reader, writer = create_app(config), create_app(config)
-    reader_services: Services = reader.extensions["duetime"]
-    store = CountingStore(reader_services.db)
-    reader_services.topic_cache = cache = TopicCache(store, reader_services.pull_wakes.ready)
-    reader_services.pull_wakes.on_topics = cache.wake
-    try:
-        topic = TopicClient(writer.test_client(), auth)
-        here = reader.test_client()
-        assert here.post(topic.url("/leases"), headers=auth,  # starts its listener
-                         json={"max": 1, "wait_ms": 0}).status_code == 200
-        _wait_for(reader_services.pull_wakes.ready, 10)
-        old_uid = cache.get(tenant, topic.name).uid  # type: ignore[union-attr]
-        time.sleep(topic_cache.CLOCK_MARGIN_MS / 1000 + 0.2)  # past its creation's change
-        followed = store.changes_read
-        time.sleep(1.5)
-        assert store.changes_read - followed <= 1  # quiet: not every FOLLOW_EVERY_MS
-        assert cache.get(tenant, topic.name).uid == old_uid  # type: ignore[union-attr]
-        there = writer.test_client()
-        assert there.delete(topic.url(), headers=auth).status_code == 204
-        assert there.put(topic.url(), headers=auth, json={}).status_code == 201
-        new_uid = services.topics.get(tenant, topic.name).uid  # type: ignore[union-attr]
-        _wait_for(lambda: cache.get(tenant, topic.name).uid == new_uid, 1)  # type: ignore[union-attr]
-    finally:
-        writer.extensions["duetime"].close()
-        reader_services.close()

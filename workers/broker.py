@@ -8,10 +8,8 @@ want of a topic waiting together, at least FIND_AT_LEAST messages, the rest kept
 list for READY_FOR_MS), puts it in fair order, leases it on the callers' terms (one take:
 conditional batches per home across the wants) and sends it back. A want that found nothing
 waits, parked, until a pull wake-up names its topic (a write due soon), the earliest pointer
-its scan saw ahead comes due, PARKED_RECHECK_S passes (a lost wake-up) or its wait ends.
-
-Leases run HOLD_S longer than asked: the API process may keep what no call of its took for a
-moment (app.pull_ahead) before it gives it back.
+its scan saw ahead comes due, the idle period (DUETIME_PULL_IDLE_MS) passes (a lost
+wake-up) or its wait ends.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from app import broker_wire
 from app.broker_wire import Taken, Want
-from app.fairness import fair_order
+from app.fairness import fair_order, known_turns_end
 from app.leasing import CURSOR_STEP_MS, Hold, passed_over, take_with_payloads
 from app.models import Topic
 from app.scan import Due
@@ -40,7 +38,6 @@ from app.services import Services
 
 FIND_AT_LEAST = 32
 READY_FOR_MS = 1000
-PARKED_RECHECK_S = 1.0
 UNKNOWN_RECHECK_S = 0.1
 PEEK_MAX_MS = 5000
 BROKER_THREADS = 4
@@ -73,7 +70,7 @@ class Broker:
         self.topic_of = topic_of
         self.shards_of = shards_of
         self.on_unknown = on_unknown
-        self.hold_s = -(-services.config.pull_give_back_ms // 1000)  # whole seconds, rounded up
+        self.recheck_s = services.config.pull_idle_ms / 1000
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         self._ready: dict[uuid.UUID, tuple[float, list[Due]]] = {}
@@ -87,18 +84,25 @@ class Broker:
         self._clock = threading.Thread(target=self._clock_loop, name="broker-clock", daemon=True)
         self._server: _Server | None = None
 
-    def start(self, port: int) -> bool:
-        """Listen on TCP `port` (the wake-ups' UDP port number); False when it is taken."""
-        try:
-            self._server = _Server(("0.0.0.0", port), self)
-        except OSError as exc:
-            log.warning("broker not serving on tcp port %d: %s", port, exc)
-            return False
+    def bind(self, port: int) -> int:
+        """Bind the TCP listening socket on `port` (0: any free one) and return its number;
+        OSError when it is taken. Nothing is served before start()."""
+        self._server = _Server(("0.0.0.0", port), self)
+        return int(self._server.server_address[1])
+
+    def unbind(self) -> None:
+        """Close what bind() opened (the releaser found the number taken for UDP)."""
+        if self._server is not None:
+            self._server.server_close()
+            self._server = None
+
+    def start(self) -> None:
+        """Serve wants on the socket bind() opened."""
+        assert self._server is not None, "bind() first"
         threading.Thread(target=self._server.serve_forever, name="broker-listener",
                          daemon=True).start()
         self._clock.start()
-        log.info("broker on tcp port %d", port)
-        return True
+        log.info("broker on tcp port %d", self._server.server_address[1])
 
     def want(self, want: Want, reply: Reply, link: int) -> None:
         with self._lock:
@@ -146,7 +150,7 @@ class Broker:
                 self._serve(topic_uid)
             except Exception:
                 log.exception("serving the wants of topic %s failed", topic_uid)
-                self._check_at(time.monotonic() + PARKED_RECHECK_S, topic_uid)
+                self._check_at(time.monotonic() + self.recheck_s, topic_uid)
             with self._lock:
                 if topic_uid in self._again and not self._stopping.is_set():
                     self._again.discard(topic_uid)
@@ -162,9 +166,8 @@ class Broker:
             parked = list(self._wants.get(topic_uid, []))
         if not parked:
             return
-        topic = self.topic_of(topic_uid)
+        topic = self.topic_of(topic_uid) or self._read_topic(topic_uid, parked[0].want)
         if topic is None:  # made a moment ago: its wants wait while the releaser learns it
-            self.on_unknown(topic_uid)
             self._answer(topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
             return
         shards = self.shards_of(topic) if not topic.pushed else set()
@@ -172,7 +175,17 @@ class Broker:
             self._answer(topic_uid, parked, {}, None, 0.0, final=True)
             return
         answers, next_ms = self._lease(topic, shards, [p.want for p in parked])
-        self._answer(topic_uid, parked, answers, next_ms, PARKED_RECHECK_S)
+        self._answer(topic_uid, parked, answers, next_ms, self.recheck_s)
+
+    def _read_topic(self, topic_uid: uuid.UUID, want: Want) -> Topic | None:
+        """A topic this releaser does not know yet (made a moment ago), read by the tenant
+        and name its want carries; the releaser is told to follow the changes. None when it
+        is not there (or is another incarnation)."""
+        self.on_unknown(topic_uid)
+        if not want.name:
+            return None
+        found = self.services.topics.get(want.tenant, want.name)
+        return found if found is not None and found.uid == topic_uid else None
 
     def _answer(self, topic_uid: uuid.UUID, parked: list[_Parked],
                 answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,
@@ -212,6 +225,7 @@ class Broker:
         now = services.clock()
         total = sum(w.n for w in wants)
         ready = self._fresh_ready(topic.uid, now)
+        kept_end: int | None = None  # of a fresh read, the part kept is fair for the next
         result = None
         if ready is None or len(ready) < total:
             longest = max(w.wait_ms for w in wants)
@@ -222,7 +236,9 @@ class Broker:
                                            if d.row.id in paused])
             ready = fair_order([d for d in result.due if d.row.id not in paused])
         chunk, owners = _share(ready, wants)
-        holds = [Hold(wants[o].lease_s + self.hold_s, wants[o].consumer) for o in owners]
+        if result is not None:
+            kept_end = known_turns_end(ready, len(chunk))
+        holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         taken = take_with_payloads(services, topic, chunk, now, holds) if chunk else []
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         answers: dict[int, list[Taken]] = defaultdict(list)
@@ -231,12 +247,12 @@ class Broker:
             if payload is not None:  # else it comes due again when its lease runs out
                 answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
                                                    d.row.due_at_ms))
-        rest = ready[len(chunk):]
+        rest = ready[len(chunk):kept_end]
         with self._lock:
             self._ready[topic.uid] = (time.monotonic() + READY_FOR_MS / 1000, rest)
         if result is not None:
             won = {row.id for row, _ in taken}
-            untaken = rest + [d for d in chunk if d.row.id not in won]
+            untaken = ready[len(chunk):] + [d for d in chunk if d.row.id not in won]
             moves = result.moves(untaken)
             services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                              if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
@@ -257,7 +273,7 @@ class Broker:
 
     def _clock_loop(self) -> None:
         """Serve parked topics at their next check (their earliest pointer ahead, a want's
-        deadline, or PARKED_RECHECK_S)."""
+        deadline, or the idle period)."""
         while not self._stopping.is_set():
             due: list[uuid.UUID] = []
             with self._checks_changed:
@@ -265,8 +281,8 @@ class Broker:
                 while self._checks and self._checks[0][0] <= now:
                     due.append(heapq.heappop(self._checks)[2])
                 if not due:
-                    wait = self._checks[0][0] - now if self._checks else PARKED_RECHECK_S
-                    self._checks_changed.wait(min(wait, PARKED_RECHECK_S))
+                    wait = self._checks[0][0] - now if self._checks else self.recheck_s
+                    self._checks_changed.wait(min(wait, self.recheck_s))
                     continue
             for uid in dict.fromkeys(due):
                 with self._lock:
@@ -278,7 +294,8 @@ class Broker:
         """No new want is served; the parked ones are dropped (their callers' waits end)."""
         self._stopping.set()
         if self._server is not None:
-            self._server.shutdown()
+            if self._clock.is_alive():  # serve_forever runs: shutdown() waits for it to end
+                self._server.shutdown()
             self._server.close_all()
         with self._checks_changed:
             self._checks_changed.notify_all()
@@ -353,6 +370,7 @@ class _Handler(socketserver.StreamRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # every API process of a host may connect at once
     block_on_close = False
 
     def __init__(self, address: tuple[str, int], broker: Broker) -> None:

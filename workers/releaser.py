@@ -62,6 +62,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import start_http_server
 
 from app import clock_skew, metrics, wakeups
+from app.config import Config
 from app.errors import StoreUnavailable
 from app.leasing import passed_over
 from app.models import Topic
@@ -127,6 +128,7 @@ FORGET_AFTER_GONE_S = 60.0
 # stop() waits this long for the runs under way (steps and jobs) after asking them to end;
 # a run still going then is left on its daemon thread, named in the log
 STOP_RUNS_S = 15.0
+BIND_TRIES = 20
 log = logging.getLogger("duetime.releaser")
 # releasers started in this process and not stopped yet (tests check none is left behind)
 _running: set[Releaser] = set()
@@ -154,22 +156,40 @@ def all_done(futures: list[Future[Any]]) -> None:
         raise first
 
 
+def bind_listeners(config: Config, broker: Broker) -> WakeListener:
+    """The broker's TCP socket and the wake-ups' UDP socket, bound on one port number (the
+    one address published). With DUETIME_WAKE_PORT 0 the TCP port is any free one, and
+    another is tried while its number is taken for UDP; a taken fixed port raises OSError,
+    for a releaser that cannot serve its shards' pull topics must not own them."""
+    for _ in range(BIND_TRIES):
+        port = broker.bind(config.wake_port)
+        try:
+            return WakeListener(config, port)
+        except OSError:
+            broker.unbind()
+            if config.wake_port:
+                raise
+    raise OSError(f"no port free for both TCP and UDP in {BIND_TRIES} tries")
+
+
 class Releaser:
     def __init__(self, services: Services, member: str | None = None) -> None:
         cfg = services.config
         self.services = services
         self.member = member or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        self.wakes = WakeListener(cfg)
+        self._known = KnownTopics(services)
+        self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
+        broker_token = secrets.token_urlsafe(24)  # new at every start: a restart revokes it
+        self.broker = Broker(services, broker_token, self._topics.get, self._shards_owned,
+                             lambda uid: self._following.wake())
+        self.wakes = bind_listeners(cfg, self.broker)
         # the ownership tick's period: every idle poll of this releaser falls on its instants
         self.beat = Beat(cfg.release_lease_ms / RENEW_FRACTION)
-        broker_token = secrets.token_urlsafe(24)  # new at every start: a restart revokes it
         self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
                                        cfg.release_slots, cfg.release_lease_ms, services.clock,
                                        self.wakes.address, broker_token, self._gained_slots,
                                        self._gave_back_slots)
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
-        self._known = KnownTopics(services)
-        self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
         self._seen: dict[uuid.UUID, tuple[frozenset[int], ReadAhead]] = {}
         self._looked_from: int | None = None  # when the last look-ahead run that ended began
@@ -196,8 +216,6 @@ class Releaser:
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.may_prepare)
-        self.broker = Broker(services, broker_token, self._topics.get, self._shards_owned,
-                             lambda uid: self._following.wake())
         self._stop = threading.Event()
         self._stopping = threading.Event()  # set first: long steps end at their next check
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
@@ -225,11 +243,16 @@ class Releaser:
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)
         self.wakes.on("slots", self._claim_share_now)
+        self.wakes.on_pull(self.broker.woken)  # a write of a pull topic due soon
 
     def start(self) -> None:
         cfg = self.services.config
         with _running_lock:
             _running.add(self)
+        # the broker listens before the first tick publishes its address: an API process
+        # that reads it then and finds the port closed would not try again for a while
+        self.wakes.start()
+        self.broker.start()
         self._safely(self.ownership.tick)
         self._safely(self.follow_topics)
         jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
@@ -239,11 +262,6 @@ class Releaser:
         for job, every_ms in jobs:
             self.scheduler.add_job(self._safely, self.beat.trigger(every_ms), args=[job],
                                    id=job.__name__)
-        self.wakes.start()
-        if self.broker.start(int(self.wakes.address.rpartition(":")[2])):
-            # writes of pull topics due soon name their topic to the broker too
-            self.services.pull_wakes.on_wake = self.broker.woken
-            self.services.pull_wakes.start()
         self.scheduler.start()
         for step in self.paced:
             step.start()

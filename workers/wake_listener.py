@@ -5,6 +5,7 @@ releaser's membership heartbeat."""
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 
 from app import metrics, wakeups
@@ -14,13 +15,19 @@ log = logging.getLogger("duetime.releaser")
 
 
 class WakeListener:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, port: int | None = None) -> None:
+        """Bind UDP `port` (default DUETIME_WAKE_PORT); OSError when it is taken."""
         self._callbacks: dict[str, list[Callable[[], None]]] = {k: [] for k in wakeups.KINDS}
-        self._socket = wakeups.DatagramListener(config, self._wake, "wake-listener")
+        self._on_pull: Callable[[uuid.UUID], None] = lambda _uid: None
+        self._socket = wakeups.DatagramListener(config, self._wake, "wake-listener", port)
         self.address = self._socket.address
 
     def on(self, kind: str, callback: Callable[[], None]) -> None:
         self._callbacks[kind].append(callback)
+
+    def on_pull(self, callback: Callable[[uuid.UUID], None]) -> None:
+        """callback(topic uid) for each pull kind received (app.wakeups.pull_kind)."""
+        self._on_pull = callback
 
     def start(self) -> None:
         self._socket.start()
@@ -28,8 +35,11 @@ class WakeListener:
 
     def _wake(self, datagram: bytes) -> None:
         for kind in wakeups.decode(datagram):
-            metrics.WAKEUPS_RECEIVED.labels(kind).inc()
-            for callback in self._callbacks[kind]:
+            metrics.WAKEUPS_RECEIVED.labels(wakeups.label_of(kind)).inc()
+            topic_uid = wakeups.pulled_topic(kind)
+            if topic_uid is not None:
+                self._on_pull(topic_uid)
+            for callback in self._callbacks.get(kind, ()):
                 callback()
 
     def close(self) -> None:

@@ -39,8 +39,11 @@ class Leases(MethodView):
     @blp.response(200, LeaseResponseSchema)
     @blp.alt_response(409, description="A webhook topic: its messages are pushed, not leased.")
     def post(self, body: dict[str, Any], topic: str) -> dict[str, Any]:
-        """Lease up to `max` due messages, waiting up to `wait_ms` for the first. A message is
-        never handed out before its deliver_at, and to one consumer at a time."""
+        """Lease up to `max` due messages, waiting up to `wait_ms` for the first.
+
+        A message is never handed out before its deliver_at, and to one consumer at a time.
+        Leases are served by the releasers that own the topic's shards: with none reachable
+        within the wait the answer is 503 `no-releaser` with `Retry-After`."""
         found = get_topic_cached(services(), tenant(), topic)
         wait = min(body["wait_ms"], services().config.max_wait_ms)
         got = leasing.lease(services(), found, body["max"], wait,

@@ -33,10 +33,14 @@ class RetrySchema(Schema):
     max_backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
 
 
-# the URLs the url field accepts, as a JSON Schema pattern (a host name ending in a name of
-# letters, or a bare one such as localhost; an optional port; a path)
-HTTP_URL = (r"^https?://([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]{2,63}"
-            r"(:[1-9][0-9]{0,3})?(/[A-Za-z0-9._~-]*)*$")
+# the URLs the url field accepts, as a JSON Schema pattern: http(s), a host name ending in a
+# name of letters (or a bare one such as localhost) or an IPv4 address, a port, a path and a
+# query (the server's own check, fields.Url, also takes forms this leaves out, e.g. IPv6)
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+HTTP_URL = (r"^[hH][tT][tT][pP][sS]?://(([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+            r"[A-Za-z]{2,63}|" + _OCTET + r"(\." + _OCTET + r"){3})(:" + _PORT + r")?"
+            r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)*(\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]+)?$")
 
 
 class DeliverySchema(Schema):

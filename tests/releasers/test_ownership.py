@@ -25,7 +25,7 @@ from tests.campaign_helpers import topic_uid
 from tests.conftest import ROOT
 from tests.consumers import now_ms
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import assert_on_time_and_signed, releaser, webhook_topic
+from tests.releasing import assert_on_time_and_signed, releaser, webhook_topic
 from tests.waiting import wait_until
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.releaser import STOP_RUNS_S

@@ -1,7 +1,7 @@
 """Pull leases served by the releasers that own the topic's shards (workers/broker.py, the
 API side in app/desk.py): the call's want goes to the owner, which finds, takes and sends.
-The lease path of the API process itself is made to fail, so what is handed out can only
-have come from a broker."""
+The API process has no lease path of its own: what is handed out can only have come from a
+broker."""
 
 from __future__ import annotations
 
@@ -15,23 +15,22 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from app import broker_wire, leasing
+from app import broker_wire, scan
 from app.config import Config
+from app.services import Services
+from app.timeline import MS_PER_DAY
+from app.timeparse import format_ms
 from tests.consumers import TopicClient, now_ms
-from tests.test_releaser import _tenant_of, releaser
-from workers.releaser import Releaser
+from tests.releasing import releaser, tenant_of
+from workers.broker import Broker
+from workers.releaser import Releaser, bind_listeners
 
 SLOTS = 4
 
 
 @pytest.fixture()
-def ring(config: Config, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    """Settings of a ring of release slots of this test's own, and the API process's own
-    lease path made to fail."""
-    def no_own_pass(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("the API process read the timeline itself")
-
-    monkeypatch.setattr(leasing, "_pass", no_own_pass)
+def ring() -> Iterator[dict[str, Any]]:
+    """Settings of a ring of release slots of this test's own."""
     yield {"release_ring": 9000 + int(time.time() * 1000) % 1000, "release_slots": SLOTS}
 
 
@@ -119,10 +118,10 @@ def test_consumers_taking_one_at_a_time_get_each_message_once(
         app.extensions["duetime"].close()
 
 
-def test_what_a_second_owner_leased_after_the_call_left_goes_to_the_next_calls(
+def test_what_a_second_owner_leased_after_the_call_left_is_given_back(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """Two owners each lease for the call; what the call cannot take is held by the process
-    and handed to the next calls, or given back (scheduled, its attempt not counted)."""
+    """Two owners each lease for the call; what the call cannot take is given back at once
+    (scheduled, its attempt not counted)."""
     app = api(config, ring)
     try:
         topic = TopicClient(app.test_client(), auth)
@@ -141,7 +140,7 @@ def test_what_a_second_owner_leased_after_the_call_left_goes_to_the_next_calls(
             more = {r["id"] for r in topic.batch([{} for _ in range(10)])}
             first_call = topic.lease(max_messages=1, wait_ms=500)
             assert len(first_call) == 1
-            time.sleep(1.0)  # past the give-back of what the process held
+            time.sleep(0.5)  # the give-back runs after the call's answer
             rows = [topic.get(i).get_json() for i in more - {first_call[0]["id"]}]
             assert {row["state"] for row in rows} == {"scheduled"}
             assert {row["attempts"] for row in rows} == {0}
@@ -172,41 +171,6 @@ def test_a_long_poll_on_a_topic_made_a_moment_ago_waits_for_its_first_message(
         app.extensions["duetime"].close()
 
 
-def test_a_steady_consumer_of_one_message_at_a_time_is_served_mostly_from_what_is_held(
-        config: Config, auth: dict[str, str], ring: dict[str, Any],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A want asks for what the process's calls asked for within the hold: the calls after
-    it take what it brought, with no want of their own."""
-    from app import desk
-
-    sent: list[int] = []
-    send = desk._Link.send
-
-    def counted(link: desk._Link, want: Any, answer: Any) -> bool:
-        sent.append(want.n)
-        return send(link, want, answer)
-
-    monkeypatch.setattr(desk._Link, "send", counted)
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        ids = {r["id"] for r in topic.batch([{} for _ in range(100)])}
-        with releaser(config, "b-steady", **ring) as r:
-            wait_owned(r)
-            got: list[str] = []
-            calls = 0
-            deadline = time.monotonic() + 30
-            while len(got) < 100 and time.monotonic() < deadline:
-                calls += 1
-                for m in topic.lease(max_messages=1):
-                    assert topic.ack(m) == 204
-                    got.append(m["id"])
-        assert sorted(got) == sorted(ids)  # each once
-        assert len(sent) < calls / 2, (len(sent), calls, sent)
-    finally:
-        app.extensions["duetime"].close()
-
-
 def test_a_connection_without_the_releasers_token_is_closed_unanswered(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """The broker's port leases any topic's messages by uid: only a connection that opens
@@ -216,7 +180,7 @@ def test_a_connection_without_the_releasers_token_is_closed_unanswered(
         topic = TopicClient(app.test_client(), auth)
         assert topic.enqueue(id="kept").status_code == 201
         services = app.extensions["duetime"]
-        uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         with releaser(config, "b-token", **ring) as r:
             wait_owned(r)
             port = int(r.wakes.address.rpartition(":")[2])
@@ -232,9 +196,169 @@ def test_a_connection_without_the_releasers_token_is_closed_unanswered(
         app.extensions["duetime"].close()
 
 
+def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
+        config: Config, services: Services) -> None:
+    """Wants (TCP) and wake-ups (UDP) share the one published port number. With any free
+    port asked for, a TCP number already taken for UDP is passed over, not served half."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("0.0.0.0", 0))
+        busy = taken.getsockname()[1]
+        broker = Broker(services, "token", lambda uid: None, lambda topic: set(),
+                        lambda uid: None)
+        first_bind = broker.bind
+        tried: list[int] = []
+
+        def bind(port: int) -> int:
+            tried.append(first_bind(busy if not tried else port))
+            return tried[-1]
+
+        broker.bind = bind  # type: ignore[method-assign]
+        wakes = bind_listeners(config.replace(wake_port=0), broker)
+        try:
+            port = int(wakes.address.rpartition(":")[2])
+            assert tried[0] == busy and port == tried[-1] != busy
+            broker.start()
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass  # the broker listens on the wake-ups' number
+        finally:
+            broker.stop()
+            wakes.close()
+
+
+def test_a_releaser_whose_fixed_port_is_taken_does_not_start(
+        config: Config, services: Services) -> None:
+    """A releaser that could not serve its shards' pull topics must not own them: a taken
+    DUETIME_WAKE_PORT fails its start instead of running without a broker."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        taken = Services(config.replace(wake_port=port), services.clock)
+        try:
+            with pytest.raises(OSError):
+                Releaser(taken, "b-taken")
+        finally:
+            taken.close()
+
+
 def _answer_of(sock: socket.socket) -> bytes:
     """What the peer sent before it closed the connection (a reset counts as a close)."""
     try:
         return sock.recv(65536)
     except ConnectionResetError:
         return b""
+
+
+def _lease_two_days_on(config: Config, auth: dict[str, str], ring: dict[str, Any],
+                       topic: str, calls: int) -> list[str]:
+    """The ids `calls` lease calls get, in order, when the API and the releaser serving the
+    topic run two days on."""
+    def clock() -> int:
+        return now_ms() + 2 * MS_PER_DAY
+
+    from app import create_app
+
+    later = create_app(config.replace(**ring), clock=clock)
+    try:
+        with releaser(config, "b-later", clock=clock, **ring) as r:
+            wait_owned(r)
+            consumer = TopicClient(later.test_client(), auth, name=topic, clock=clock)
+            return [m["id"] for _ in range(calls)
+                    for m in consumer.lease(max_messages=10, wait_ms=300)]
+    finally:
+        later.extensions["duetime"].close()
+
+
+def test_a_backlog_older_than_a_day_is_still_leased(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """Consumers back after two days find what came due while they were gone: a cursor that
+    far behind is not moved past pointers no scan read."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        assert {r["status"] for r in topic.batch([{"id": f"old{i}"} for i in range(5)])} == {201}
+        got = _lease_two_days_on(config, auth, ring, topic.name, 4)
+        assert sorted(got) == [f"old{i}" for i in range(5)]
+    finally:
+        app.extensions["duetime"].close()
+
+
+def test_a_backlog_over_more_buckets_than_a_scan_reads_is_leased_earliest_first(
+        config: Config, auth: dict[str, str], ring: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scan reads the earliest MAX_BUCKETS_PER_SCAN active buckets of a far-behind cursor's
+    span, and the cursor stops where the unread ones begin."""
+    monkeypatch.setattr(scan, "MAX_BUCKETS_PER_SCAN", 3)
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        start = now_ms()
+        assert {r["status"] for r in topic.batch(
+            [{"id": f"m{k}", "deliver_at": format_ms(start + k * config.bucket_ms)}
+             for k in range(6)])} == {201}
+        got = _lease_two_days_on(config, auth, ring, topic.name, 6)
+        assert sorted(got) == [f"m{k}" for k in range(6)]
+        assert set(got[:3]) == {"m0", "m1", "m2"}
+    finally:
+        app.extensions["duetime"].close()
+
+
+def test_ten_thousand_at_one_second_all_delivered_partitions_capped(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """Ten thousand messages due within one second, in partitions of at most 200 rows,
+    leased by four consumers: each delivered, none before its time."""
+    capped = {**ring, "partition_cap": 200}
+    app = api(config, capped)
+    services: Services = app.extensions["duetime"]
+    try:
+        topic = TopicClient(app.test_client(), auth, lease_seconds=120)
+        second = (now_ms() // 1000 + 4) * 1000
+        for start in range(0, 10_000, 1000):
+            results = topic.batch([{"id": f"h{i}", "payload": i, "deliver_at": second + i % 1000}
+                                   for i in range(start, start + 1000)])
+            assert {r["status"] for r in results} == {201}
+        found = services.topics.get(tenant_of(services, auth), topic.name)
+        assert found is not None
+        # pointers sit at max(deliver_at, enqueue time): the enqueue may run past `second`
+        sizes = [n for bucket in range(second // config.bucket_ms,
+                                       now_ms() // config.bucket_ms + 1)
+                 for n in _partition_sizes(services, found.uid, bucket)]
+        assert sum(sizes) == 10_000 and max(sizes) <= 200, (sum(sizes), max(sizes), len(sizes))
+        delivered: set[str] = set()
+        lock = threading.Lock()
+
+        deadline = time.monotonic() + 120
+
+        def consume() -> None:
+            mine = TopicClient(app.test_client(), auth, name=topic.name)
+            while len(delivered) < 10_000 and time.monotonic() < deadline:
+                for m in mine.lease(500, wait_ms=200):
+                    if mine.ack(m) == 204:
+                        with lock:
+                            delivered.add(m["id"])
+            with lock:
+                topic.received.extend(mine.received)
+
+        with releaser(config, "b-capped", **capped) as r:
+            wait_owned(r)
+            consumers = [threading.Thread(target=consume) for _ in range(4)]
+            for c in consumers:
+                c.start()
+            for c in consumers:
+                c.join(150)
+        assert len(delivered) == 10_000
+        assert min(m["received_at"] for m in topic.received) >= second
+    finally:
+        services.close()
+
+
+def _partition_sizes(services: Services, topic_uid: Any, bucket: int) -> list[int]:
+    parts = services.timeline.parts(topic_uid, [bucket], 200).get(bucket, {})  # cap of the test
+    sizes = []
+    for shard, found in parts.items():
+        for part in found:
+            rows = services.db.execute(
+                "SELECT count(*) AS n FROM {ks}.timeline WHERE topic_uid = ? AND bucket = ? "
+                "AND shard = ? AND part = ?", (topic_uid, bucket, shard, part))
+            sizes.append(rows[0]["n"])
+    return sizes

@@ -3,9 +3,6 @@ letters, isolation of slow targets, pull cursors kept moving, graceful stop."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import itertools
 import logging
 import threading
@@ -17,7 +14,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import standardwebhooks
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -29,79 +25,22 @@ from app.services import Services
 from app.timeline import COUNTED_AHEAD_MS
 from app.timeparse import parse_instant
 from app.transitions import replace_ahead
-from tests.conftest import new_tenant_key, own_keyspace
 from tests.consumers import TopicClient, now_ms
-from tests.receiver import Arrival, Receiver, receiving
+from tests.receiver import Receiver, receiving
+from tests.releasing import (
+    FAST,
+    assert_on_time_and_signed,
+    keyspace_alone,
+    releaser,
+    tenant_of,
+    wait_served,
+    wait_state,
+    webhook_topic,
+)
 from tests.test_metrics import scrape
 from tests.waiting import wait_until
 from workers import releaser as releaser_module
 from workers.releaser import Releaser
-
-# topics are learned through topic_changes (every 100 ms), not by re-reading them all
-FAST = {"release_lease_ms": 2000, "release_rescan_ms": 50, "release_sweep_ms": 300,
-        "topic_refresh_ms": 600_000}
-
-
-@contextmanager
-def releaser(config: Config, member: str, **settings: Any) -> Iterator[Releaser]:
-    """An in-process releaser on the test keyspace (FAST, then `settings`), stopped
-    gracefully afterwards."""
-    services = Services(config.replace(**{**FAST, **settings}))
-    r = Releaser(services, member)
-    r.start()
-    try:
-        yield r
-    finally:
-        r.stop()
-        services.close()
-
-
-@contextmanager
-def keyspace_alone(label: str) -> Iterator[tuple[Config, Services, FlaskClient, dict[str, str]]]:
-    """A keyspace of its own: its config, services, an API client and a tenant's key. For a
-    test that times what a releaser's runs over every topic find: in the shared keyspace
-    they work through whatever the tests before it left awake."""
-    with own_keyspace(label) as cfg:
-        svc = Services(cfg)
-        app = create_app(cfg)
-        try:
-            yield cfg, svc, app.test_client(), new_tenant_key(svc)[1]
-        finally:
-            app.extensions["duetime"].close()
-            svc.close()
-
-
-def webhook_topic(client: FlaskClient, auth: dict[str, str], url: str,
-                  **settings: Any) -> tuple[TopicClient, str]:
-    """A webhook topic and its signing secret."""
-    topic = TopicClient(client, auth, delivery={"mode": "webhook", "url": url,
-                                                "timeout_seconds": 5}, **settings)
-    secret = client.get(topic.url(), headers=auth).get_json()["signing_secret"]
-    return topic, secret
-
-
-def assert_on_time_and_signed(arrivals: list[Arrival], secret: str, topic: str) -> None:
-    for n, a in enumerate(arrivals):
-        deliver_at = parse_instant(a.headers["Duetime-Deliver-At"])
-        assert a.received_ms >= deliver_at, f"early by {deliver_at - a.received_ms} ms: {a}"
-        assert a.headers["Duetime-Topic"] == topic, a
-        # the reference library checks the signature and that the timestamp is recent
-        standardwebhooks.Webhook(secret).verify(a.body, a.headers, json_parse=False)
-        key = base64.b64decode(secret.removeprefix("whsec_"))
-        expected = hmac.new(key, a.body, hashlib.sha256).hexdigest()
-        assert hmac.compare_digest(a.headers["Duetime-Signature"], expected), (
-            f"arrival {n} of {len(arrivals)}: bad signature: {a.headers} {a.body!r}")
-
-
-def wait_state(topic: TopicClient, message_id: str, state: str, within_s: float) -> Any:
-    deadline = time.monotonic() + within_s
-    body = None
-    while time.monotonic() < deadline:
-        body = topic.get(message_id).get_json()
-        if body["state"] == state:
-            return body
-        time.sleep(0.05)
-    raise AssertionError(f"{message_id} still {body}")
 
 
 def test_webhook_delivers_each_message_once_on_time_signed(
@@ -207,10 +146,9 @@ def test_releaser_moves_pull_cursors_over_spent_pointers(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth, shards=2)
     assert {r["status"] for r in topic.batch([{"id": f"p{i}"} for i in range(30)])} == {201}
-    assert len(topic.drain(30, within_s=15)) == 30
-    uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+    uid = services.topics.get(tenant_of(services, auth), topic.name).uid
     before = services.timeline.cursors(uid)
-    acked_at = now_ms()
+
     def moved_past_acks() -> bool:
         after = services.timeline.cursors(uid)
         return set(after) == {0, 1} and all(
@@ -218,17 +156,14 @@ def test_releaser_moves_pull_cursors_over_spent_pointers(
             for s, t in after.items())
 
     with releaser(config, "r-cursors"):
-        # cursors move in steps of CURSOR_STEP_MS (5 s), never past now - safety lag
+        wait_served(client, auth, topic.name)
+        assert len(topic.drain(30, within_s=15)) == 30  # leased through the releaser
+        acked_at = now_ms()
+        # cursors move in steps of CURSOR_STEP_MS, never past now - safety lag
         deadline = time.monotonic() + 15
         while not moved_past_acks() and time.monotonic() < deadline:
             time.sleep(0.2)
     assert moved_past_acks(), services.timeline.cursors(uid)
-
-
-def _tenant_of(services: Services, auth: dict[str, str]) -> str:
-    tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
-    assert tenant is not None
-    return tenant
 
 
 @contextmanager
@@ -248,7 +183,7 @@ def late_producer_of_a_quiet_topic(label: str, member: str, behind_ms: int
             with receiving(Receiver()) as target, releaser(config, member) as r:
                 topic, secret = webhook_topic(client, auth, target.url)
                 made = now_ms()
-                wait_quiet(r, {services.topics.get(_tenant_of(services, auth), topic.name).uid})
+                wait_quiet(r, {services.topics.get(tenant_of(services, auth), topic.name).uid})
                 assert_written_behind_its_cursors(config, made, behind_ms)
                 yield target, TopicClient(skewed.test_client(), auth, name=topic.name,
                                           delivery={"mode": "webhook", "url": target.url}), \
@@ -461,7 +396,7 @@ def test_the_look_ahead_reads_only_the_webhook_topics_written_to_since_it_last_r
     their partitions; a write to one makes it read that one, and everything is delivered."""
     with receiving(Receiver()) as target:
         topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
-        uids = [services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics]
+        uids = [services.topics.get(tenant_of(services, auth), t.name).uid for t in topics]
         for n, topic in enumerate(topics):
             assert topic.enqueue(id=f"ahead{n}", delay_ms=8000).status_code == 201
         # a look-ahead of 9 s: all is read and compared long before a message is taken
@@ -489,7 +424,7 @@ def test_the_look_ahead_reads_a_topic_it_never_read_before_those_it_reads_again(
     monkeypatch.setattr(releaser_module, "LOOK_AHEAD_READERS", 1)
     with keyspace_alone("newfirst") as (config, services, client, auth), \
             receiving(Receiver()) as target:
-        tenant = _tenant_of(services, auth)
+        tenant = tenant_of(services, auth)
         old = [webhook_topic(client, auth, target.url)[0] for _ in range(8)]
         old_uids = {services.topics.get(tenant, t.name).uid for t in old}
         for n, topic in enumerate(old):
@@ -539,7 +474,7 @@ def test_the_look_ahead_reads_a_topic_it_never_read_before_those_it_reads_again(
 def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     topic = TopicClient(client, auth)  # pull, nothing ever enqueued
-    uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+    uid = services.topics.get(tenant_of(services, auth), topic.name).uid
     with releaser(config, "r-quiet") as r:
         reads = cursor_reads(r)
         wait_quiet(r, {uid})  # drained, caught up, no pointer in the window
@@ -611,7 +546,7 @@ def test_the_look_ahead_alone_finds_a_message_due_past_its_window_when_it_was_re
     monkeypatch.setattr(Releaser, "sweep", lambda self: False)
     with receiving(Receiver()) as target:
         topic, _ = webhook_topic(client, auth, target.url)
-        uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         with releaser(config, "r-past-window", release_lookahead_ms=3000) as r:
             reads = look_ahead_reads(r)
             assert topic.enqueue(id="soon", delay_ms=500).status_code == 201
@@ -633,7 +568,7 @@ def test_the_sweep_reads_the_cursors_of_its_awake_topics_together() -> None:
     below: in the shared one a fresh-clone run's first sweep took over 5 s."""
     with keyspace_alone("cursors") as (config, services, client, auth):
         topics = [TopicClient(client, auth) for _ in range(3)]
-        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
         for topic in topics:
             assert topic.enqueue(id="waiting").status_code == 201
         with releaser(config, "r-cursors") as r:  # made after: it knows all three at once
@@ -656,7 +591,7 @@ def test_the_sweep_works_on_its_awake_topics_side_by_side() -> None:
     lock = threading.Lock()
     with keyspace_alone("sidebyside") as (config, services, client, auth):
         topics = [TopicClient(client, auth) for _ in range(4)]
-        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
         for topic in topics:  # a backlog nobody leases: awake at every sweep
             assert topic.enqueue(id="waiting").status_code == 201
         with releaser(config, "r-side-by-side") as r:
@@ -692,7 +627,7 @@ def test_the_catch_up_reads_behind_one_topic_at_a_time_only_where_a_count_moved(
             receiving(Receiver()) as target, releaser(config, "r-catch-up") as r:
         topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
         made = now_ms()
-        uids = [services.topics.get(_tenant_of(services, auth), t.name).uid
+        uids = [services.topics.get(tenant_of(services, auth), t.name).uid
                 for t in topics]
         wait_quiet(r, set(uids))  # cursors caught up
         for topic in topics:  # written to: awake for a minute; due long after the test
@@ -742,7 +677,7 @@ def test_a_deleted_topic_leaves_nothing_in_the_releasers_records(
     made and deleted all day, those records grew without end."""
     with receiving(Receiver()) as target, releaser(config, "r-forget") as r:
         topic, _ = webhook_topic(client, auth, target.url)
-        uid = services.topics.get(_tenant_of(services, auth), topic.name).uid
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         assert topic.enqueue(id="soon", delay_ms=300).status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 10)
         deadline = time.monotonic() + 30  # a catch-up every 5 s, a slow sweep's rest
@@ -765,7 +700,7 @@ def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_sw
     with keyspace_alone("putback") as (config, services, client, auth), \
             releaser(config, "r-put-back") as r:
         deleted = TopicClient(client, auth)
-        uid = services.topics.get(_tenant_of(services, auth), deleted.name).uid
+        uid = services.topics.get(tenant_of(services, auth), deleted.name).uid
         deadline = time.monotonic() + 5
         while uid not in r._topics and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -806,7 +741,7 @@ def test_the_sweep_goes_on_when_its_reads_for_many_topics_fail(
         backlog = TopicClient(client, auth)  # pull, nobody leases: awake at every sweep
         assert backlog.enqueue(id="waiting").status_code == 201
         quiet = [TopicClient(client, auth) for _ in range(2)]
-        quiet_uids = {services.topics.get(_tenant_of(services, auth), t.name).uid
+        quiet_uids = {services.topics.get(tenant_of(services, auth), t.name).uid
                       for t in quiet}
         with releaser(config, "r-many-fail") as r:
             wait_quiet(r, quiet_uids)
@@ -834,7 +769,7 @@ def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
     monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 1000)
     with keyspace_alone("recheck") as (config, services, client, auth):
         topics = [TopicClient(client, auth) for _ in range(3)]
-        uids = {services.topics.get(_tenant_of(services, auth), t.name).uid for t in topics}
+        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
         with releaser(config, "r-recheck") as r:  # made after: it knows them from its start
             reads = cursor_reads(r)
             wait_quiet(r, uids)

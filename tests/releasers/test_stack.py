@@ -21,7 +21,7 @@ from app.services import Services
 from tests.receiver import Receiver, receiving
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PORT = "18080"
 METRICS_PORT = "19464"  # the releaser's
 BASE = f"http://127.0.0.1:{PORT}"

@@ -23,7 +23,7 @@ from app.timeparse import parse_instant
 from tests.conftest import own_keyspace
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
-from tests.test_releaser import releaser, webhook_topic
+from tests.releasing import releaser, webhook_topic
 from tests.waiting import wait_until
 from workers import releaser as releaser_module
 from workers.paced import PacedStep
@@ -148,14 +148,16 @@ def test_a_foreign_or_unknown_datagram_wakes_nothing() -> None:
 
 
 def test_many_kinds_go_in_datagrams_that_each_fit_and_decode_back() -> None:
-    """A process that wrote pointers of many pull topics in one moment (app.pull_wakes)
-    sends their uids in as many datagrams as they need, none over DATAGRAM_MAX bytes."""
-    uids = {str(uuid.UUID(int=n)) for n in range(100)}
-    prefix = b"duetime-pull "
-    datagrams = wakeups.encode(uids, prefix)
+    """A process that wrote pointers of many pull topics in one moment sends their pull
+    kinds in as many datagrams as they need, none over DATAGRAM_MAX bytes."""
+    uids = [uuid.UUID(int=n) for n in range(100)]
+    kinds = {wakeups.pull_kind(u) for u in uids} | {"due"}
+    datagrams = wakeups.encode(kinds)
     assert len(datagrams) > 1 and all(len(d) <= wakeups.DATAGRAM_MAX for d in datagrams)
-    assert set().union(*(wakeups.decode(d, prefix, known=None) for d in datagrams)) == uids
-    assert wakeups.decode(datagrams[0], wakeups.PREFIX) == set()  # not a releaser's
+    got = set().union(*(wakeups.decode(d) for d in datagrams))
+    assert got == kinds
+    assert {wakeups.pulled_topic(k) for k in got} == {*uids, None}
+    assert wakeups.decode(b"duetime-wake pull:not-a-uuid,due") == {"due"}
     assert wakeups.encode({"due"}) == [b"duetime-wake due"]
 
 
@@ -166,6 +168,7 @@ def woken(config: Config, services: Services) -> Iterator[queue.Queue[str]]:
     got: queue.Queue[str] = queue.Queue()
     for kind in wakeups.KINDS:
         listener.on(kind, lambda k=kind: got.put(k))  # type: ignore[misc]
+    listener.on_pull(lambda _uid: got.put("pull"))
     listener.start()
     members = OwnershipStore(services.db, config.release_ring)
     members.heartbeat("wake-test", now_ms(), 30, listener.address)
@@ -207,8 +210,10 @@ def test_writes_a_releaser_must_see_soon_wake_it_and_others_do_not(
         assert pushed.enqueue(id="later", delay_ms=60_000).status_code == 201
         pulled = TopicClient(client, auth)
         assert kinds_within(woken, 1) == {"topics"}
-        assert pulled.enqueue(id="pull-soon").status_code == 201  # consumers lease it
-        assert kinds_within(woken, 1) == set()
+        sent, received = counted("sent", "pull"), counted("received", "pull")
+        assert pulled.enqueue(id="pull-soon").status_code == 201  # long polls get it now
+        assert kinds_within(woken, 1) == {"pull"}
+        assert counted("sent", "pull") > sent and counted("received", "pull") > received
         assert pulled.client.put(pulled.url("/schedules/hourly"), headers=auth, json={
             "cron": "0 * * * *", "payload": {}}).status_code == 201
         assert kinds_within(woken, 1) == {"schedules"}
