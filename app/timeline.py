@@ -106,11 +106,6 @@ def campaign_spread(message_id: str) -> int:
     return stable_hash(message_id) % CAMPAIGN_SPREAD
 
 
-def day_and_minute(due_ms: int) -> tuple[int, int]:
-    """(day, minute) since the epoch: the upcoming-load counter cell of a due time."""
-    return due_ms // MS_PER_DAY, due_ms // MS_PER_MINUTE
-
-
 def release_slot_of(topic_uid: str, shard: int, slots: int) -> int:
     """The release slot (unit of releaser ownership) of one topic shard."""
     return stable_hash(f"{topic_uid}:{shard}") % slots

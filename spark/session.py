@@ -3,16 +3,12 @@ from app.config, and the write tuning for bulk imports."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyspark.sql import DataFrame, SparkSession
 
 from app.config import Config, load_config
 from app.models import Topic
 from app.services import Services
 
-ROOT = Path(__file__).resolve().parent.parent
-JARS_DIR = ROOT / "var" / "spark" / "jars"
 CASSANDRA_FORMAT = "org.apache.spark.sql.cassandra"
 
 
@@ -26,14 +22,6 @@ def open_topic(tenant: str, name: str) -> tuple[Config, Services, Topic]:
         services.close()
         raise SystemExit(f"no topic {name!r} for tenant {tenant!r}")
     return config, services, topic
-
-
-def connector_jars() -> list[str]:
-    """The connector and its dependencies, fetched by `make setup` (devstack/spark-pom.xml)."""
-    jars = sorted(str(p) for p in JARS_DIR.glob("*.jar"))
-    if not jars:
-        raise SystemExit(f"no connector jars in {JARS_DIR}; run `make setup` first")
-    return jars
 
 
 def connector_conf(config: Config) -> dict[str, str]:

@@ -134,16 +134,11 @@ class TimelineStore:
 
         return counts
 
-    def write_counts_of(self, topic_uids: Sequence[uuid.UUID], buckets: Sequence[int]
-                        ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
-        """write_counts of many topics in one request ({topic: {(bucket, shard): n}}, a
-        topic without counts absent); callers keep topics x buckets to about a hundred."""
-        return self.write_counts_in([(topic_uids, buckets)])
-
     def write_counts_in(self, groups: Sequence[tuple[Sequence[uuid.UUID], Sequence[int]]]
                         ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
-        """write_counts_of for each (topics, buckets) group, the requests sent together (one
-        round trip in all, not one per group); a topic in two groups gets both's counts."""
+        """The write counts of each (topics, buckets) group, about a hundred topics x buckets
+        a group: {topic: {(bucket, shard): n}}, a topic without counts absent, one in two
+        groups with both's. The requests go out together: one round trip in all."""
         futures = [self.db.execute_async(
             "SELECT topic_uid, bucket, shard, n FROM {ks}.bucket_writes WHERE topic_uid IN ? "
             "AND bucket IN ?", (list(topic_uids), list(buckets)))

@@ -327,15 +327,16 @@ def test_ten_thousand_at_one_second_all_delivered_partitions_capped(
         delivered: set[str] = set()
         lock = threading.Lock()
 
-        deadline = time.monotonic() + 120
+        # a bound for liveness, not for speed (that is `make bench`): the API, the releaser
+        # and the consumers share this process's interpreter, on a machine perhaps busy
+        deadline = time.monotonic() + 300
 
         def consume() -> None:
             mine = TopicClient(app.test_client(), auth, name=topic.name)
             while len(delivered) < 10_000 and time.monotonic() < deadline:
-                for m in mine.lease(500, wait_ms=200):
-                    if mine.ack(m) == 204:
-                        with lock:
-                            delivered.add(m["id"])
+                acked = mine.ack_all(mine.lease(500, wait_ms=200))
+                with lock:
+                    delivered.update(acked)
             with lock:
                 topic.received.extend(mine.received)
 
@@ -345,7 +346,7 @@ def test_ten_thousand_at_one_second_all_delivered_partitions_capped(
             for c in consumers:
                 c.start()
             for c in consumers:
-                c.join(150)
+                c.join(330)
         assert len(delivered) == 10_000
         assert min(m["received_at"] for m in topic.received) >= second
     finally:
