@@ -37,6 +37,12 @@ from app.scan import Due
 from app.services import Services
 
 FIND_AT_LEAST = 32
+# A round takes at most this many messages, and the next round starts at once. Its take must
+# end within its callers' waits: the desk gives back what comes after a want's wait plus
+# ANSWER_GRACE_S, and rounds of thousands of LWTs on a loaded host came back too late, round
+# after round, so calls asking for hundreds got nothing while their messages went back and
+# forth.
+ROUND_MAX = 250
 READY_FOR_MS = 1000
 UNKNOWN_RECHECK_S = 0.1
 PEEK_MAX_MS = 5000
@@ -174,8 +180,11 @@ class Broker:
         if not shards:  # not ours (any more): the API process asks the owners it reads next
             self._answer(topic_uid, parked, {}, None, 0.0, final=True)
             return
-        answers, next_ms = self._lease(topic, shards, [p.want for p in parked])
+        answers, next_ms, capped = self._lease(topic, shards, [p.want for p in parked])
         self._answer(topic_uid, parked, answers, next_ms, self.recheck_s)
+        if capped:  # more was wanted than a round takes: the wants left are served next
+            with self._lock:
+                self._again.add(topic_uid)
 
     def _read_topic(self, topic_uid: uuid.UUID, want: Want) -> Topic | None:
         """A topic this releaser does not know yet (made a moment ago), read by the tenant
@@ -217,13 +226,15 @@ class Broker:
         return left
 
     def _lease(self, topic: Topic, shards: set[int], wants: list[Want]
-               ) -> tuple[dict[int, list[Taken]], int | None]:
+               ) -> tuple[dict[int, list[Taken]], int | None, bool]:
         """Lease due messages of these shards for the wants, in fair order, in arrival
-        order of the wants. Returns {id(want): taken} and, when a scan found nothing due,
-        the earliest pointer it saw ahead (epoch ms)."""
+        order of the wants, at most ROUND_MAX in all. Returns {id(want): taken}; when a scan
+        found nothing due, the earliest pointer it saw ahead (epoch ms); and whether the cap
+        cut the round short."""
         services = self.services
         now = services.clock()
-        total = sum(w.n for w in wants)
+        wanted = sum(w.n for w in wants)
+        total = min(wanted, ROUND_MAX)
         ready = self._fresh_ready(topic.uid, now)
         kept_end: int | None = None  # of a fresh read, the part kept is fair for the next
         result = None
@@ -235,7 +246,7 @@ class Broker:
             services.scanner.spend(topic, [d.pointer for d in result.due
                                            if d.row.id in paused])
             ready = fair_order([d for d in result.due if d.row.id not in paused])
-        chunk, owners = _share(ready, wants)
+        chunk, owners = _share(ready, wants, total)
         if result is not None:
             kept_end = known_turns_end(ready, len(chunk))
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
@@ -257,7 +268,7 @@ class Broker:
             services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                              if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
         next_ms = result.next_ms if result is not None and not result.due else None
-        return answers, next_ms
+        return answers, next_ms, len(chunk) == total < wanted
 
     def _fresh_ready(self, topic_uid: uuid.UUID, now: int) -> list[Due] | None:
         with self._lock:
@@ -302,14 +313,14 @@ class Broker:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _share(ready: list[Due], wants: list[Want]) -> tuple[list[Due], list[int]]:
-    """The prefix of `ready` the wants take, each message with the index of its want:
-    the wants in arrival order, each filled up to n."""
+def _share(ready: list[Due], wants: list[Want], total: int) -> tuple[list[Due], list[int]]:
+    """The prefix of `ready` the wants take, at most `total`, each message with the index of
+    its want: the wants in arrival order, each filled up to n."""
     chunk: list[Due] = []
     owners: list[int] = []
     room = [w.n for w in wants]
     which = 0
-    for d in ready:
+    for d in ready[:total]:
         while which < len(wants) and room[which] == 0:
             which += 1
         if which == len(wants):
