@@ -89,6 +89,7 @@ class Broker:
         self._stopping = threading.Event()
         self._clock = threading.Thread(target=self._clock_loop, name="broker-clock", daemon=True)
         self._server: _Server | None = None
+        self._started = False
 
     def bind(self, port: int) -> int:
         """Bind the TCP listening socket on `port` (0: any free one) and return its number;
@@ -105,6 +106,7 @@ class Broker:
     def start(self) -> None:
         """Serve wants on the socket bind() opened."""
         assert self._server is not None, "bind() first"
+        self._started = True
         threading.Thread(target=self._server.serve_forever, name="broker-listener",
                          daemon=True).start()
         self._clock.start()
@@ -305,7 +307,7 @@ class Broker:
         """No new want is served; the parked ones are dropped (their callers' waits end)."""
         self._stopping.set()
         if self._server is not None:
-            if self._clock.is_alive():  # serve_forever runs: shutdown() waits for it to end
+            if self._started:  # serve_forever runs: shutdown() waits for it to end
                 self._server.shutdown()
             self._server.close_all()
         with self._checks_changed:
