@@ -6,10 +6,12 @@ with the token the releaser publishes in its membership row (others are closed).
 only reader of its shards for these wants: it finds what is due there (one scan for every
 want of a topic waiting together, at least FIND_AT_LEAST messages, the rest kept in a ready
 list for READY_FOR_MS), puts it in fair order, leases it on the callers' terms (one take:
-conditional batches per home across the wants) and sends it back. A want that found nothing
-waits, parked, until a pull wake-up names its topic (a write due soon), the earliest pointer
-its scan saw ahead comes due, the idle period (DUETIME_PULL_IDLE_MS) passes (a lost
-wake-up) or its wait ends.
+conditional batches per home across the wants) and sends it back. With nothing due now, a
+round prepares what comes due within the prepare lead, as a push is prepared: leased (its
+lease running from its due time) for the wants that still wait then, and sent at its due
+time. A want that found nothing waits, parked, until a pull wake-up names its topic (a write
+due soon), the prepare lead before the earliest pointer its scan saw ahead, the idle period
+(DUETIME_PULL_IDLE_MS) passes (a lost wake-up) or its wait ends.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from app import broker_wire
@@ -44,6 +46,9 @@ FIND_AT_LEAST = 32
 # forth.
 ROUND_MAX = 250
 READY_FOR_MS = 1000
+# A prepared round takes only what comes due within this of its earliest message: a want's
+# share is handed out at its latest due time, so this is the most its first waits.
+SHARE_SPREAD_MS = 10
 UNKNOWN_RECHECK_S = 0.1
 PEEK_MAX_MS = 5000
 BROKER_THREADS = 4
@@ -77,13 +82,15 @@ class Broker:
         self.shards_of = shards_of
         self.on_unknown = on_unknown
         self.recheck_s = services.config.pull_idle_ms / 1000
+        self.lead_ms = services.config.release_prepare_ms
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         self._ready: dict[uuid.UUID, tuple[float, list[Due]]] = {}
         self._serving: set[uuid.UUID] = set()
         self._again: set[uuid.UUID] = set()
         self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
-        self._checks: list[tuple[float, int, uuid.UUID]] = []  # (monotonic s, seq, topic)
+        # (monotonic s, seq, what to do then): parked topics' next checks, prepared sends
+        self._checks: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._checks_changed = threading.Condition()
         self._stopping = threading.Event()
@@ -182,7 +189,7 @@ class Broker:
         if not shards:  # not ours (any more): the API process asks the owners it reads next
             self._answer(topic_uid, parked, {}, None, 0.0, final=True)
             return
-        answers, next_ms, capped = self._lease(topic, shards, [p.want for p in parked])
+        answers, next_ms, capped = self._lease(topic, shards, parked)
         self._answer(topic_uid, parked, answers, next_ms, self.recheck_s)
         if capped:  # more was wanted than a round takes: the wants left are served next
             with self._lock:
@@ -201,20 +208,28 @@ class Broker:
     def _answer(self, topic_uid: uuid.UUID, parked: list[_Parked],
                 answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,
                 final: bool = False) -> None:
-        """Send the answers of the wants that got messages, whose wait is over, or all
-        (`final`); the others wait for their next check: within recheck_s, their earliest
-        deadline, or the next pointer seen ahead (next_ms, epoch ms)."""
+        """Send the answers of the wants that got messages (a prepared share at the latest
+        due time in it), whose wait is over, or all (`final`); the others wait for their
+        next check: within recheck_s, their earliest deadline, or the prepare lead before
+        the next pointer seen ahead (next_ms, epoch ms)."""
         now_s = time.monotonic()
+        now_ms = self.services.clock()
         answered = [p for p in parked
                     if final or answers.get(id(p.want)) or p.deadline <= now_s]
         for p in answered:
-            _send(p, broker_wire.encode_got(p.want.id, answers.get(id(p.want), [])))
+            taken = answers.get(id(p.want), [])
+            line = broker_wire.encode_got(p.want.id, taken)
+            hand_at_ms = max((t.due_ms for t in taken), default=now_ms)
+            if hand_at_ms > now_ms:  # never early: the clock's ms are floored, so this is late
+                self._at(now_s + (hand_at_ms - now_ms) / 1000, _sending(p, line))
+            else:
+                _send(p, line)
         left = self._drop(topic_uid, {id(p) for p in answered})
         if not left:
             return
         when = min([p.deadline for p in left] + [now_s + recheck_s])
         if next_ms is not None:
-            when = min(when, now_s + max(0, next_ms - self.services.clock()) / 1000)
+            when = min(when, now_s + max(0, next_ms - self.lead_ms - now_ms) / 1000)
         self._check_at(when, topic_uid)
 
     def _drop(self, topic_uid: uuid.UUID, answered: set[int]) -> list[_Parked]:
@@ -227,14 +242,16 @@ class Broker:
                 self._wants.pop(topic_uid, None)
         return left
 
-    def _lease(self, topic: Topic, shards: set[int], wants: list[Want]
+    def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
                ) -> tuple[dict[int, list[Taken]], int | None, bool]:
         """Lease due messages of these shards for the wants, in fair order, in arrival
-        order of the wants, at most ROUND_MAX in all. Returns {id(want): taken}; when a scan
-        found nothing due, the earliest pointer it saw ahead (epoch ms); and whether the cap
-        cut the round short."""
+        order of the wants, at most ROUND_MAX in all; with none due now, those due within
+        the prepare lead, for the wants that still wait then. Returns {id(want): taken};
+        when a scan found nothing due, the earliest pointer it saw ahead (epoch ms); and
+        whether the cap cut the round short."""
         services = self.services
         now = services.clock()
+        wants = [p.want for p in parked]
         wanted = sum(w.n for w in wants)
         total = min(wanted, ROUND_MAX)
         ready = self._fresh_ready(topic.uid, now)
@@ -243,16 +260,31 @@ class Broker:
         if ready is None or len(ready) < total:
             longest = max(w.wait_ms for w in wants)
             result = services.scanner.scan(topic, now, max(total, FIND_AT_LEAST), shards,
+                                           ahead_ms=self.lead_ms,
                                            peek_ms=min(longest, PEEK_MAX_MS))
             paused = passed_over(services, topic, result.due)
             services.scanner.spend(topic, [d.pointer for d in result.due
                                            if d.row.id in paused])
             ready = fair_order([d for d in result.due if d.row.id not in paused])
-        chunk, owners = _share(ready, wants, total)
+        found = ready
+        due_now = [d for d in ready if d.row.due_at_ms <= now]
+        ahead_ms = 0 if due_now else self.lead_ms
+        rooms = [w.n for w in wants]
+        if due_now:  # what comes due later is found again by the next round's read
+            ready = due_now
+        elif ready:  # prepared, earliest first and close together: a want's share is handed
+            # out at its latest due time, for the wants that still wait then
+            first_ms = min(d.row.due_at_ms for d in ready)
+            ready = sorted((d for d in ready if d.row.due_at_ms <= first_ms + SHARE_SPREAD_MS),
+                           key=lambda d: d.row.due_at_ms)
+            last_hand_s = time.monotonic() + (ready[-1].row.due_at_ms - now) / 1000
+            rooms = [p.want.n if p.deadline > last_hand_s else 0 for p in parked]
+        chunk, owners = _share(ready, rooms, total)
         if result is not None:
             kept_end = known_turns_end(ready, len(chunk))
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
-        taken = take_with_payloads(services, topic, chunk, now, holds) if chunk else []
+        taken = take_with_payloads(services, topic, chunk, now, holds,
+                                   ahead_ms=ahead_ms) if chunk else []
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         answers: dict[int, list[Taken]] = defaultdict(list)
         for row, payload in taken:
@@ -265,8 +297,7 @@ class Broker:
             self._ready[topic.uid] = (time.monotonic() + READY_FOR_MS / 1000, rest)
         if result is not None:
             won = {row.id for row, _ in taken}
-            untaken = ready[len(chunk):] + [d for d in chunk if d.row.id not in won]
-            moves = result.moves(untaken)
+            moves = result.moves([d for d in found if d.row.id not in won])
             services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                              if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
         next_ms = result.next_ms if result is not None and not result.due else None
@@ -280,15 +311,27 @@ class Broker:
         return [d for d in found[1] if d.row.due_at_ms <= now]
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
+        """Serve the topic's parked wants at when_s (monotonic s), if any wait then."""
+        self._at(when_s, lambda: self._kick_waiting(topic_uid))
+
+    def _kick_waiting(self, topic_uid: uuid.UUID) -> None:
+        with self._lock:
+            waiting = bool(self._wants.get(topic_uid))
+        if waiting:
+            self._kick(topic_uid)
+
+    def _at(self, when_s: float, action: Callable[[], None]) -> None:
+        """Run action on the clock thread at when_s (monotonic s), never before."""
         with self._checks_changed:
-            heapq.heappush(self._checks, (when_s, next(self._seq), topic_uid))
+            heapq.heappush(self._checks, (when_s, next(self._seq), action))
             self._checks_changed.notify()
 
     def _clock_loop(self) -> None:
-        """Serve parked topics at their next check (their earliest pointer ahead, a want's
-        deadline, or the idle period)."""
+        """Run what is due on the clock: prepared answers at their hand-out time, and the
+        next checks of parked topics (their earliest pointer ahead, a want's deadline, or
+        the idle period)."""
         while not self._stopping.is_set():
-            due: list[uuid.UUID] = []
+            due: list[Callable[[], None]] = []
             with self._checks_changed:
                 now = time.monotonic()
                 while self._checks and self._checks[0][0] <= now:
@@ -297,11 +340,11 @@ class Broker:
                     wait = self._checks[0][0] - now if self._checks else self.recheck_s
                     self._checks_changed.wait(min(wait, self.recheck_s))
                     continue
-            for uid in dict.fromkeys(due):
-                with self._lock:
-                    waiting = bool(self._wants.get(uid))
-                if waiting:
-                    self._kick(uid)
+            for action in due:
+                try:
+                    action()
+                except Exception:
+                    log.exception("broker clock action failed")
 
     def stop(self) -> None:
         """No new want is served; the parked ones are dropped (their callers' waits end)."""
@@ -315,17 +358,17 @@ class Broker:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _share(ready: list[Due], wants: list[Want], total: int) -> tuple[list[Due], list[int]]:
+def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due], list[int]]:
     """The prefix of `ready` the wants take, at most `total`, each message with the index of
-    its want: the wants in arrival order, each filled up to n."""
+    its want: the wants in arrival order, each filled up to its room."""
     chunk: list[Due] = []
     owners: list[int] = []
-    room = [w.n for w in wants]
+    room = list(rooms)
     which = 0
     for d in ready[:total]:
-        while which < len(wants) and room[which] == 0:
+        while which < len(room) and room[which] == 0:
             which += 1
-        if which == len(wants):
+        if which == len(room):
             break
         chunk.append(d)
         owners.append(which)
@@ -336,6 +379,10 @@ def _share(ready: list[Due], wants: list[Want], total: int) -> tuple[list[Due], 
 def _send(parked: _Parked, line: bytes) -> None:
     with contextlib.suppress(OSError):  # the caller went away: its leases run out
         parked.reply(line)
+
+
+def _sending(parked: _Parked, line: bytes) -> Callable[[], None]:
+    return lambda: _send(parked, line)
 
 
 class _Handler(socketserver.StreamRequestHandler):
