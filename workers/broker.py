@@ -228,8 +228,9 @@ class Broker:
         if not left:
             return
         when = min([p.deadline for p in left] + [now_s + recheck_s])
-        if next_ms is not None:
-            when = min(when, now_s + max(0, next_ms - self.lead_ms - now_ms) / 1000)
+        hand_s = None if next_ms is None else now_s + (next_ms - now_ms) / 1000
+        if hand_s is not None and any(p.deadline > hand_s for p in left):
+            when = min(when, hand_s - self.lead_ms / 1000)
         self._check_at(when, topic_uid)
 
     def _drop(self, topic_uid: uuid.UUID, answered: set[int]) -> list[_Parked]:
@@ -255,7 +256,6 @@ class Broker:
         wanted = sum(w.n for w in wants)
         total = min(wanted, ROUND_MAX)
         ready = self._fresh_ready(topic.uid, now)
-        kept_end: int | None = None  # of a fresh read, the part kept is fair for the next
         result = None
         if ready is None or len(ready) < total:
             longest = max(w.wait_ms for w in wants)
@@ -268,23 +268,17 @@ class Broker:
             ready = fair_order([d for d in result.due if d.row.id not in paused])
         found = ready
         due_now = [d for d in ready if d.row.due_at_ms <= now]
-        ahead_ms = 0 if due_now else self.lead_ms
-        rooms = [w.n for w in wants]
-        if due_now:  # what comes due later is found again by the next round's read
+        if due_now or not ready:  # what comes due later is found again by the next read
             ready = due_now
-        elif ready:  # prepared, earliest first and close together: a want's share is handed
-            # out at its latest due time, for the wants that still wait then
-            first_ms = min(d.row.due_at_ms for d in ready)
-            ready = sorted((d for d in ready if d.row.due_at_ms <= first_ms + SHARE_SPREAD_MS),
-                           key=lambda d: d.row.due_at_ms)
-            last_hand_s = time.monotonic() + (ready[-1].row.due_at_ms - now) / 1000
-            rooms = [p.want.n if p.deadline > last_hand_s else 0 for p in parked]
-        chunk, owners = _share(ready, rooms, total)
-        if result is not None:
-            kept_end = known_turns_end(ready, len(chunk))
+            chunk, owners = _share(ready, [w.n for w in wants], total)
+            kept_end = known_turns_end(ready, len(chunk)) if result is not None else None
+            rest = ready[len(chunk):kept_end]
+        else:
+            chunk, owners = _prepared_share(ready, parked, total, now)
+            rest = []
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         taken = take_with_payloads(services, topic, chunk, now, holds,
-                                   ahead_ms=ahead_ms) if chunk else []
+                                   ahead_ms=0 if due_now else self.lead_ms) if chunk else []
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         answers: dict[int, list[Taken]] = defaultdict(list)
         for row, payload in taken:
@@ -292,15 +286,16 @@ class Broker:
             if payload is not None:  # else it comes due again when its lease runs out
                 answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
                                                    d.row.due_at_ms))
-        rest = ready[len(chunk):kept_end]
         with self._lock:
             self._ready[topic.uid] = (time.monotonic() + READY_FOR_MS / 1000, rest)
+        won = {row.id for row, _ in taken}
         if result is not None:
-            won = {row.id for row, _ in taken}
             moves = result.moves([d for d in found if d.row.id not in won])
             services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                              if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
-        next_ms = result.next_ms if result is not None and not result.due else None
+        # the wants left look again at the prepare lead before what comes next
+        ahead = [d.row.due_at_ms for d in found if d.row.id not in won and d.row.due_at_ms > now]
+        next_ms = min(ahead) if ahead else result.next_ms if result is not None else None
         return answers, next_ms, len(chunk) == total < wanted
 
     def _fresh_ready(self, topic_uid: uuid.UUID, now: int) -> list[Due] | None:
@@ -373,6 +368,32 @@ def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due
         chunk.append(d)
         owners.append(which)
         room[which] -= 1
+    return chunk, owners
+
+
+def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms: int
+                    ) -> tuple[list[Due], list[int]]:
+    """Of messages not due yet (within the prepare lead), earliest first, what each want
+    takes, at most `total` in all, each with the index of its want: the wants in arrival
+    order, each up to n messages at most SHARE_SPREAD_MS later than its first (its share
+    is handed out at its latest due time), and only while its wait lasts past that."""
+    order = sorted(ahead, key=lambda d: d.row.due_at_ms)
+    now_s = time.monotonic()
+    chunk: list[Due] = []
+    owners: list[int] = []
+    at = 0
+    for which, p in enumerate(parked):
+        share: list[Due] = []
+        while (at < len(order) and len(share) < p.want.n and len(chunk) + len(share) < total
+               and order[at].row.due_at_ms <= (share or order[at:])[0].row.due_at_ms
+               + SHARE_SPREAD_MS):
+            share.append(order[at])
+            at += 1
+        if share and p.deadline > now_s + (share[-1].row.due_at_ms - now_ms) / 1000:
+            chunk += share
+            owners += [which] * len(share)
+        else:
+            at -= len(share)  # left for a want that waits long enough
     return chunk, owners
 
 
