@@ -209,7 +209,8 @@ def _run_on(stack: FaultStack, names: list[str], messages: int,
         stack.start()
         try:
             # warm-up (a cold node's first seconds), saved apart from the "none" round's
-            run_round(stack, target, "none", 50, 3, saved_as="warm-up-cluster" if stack.cluster else "warm-up")
+            run_round(stack, target, "none", 50, 3,
+                      saved_as="warm-up-cluster" if stack.cluster else "warm-up")
             for name in names:
                 row = run_round(stack, target, name, messages, window_s)
                 print(json.dumps({k: row[k] for k in ("nemesis", "ok", "lost", "early",
