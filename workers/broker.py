@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from app import broker_wire
 from app.broker_wire import Taken, Want
 from app.fairness import fair_order, known_turns_end
-from app.leasing import CURSOR_STEP_MS, Hold, passed_over, take_with_payloads
+from app.leasing import CURSOR_STEP_MS, Hold, give_back, passed_over, take_with_payloads
 from app.models import Topic
 from app.scan import Due
 from app.services import Services
@@ -133,6 +133,22 @@ class Broker:
         if waiting:
             self._kick(topic_uid)
 
+    def withdraw(self, link: int, want_id: int) -> None:
+        """The want's call got its answer elsewhere or left: if it still waits here, it is
+        answered with nothing now (what a round under way leases for it is given back)."""
+        with self._lock:
+            found = None
+            for uid, parked in self._wants.items():
+                found = next((p for p in parked if p.link == link and p.want.id == want_id),
+                             None)
+                if found is not None:
+                    parked.remove(found)
+                    if not parked:
+                        del self._wants[uid]
+                    break
+        if found is not None:
+            _send(found, broker_wire.encode_got(want_id, []))
+
     def forget_link(self, link: int) -> None:
         """The connection closed: its wants have nobody to answer."""
         with self._lock:
@@ -183,14 +199,14 @@ class Broker:
             return
         topic = self.topic_of(topic_uid) or self._read_topic(topic_uid, parked[0].want)
         if topic is None:  # made a moment ago: its wants wait while the releaser learns it
-            self._answer(topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
+            self._answer(None, topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
             return
         shards = self.shards_of(topic) if not topic.pushed else set()
         if not shards:  # not ours (any more): the API process asks the owners it reads next
-            self._answer(topic_uid, parked, {}, None, 0.0, final=True)
+            self._answer(topic, topic_uid, parked, {}, None, 0.0, final=True)
             return
         answers, next_ms, capped = self._lease(topic, shards, parked)
-        self._answer(topic_uid, parked, answers, next_ms, self.recheck_s)
+        self._answer(topic, topic_uid, parked, answers, next_ms, self.recheck_s)
         if capped:  # more was wanted than a round takes: the wants left are served next
             with self._lock:
                 self._again.add(topic_uid)
@@ -205,17 +221,23 @@ class Broker:
         found = self.services.topics.get(want.tenant, want.name)
         return found if found is not None and found.uid == topic_uid else None
 
-    def _answer(self, topic_uid: uuid.UUID, parked: list[_Parked],
+    def _answer(self, topic: Topic | None, topic_uid: uuid.UUID, parked: list[_Parked],
                 answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,
                 final: bool = False) -> None:
         """Send the answers of the wants that got messages (a prepared share at the latest
-        due time in it), whose wait is over, or all (`final`); the others wait for their
-        next check: within recheck_s, their earliest deadline, or the prepare lead before
-        the next pointer seen ahead (next_ms, epoch ms)."""
+        due time in it), whose wait is over, or all (`final`); what was leased for a want
+        withdrawn or closed meanwhile is given back. The others wait for their next check:
+        within recheck_s, their earliest deadline, or the prepare lead before the next
+        pointer seen ahead (next_ms, epoch ms)."""
         now_s = time.monotonic()
         now_ms = self.services.clock()
-        answered = [p for p in parked
-                    if final or answers.get(id(p.want)) or p.deadline <= now_s]
+        answering = [p for p in parked
+                     if final or answers.get(id(p.want)) or p.deadline <= now_s]
+        answered, left = self._take_out(topic_uid, answering)
+        gone = [t for p in answering if not any(p is a for a in answered)
+                for t in answers.get(id(p.want), [])]
+        if gone and topic is not None:
+            self._give_back(topic, gone)
         for p in answered:
             taken = answers.get(id(p.want), [])
             line = broker_wire.encode_got(p.want.id, taken)
@@ -224,7 +246,6 @@ class Broker:
                 self._at(now_s + (hand_at_ms - now_ms) / 1000, _sending(p, line))
             else:
                 _send(p, line)
-        left = self._drop(topic_uid, {id(p) for p in answered})
         if not left:
             return
         when = min([p.deadline for p in left] + [now_s + recheck_s])
@@ -233,15 +254,28 @@ class Broker:
             when = min(when, hand_s - self.lead_ms / 1000)
         self._check_at(when, topic_uid)
 
-    def _drop(self, topic_uid: uuid.UUID, answered: set[int]) -> list[_Parked]:
-        """Drop the answered wants (by id()) of the topic; returns those still waiting."""
+    def _take_out(self, topic_uid: uuid.UUID, answering: list[_Parked]
+                  ) -> tuple[list[_Parked], list[_Parked]]:
+        """Take the wants about to be answered out of the topic's waiting ones: those still
+        there (not withdrawn, their link open), and the topic's wants left waiting."""
         with self._lock:
-            left = [p for p in self._wants.get(topic_uid, []) if id(p) not in answered]
+            waiting = self._wants.get(topic_uid, [])
+            present = [p for p in answering if any(p is w for w in waiting)]
+            left = [w for w in waiting if not any(w is p for p in answering)]
             if left:
                 self._wants[topic_uid] = left
             else:
                 self._wants.pop(topic_uid, None)
-        return left
+        return present, left
+
+    def _give_back(self, topic: Topic, taken: list[Taken]) -> None:
+        """Messages leased for a want that has gone: due again now, the attempt not
+        counted (app.leasing.give_back); should that fail, their leases run out."""
+        try:
+            give_back(self.services, topic, taken)
+        except Exception:
+            log.warning("could not give back %d messages of topic %s", len(taken), topic.uid,
+                        exc_info=True)
 
     def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
                ) -> tuple[dict[int, list[Taken]], int | None, bool]:
@@ -428,11 +462,17 @@ class _Handler(socketserver.StreamRequestHandler):
                 return
             for line in self.rfile:
                 try:
-                    want = broker_wire.decode_want(broker_wire.decode_line(line))
+                    message = broker_wire.decode_line(line)
+                    withdrawn = broker_wire.decode_withdraw(message)
+                    if withdrawn is None:
+                        want = broker_wire.decode_want(message)
                 except (ValueError, KeyError, TypeError):
-                    log.warning("broker: malformed want dropped")
+                    log.warning("broker: malformed line dropped")
                     continue
-                self.server.broker.want(want, reply, link)
+                if withdrawn is not None:
+                    self.server.broker.withdraw(link, withdrawn)
+                else:
+                    self.server.broker.want(want, reply, link)
         except OSError:
             pass
         finally:

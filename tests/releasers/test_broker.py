@@ -232,6 +232,35 @@ def test_a_connection_without_the_releasers_token_is_closed_unanswered(
         app.extensions["duetime"].close()
 
 
+def test_a_withdrawn_want_is_answered_at_once_and_takes_nothing(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A call answered by one owner withdraws its wants at the others: a withdrawn want is
+    answered with nothing at once, and a message enqueued after is not leased for it."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        services = app.extensions["duetime"]
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        with releaser(config, "b-withdraw", **ring) as r:
+            wait_owned(r)
+            port = int(r.wakes.address.rpartition(":")[2])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
+                    broker_wire.Want(7, uid, 1, 30, None, 10_000)))
+                time.sleep(0.5)  # parked: nothing is due
+                asked = time.monotonic()
+                sock.sendall(broker_wire.encode_withdraw(7))
+                reader = sock.makefile("rb")
+                assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
+                    == (7, [])
+                assert time.monotonic() - asked < 5  # at once, not at the want's 10 s
+            assert topic.enqueue(id="after").status_code == 201
+            [got] = topic.lease(max_messages=1, wait_ms=2000)
+            assert got["id"] == "after" and got["attempt"] == 1
+    finally:
+        app.extensions["duetime"].close()
+
+
 def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
         config: Config, services: Services) -> None:
     """Wants (TCP) and wake-ups (UDP) share the one published port number. With any free
