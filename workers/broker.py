@@ -86,6 +86,8 @@ class Broker:
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         self._ready: dict[uuid.UUID, tuple[float, list[Due]]] = {}
+        # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
+        self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
         self._serving: set[uuid.UUID] = set()
         self._again: set[uuid.UUID] = set()
         self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
@@ -135,22 +137,31 @@ class Broker:
 
     def withdraw(self, link: int, want_id: int) -> None:
         """The want's call got its answer elsewhere or left: if it still waits here, it is
-        answered with nothing now (what a round under way leases for it is given back)."""
+        answered with nothing now (what a round under way leases for it is given back); if
+        its answer is prepared and not sent yet, that is given back now, before its due
+        time, so another want may take it then."""
+        found: _Parked | None = None
         with self._lock:
-            found = None
-            for uid, parked in self._wants.items():
-                found = next((p for p in parked if p.link == link and p.want.id == want_id),
+            for uid, waiting in self._wants.items():
+                found = next((p for p in waiting if p.link == link and p.want.id == want_id),
                              None)
                 if found is not None:
-                    parked.remove(found)
-                    if not parked:
+                    waiting.remove(found)
+                    if not waiting:
                         del self._wants[uid]
                     break
+            prepared = self._prepared.pop((link, want_id), None)
         if found is not None:
             _send(found, broker_wire.encode_got(want_id, []))
+        if prepared is not None:
+            parked, topic, taken = prepared
+            _send(parked, broker_wire.encode_got(want_id, []))
+            with contextlib.suppress(RuntimeError):  # stopping: their leases run out
+                self._pool.submit(self._give_back, topic, taken)
 
     def forget_link(self, link: int) -> None:
-        """The connection closed: its wants have nobody to answer."""
+        """The connection closed: its wants have nobody to answer, and what was prepared
+        for them goes back."""
         with self._lock:
             for uid, parked in list(self._wants.items()):
                 left = [p for p in parked if p.link != link]
@@ -158,6 +169,11 @@ class Broker:
                     self._wants[uid] = left
                 else:
                     del self._wants[uid]
+            prepared = [self._prepared.pop(key) for key in list(self._prepared)
+                        if key[0] == link]
+        for _, topic, taken in prepared:
+            with contextlib.suppress(RuntimeError):  # stopping: their leases run out
+                self._pool.submit(self._give_back, topic, taken)
 
     def _kick(self, topic_uid: uuid.UUID) -> None:
         """Serve the topic's wants on a broker thread; once at a time per topic, again at
@@ -243,7 +259,7 @@ class Broker:
             line = broker_wire.encode_got(p.want.id, taken)
             hand_at_ms = max((t.due_ms for t in taken), default=now_ms)
             if hand_at_ms > now_ms:  # never early: the clock's ms are floored, so this is late
-                self._at(now_s + (hand_at_ms - now_ms) / 1000, _sending(p, line))
+                self._prepare(p, topic, taken, line, now_s + (hand_at_ms - now_ms) / 1000)
             else:
                 _send(p, line)
         if not left:
@@ -253,6 +269,23 @@ class Broker:
         if hand_s is not None and any(p.deadline > hand_s for p in left):
             when = min(when, hand_s - self.lead_ms / 1000)
         self._check_at(when, topic_uid)
+
+    def _prepare(self, parked: _Parked, topic: Topic | None, taken: list[Taken], line: bytes,
+                 when_s: float) -> None:
+        """Send a prepared answer at when_s (monotonic s) unless its want is withdrawn
+        before."""
+        key = (parked.link, parked.want.id)
+        if topic is not None:
+            with self._lock:
+                self._prepared[key] = (parked, topic, taken)
+
+        def send() -> None:
+            with self._lock:
+                withdrawn = topic is not None and self._prepared.pop(key, None) is None
+            if not withdrawn:
+                _send(parked, line)
+
+        self._at(when_s, send)
 
     def _take_out(self, topic_uid: uuid.UUID, answering: list[_Parked]
                   ) -> tuple[list[_Parked], list[_Parked]]:
@@ -434,10 +467,6 @@ def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms:
 def _send(parked: _Parked, line: bytes) -> None:
     with contextlib.suppress(OSError):  # the caller went away: its leases run out
         parked.reply(line)
-
-
-def _sending(parked: _Parked, line: bytes) -> Callable[[], None]:
-    return lambda: _send(parked, line)
 
 
 class _Handler(socketserver.StreamRequestHandler):

@@ -261,6 +261,36 @@ def test_a_withdrawn_want_is_answered_at_once_and_takes_nothing(
         app.extensions["duetime"].close()
 
 
+def test_a_withdrawn_want_gives_back_what_was_prepared_for_it(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A want withdrawn after the owner leased a message ahead for it (not sent yet: it is
+    not due) is answered with nothing, and the message goes back, for the next call."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        services = app.extensions["duetime"]
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        with releaser(config, "b-withdraw-prepared", release_prepare_ms=1500, **ring) as r:
+            wait_owned(r)
+            port = int(r.wakes.address.rpartition(":")[2])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
+                    broker_wire.Want(8, uid, 1, 30, None, 10_000)))
+                due = now_ms() + 3000
+                assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
+                while topic.get("ahead").get_json()["state"] != "leased":
+                    assert now_ms() < due, "not prepared for the want"
+                    time.sleep(0.01)
+                sock.sendall(broker_wire.encode_withdraw(8))
+                reader = sock.makefile("rb")
+                assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
+                    == (8, [])
+            [got] = topic.lease(max_messages=1, wait_ms=5000)
+            assert got["id"] == "ahead" and got["attempt"] == 1 and got["received_at"] >= due
+    finally:
+        app.extensions["duetime"].close()
+
+
 def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
         config: Config, services: Services) -> None:
     """Wants (TCP) and wake-ups (UDP) share the one published port number. With any free
