@@ -6,7 +6,10 @@ membership row (`releaser_members.broker_token`); the releaser closes one that d
 A *want* asks the releaser owning some of a topic's shards for up to `n` of its due messages,
 leased on the caller's terms, waiting up to `wait_ms` for the first. Its answer, *got*, names
 the want and carries the messages leased for it: each row as leased, the attempt count and
-consumer it had before (to give it back unchanged) and its payload. Times are epoch ms.
+consumer it had before (to give it back unchanged) and its payload. A *withdraw* tells a
+releaser that a want's call has its answer (from another owner) or has gone: a want still
+waiting there is answered with nothing, and what was leased for it meanwhile is given back
+by the releaser. Times are epoch ms.
 """
 
 from __future__ import annotations
@@ -75,6 +78,15 @@ def decode_want(message: dict[str, Any]) -> Want:
 
 def encode_got(want_id: int, taken: list[Taken]) -> bytes:
     return _line({"got": want_id, "messages": [_taken(t) for t in taken]})
+
+
+def encode_withdraw(want_id: int) -> bytes:
+    return _line({"withdraw": want_id})
+
+
+def decode_withdraw(message: dict[str, Any]) -> int | None:
+    """The want id a withdraw names; None when the line is not a withdraw."""
+    return int(message["withdraw"]) if "withdraw" in message else None
 
 
 def decode_got(message: dict[str, Any]) -> tuple[int, list[Taken]]:

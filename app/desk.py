@@ -68,6 +68,15 @@ class _Link:
                 return False
         return True
 
+    def withdraw(self, want_id: int) -> None:
+        """Tell the broker the want's call is done, if it has not answered it yet; its
+        answer still comes (nothing, or what it leased meanwhile, which goes back)."""
+        with self._lock:
+            if self._closed or want_id not in self._pending:
+                return
+            with contextlib.suppress(OSError):  # closed: the broker forgets the link's wants
+                self._sock.sendall(broker_wire.encode_withdraw(want_id))
+
     def _read_loop(self) -> None:
         try:
             with self._sock.makefile("rb") as lines:
@@ -161,17 +170,20 @@ class Desk:
                 self._giving_back.submit(self._give_back_now, topic, taken)
 
         call = _Call(len(links), late)
-        asked = 0
+        asked = []
         for link in links:
             want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms,
                         topic.tenant, topic.name)
             if link.send(want, call.answer):
-                asked += 1
+                asked.append((link, want.id))
             else:
                 call.answer(None)
         if not asked:
             return None
         got = call.wait(wait_ms / 1000 + ANSWER_GRACE_S)
+        if len(asked) > 1:  # the other owners' wants would take messages nobody waits for
+            for link, want_id in asked:
+                link.withdraw(want_id)
         if len(got) > n:
             late(got[n:])
         return got[:n]

@@ -191,11 +191,14 @@ def _observe_pacing(taken: list[MessageState], paced_now: set[str]) -> None:
 
 
 def _leased(row: MessageState, hold: Hold, now: int) -> MessageState:
-    expires = max(now, row.due_at_ms) + hold.lease_s * 1000
+    """The row leased on the hold's terms, from its hand-out moment (its due time when
+    taken ahead of it), which is also its updated_at: until then a cancel answers 409."""
+    handed_at = max(now, row.due_at_ms)
+    expires = handed_at + hold.lease_s * 1000
     return dataclasses.replace(
         row, state="leased", version=row.version + 1, due_at_ms=expires,
         lease_token=uuid.uuid4(), lease_expires_at_ms=expires, attempts=row.attempts + 1,
-        consumer=hold.consumer, updated_at_ms=now, paced=False)
+        consumer=hold.consumer, updated_at_ms=handed_at, paced=False)
 
 
 def _pace(services: Services, topic: Topic, pacing: dict[str, list[tuple[Due, Hold]]],

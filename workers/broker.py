@@ -6,10 +6,12 @@ with the token the releaser publishes in its membership row (others are closed).
 only reader of its shards for these wants: it finds what is due there (one scan for every
 want of a topic waiting together, at least FIND_AT_LEAST messages, the rest kept in a ready
 list for READY_FOR_MS), puts it in fair order, leases it on the callers' terms (one take:
-conditional batches per home across the wants) and sends it back. A want that found nothing
-waits, parked, until a pull wake-up names its topic (a write due soon), the earliest pointer
-its scan saw ahead comes due, the idle period (DUETIME_PULL_IDLE_MS) passes (a lost
-wake-up) or its wait ends.
+conditional batches per home across the wants) and sends it back. With nothing due now, a
+round prepares what comes due within the prepare lead, as a push is prepared: leased (its
+lease running from its due time) for the wants that still wait then, and sent at its due
+time. A want that found nothing waits, parked, until a pull wake-up names its topic (a write
+due soon), the prepare lead before the earliest pointer its scan saw ahead, the idle period
+(DUETIME_PULL_IDLE_MS) passes (a lost wake-up) or its wait ends.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from app import broker_wire
 from app.broker_wire import Taken, Want
 from app.fairness import fair_order, known_turns_end
-from app.leasing import CURSOR_STEP_MS, Hold, passed_over, take_with_payloads
+from app.leasing import CURSOR_STEP_MS, Hold, give_back, passed_over, take_with_payloads
 from app.models import Topic
 from app.scan import Due
 from app.services import Services
@@ -44,6 +46,9 @@ FIND_AT_LEAST = 32
 # forth.
 ROUND_MAX = 250
 READY_FOR_MS = 1000
+# A prepared round takes only what comes due within this of its earliest message: a want's
+# share is handed out at its latest due time, so this is the most its first waits.
+SHARE_SPREAD_MS = 10
 UNKNOWN_RECHECK_S = 0.1
 PEEK_MAX_MS = 5000
 BROKER_THREADS = 4
@@ -77,13 +82,17 @@ class Broker:
         self.shards_of = shards_of
         self.on_unknown = on_unknown
         self.recheck_s = services.config.pull_idle_ms / 1000
+        self.lead_ms = services.config.release_prepare_ms
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         self._ready: dict[uuid.UUID, tuple[float, list[Due]]] = {}
+        # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
+        self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
         self._serving: set[uuid.UUID] = set()
         self._again: set[uuid.UUID] = set()
         self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
-        self._checks: list[tuple[float, int, uuid.UUID]] = []  # (monotonic s, seq, topic)
+        # (monotonic s, seq, what to do then): parked topics' next checks, prepared sends
+        self._checks: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._checks_changed = threading.Condition()
         self._stopping = threading.Event()
@@ -126,8 +135,33 @@ class Broker:
         if waiting:
             self._kick(topic_uid)
 
+    def withdraw(self, link: int, want_id: int) -> None:
+        """The want's call got its answer elsewhere or left: if it still waits here, it is
+        answered with nothing now (what a round under way leases for it is given back); if
+        its answer is prepared and not sent yet, that is given back now, before its due
+        time, so another want may take it then."""
+        found: _Parked | None = None
+        with self._lock:
+            for uid, waiting in self._wants.items():
+                found = next((p for p in waiting if p.link == link and p.want.id == want_id),
+                             None)
+                if found is not None:
+                    waiting.remove(found)
+                    if not waiting:
+                        del self._wants[uid]
+                    break
+            prepared = self._prepared.pop((link, want_id), None)
+        if found is not None:
+            _send(found, broker_wire.encode_got(want_id, []))
+        if prepared is not None:
+            parked, topic, taken = prepared
+            _send(parked, broker_wire.encode_got(want_id, []))
+            with contextlib.suppress(RuntimeError):  # stopping: their leases run out
+                self._pool.submit(self._give_back, topic, taken)
+
     def forget_link(self, link: int) -> None:
-        """The connection closed: its wants have nobody to answer."""
+        """The connection closed: its wants have nobody to answer, and what was prepared
+        for them goes back."""
         with self._lock:
             for uid, parked in list(self._wants.items()):
                 left = [p for p in parked if p.link != link]
@@ -135,6 +169,11 @@ class Broker:
                     self._wants[uid] = left
                 else:
                     del self._wants[uid]
+            prepared = [self._prepared.pop(key) for key in list(self._prepared)
+                        if key[0] == link]
+        for _, topic, taken in prepared:
+            with contextlib.suppress(RuntimeError):  # stopping: their leases run out
+                self._pool.submit(self._give_back, topic, taken)
 
     def _kick(self, topic_uid: uuid.UUID) -> None:
         """Serve the topic's wants on a broker thread; once at a time per topic, again at
@@ -176,14 +215,14 @@ class Broker:
             return
         topic = self.topic_of(topic_uid) or self._read_topic(topic_uid, parked[0].want)
         if topic is None:  # made a moment ago: its wants wait while the releaser learns it
-            self._answer(topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
+            self._answer(None, topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
             return
         shards = self.shards_of(topic) if not topic.pushed else set()
         if not shards:  # not ours (any more): the API process asks the owners it reads next
-            self._answer(topic_uid, parked, {}, None, 0.0, final=True)
+            self._answer(topic, topic_uid, parked, {}, None, 0.0, final=True)
             return
-        answers, next_ms, capped = self._lease(topic, shards, [p.want for p in parked])
-        self._answer(topic_uid, parked, answers, next_ms, self.recheck_s)
+        answers, next_ms, capped = self._lease(topic, shards, parked)
+        self._answer(topic, topic_uid, parked, answers, next_ms, self.recheck_s)
         if capped:  # more was wanted than a round takes: the wants left are served next
             with self._lock:
                 self._again.add(topic_uid)
@@ -198,61 +237,115 @@ class Broker:
         found = self.services.topics.get(want.tenant, want.name)
         return found if found is not None and found.uid == topic_uid else None
 
-    def _answer(self, topic_uid: uuid.UUID, parked: list[_Parked],
+    def _answer(self, topic: Topic | None, topic_uid: uuid.UUID, parked: list[_Parked],
                 answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,
                 final: bool = False) -> None:
-        """Send the answers of the wants that got messages, whose wait is over, or all
-        (`final`); the others wait for their next check: within recheck_s, their earliest
-        deadline, or the next pointer seen ahead (next_ms, epoch ms)."""
+        """Send the answers of the wants that got messages (a prepared share at the latest
+        due time in it), whose wait is over, or all (`final`); what was leased for a want
+        withdrawn or closed meanwhile is given back. The others wait for their next check:
+        within recheck_s, their earliest deadline, or the prepare lead before the next
+        pointer seen ahead (next_ms, epoch ms)."""
         now_s = time.monotonic()
-        answered = [p for p in parked
-                    if final or answers.get(id(p.want)) or p.deadline <= now_s]
+        now_ms = self.services.clock()
+        answering = [p for p in parked
+                     if final or answers.get(id(p.want)) or p.deadline <= now_s]
+        answered, left = self._take_out(topic_uid, answering)
+        gone = [t for p in answering if not any(p is a for a in answered)
+                for t in answers.get(id(p.want), [])]
+        if gone and topic is not None:
+            self._give_back(topic, gone)
         for p in answered:
-            _send(p, broker_wire.encode_got(p.want.id, answers.get(id(p.want), [])))
-        left = self._drop(topic_uid, {id(p) for p in answered})
+            taken = answers.get(id(p.want), [])
+            line = broker_wire.encode_got(p.want.id, taken)
+            hand_at_ms = max((t.due_ms for t in taken), default=now_ms)
+            if hand_at_ms > now_ms:  # never early: the clock's ms are floored, so this is late
+                self._prepare(p, topic, taken, line, now_s + (hand_at_ms - now_ms) / 1000)
+            else:
+                _send(p, line)
         if not left:
             return
         when = min([p.deadline for p in left] + [now_s + recheck_s])
-        if next_ms is not None:
-            when = min(when, now_s + max(0, next_ms - self.services.clock()) / 1000)
+        hand_s = None if next_ms is None else now_s + (next_ms - now_ms) / 1000
+        if hand_s is not None and any(p.deadline > hand_s for p in left):
+            when = min(when, hand_s - self.lead_ms / 1000)
         self._check_at(when, topic_uid)
 
-    def _drop(self, topic_uid: uuid.UUID, answered: set[int]) -> list[_Parked]:
-        """Drop the answered wants (by id()) of the topic; returns those still waiting."""
+    def _prepare(self, parked: _Parked, topic: Topic | None, taken: list[Taken], line: bytes,
+                 when_s: float) -> None:
+        """Send a prepared answer at when_s (monotonic s) unless its want is withdrawn
+        before."""
+        key = (parked.link, parked.want.id)
+        if topic is not None:
+            with self._lock:
+                self._prepared[key] = (parked, topic, taken)
+
+        def send() -> None:
+            with self._lock:
+                withdrawn = topic is not None and self._prepared.pop(key, None) is None
+            if not withdrawn:
+                _send(parked, line)
+
+        self._at(when_s, send)
+
+    def _take_out(self, topic_uid: uuid.UUID, answering: list[_Parked]
+                  ) -> tuple[list[_Parked], list[_Parked]]:
+        """Take the wants about to be answered out of the topic's waiting ones: those still
+        there (not withdrawn, their link open), and the topic's wants left waiting."""
         with self._lock:
-            left = [p for p in self._wants.get(topic_uid, []) if id(p) not in answered]
+            waiting = self._wants.get(topic_uid, [])
+            present = [p for p in answering if any(p is w for w in waiting)]
+            left = [w for w in waiting if not any(w is p for p in answering)]
             if left:
                 self._wants[topic_uid] = left
             else:
                 self._wants.pop(topic_uid, None)
-        return left
+        return present, left
 
-    def _lease(self, topic: Topic, shards: set[int], wants: list[Want]
+    def _give_back(self, topic: Topic, taken: list[Taken]) -> None:
+        """Messages leased for a want that has gone: due again now, the attempt not
+        counted (app.leasing.give_back); should that fail, their leases run out."""
+        try:
+            give_back(self.services, topic, taken)
+        except Exception:
+            log.warning("could not give back %d messages of topic %s", len(taken), topic.uid,
+                        exc_info=True)
+
+    def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
                ) -> tuple[dict[int, list[Taken]], int | None, bool]:
         """Lease due messages of these shards for the wants, in fair order, in arrival
-        order of the wants, at most ROUND_MAX in all. Returns {id(want): taken}; when a scan
-        found nothing due, the earliest pointer it saw ahead (epoch ms); and whether the cap
-        cut the round short."""
+        order of the wants, at most ROUND_MAX in all; with none due now, those due within
+        the prepare lead, for the wants that still wait then. Returns {id(want): taken};
+        when a scan found nothing due, the earliest pointer it saw ahead (epoch ms); and
+        whether the cap cut the round short."""
         services = self.services
         now = services.clock()
+        wants = [p.want for p in parked]
         wanted = sum(w.n for w in wants)
         total = min(wanted, ROUND_MAX)
         ready = self._fresh_ready(topic.uid, now)
-        kept_end: int | None = None  # of a fresh read, the part kept is fair for the next
         result = None
         if ready is None or len(ready) < total:
             longest = max(w.wait_ms for w in wants)
             result = services.scanner.scan(topic, now, max(total, FIND_AT_LEAST), shards,
+                                           ahead_ms=self.lead_ms,
                                            peek_ms=min(longest, PEEK_MAX_MS))
             paused = passed_over(services, topic, result.due)
             services.scanner.spend(topic, [d.pointer for d in result.due
                                            if d.row.id in paused])
             ready = fair_order([d for d in result.due if d.row.id not in paused])
-        chunk, owners = _share(ready, wants, total)
-        if result is not None:
-            kept_end = known_turns_end(ready, len(chunk))
+        found = ready
+        due_now = [d for d in ready if d.row.due_at_ms <= now]
+        if due_now or not ready:  # what comes due later is found again by the next read
+            ready = due_now
+            chunk, owners = _share(ready, [w.n for w in wants], total)
+            kept_end = known_turns_end(ready, len(chunk)) if result is not None else None
+            rest = ready[len(chunk):kept_end]
+        else:
+            chunk, owners = _prepared_share(ready, parked, total, now)
+            rest = []
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
-        taken = take_with_payloads(services, topic, chunk, now, holds) if chunk else []
+        taken = take_with_payloads(services, topic, chunk, now, holds,
+                                   ahead_ms=0 if due_now else self.lead_ms) if chunk else []
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         answers: dict[int, list[Taken]] = defaultdict(list)
         for row, payload in taken:
@@ -260,16 +353,16 @@ class Broker:
             if payload is not None:  # else it comes due again when its lease runs out
                 answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
                                                    d.row.due_at_ms))
-        rest = ready[len(chunk):kept_end]
         with self._lock:
             self._ready[topic.uid] = (time.monotonic() + READY_FOR_MS / 1000, rest)
+        won = {row.id for row, _ in taken}
         if result is not None:
-            won = {row.id for row, _ in taken}
-            untaken = ready[len(chunk):] + [d for d in chunk if d.row.id not in won]
-            moves = result.moves(untaken)
+            moves = result.moves([d for d in found if d.row.id not in won])
             services.scanner.advance(topic, {s: ms for s, ms in moves.items()
                                              if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
-        next_ms = result.next_ms if result is not None and not result.due else None
+        # the wants left look again at the prepare lead before what comes next
+        ahead = [d.row.due_at_ms for d in found if d.row.id not in won and d.row.due_at_ms > now]
+        next_ms = min(ahead) if ahead else result.next_ms if result is not None else None
         return answers, next_ms, len(chunk) == total < wanted
 
     def _fresh_ready(self, topic_uid: uuid.UUID, now: int) -> list[Due] | None:
@@ -280,15 +373,27 @@ class Broker:
         return [d for d in found[1] if d.row.due_at_ms <= now]
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
+        """Serve the topic's parked wants at when_s (monotonic s), if any wait then."""
+        self._at(when_s, lambda: self._kick_waiting(topic_uid))
+
+    def _kick_waiting(self, topic_uid: uuid.UUID) -> None:
+        with self._lock:
+            waiting = bool(self._wants.get(topic_uid))
+        if waiting:
+            self._kick(topic_uid)
+
+    def _at(self, when_s: float, action: Callable[[], None]) -> None:
+        """Run action on the clock thread at when_s (monotonic s), never before."""
         with self._checks_changed:
-            heapq.heappush(self._checks, (when_s, next(self._seq), topic_uid))
+            heapq.heappush(self._checks, (when_s, next(self._seq), action))
             self._checks_changed.notify()
 
     def _clock_loop(self) -> None:
-        """Serve parked topics at their next check (their earliest pointer ahead, a want's
-        deadline, or the idle period)."""
+        """Run what is due on the clock: prepared answers at their hand-out time, and the
+        next checks of parked topics (their earliest pointer ahead, a want's deadline, or
+        the idle period)."""
         while not self._stopping.is_set():
-            due: list[uuid.UUID] = []
+            due: list[Callable[[], None]] = []
             with self._checks_changed:
                 now = time.monotonic()
                 while self._checks and self._checks[0][0] <= now:
@@ -297,11 +402,11 @@ class Broker:
                     wait = self._checks[0][0] - now if self._checks else self.recheck_s
                     self._checks_changed.wait(min(wait, self.recheck_s))
                     continue
-            for uid in dict.fromkeys(due):
-                with self._lock:
-                    waiting = bool(self._wants.get(uid))
-                if waiting:
-                    self._kick(uid)
+            for action in due:
+                try:
+                    action()
+                except Exception:
+                    log.exception("broker clock action failed")
 
     def stop(self) -> None:
         """No new want is served; the parked ones are dropped (their callers' waits end)."""
@@ -315,21 +420,47 @@ class Broker:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _share(ready: list[Due], wants: list[Want], total: int) -> tuple[list[Due], list[int]]:
+def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due], list[int]]:
     """The prefix of `ready` the wants take, at most `total`, each message with the index of
-    its want: the wants in arrival order, each filled up to n."""
+    its want: the wants in arrival order, each filled up to its room."""
     chunk: list[Due] = []
     owners: list[int] = []
-    room = [w.n for w in wants]
+    room = list(rooms)
     which = 0
     for d in ready[:total]:
-        while which < len(wants) and room[which] == 0:
+        while which < len(room) and room[which] == 0:
             which += 1
-        if which == len(wants):
+        if which == len(room):
             break
         chunk.append(d)
         owners.append(which)
         room[which] -= 1
+    return chunk, owners
+
+
+def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms: int
+                    ) -> tuple[list[Due], list[int]]:
+    """Of messages not due yet (within the prepare lead), earliest first, what each want
+    takes, at most `total` in all, each with the index of its want: the wants in arrival
+    order, each up to n messages at most SHARE_SPREAD_MS later than its first (its share
+    is handed out at its latest due time), and only while its wait lasts past that."""
+    order = sorted(ahead, key=lambda d: d.row.due_at_ms)
+    now_s = time.monotonic()
+    chunk: list[Due] = []
+    owners: list[int] = []
+    at = 0
+    for which, p in enumerate(parked):
+        share: list[Due] = []
+        while (at < len(order) and len(share) < p.want.n and len(chunk) + len(share) < total
+               and order[at].row.due_at_ms <= (share or order[at:])[0].row.due_at_ms
+               + SHARE_SPREAD_MS):
+            share.append(order[at])
+            at += 1
+        if share and p.deadline > now_s + (share[-1].row.due_at_ms - now_ms) / 1000:
+            chunk += share
+            owners += [which] * len(share)
+        else:
+            at -= len(share)  # left for a want that waits long enough
     return chunk, owners
 
 
@@ -360,11 +491,17 @@ class _Handler(socketserver.StreamRequestHandler):
                 return
             for line in self.rfile:
                 try:
-                    want = broker_wire.decode_want(broker_wire.decode_line(line))
+                    message = broker_wire.decode_line(line)
+                    withdrawn = broker_wire.decode_withdraw(message)
+                    if withdrawn is None:
+                        want = broker_wire.decode_want(message)
                 except (ValueError, KeyError, TypeError):
-                    log.warning("broker: malformed want dropped")
+                    log.warning("broker: malformed line dropped")
                     continue
-                self.server.broker.want(want, reply, link)
+                if withdrawn is not None:
+                    self.server.broker.withdraw(link, withdrawn)
+                else:
+                    self.server.broker.want(want, reply, link)
         except OSError:
             pass
         finally:

@@ -156,12 +156,14 @@ class MessageItem(MethodView):
 
     @blp.doc(security=SECURITY)
     @blp.response(204)
-    @blp.alt_response(409, description="Already delivered, dead, or being delivered to the "
-                                       "webhook (a releaser took it for its POST).")
+    @blp.alt_response(409, description="Already delivered, dead, or being delivered (a "
+                                       "releaser took it for its POST or a waiting lease).")
     def delete(self, topic: str, message_id: str) -> None:
-        """Cancel a message: it will never be delivered. A webhook message is taken by its
-        releaser shortly before its deliver_at (200 ms, more ahead of a burst); from then
-        until the POST's outcome it can no longer be cancelled (409)."""
+        """Cancel a message: it will never be delivered. A message is taken by its releaser
+        shortly before its deliver_at (200 ms, more ahead of a burst): a webhook message for
+        its POST, a pull message for a lease call waiting then. From then until the POST's
+        outcome, or until the lease call gets it at its deliver_at, it can no longer be
+        cancelled (409). One a consumer holds is cancelled, and its ack answers 409."""
         check_message_id(message_id)
         found = get_topic_cached(services(), tenant(), topic)
         usecases.cancel(services(), found, message_id)

@@ -72,8 +72,9 @@ def pull_round(api: Client, headers: dict[str, str], count: int) -> list[tuple[s
 
     def consume() -> None:
         while not stop.is_set():
-            for m in api.lease(topic, 10, 5000):
-                received = now_ms()
+            leased = api.lease(topic, 10, 5000)
+            received = now_ms()  # all of them, before the acks of the first
+            for m in leased:
                 with lock:
                     got.append((m["id"], received - parse_instant(m["deliver_at"])))
                 api.ack(topic, m)

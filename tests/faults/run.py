@@ -127,7 +127,9 @@ CLUSTER_NEMESES = ("cluster-kill-node",)
 
 
 def run_round(stack: FaultStack, target: Receiver, name: str, messages: int,
-              window_s: float) -> dict[str, Any]:
+              window_s: float, saved_as: str | None = None) -> dict[str, Any]:
+    """One round under nemesis `name`; its history is saved as
+    bench-results/faults-history-{saved_as or name}.jsonl."""
     strike, allowed_early = NEMESES[name]
     history = History()
     workload = Workload(stack.url, stack.key, history, target, f"r{int(time.time())}-{name}",
@@ -148,7 +150,7 @@ def run_round(stack: FaultStack, target: Receiver, name: str, messages: int,
         _heal_clock(stack)
     workload.record_arrivals(history)
     OUT.mkdir(exist_ok=True)
-    with (OUT / f"faults-history-{name}.jsonl").open("w") as out:
+    with (OUT / f"faults-history-{saved_as or name}.jsonl").open("w") as out:
         for event in history.of_all():
             out.write(json.dumps(dataclasses.asdict(event)) + "\n")
     suspects = checker.check(history)["all_lost"]
@@ -206,7 +208,9 @@ def _run_on(stack: FaultStack, names: list[str], messages: int,
     with receiving(new_receiver()) as target:
         stack.start()
         try:
-            run_round(stack, target, "none", 50, 3)  # warm-up (a cold node's first seconds)
+            # warm-up (a cold node's first seconds), saved apart from the "none" round's
+            run_round(stack, target, "none", 50, 3,
+                      saved_as="warm-up-cluster" if stack.cluster else "warm-up")
             for name in names:
                 row = run_round(stack, target, name, messages, window_s)
                 print(json.dumps({k: row[k] for k in ("nemesis", "ok", "lost", "early",

@@ -19,7 +19,7 @@ from app import broker_wire, scan
 from app.config import Config
 from app.services import Services
 from app.timeline import MS_PER_DAY
-from app.timeparse import format_ms
+from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
 from workers.broker import Broker
@@ -80,6 +80,42 @@ def test_a_lease_is_served_by_the_owner_of_the_shards_never_early(
             assert topic.enqueue(id="meanwhile").status_code == 201
             caller.join(15)
             assert [m["id"] for m in waiting["got"]] == ["meanwhile"]
+    finally:
+        app.extensions["duetime"].close()
+
+
+def test_a_long_polls_message_is_taken_ahead_and_handed_out_at_its_due_time(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A pull is prepared like a push: the owner leases a waiting call's message before its
+    due time (a prepare lead of 1.5 s here), its lease running from the due time, and hands it
+    out at the due time, never before; meanwhile a cancel answers 409 and the message is
+    delivered. A call whose wait ends before the due time is not given it."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        with releaser(config, "b-prepare", release_prepare_ms=1500, **ring) as r:
+            wait_owned(r)
+            due = now_ms() + 3000
+            assert topic.enqueue(id="soon", deliver_at=format_ms(due)).status_code == 201
+            # its wait ends within the lead, before the due time: nothing is prepared for it
+            assert topic.lease(max_messages=1, wait_ms=2000) == []
+            waiting: dict[str, Any] = {}
+            caller = threading.Thread(target=lambda: waiting.update(
+                got=topic.lease(max_messages=1, wait_ms=8000, lease_seconds=30)))
+            caller.start()
+            leased_at = None
+            while leased_at is None and now_ms() < due:
+                if topic.get("soon").get_json()["state"] == "leased":
+                    leased_at = now_ms()
+                time.sleep(0.01)
+            assert leased_at is not None and leased_at < due, "not taken ahead of its due time"
+            cancel = topic.client.delete(topic.url("/messages/soon"), headers=topic.headers)
+            assert cancel.status_code == 409, cancel.get_json()
+            caller.join(15)
+            [got] = waiting["got"]  # TopicClient.lease checks it came at or after deliver_at
+            assert got["id"] == "soon" and got["received_at"] >= due
+            assert parse_instant(got["lease"]["expires_at"]) == due + 30_000
+            assert topic.ack(got) == 204
     finally:
         app.extensions["duetime"].close()
 
@@ -192,6 +228,65 @@ def test_a_connection_without_the_releasers_token_is_closed_unanswered(
             # the API process, which read the token, is served
             [got] = topic.lease(max_messages=1, wait_ms=2000)
             assert got["id"] == "kept" and got["attempt"] == 1
+    finally:
+        app.extensions["duetime"].close()
+
+
+def test_a_withdrawn_want_is_answered_at_once_and_takes_nothing(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A call answered by one owner withdraws its wants at the others: a withdrawn want is
+    answered with nothing at once, and a message enqueued after is not leased for it."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        services = app.extensions["duetime"]
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        with releaser(config, "b-withdraw", **ring) as r:
+            wait_owned(r)
+            port = int(r.wakes.address.rpartition(":")[2])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
+                    broker_wire.Want(7, uid, 1, 30, None, 10_000)))
+                time.sleep(0.5)  # parked: nothing is due
+                asked = time.monotonic()
+                sock.sendall(broker_wire.encode_withdraw(7))
+                reader = sock.makefile("rb")
+                assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
+                    == (7, [])
+                assert time.monotonic() - asked < 5  # at once, not at the want's 10 s
+            assert topic.enqueue(id="after").status_code == 201
+            [got] = topic.lease(max_messages=1, wait_ms=2000)
+            assert got["id"] == "after" and got["attempt"] == 1
+    finally:
+        app.extensions["duetime"].close()
+
+
+def test_a_withdrawn_want_gives_back_what_was_prepared_for_it(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A want withdrawn after the owner leased a message ahead for it (not sent yet: it is
+    not due) is answered with nothing, and the message goes back, for the next call."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        services = app.extensions["duetime"]
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        with releaser(config, "b-withdraw-prepared", release_prepare_ms=1500, **ring) as r:
+            wait_owned(r)
+            port = int(r.wakes.address.rpartition(":")[2])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
+                    broker_wire.Want(8, uid, 1, 30, None, 10_000)))
+                due = now_ms() + 3000
+                assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
+                while topic.get("ahead").get_json()["state"] != "leased":
+                    assert now_ms() < due, "not prepared for the want"
+                    time.sleep(0.01)
+                sock.sendall(broker_wire.encode_withdraw(8))
+                reader = sock.makefile("rb")
+                assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
+                    == (8, [])
+            [got] = topic.lease(max_messages=1, wait_ms=5000)
+            assert got["id"] == "ahead" and got["attempt"] == 1 and got["received_at"] >= due
     finally:
         app.extensions["duetime"].close()
 
