@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -243,10 +244,7 @@ def test_a_withdrawn_want_is_answered_at_once_and_takes_nothing(
         uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         with releaser(config, "b-withdraw", **ring) as r:
             wait_owned(r)
-            port = int(r.wakes.address.rpartition(":")[2])
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-                sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
-                    broker_wire.Want(7, uid, 1, 30, None, 10_000)))
+            with _wanting(r, uid, 7) as sock:
                 time.sleep(0.5)  # parked: nothing is due
                 asked = time.monotonic()
                 sock.sendall(broker_wire.encode_withdraw(7))
@@ -272,10 +270,7 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it(
         uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         with releaser(config, "b-withdraw-prepared", release_prepare_ms=1500, **ring) as r:
             wait_owned(r)
-            port = int(r.wakes.address.rpartition(":")[2])
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-                sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
-                    broker_wire.Want(8, uid, 1, 30, None, 10_000)))
+            with _wanting(r, uid, 8) as sock:
                 due = now_ms() + 3000
                 assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
                 while topic.get("ahead").get_json()["state"] != "leased":
@@ -334,6 +329,17 @@ def test_a_releaser_whose_fixed_port_is_taken_does_not_start(
                 Releaser(taken, "b-taken")
         finally:
             taken.close()
+
+
+@contextmanager
+def _wanting(r: Releaser, topic_uid: Any, want_id: int) -> Iterator[socket.socket]:
+    """A connection to the releaser's broker, as an API process opens it (hello with its
+    token), that has sent one want of 1 message waiting up to 10 s."""
+    port = int(r.wakes.address.rpartition(":")[2])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
+            broker_wire.Want(want_id, topic_uid, 1, 30, None, 10_000)))
+        yield sock
 
 
 def _answer_of(sock: socket.socket) -> bytes:
