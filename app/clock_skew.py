@@ -22,21 +22,21 @@ def measure_ms(services: Services) -> int:
     of the shortest of SKEW_SAMPLES round trips, so good to half of it (one slow round trip on
     a loaded host does not skew it). Sets duetime_clock_skew_seconds and logs a warning past
     half of the safety lag. Raises StoreUnavailable while Cassandra is down."""
-    best: tuple[int, int] | None = None  # (round trip, skew) in ms
-    for _ in range(SKEW_SAMPLES):
-        before = services.clock()
-        rows = services.db.execute(_NOW)
-        after = services.clock()
-        if best is None or after - before < best[0]:
-            best = (after - before, (before + after) // 2 - int(rows[0]["now_ms"]))
-    assert best is not None
-    skew = best[1]
+    _, skew = min(_round_trip(services) for _ in range(SKEW_SAMPLES))
     metrics.CLOCK_SKEW.set(skew / 1000)
     if abs(skew) > services.config.safety_lag_ms / 2:
         log.warning("this clock is %d ms %s Cassandra's (DUETIME_SAFETY_LAG_MS is %d): "
                     "run NTP/chrony", abs(skew), "ahead of" if skew > 0 else "behind",
                     services.config.safety_lag_ms)
     return skew
+
+
+def _round_trip(services: Services) -> tuple[int, int]:
+    """(round trip, this clock at its middle minus Cassandra's), in ms."""
+    before = services.clock()
+    rows = services.db.execute(_NOW)
+    after = services.clock()
+    return after - before, (before + after) // 2 - int(rows[0]["now_ms"])
 
 
 def releaser_gap_ms(services: Services, own_skew_ms: int, member: str | None = None) -> int | None:

@@ -167,7 +167,7 @@ class Desk:
         def late(taken: list[Taken]) -> None:
             # off the link's reader and the call's thread: a give-back is Cassandra writes
             with contextlib.suppress(RuntimeError):  # closing: their leases expire instead
-                self._giving_back.submit(self._give_back_now, topic, taken)
+                self._giving_back.submit(self.give_back, topic, taken)
 
         call = _Call(len(links), late)
         asked = []
@@ -187,12 +187,6 @@ class Desk:
         if len(got) > n:
             late(got[n:])
         return got[:n]
-
-    def _give_back_now(self, topic: Topic, taken: list[Taken]) -> None:
-        try:
-            self.give_back(topic, taken)
-        except Exception:  # their leases expire instead: late, never lost
-            log.warning("could not give back %d messages", len(taken), exc_info=True)
 
     def serves(self, topic: Topic) -> bool:
         """Whether an owner of the topic's shards can be asked now."""

@@ -9,6 +9,7 @@ row's version), so a stale token never changes a message.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -37,6 +38,8 @@ from app.transitions import (
     move_many,
     place_then,
 )
+
+log = logging.getLogger("duetime.leasing")
 
 # Leases write a cursor only when it moves this far: the in-process resume points
 # (app.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
@@ -94,7 +97,16 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
 def give_back(services: Services, topic: Topic, items: list[Taken]) -> None:
     """Messages a releaser leased for a call that had gone: scheduled again, due now (pointer
     first, then the LWT over the lease), the attempt not counted. One changed meanwhile
-    (cancelled, or acked) is left as it is."""
+    (cancelled, or acked) is left as it is. A failure is logged, not raised: their leases
+    run out instead (late, never lost)."""
+    try:
+        _give_back(services, topic, items)
+    except Exception:
+        log.warning("could not give back %d messages of topic %s", len(items), topic.uid,
+                    exc_info=True)
+
+
+def _give_back(services: Services, topic: Topic, items: list[Taken]) -> None:
     now = services.clock()
     again = [dataclasses.replace(
         i.leased, state="scheduled", version=i.leased.version + 1,

@@ -258,7 +258,7 @@ class Broker:
             taken = answers.get(id(p.want), [])
             line = broker_wire.encode_got(p.want.id, taken)
             hand_at_ms = max((t.due_ms for t in taken), default=now_ms)
-            if hand_at_ms > now_ms:  # never early: the clock's ms are floored, so this is late
+            if hand_at_ms > now_ms and topic is not None:  # floored ms: never early
                 self._prepare(p, topic, taken, line, now_s + (hand_at_ms - now_ms) / 1000)
             else:
                 _send(p, line)
@@ -270,18 +270,17 @@ class Broker:
             when = min(when, hand_s - self.lead_ms / 1000)
         self._check_at(when, topic_uid)
 
-    def _prepare(self, parked: _Parked, topic: Topic | None, taken: list[Taken], line: bytes,
+    def _prepare(self, parked: _Parked, topic: Topic, taken: list[Taken], line: bytes,
                  when_s: float) -> None:
         """Send a prepared answer at when_s (monotonic s) unless its want is withdrawn
         before."""
         key = (parked.link, parked.want.id)
-        if topic is not None:
-            with self._lock:
-                self._prepared[key] = (parked, topic, taken)
+        with self._lock:
+            self._prepared[key] = (parked, topic, taken)
 
         def send() -> None:
             with self._lock:
-                withdrawn = topic is not None and self._prepared.pop(key, None) is None
+                withdrawn = self._prepared.pop(key, None) is None
             if not withdrawn:
                 _send(parked, line)
 
@@ -303,12 +302,8 @@ class Broker:
 
     def _give_back(self, topic: Topic, taken: list[Taken]) -> None:
         """Messages leased for a want that has gone: due again now, the attempt not
-        counted (app.leasing.give_back); should that fail, their leases run out."""
-        try:
-            give_back(self.services, topic, taken)
-        except Exception:
-            log.warning("could not give back %d messages of topic %s", len(taken), topic.uid,
-                        exc_info=True)
+        counted (app.leasing.give_back, which logs a failure: their leases run out)."""
+        give_back(self.services, topic, taken)
 
     def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
                ) -> tuple[dict[int, list[Taken]], int | None, bool]:
@@ -450,17 +445,14 @@ def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms:
     owners: list[int] = []
     at = 0
     for which, p in enumerate(parked):
-        share: list[Due] = []
-        while (at < len(order) and len(share) < p.want.n and len(chunk) + len(share) < total
-               and order[at].row.due_at_ms <= (share or order[at:])[0].row.due_at_ms
-               + SHARE_SPREAD_MS):
-            share.append(order[at])
-            at += 1
-        if share and p.deadline > now_s + (share[-1].row.due_at_ms - now_ms) / 1000:
+        share = order[at:at + min(p.want.n, total - len(chunk))]
+        if not share:
+            break
+        share = [d for d in share if d.row.due_at_ms <= share[0].row.due_at_ms + SHARE_SPREAD_MS]
+        if p.deadline > now_s + (share[-1].row.due_at_ms - now_ms) / 1000:
             chunk += share
             owners += [which] * len(share)
-        else:
-            at -= len(share)  # left for a want that waits long enough
+            at += len(share)  # else left for a want that waits long enough
     return chunk, owners
 
 
