@@ -18,6 +18,7 @@ from tests.campaign_helpers import campaign
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
 from tests.releasing import webhook_topic
+from tests.waiting import wait_until
 
 
 def stats(topic: TopicClient) -> Any:
@@ -184,4 +185,7 @@ def test_replaces_racing_a_releaser_post_whole_versions_never_early(
         body = json.loads(a.body)
         assert parse_instant(a.headers["Duetime-Deliver-At"]) == body["at"], a
         assert a.received_ms >= body["at"], a
-    assert stats(topic)["counts"]["delivered"] == 50
+    # a POST's 2xx comes before the releaser records it delivered: wait for the record
+    wait_until(lambda: stats(topic)["counts"]["delivered"] >= 50, 10, every_s=0.1)
+    counts = stats(topic)["counts"]
+    assert counts["delivered"] == 50 and counts["scheduled"] == counts["leased"] == 0, counts
