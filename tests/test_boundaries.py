@@ -1,11 +1,14 @@
-"""The storage boundary (docs/design.md): only `app/store/` speaks to Cassandra. No module of
-the server outside it, of the releasers or of the client imports the driver or holds CQL
-text (spark/ and devstack/ may: the connector's jobs and the node's set-up)."""
+"""The project's boundaries. Storage (docs/design.md): only `app/store/` speaks to Cassandra;
+no module of the server outside it, of the releasers or of the client imports the driver or
+holds CQL text (spark/ and devstack/ may: the connector's jobs and the node's set-up).
+Layers: no import circles among the modules of app/, workers/ and spark/, counting imports
+made inside functions too."""
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,3 +54,69 @@ def test_the_check_finds_a_driver_import_and_cql_text(tmp_path: Path) -> None:
                        'DOC = "a select from the docs is prose"\n', encoding="utf-8")
     found = _violations(planted)
     assert len(found) == 2 and "imports cassandra.cluster" in found[0] and "CQL" in found[1]
+
+
+def _module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """The project modules path imports (anywhere in it, `from a import b` naming a.b when
+    that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in known else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found & known
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                circles.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def _graph(paths: Iterable[Path]) -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in paths}
+    known = set(modules)
+    return {name: _imports(p, known) - {name} for name, p in modules.items()}
+
+
+def test_no_import_circles() -> None:
+    paths = [p for top in ("app", "workers", "spark") for p in (ROOT / top).rglob("*.py")]
+    graph = _graph(paths)
+    assert len(graph) > 80 and sum(map(len, graph.values())) > 200  # the graph was read
+    assert _circles(graph) == []
+
+
+def test_the_circle_check_finds_one() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
