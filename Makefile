@@ -28,13 +28,13 @@ faults: setup   ## the fault suite's long form: each nemesis, then all combined,
 	$(PY) -m tests.faults.run $${FAULTS_MESSAGES:-2000} $${FAULTS_WINDOW_S:-30}
 
 lint:
-	$(VENV)/bin/ruff check app workers spark tests devstack
+	$(VENV)/bin/ruff check app workers spark tests devstack clients
 	$(VENV)/bin/mypy
 
 openapi: setup  ## regenerate openapi.yaml from the marshmallow schemas
 	$(VENV)/bin/duetime openapi --output openapi.yaml
 
-bench: up       ## pull (batched and one message per request), push, push in a crowded keyspace, campaign, schedule, many-topic, idle-stack, new-topic and overload benchmarks against the running stack; results in bench-results/
+bench: up       ## pull (batched and one message per request), push, push in a crowded keyspace, campaign, schedule, many-topic, idle-stack, new-topic, overload and command-line start benchmarks against the running stack; results in bench-results/
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
 	$(PY) -m tests.bench.single $(BENCH_SINGLE_ARGS)
 	$(PY) -m tests.bench.push
@@ -45,6 +45,7 @@ bench: up       ## pull (batched and one message per request), push, push in a c
 	$(PY) -m tests.bench.idle $(BENCH_IDLE_ARGS)
 	$(PY) -m tests.bench.new_topics $(BENCH_NEW_TOPIC_ARGS)
 	$(PY) -m tests.bench.overload $(BENCH_OVERLOAD_ARGS)
+	$(PY) -m tests.bench.cli_start
 
 bench-import: up  ## Spark import of 1,000,000 rows vs HTTP batch vs raw inserts (about 10 min)
 	$(PY) -m tests.bench.spark_import

@@ -85,6 +85,7 @@ def start_operation(services: Services, topic: Topic, c: Campaign, kind: str,
         services.operations.finish(op, "failed", "another operation was running", now)
         raise _busy(other)
     services.operations.enlist(op)
+    services.waker.wake("operations")
     services.campaign_rules.forget(topic.uid)
     return op
 

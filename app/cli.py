@@ -1,4 +1,6 @@
-"""The `duetime` command: schema migrations, API keys, the OpenAPI file.
+"""The `duetime` operator commands, run by the `duetime` command of duetime_client
+(clients/python) when the server package is installed: schema migrations, API keys, the
+OpenAPI file, a releaser, Spark jobs.
 
   duetime schema apply | status
   duetime keys create --tenant NAME [--name LABEL]   (prints the new key as its last line)
@@ -11,8 +13,7 @@
   duetime spark export --topic T --out DIR [--tenant T] [--master URL]
   duetime spark report --topic T [--tenant T] [--campaign C] [--out DIR] [--master URL]
 
-and, against a running API (app.cli_api): topics, enqueue, get, cancel, reschedule, stats,
-campaigns, schedules, tail (`duetime COMMAND --help`).
+The user commands (topics, enqueue, get, ...) are the client's: duetime_client.commands.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from app import cli_api, logs
+from app import logs
 from app.config import ConfigError, load_config
 from app.errors import StoreUnavailable
 from app.ids import NAME
@@ -103,7 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     spark = sub.add_parser("spark", help="bulk import and reports with Spark (spark-submit)")
     spark.add_argument("job", choices=["import", "export", "report"])
     spark.add_argument("--master", default=None, help="Spark master URL (default local[*])")
-    cli_api.add_parsers(sub)
     return parser
 
 
@@ -130,8 +130,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _openapi(args)
         if args.command == "spark":
             return _spark(args, rest)
-        if args.command in cli_api.COMMANDS:
-            return cli_api.run(args)
         services = Services(load_config())
         try:
             commands = {"schema": _schema, "keys": _keys, "releaser": _releaser}

@@ -13,7 +13,6 @@ from app import metrics
 from app.services import Services
 
 log = logging.getLogger("duetime.clock")
-_NOW = "SELECT toUnixTimestamp(now()) AS now_ms FROM system.local"
 SKEW_SAMPLES = 3
 
 
@@ -34,9 +33,9 @@ def measure_ms(services: Services) -> int:
 def _round_trip(services: Services) -> tuple[int, int]:
     """(round trip, this clock at its middle minus Cassandra's), in ms."""
     before = services.clock()
-    rows = services.db.execute(_NOW)
+    cassandra_ms = services.clocks.cassandra_now_ms()
     after = services.clock()
-    return after - before, (before + after) // 2 - int(rows[0]["now_ms"])
+    return after - before, (before + after) // 2 - cassandra_ms
 
 
 def releaser_gap_ms(services: Services, own_skew_ms: int, member: str | None = None) -> int | None:

@@ -11,8 +11,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from cassandra import ConsistencyLevel
-
 from app.timeline import COUNTED_AHEAD_MS
 from app.webhook_targets import parse_allow
 
@@ -79,14 +77,6 @@ class Config:
     releaser_metrics_port: int = 9464  # a releaser's Prometheus /metrics (0: none)
     wake_port: int = 0  # the UDP port a releaser is woken on (0: any free one)
     wake_host: str = ""  # the address other processes wake a releaser at ("": its host's)
-
-    @property
-    def consistency_level(self) -> int:
-        return int(ConsistencyLevel.name_to_value[self.consistency])
-
-    @property
-    def serial_consistency_level(self) -> int:
-        return int(ConsistencyLevel.name_to_value[self.serial_consistency])
 
     def replace(self, **changes: Any) -> Config:
         """A copy with some settings changed (tests, CLI flags)."""

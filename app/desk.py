@@ -138,13 +138,10 @@ class _Call:
 class Desk:
     """Thread-safe; one per API process."""
 
-    def __init__(self, ownership: OwnershipStore, slots: int, clock: Callable[[], int],
-                 give_back: Callable[[Topic, list[Taken]], None]) -> None:
-        """give_back(topic, taken) makes leased messages no call took due again at once."""
+    def __init__(self, ownership: OwnershipStore, slots: int, clock: Callable[[], int]) -> None:
         self.ownership = ownership
         self.slots = slots
         self.clock = clock
-        self.give_back = give_back
         self._giving_back = ThreadPoolExecutor(1, thread_name_prefix="desk-give-back")
         self._lock = threading.Lock()
         self._reading = threading.Lock()
@@ -156,10 +153,11 @@ class Desk:
         self._refused: dict[tuple[str, int], float] = {}
         self._ids = itertools.count(1)
 
-    def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int,
-             consumer: str | None) -> list[Taken] | None:
+    def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int, consumer: str | None,
+             give_back: Callable[[list[Taken]], None]) -> list[Taken] | None:
         """Up to n messages leased by the topic's owners for lease_s to consumer; None when
-        no owner could be asked."""
+        no owner could be asked. give_back(taken) makes what comes past n, or after the call
+        left, due again at once."""
         links = self._links_of(topic)
         if not links:
             return None
@@ -167,7 +165,7 @@ class Desk:
         def late(taken: list[Taken]) -> None:
             # off the link's reader and the call's thread: a give-back is Cassandra writes
             with contextlib.suppress(RuntimeError):  # closing: their leases expire instead
-                self._giving_back.submit(self.give_back, topic, taken)
+                self._giving_back.submit(give_back, taken)
 
         call = _Call(len(links), late)
         asked = []

@@ -26,8 +26,6 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from cassandra.cluster import ResponseFuture
-
 from app import campaigns
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.ids import homes_for_request, new_message_id
@@ -35,6 +33,7 @@ from app.models import MessageState, Payload, Pointer, Topic
 from app.quiet_hours import QuietHours
 from app.services import Services
 from app.store.messages import PayloadRow, Staging
+from app.store.session import Pending
 from app.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
 from app.timeparse import TimeFormatError, parse_local_time, zone
 from app.transitions import (
@@ -456,7 +455,7 @@ def _replace(services: Services, topic: Topic, found: MessageState,
 
 
 def _start_counts(services: Services, topic: Topic,
-                  created: list[MessageState]) -> list[ResponseFuture]:
+                  created: list[MessageState]) -> list[Pending]:
     """Send the counter writes of the topic and of the campaigns for new rows; they run while
     the pointers are written (a stats counter has no order to keep with them)."""
     if not created:
@@ -470,7 +469,7 @@ def _start_counts(services: Services, topic: Topic,
         return []
 
 
-def _finish_counts(services: Services, counting: list[ResponseFuture]) -> None:
+def _finish_counts(services: Services, counting: list[Pending]) -> None:
     """Wait for the counter writes, so stats read after the answer include them. The messages
     are already accepted: a failure (logged where the write was sent; stats may under-count)
     never turns an accepted message into an error."""

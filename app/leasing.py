@@ -9,6 +9,7 @@ row's version), so a stale token never changes a message.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -79,7 +80,8 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
     deadline = time.monotonic() + wait_ms / 1000
     while True:
         left_ms = max(0, round((deadline - time.monotonic()) * 1000))
-        taken = services.desk.want(topic, max_messages, left_ms, lease_s, consumer)
+        taken = services.desk.want(topic, max_messages, left_ms, lease_s, consumer,
+                                   functools.partial(give_back, services, topic))
         if taken:
             services.lag.observe(topic.uid, "pull", [services.clock() - t.due_ms
                                                      for t in taken])

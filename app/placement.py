@@ -13,11 +13,10 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from cassandra.cluster import ResponseFuture
-
 from app.config import Config
 from app.errors import StoreUnavailable
 from app.models import Pointer
+from app.store.session import Pending
 from app.store.timeline import TimelineStore
 from app.timeline import COUNTED_AHEAD_MS, WRITE_WINDOW_MS, bucket_of, lane_part, ttl_s
 from app.wakeups import Wake, no_wake
@@ -67,7 +66,7 @@ class PointerPlacer:
                 self._active.clear()
             self._active.update((topic_uid, b) for b in new)
 
-    def _note_written(self, topic_uid: uuid.UUID, now_ms: int) -> ResponseFuture | None:
+    def _note_written(self, topic_uid: uuid.UUID, now_ms: int) -> Pending | None:
         """Start recording, once per WRITE_WINDOW_MS window and process, that the topic is
         being written (topic_writes): what wakes a releaser's sweep of a quiet topic, so a
         pointer written behind its cursors is found."""

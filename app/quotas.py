@@ -25,9 +25,9 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from app.errors import PayloadTooLarge, RateLimited
+from app.store.quota_usage import QuotaUsageStore
 from app.store.session import CassandraSession
 
 SYNC_MS = 100
@@ -59,10 +59,10 @@ class Quotas:
 
     def __init__(self, db: CassandraSession, limits: dict[str, Limit],
                  clock: Callable[[], int]) -> None:
-        self.db = db
         self.limits = {kind: limit for kind, limit in limits.items() if limit.per_s > 0}
         self.clock = clock
         self.process = uuid.uuid4().hex
+        self.store = QuotaUsageStore(db, self.process)
         self._usage: dict[tuple[str, str], _Usage] = {}
         # (allowance, all processes' total) of the seconds just past
         self._totals: dict[tuple[str, str, int], tuple[float, int]] = {}
@@ -100,24 +100,11 @@ class Quotas:
     def _read_others(self, tenant: str, kind: str, second: int) -> int | None:
         """What the other processes admitted for the tenant in this second so far, or None
         when Cassandra does not answer within FIRST_READ_S."""
-        done = threading.Event()
-        found: list[list[dict[str, Any]]] = []
-
-        def answered(rows: list[dict[str, Any]]) -> None:
-            found.append(rows)
-            done.set()
-
         try:
-            future = self.db.execute_async(
-                "SELECT process, n FROM {ks}.quota_usage WHERE tenant = ? AND kind = ? AND "
-                "second = ?", (tenant, kind, second))
-            future.add_callbacks(answered, lambda exc: done.set())
+            return self.store.others(tenant, kind, second, FIRST_READ_S)
         except Exception as exc:  # the quota goes on with what this process knows
             log.warning("quota read failed: %r", exc)
             return None
-        if not done.wait(FIRST_READ_S) or not found:
-            return None
-        return sum(r["n"] for r in found[0] if r["process"] != self.process)
 
     def close(self) -> None:
         self._closed = True
@@ -163,15 +150,10 @@ class Quotas:
                 del self._totals[old]
         if not active:
             return
-        self.db.results([self.db.execute_async(
-            "INSERT INTO {ks}.quota_usage (tenant, kind, second, process, n) "
-            "VALUES (?, ?, ?, ?, ?)", (tenant, kind, sec, self.process, mine))
-            for (tenant, kind), sec, mine in active])
-        rows = self.db.results([self.db.execute_async(
-            "SELECT process, n FROM {ks}.quota_usage WHERE tenant = ? AND kind = ? AND "
-            "second = ?", (tenant, kind, sec)) for (tenant, kind), sec, _ in active])
+        others = self.store.publish([(tenant, kind, sec, mine)
+                                     for (tenant, kind), sec, mine in active])
         with self._lock:
-            for ((tenant, kind), sec, _), found in zip(active, rows, strict=True):
+            for ((tenant, kind), sec, _), theirs in zip(active, others, strict=True):
                 usage = self._usage.get((tenant, kind))
                 if usage is not None and usage.second == sec:
-                    usage.others = sum(r["n"] for r in found if r["process"] != self.process)
+                    usage.others = theirs

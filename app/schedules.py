@@ -118,6 +118,7 @@ def _slot(services: Services, s: Schedule) -> int:
 
 def _list(services: Services, s: Schedule) -> None:
     services.schedules.list_in_slot(_slot(services, s), s)
+    services.waker.wake("schedules")
 
 
 def get_schedule(services: Services, topic: Topic, name: str) -> Schedule:
@@ -133,6 +134,7 @@ def delete_schedule(services: Services, topic: Topic, name: str) -> None:
     if not services.schedules.delete(s):
         raise Conflict(f"Schedule {name!r} changed concurrently; retry.")
     services.schedules.unlist(_slot(services, s), s.topic_uid, s.name)
+    services.waker.wake("schedules")
     _cancel(services, topic, _pending(services, topic, s.name))
 
 

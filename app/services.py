@@ -10,12 +10,10 @@ import time
 import uuid
 from collections.abc import Callable
 
-from app.broker_wire import Taken
 from app.campaign_rules import CampaignRules
 from app.config import Config
 from app.desk import Desk
 from app.lag_log import LagLog
-from app.models import Topic
 from app.placement import PointerPlacer
 from app.quotas import Limit, Quotas
 from app.scan import DueScanner
@@ -59,13 +57,13 @@ class Services:
         self.db = CassandraSession(config)
         self.waker = Waker(OwnershipStore(self.db, config.release_ring).wake_addresses)
         self.keys = ApiKeyStore(self.db)
-        self.topics = TopicStore(self.db, self.waker.wake)
+        self.topics = TopicStore(self.db)
         self.topic_cache = TopicCache(self.topics)
         self.counts = CountStore(self.db)
         self.campaigns = CampaignStore(self.db)
         self.campaign_rules = CampaignRules(self.campaigns)
-        self.operations = OperationStore(self.db, self.waker.wake)
-        self.schedules = ScheduleStore(self.db, self.waker.wake)
+        self.operations = OperationStore(self.db)
+        self.schedules = ScheduleStore(self.db)
         self.messages = MessageStore(self.db)
         self.timeline = TimelineStore(self.db)
         self.clocks = ClockStore(self.db)
@@ -80,17 +78,12 @@ class Services:
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
         self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
-                         clock, self._give_back)
+                         clock)
 
     def _pull_written(self, topic_uid: uuid.UUID) -> None:
         """Pointers of a pull topic due soon were written: tell the releasers serving its
         long polls (workers.broker)."""
         self.waker.wake(pull_kind(topic_uid))
-
-    def _give_back(self, topic: Topic, items: list[Taken]) -> None:
-        from app.leasing import give_back  # the use case module imports this one
-
-        give_back(self, topic, items)
 
     def close(self) -> None:
         self.desk.close()

@@ -19,8 +19,6 @@ import logging
 import threading
 import time
 
-from cassandra.util import unix_time_from_uuid1
-
 from app.models import Topic
 from app.store.topics import TopicStore
 
@@ -113,7 +111,7 @@ class TopicCache:
         with self._lock:
             for changed, tenant, name in changes:
                 entry = self._entries.get((tenant, name))
-                changed_ms = int(unix_time_from_uuid1(changed) * 1000)
+                changed_ms = self.store.change_ms(changed)
                 if entry is not None and changed_ms >= entry[2] - CLOCK_MARGIN_MS:
                     del self._entries[(tenant, name)]
             # entries fetched before this read began are covered by it from now on

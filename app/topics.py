@@ -61,7 +61,7 @@ def put_topic(services: Services, tenant: str, name: str,
             settings = _validated(dataclasses.replace(TopicSettings(), **changes), allow)
             topic = Topic(tenant, name, uuid.uuid4(), settings, signing.new_secret(), now, now)
             if services.topics.create(topic):
-                services.topic_cache.forget(tenant, name)
+                _changed(services, tenant, name)
                 return topic, True
             continue
         settings = _validated(dataclasses.replace(current.settings, **changes), allow)
@@ -69,7 +69,7 @@ def put_topic(services: Services, tenant: str, name: str,
             raise Conflict("Cannot change shards of a topic with scheduled or leased messages.")
         topic = dataclasses.replace(current, settings=settings, updated_at_ms=now)
         if services.topics.update(topic, current):
-            services.topic_cache.forget(tenant, name)
+            _changed(services, tenant, name)
             return topic, False
     raise Conflict("The topic changed concurrently; retry.")
 
@@ -87,7 +87,7 @@ def rotate_signing_secret(services: Services, tenant: str, name: str,
             previous_secret=current.signing_secret if overlap_s else None,
             previous_secret_until_ms=now + overlap_s * 1000 if overlap_s else None)
         if services.topics.rotate_secret(topic, current):
-            services.topic_cache.forget(tenant, name)
+            _changed(services, tenant, name)
             return topic
     raise Conflict("The topic changed concurrently; retry.")
 
@@ -103,11 +103,21 @@ def delete_topic(services: Services, tenant: str, name: str) -> None:
     topic = get_topic(services, tenant, name)
     if not services.topics.delete(tenant, name, topic.uid):
         raise NotFound(f"No topic {name!r}.")
-    services.topic_cache.forget(tenant, name)
-    for s in services.schedules.all(topic.uid):  # no releaser looks at them again
+    _changed(services, tenant, name)
+    schedules = services.schedules.all(topic.uid)
+    for s in schedules:  # no releaser looks at them again
         services.schedules.unlist(schedule_slot_of(str(topic.uid), s.name,
                                                    services.config.release_slots),
                                   topic.uid, s.name)
+    if schedules:
+        services.waker.wake("schedules")
+
+
+def _changed(services: Services, tenant: str, name: str) -> None:
+    """After a topic's applied change: this process's cache forgets it, the releasers are
+    told at once (they also follow topic_changes)."""
+    services.topic_cache.forget(tenant, name)
+    services.waker.wake("topics")
 
 
 WINDOWS = {"minute": (MS_PER_MINUTE, 60), "hour": (MS_PER_HOUR, 168)}  # width, how many

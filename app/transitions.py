@@ -11,12 +11,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from cassandra.cluster import ResponseFuture
-
 from app import metrics
 from app.errors import LeaseLost, StoreUnavailable
 from app.models import MessageState, Topic
 from app.services import Services
+from app.store.session import Pending
 from app.timeline import pointer_of, ttl_s
 
 
@@ -71,7 +70,7 @@ def _deltas(moves: Sequence[Move]) -> Deltas:
 
 
 def _send(services: Services, topic: Topic, deltas: Deltas, wait: bool,
-          also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[ResponseFuture]:
+          also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[Pending]:
     """Send the counter updates of deltas (zeros left out) and `also`; wait for them, or
     return their futures with failures logged."""
     topic_deltas, per_campaign = deltas
@@ -87,7 +86,7 @@ def _send(services: Services, topic: Topic, deltas: Deltas, wait: bool,
 
 
 def count_moves(services: Services, topic: Topic, moves: Sequence[Move], wait: bool = True,
-                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[ResponseFuture]:
+                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[Pending]:
     """Move the per-state counters of the topic and of each move's campaign by (before,
     after, campaign) moves, and this process's message metrics; `also` are more counter
     updates to send in the same batches. wait=False: the writes are only sent, their futures
@@ -118,7 +117,7 @@ class CountedAhead:
     (count_ahead), so an answer waits for one round trip, not two."""
 
     moves: Sequence[Move]
-    sent: list[ResponseFuture]
+    sent: list[Pending]
     unsent: Sequence[tuple[str, Sequence[Any]]] = ()  # `also` updates that failed to go
 
 

@@ -30,12 +30,12 @@ need_apt() {  # install Debian packages whose command is missing
 }
 
 setup_venv() {
-  local stamp="$VENV/.installed-$(sha256sum setup.cfg | cut -c1-16)"
+  local stamp="$VENV/.installed-$(cat setup.cfg clients/python/pyproject.toml | sha256sum | cut -c1-16)"
   [ -f "$stamp" ] && return 0
   echo "creating the virtualenv in .venv"
   [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e ".[dev,spark]"
+  "$VENV/bin/pip" install -q -e ./clients/python -e ".[dev,spark]"
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 }

@@ -12,14 +12,13 @@ bucket/shard/id code) → load (the connector). Steps:
    without its pointer), then the campaign index, activity markers and counters.
 State rows are plain writes with write time IMPORT_WRITETIME_US, below any LWT ballot: a
 re-run can never overwrite (resurrect) a message the service has since moved.
-Prints a JSON summary as its last line.
+The command that runs it: spark.import_command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,6 @@ from pyspark.sql import types as T
 
 from app import campaigns
 from app.config import Config
-from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services
 from app.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE, WRITE_WINDOW_MS
@@ -280,50 +278,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spark.stop()
     services.close()
     return summary
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duetime spark import")
-    p.add_argument("file")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--tenant", default="dev")
-    p.add_argument("--campaign", default=None)
-    p.add_argument("--rejects", default=None, help="folder for the rejects CSV "
-                   "(default: FILE.rejects)")
-    p.add_argument("--if-exists", choices=if_exists.MODES, default=None,
-                   help="a row whose id the topic has, with other content: reject (default; "
-                   "listed in the rejects file), replace (while the message is scheduled) or "
-                   "keep (the message as it is)")
-    p.add_argument("--restore", action="store_true", help="FILE is an export of "
-                   "`duetime spark export`: bring its messages back in their states")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    args.rejects = args.rejects or args.file.rstrip("/") + ".rejects"
-    if args.restore and args.campaign:
-        print("--campaign does not apply to --restore: messages keep their own",
-              file=sys.stderr)
-        return 2
-    if args.restore and args.if_exists:
-        print("--if-exists does not apply to --restore: messages present are kept",
-              file=sys.stderr)
-        return 2
-    args.if_exists = args.if_exists or "reject"
-    try:
-        if args.restore:
-            from spark import restore_job  # imports this module
-
-            summary = restore_job.run(args)
-        else:
-            summary = run(args)
-    except DuetimeError as exc:  # a campaign refuses the import: nothing was written
-        print(f"import refused: {exc.detail}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -7,9 +7,8 @@ import sys
 import threading
 import time
 
+from duetime_client.progress import bar
 from pyspark import SparkContext
-
-from app.progress import bar
 
 EVERY_S = 2.0
 

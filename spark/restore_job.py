@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -62,7 +62,7 @@ def read_export(spark: SparkSession, path: str) -> DataFrame:
 
 
 def _transform(settings: ImportSettings,
-               rows: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, ...]]:
+               rows: Iterable[tuple[Any, int]]) -> Iterator[tuple[Any, ...]]:
     for row, line in rows:
         raw = row.asDict()
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JARS_DIR = ROOT / "var" / "spark" / "jars"
-JOBS = {"import": "import_job.py", "report": "report_job.py", "export": "export_job.py"}
+JOBS = {"import": "import_command.py", "report": "report_job.py", "export": "export_job.py"}
 
 
 def _code_zip() -> Path:

@@ -1,14 +1,14 @@
-"""The `duetime` commands that call the API (app.cli_api), against a served API: tables by
-default, JSON with --json, exit codes, and `tail` consuming what comes due."""
+"""The `duetime` commands that call the API (duetime_client.commands), against a served API:
+tables by default, JSON with --json, exit codes, and `tail` consuming what comes due."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from duetime_client.cli import main
+from duetime_client.client import Client
 
-from app.cli import main
-from app.client import Client
 from app.services import Services
 from tests.campaign_helpers import running_operations
 from tests.conftest import new_tenant_key

@@ -1,4 +1,4 @@
-"""The Python client (app.client) against a served API (gunicorn on its own port, the test
+"""The Python client (duetime_client) against a served API (gunicorn on its own port, the test
 keyspace, the real node): typed calls, errors as ApiError, the Consumer helper (ack, nack on
 an exception, extend for a long handler, stop), retries of 429/503, and the webhook
 signature check on a real push."""
@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 import standardwebhooks
-from flask import Flask
-
-from app.client import (
+from duetime_client.client import (
     ApiError,
     ApiTimeout,
     ApiUnreachable,
@@ -27,6 +25,8 @@ from app.client import (
     verify_signature,
     verify_webhook,
 )
+from flask import Flask
+
 from app.config import Config
 from app.services import Services
 from tests.conftest import new_tenant_key

@@ -8,6 +8,7 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +115,17 @@ def test_the_image_holds_what_the_manifests_run() -> None:
              if line.strip() and not line.lstrip().startswith("#")]
     copied = [line.split()[1] for line in lines if line.startswith("COPY ")]
     assert all((ROOT / source).exists() for source in copied), copied
-    for needed in ("app", "workers", "schema", "setup.cfg"):
+    for needed in ("app", "workers", "schema", "setup.cfg", "clients/python"):
         assert needed in copied
     [cmd] = [line for line in lines if line.startswith("CMD ")]
     assert yaml.safe_load(cmd[len("CMD "):]) == _container("duetime-api")["command"]
     assert (ROOT / "app" / "gunicorn_conf.py").exists()
-    scripts = configparser.ConfigParser()
-    scripts.read(ROOT / "setup.cfg")
-    assert "duetime = app.cli:main" in scripts["options.entry_points"]["console_scripts"]
+    # the manifests' `duetime schema apply` and `duetime releaser`: the client's command,
+    # which runs the server's operator commands; the image installs both
+    [install] = [line for line in lines if line.startswith("RUN pip install")]
+    assert "./clients/python" in install.split() and "." in install.split()
+    client = tomllib.loads((ROOT / "clients" / "python" / "pyproject.toml").read_text())
+    assert client["project"]["scripts"]["duetime"] == "duetime_client.cli:main"
+    server = configparser.ConfigParser()
+    server.read(ROOT / "setup.cfg")
+    assert "duetime-client" in server["options"]["install_requires"]

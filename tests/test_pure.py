@@ -199,7 +199,7 @@ def test_nesting_counts_arrays_and_objects_without_recursion() -> None:
 def test_a_progress_bar_in_a_log_writes_a_line_at_most_every_interval() -> None:
     import io
 
-    from app.progress import ProgressBar, bar
+    from duetime_client.progress import ProgressBar, bar
 
     assert bar(61, 100, width=10) == "[######....]  61% 61/100"
     assert bar(12_000, 10_000, width=4) == "[####] 100% 12,000/10,000"
@@ -219,7 +219,7 @@ def test_a_progress_bar_writes_its_first_line_at_once_on_a_host_just_booted(
     import io
     import types
 
-    from app import progress as progress_module
+    from duetime_client import progress as progress_module
 
     # this module's clock only: other threads of the run keep the real one
     monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(monotonic=lambda: 5.0))

@@ -19,6 +19,11 @@ class ClockStore:
             "INSERT INTO {ks}.process_clocks (part, member, skew_ms, measured_at) "
             "VALUES (?, ?, ?, ?) USING TTL ?", (PART, member, skew_ms, now_ms, TTL_S))
 
+    def cassandra_now_ms(self) -> int:
+        """Cassandra's clock (epoch ms), as the coordinator read it (one read)."""
+        rows = self.db.execute("SELECT toUnixTimestamp(now()) AS now_ms FROM system.local")
+        return int(rows[0]["now_ms"])
+
     def skews(self) -> dict[str, int]:
         """Each releaser's last skew (ms) of the last TTL_S seconds, by member."""
         rows = self.db.execute("SELECT member, skew_ms FROM {ks}.process_clocks WHERE part = ?",

@@ -301,7 +301,7 @@ class MessageStore:
     def get(self, topic_uid: uuid.UUID, message_id: str,
             serial: bool = False) -> MessageState | None:
         """The row, read at the configured consistency, or at SERIAL (sees in-flight LWTs)."""
-        level = self.db.config.serial_consistency_level if serial else None
+        level = self.db.serial_level if serial else None
         rows = self.db.execute(_SELECT + " WHERE topic_uid = ? AND home = ? AND id = ?",
                                (topic_uid, home_of(message_id), message_id), consistency=level)
         return _row_to_state(rows[0]) if rows and _whole(rows[0]) else None

@@ -20,7 +20,6 @@ from typing import Any
 
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms
-from app.wakeups import Wake, no_wake
 
 PENDING_PART = 0  # all unfinished operations share one small partition
 _COLUMNS = ("topic_uid", "id", "tenant", "topic", "kind", "campaign", "state", "shift_ms",
@@ -69,9 +68,8 @@ def _operation(row: dict[str, Any]) -> Operation:
 
 
 class OperationStore:
-    def __init__(self, db: CassandraSession, wake: Wake = no_wake) -> None:
+    def __init__(self, db: CassandraSession) -> None:
         self.db = db
-        self._wake = wake  # app.wakeups: tells the releasers after the write
 
     def record(self, op: Operation) -> None:
         """Write a new operation's row (not yet listed for the runners)."""
@@ -84,11 +82,10 @@ class OperationStore:
         """List a recorded operation for the runners."""
         self.db.execute("INSERT INTO {ks}.pending_operations (part, id, topic_uid) "
                         "VALUES (?, ?, ?)", (PENDING_PART, op.id, op.topic_uid))
-        self._wake("operations")
 
     def get(self, topic_uid: uuid.UUID, op_id: uuid.UUID, serial: bool = False
             ) -> Operation | None:
-        level = self.db.config.serial_consistency_level if serial else None
+        level = self.db.serial_level if serial else None
         rows = self.db.execute(
             f"SELECT {', '.join(_COLUMNS)} FROM {{ks}}.operations WHERE topic_uid = ? AND id = ?",
             (topic_uid, op_id), consistency=level)

@@ -13,7 +13,6 @@ from typing import Any
 from app.chunks import chunked
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms
-from app.wakeups import Wake, no_wake
 
 _COLUMNS = ("name", "cron", "timezone", "payload", "encoding", "priority", "campaign",
             "start_at", "end_at", "misfire", "version", "next_fire", "created_at", "updated_at")
@@ -56,9 +55,8 @@ def _values(s: Schedule) -> list[Any]:
 
 
 class ScheduleStore:
-    def __init__(self, db: CassandraSession, wake: Wake = no_wake) -> None:
+    def __init__(self, db: CassandraSession) -> None:
         self.db = db
-        self._wake = wake  # app.wakeups: tells the releasers after the write
 
     def get(self, topic_uid: uuid.UUID, name: str) -> Schedule | None:
         rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM {{ks}}.schedules "
@@ -140,7 +138,6 @@ class ScheduleStore:
         # after the listing's write: a reader that sees the new mark then reads the new list
         self.db.execute("UPDATE {ks}.schedule_marks SET changed = now() WHERE part = 0 "
                         "AND slot = ?", (slot,))
-        self._wake("schedules")
 
     def marks(self) -> dict[int, uuid.UUID]:
         """Each slot's last listing change (slots never changed are absent): one read."""

@@ -14,9 +14,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 from cassandra import (
+    ConsistencyLevel,
     OperationTimedOut,
     ReadTimeout,
     Unavailable,
@@ -45,6 +46,8 @@ from app.chunks import chunked
 from app.config import Config
 from app.errors import StoreUnavailable
 
+# a statement sent whose answer is not read yet (execute_async, start_batches)
+Pending: TypeAlias = ResponseFuture
 TRANSIENT_ERRORS = (NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, WriteTimeout)
 RECONNECT_BACKOFF_S = 1.0
 COUNTER_BATCH = 32  # counter updates per batch: well under the batch size warning (5 KiB)
@@ -115,6 +118,11 @@ class CassandraSession:
         self._prepared: dict[str, PreparedStatement] = {}
         self._last_failure = -math.inf  # monotonic s; none yet (a host may be up < 1 s)
 
+    @property
+    def serial_level(self) -> int:
+        """The driver's value of DUETIME_SERIAL_CONSISTENCY (reads of in-progress LWTs)."""
+        return int(ConsistencyLevel.name_to_value[self.config.serial_consistency])
+
     def _build_cluster(self) -> Cluster:
         cfg = self.config
         balancing = (
@@ -122,8 +130,8 @@ class CassandraSession:
         )
         profile = ExecutionProfile(
             load_balancing_policy=TokenAwarePolicy(balancing),
-            consistency_level=cfg.consistency_level,
-            serial_consistency_level=cfg.serial_consistency_level,
+            consistency_level=ConsistencyLevel.name_to_value[cfg.consistency],
+            serial_consistency_level=self.serial_level,
             request_timeout=cfg.request_timeout_s,
             row_factory=dict_factory,
         )

@@ -7,11 +7,11 @@ import uuid
 from typing import Any
 
 from cassandra.query import UNSET_VALUE
+from cassandra.util import unix_time_from_uuid1
 
 from app.models import Topic, TopicSettings
 from app.store.session import CassandraSession
 from app.timeparse import cql_ms
-from app.wakeups import Wake, no_wake
 
 _SETTING_COLUMNS = [f.name for f in dataclasses.fields(TopicSettings)]
 _COLUMNS = ["uid", *_SETTING_COLUMNS, "signing_secret", "created_at", "updated_at",
@@ -34,9 +34,8 @@ class TopicStore:
     apply only to the incarnation (uid) the caller read, so a concurrent re-create is never
     clobbered."""
 
-    def __init__(self, db: CassandraSession, wake: Wake = no_wake) -> None:
+    def __init__(self, db: CassandraSession) -> None:
         self.db = db
-        self._wake = wake  # app.wakeups: tells the releasers after the write
 
     def get(self, tenant: str, name: str) -> Topic | None:
         rows = self.db.execute(
@@ -110,7 +109,6 @@ class TopicStore:
         if applied:
             self.db.execute("INSERT INTO {ks}.topic_changes (part, changed, tenant, name) "
                             "VALUES (0, now(), ?, ?)", (tenant, name))
-            self._wake("topics")
         return applied
 
     def changes_since(self, since_ms: int) -> list[tuple[uuid.UUID, str, str]]:
@@ -120,6 +118,11 @@ class TopicStore:
             "SELECT changed, tenant, name FROM {ks}.topic_changes WHERE part = 0 "
             "AND changed > minTimeuuid(?)", (since_ms,))
         return [(r["changed"], r["tenant"], r["name"]) for r in rows]
+
+    @staticmethod
+    def change_ms(changed: uuid.UUID) -> int:
+        """When a change of changes_since was written (epoch ms, the writer's clock)."""
+        return int(unix_time_from_uuid1(changed) * 1000)
 
     @staticmethod
     def _values(topic: Topic) -> list[Any]:

@@ -22,7 +22,7 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
    from the same PRODUCERS threads: what one request costs on the machine before any of
    duetime's code runs; the one-message enqueue rate and the lease `max: 1` + ack pair rate
    are reported as ratios to it (pairs: half its request rate).
-Every call goes through duetime's own client (app.client.Client, urllib3 keep-alive, no
+Every call goes through duetime's own client (duetime_client.Client, urllib3 keep-alive, no
 retries, so a 429 or 503 fails the run instead of hiding in it), the path the README shows
 Python producers and consumers.
 Writes bench-results/single.json and prints a table. Usage:
@@ -41,8 +41,8 @@ from collections.abc import Callable
 from typing import Any
 
 import requests
+from duetime_client.client import ApiError, Client
 
-from app.client import ApiError, Client
 from tests.bench.run import (
     OUT,
     URL,

@@ -1,5 +1,5 @@
-"""A Python client of the duetime HTTP API (installed with the package: `from app.client
-import Client`).
+"""A Python client of the duetime HTTP API (`pip install ./clients/python`, then
+`from duetime_client import Client`).
 
 - Client: one typed call per route. Answers are the API's JSON as dicts; an error answer
   raises ApiError with its problem+json. 429 and 503 are retried with exponential backoff

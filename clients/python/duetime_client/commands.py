@@ -1,4 +1,5 @@
-"""The `duetime` commands that talk to a running API (app.client), for people and scripts:
+"""The `duetime` commands that talk to a running API (duetime_client.client), for people and
+scripts:
 
   duetime topics [NAME] [--set FIELD=VALUE ...] [--delete]
   duetime enqueue TOPIC PAYLOAD_JSON [--id ID] [--delay-ms MS | --deliver-at TIME]
@@ -12,12 +13,14 @@
   duetime tail TOPIC       (consumes: leases, prints and acks each message as it comes due)
 
 Tables for people by default, `--json` for scripts. The API is DUETIME_URL (default
-http://127.0.0.1:8080) with the key DUETIME_API_KEY (default: the dev key `make up` wrote).
+http://127.0.0.1:8080) with the key DUETIME_API_KEY (default: the dev key `make up` wrote,
+var/dev-key under the current directory).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -26,9 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.client import ApiError, ApiTimeout, ApiUnreachable, Client
-from app.progress import ProgressBar
-from app.timeparse import format_ms
+from duetime_client.client import ApiError, ApiTimeout, ApiUnreachable, Client
+from duetime_client.progress import ProgressBar
 
 COMMANDS = ("topics", "enqueue", "get", "cancel", "reschedule", "stats", "campaigns",
             "schedules", "tail", "dead", "retry", "lag")
@@ -37,7 +39,7 @@ WAIT_POLL_S = 0.5
 FIRST_COLUMNS = ("name", "id", "from", "count", "p50_ms", "p99_ms", "campaign", "state",
                  "deliver_at", "last_error", "cron", "timezone",
                  "max_attempts", "lease_seconds", "paused", "max_per_second")
-DEV_KEY = Path(__file__).resolve().parent.parent / "var" / "dev-key"
+DEV_KEY = Path("var") / "dev-key"
 
 
 def add_parsers(sub: Any) -> None:
@@ -102,6 +104,12 @@ def add_parsers(sub: Any) -> None:
     p = command("tail", "consume a pull topic: print and ack each message as it comes due")
     p.add_argument("topic")
     p.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
+
+
+def format_ms(epoch_ms: int) -> str:
+    """Epoch ms → RFC 3339 UTC with millisecond precision, e.g. 2026-12-01T09:00:00.250Z."""
+    return datetime.datetime.fromtimestamp(epoch_ms / 1000, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def run(args: argparse.Namespace) -> int:

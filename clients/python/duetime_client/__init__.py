@@ -1,0 +1,16 @@
+"""duetime's Python client: the typed HTTP client, the consumer helper, the webhook signature
+check and the `duetime` command. It needs urllib3 and nothing of the server."""
+
+from duetime_client.client import (
+    ApiError,
+    ApiTimeout,
+    ApiUnreachable,
+    Client,
+    Consumer,
+    SignatureCheck,
+    verify_signature,
+    verify_webhook,
+)
+
+__all__ = ["ApiError", "ApiTimeout", "ApiUnreachable", "Client", "Consumer", "SignatureCheck",
+           "verify_signature", "verify_webhook"]
