@@ -8,6 +8,8 @@ from typing import Any
 
 from app.store.session import CassandraSession
 
+_READ = ("SELECT process, n FROM {ks}.quota_usage WHERE tenant = ? AND kind = ? AND "
+         "second = ?")
 Usage = tuple[str, str, int, int]  # tenant, kind, second (epoch s), what this process admitted
 
 
@@ -26,9 +28,7 @@ class QuotaUsageStore:
             found.append(rows)
             done.set()
 
-        future = self.db.execute_async(
-            "SELECT process, n FROM {ks}.quota_usage WHERE tenant = ? AND kind = ? AND "
-            "second = ?", (tenant, kind, second))
+        future = self.db.execute_async(_READ, (tenant, kind, second))
         future.add_callbacks(answered, lambda exc: done.set())
         if not done.wait(within_s) or not found:
             return None
@@ -41,9 +41,8 @@ class QuotaUsageStore:
             "INSERT INTO {ks}.quota_usage (tenant, kind, second, process, n) "
             "VALUES (?, ?, ?, ?, ?)", (tenant, kind, second, self.process, n))
             for tenant, kind, second, n in mine])
-        rows = self.db.results([self.db.execute_async(
-            "SELECT process, n FROM {ks}.quota_usage WHERE tenant = ? AND kind = ? AND "
-            "second = ?", (tenant, kind, second)) for tenant, kind, second, _ in mine])
+        rows = self.db.results([self.db.execute_async(_READ, (tenant, kind, second))
+                                for tenant, kind, second, _ in mine])
         return [self._of_others(found) for found in rows]
 
     def _of_others(self, rows: list[dict[str, Any]]) -> int:
