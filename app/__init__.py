@@ -11,12 +11,14 @@ import time
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from app import dashboard, group_commit, logs, metrics, shedding
+from app import dashboard
 from app.api import docs_assets, openapi_file, problems, validation
-from app.auth import Authenticator
+from app.api.auth import Authenticator
 from app.config import Config, load_config
 from app.errors import PayloadTooLarge
-from app.quotas import Quotas
+from app.messages import group_commit
+from app.ops import logs, metrics, shedding
+from app.ops.quotas import Quotas
 from app.services import Clock, Services, system_clock_ms
 
 API_VERSION = "1.0.0"
@@ -51,8 +53,8 @@ def _smorest_settings(app: Flask, config: Config) -> None:
 
 
 def _observe_requests(app: Flask) -> None:
-    """Each request's latency, timed once: its histogram (app.metrics) and its log event with
-    its request id (app.logs)."""
+    """Each request's latency, timed once: its histogram (app.ops.metrics) and its log event with
+    its request id (app.ops.logs)."""
     @app.before_request
     def start() -> None:
         g.started = time.perf_counter()
@@ -108,7 +110,7 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     smorest = openapi_file.DuetimeApi(app)
     validation.register(app, smorest)
     # imported here, not at module level: names bound there are attributes of the package
-    # and would shadow the use-case modules app.topics, app.messages, app.campaigns and
+    # and would shadow the packages app.topics, app.messages, app.campaigns and
     # app.schedules
     from app.api import (
         campaigns,

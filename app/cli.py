@@ -22,14 +22,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from app import logs
 from app.config import ConfigError, load_config
+from app.core.ids import NAME
+from app.core.timeparse import format_ms
 from app.errors import StoreUnavailable
-from app.ids import NAME
+from app.ops import logs
 from app.services import Services
 from app.store import migrations
 from app.store.keys import KEY_ID_CHARS, KeyNotFound, hash_key
-from app.timeparse import format_ms
 
 
 def _schema(services: Services, args: argparse.Namespace) -> int:

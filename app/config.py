@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from app.timeline import COUNTED_AHEAD_MS
-from app.webhook_targets import parse_allow
+from app.core.timeline import COUNTED_AHEAD_MS
+from app.delivery.webhook_targets import parse_allow
 
 
 class ConfigError(ValueError):
@@ -49,7 +49,7 @@ class Config:
     message_rate_limit_per_s: float = 0.0  # messages enqueued a second per tenant (0: none)
     message_rate_burst: int = 0
     # a long poll parked at its releaser (workers.broker) with nothing due looks again this
-    # often when no wake-up (app.wakeups.pull_kind) comes
+    # often when no wake-up (app.delivery.wakeups.pull_kind) comes
     pull_idle_ms: int = 1000
 
     bucket_ms: int = 60_000
@@ -68,7 +68,7 @@ class Config:
     release_prepare_rate: int = 1000
     release_rescan_ms: int = 50
     release_sweep_ms: int = 1000
-    # without a wake-up (app.wakeups), the look-ahead reads this often; woken, every rescan
+    # without a wake-up (app.delivery.wakeups), the look-ahead reads this often; woken, every rescan
     release_idle_ms: int = 2000
     release_catchup_ms: int = 3_600_000
     topic_refresh_ms: int = 60_000

@@ -16,7 +16,7 @@ from typing import Any
 from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.gthread import ThreadWorker
 
-# Multiprocess metrics (app.metrics): set before any worker imports prometheus_client.
+# Multiprocess metrics (app.ops.metrics): set before any worker imports prometheus_client.
 _metrics_dir = pathlib.Path(os.environ.setdefault(
     "PROMETHEUS_MULTIPROC_DIR",
     os.path.join(tempfile.gettempdir(),
@@ -86,7 +86,7 @@ class ClientDeadlineWorker(ThreadWorker):
     clients (slowloris) cannot keep the worker's threads. The deadline starts when a thread
     takes the connection for a request, which gthread does once the first bytes are there.
     It also times how long each connection waited in the queue for a thread, which the app
-    reads (QUEUED_HEADER, set by pre_request) to shed load (app.shedding)."""
+    reads (QUEUED_HEADER, set by pre_request) to shed load (app.ops.shedding)."""
 
     def enqueue_req(self, conn: Any) -> None:
         conn.queued_at = time.monotonic()

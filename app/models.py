@@ -78,11 +78,11 @@ class MessageState:
     updated_at_ms: int
     last_op: uuid.UUID | None = None  # the campaign operation that last changed it
     paced: bool = False  # moved to its delivery slot by its campaign's pacing
-    group: str | None = None  # fair-delivery group (app.timeline.lane_of)
+    group: str | None = None  # fair-delivery group (app.core.timeline.lane_of)
 
     @property
     def fair_group(self) -> str | None:
-        """The group it takes turns in (app.fairness): its `group`, else its campaign."""
+        """The group it takes turns in (app.delivery.fairness): its `group`, else its campaign."""
         return self.group or self.campaign
 
 
@@ -109,4 +109,4 @@ class Pointer:
     version: int
     priority: int
     shard: int
-    lane: int = 0  # fair-delivery lane (app.timeline.lane_of)
+    lane: int = 0  # fair-delivery lane (app.core.timeline.lane_of)

@@ -10,13 +10,14 @@ import time
 import uuid
 from collections.abc import Callable
 
-from app.campaign_rules import CampaignRules
+from app.campaigns.rules import CampaignRules
 from app.config import Config
-from app.desk import Desk
-from app.lag_log import LagLog
-from app.placement import PointerPlacer
-from app.quotas import Limit, Quotas
-from app.scan import DueScanner
+from app.delivery.desk import Desk
+from app.delivery.scan import DueScanner
+from app.delivery.wakeups import Waker, pull_kind
+from app.messages.placement import PointerPlacer
+from app.ops.lag_log import LagLog
+from app.ops.quotas import Limit, Quotas
 from app.store.campaigns import CampaignStore
 from app.store.clocks import ClockStore
 from app.store.counts import CountStore
@@ -30,8 +31,7 @@ from app.store.schedules import ScheduleStore
 from app.store.session import CassandraSession
 from app.store.timeline import TimelineStore
 from app.store.topics import TopicStore
-from app.topic_cache import TopicCache
-from app.wakeups import Waker, pull_kind
+from app.topics.cache import TopicCache
 
 Clock = Callable[[], int]
 

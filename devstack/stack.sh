@@ -93,7 +93,7 @@ banner() {
 
 start_api_background() {
   if [ -f "$API_PID" ] && kill -0 "$(cat "$API_PID")" 2>/dev/null; then return; fi
-  # not --daemon: a daemon's workers write their own events (app.logs) to /dev/null
+  # not --daemon: a daemon's workers write their own events (app.ops.logs) to /dev/null
   nohup "$VENV/bin/gunicorn" -c app/gunicorn_conf.py --pid "$API_PID" app.wsgi:app \
     >>"$VAR/log/api.log" 2>&1 &
 }

@@ -1,7 +1,7 @@
 """What an import does with a row whose id the topic already has (`--if-exists`, as the API's
 `if_exists`): reject (default) imports nothing and lists it in the rejects file when its
 content differs; keep imports nothing; replace rewrites a scheduled message through the API's
-own conditional write (app.enqueue, one version or the other, never a mix). A row with the
+own conditional write (app.messages.enqueue, one version or the other, never a mix). A row with the
 same content as the message is already present in every mode."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from app.enqueue import NewMessage, enqueue
+from app.messages.enqueue import NewMessage, enqueue
 from app.models import Payload, Topic
 from app.services import Services
 

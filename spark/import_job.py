@@ -28,11 +28,11 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from app import campaigns
+from app.campaigns import manage as campaigns
 from app.config import Config
+from app.core.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE, WRITE_WINDOW_MS
 from app.models import Topic
 from app.services import Services
-from app.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE, WRITE_WINDOW_MS
 from spark import if_exists
 from spark import session as sessions
 from spark.progress import Progress
@@ -141,8 +141,8 @@ def with_parts(spark: SparkSession, new: DataFrame, firsts: list[tuple[int, int,
 
 
 def lane(group: Any) -> Any:
-    """app.timeline.lane_of of a message's group (its `group`, else its campaign): Spark's
-    crc32 is the same CRC-32 as app.timeline.stable_hash."""
+    """app.core.timeline.lane_of of a message's group (its `group`, else its campaign): Spark's
+    crc32 is the same CRC-32 as app.core.timeline.stable_hash."""
     return (F.when(group.isNull(), F.lit(0))
             .otherwise(F.lit(1) + F.crc32(group) % (LANES - 1)).cast("int"))
 
@@ -212,7 +212,7 @@ def count(services: Services, topic: Topic, placed: DataFrame,
           groups: list[tuple[int, int, int]], settled: DataFrame | None = None) -> list[str]:
     """Counters and activity markers the API keeps, and the campaigns' rows, bounds and
     counters, for the rows this run added (placed: scheduled, with pointers; settled: in an
-    end state); returns warnings (app.campaigns.record_import)."""
+    end state); returns warnings (app.campaigns.manage.record_import)."""
     every = _every(placed, settled)
     per_minute = {r["minute"]: r["n"] for r in placed.groupBy(
         (F.col("due_at") / MS_PER_MINUTE).cast("long").alias("minute")).count()

@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from app.config import Config
-from app.timeline import MS_PER_HOUR, MS_PER_MINUTE
+from app.core.timeline import MS_PER_HOUR, MS_PER_MINUTE
 from spark import charts
 from spark import session as sessions
 from spark.progress import Progress

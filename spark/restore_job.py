@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from app import campaigns
+from app.campaigns import manage as campaigns
 from app.config import Config
 from app.store import dead_letters
 from app.store.dead_letters import MS_PER_WEEK

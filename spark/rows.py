@@ -1,8 +1,9 @@
 """Transform of the import (pure, no Spark, no I/O): one file row → one message as the API
 would make it, or a reject with its reason.
 
-The checks are the API's own (app.schemas.messages.MessageInSchema, app.enqueue.new_message),
-and the state row, shard and bucket come from the same app code, so an imported message is
+The checks are the API's own (app.schemas.messages.MessageInSchema,
+app.messages.enqueue.new_message), and the state row, shard and bucket come from the same app code,
+so an imported message is
 indistinguishable from one enqueued over HTTP (apart from its deterministic id).
 
 File columns: recipient (required); payload (JSON text) or, without it, every other column
@@ -18,13 +19,13 @@ from typing import Any
 
 from marshmallow import ValidationError
 
-from app import quiet_hours
-from app.enqueue import new_message, state_row
+from app.core.ids import CLIENT_ID, home_of, import_id
+from app.core.timeline import MS_PER_DAY, bucket_of, campaign_spread, shard_of, ttl_s
 from app.errors import DuetimeError
-from app.ids import CLIENT_ID, home_of, import_id
+from app.messages.enqueue import new_message, state_row
 from app.models import Topic
+from app.schedules import quiet_hours
 from app.schemas.messages import MessageInSchema
-from app.timeline import MS_PER_DAY, bucket_of, campaign_spread, shard_of, ttl_s
 
 TIME_COLUMNS = ("deliver_at", "delay_ms", "local_time", "timezone")
 RESERVED = {"id", "recipient", "payload", "priority", "campaign", *TIME_COLUMNS}

@@ -9,7 +9,7 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
-from app.timeparse import parse_instant
+from app.core.timeparse import parse_instant
 
 
 def now_ms() -> int:

@@ -16,8 +16,8 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
+from app.core.timeparse import parse_instant
 from app.services import Clock, Services, system_clock_ms
-from app.timeparse import parse_instant
 from tests.conftest import FAST, new_tenant_key, own_keyspace
 from tests.consumers import TopicClient
 from tests.receiver import Arrival

@@ -120,3 +120,11 @@ def test_no_import_circles() -> None:
 def test_the_circle_check_finds_one() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_app_keeps_its_modules_in_rooms() -> None:
+    """At most ten modules directly in app/; the rest in packages by capability."""
+    top = sorted(p.name for p in (ROOT / "app").glob("*.py"))
+    rooms = sorted(p.parent.name for p in (ROOT / "app").glob("*/__init__.py"))
+    assert "config.py" in top and len(top) <= 10, top
+    assert {"api", "store", "messages", "delivery", "campaigns", "schedules", "ops"} <= set(rooms)

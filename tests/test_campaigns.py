@@ -11,12 +11,12 @@ from typing import Any
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.campaign_rules import CampaignRules
+from app.campaigns.rules import CampaignRules
 from app.config import Config
-from app.enqueue import EnqueueResult, enqueue, new_message
+from app.core.timeparse import format_ms, parse_instant
+from app.messages.enqueue import EnqueueResult, enqueue, new_message
 from app.models import Topic
 from app.services import Services
-from app.timeparse import format_ms, parse_instant
 from tests.campaign_helpers import (
     campaign,
     running_operations,

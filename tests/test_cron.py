@@ -1,5 +1,5 @@
 """Cron fire times and misfires, pure (the clock injected): 5 and 6 fields, time zones, both
-DST changes (the rule of app.cron, checked against APScheduler's own zone handling), the
+DST changes (the rule of app.schedules.cron, checked against APScheduler's own zone handling), the
 misfire rules, bad expressions."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from apscheduler.triggers.cron import CronTrigger
 
-from app.cron import Cron, CronError
-from app.schedules import plan
-from app.timeparse import parse_instant, parse_local_time
+from app.core.timeparse import parse_instant, parse_local_time
+from app.schedules.cron import Cron, CronError
+from app.schedules.manage import plan
 
 
 def take(cron: Cron, after: int, n: int) -> list[int]:
@@ -70,7 +70,7 @@ def test_a_time_in_the_fall_fold_fires_at_its_first_occurrence_only() -> None:
                      local("2026-11-02T01:30:00", "America/New_York"),
                      local("2026-11-03T01:30:00", "America/New_York")]
     # APScheduler's zone handling fires the second 01:30 too, then returns it again and
-    # again: the reason app.cron resolves wall times itself
+    # again: the reason app.schedules.cron resolves wall times itself
     theirs = CronTrigger.from_crontab("30 1 * * *", timezone=ZoneInfo("America/New_York"))
     now = dt.datetime(2026, 10, 31, 16, tzinfo=dt.UTC)
     seen, previous = [], None

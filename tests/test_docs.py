@@ -43,3 +43,35 @@ def test_the_readme_is_a_guide_not_a_record() -> None:
 def test_the_link_check_sees_a_broken_link() -> None:
     assert _local_links("see [x](docs/nothing.md) and [y](https://example.com)") == [
         "docs/nothing.md"]
+
+
+CURRENT = [ROOT / "README.md", *[ROOT / "docs" / n for n in
+                                 ("design.md", "operations.md", "development.md", "http-api.md")]]
+SOURCE_PATH = re.compile(r"\b((?:app|workers|spark|tests|devstack)/[\w/]+\.py)\b")
+MODULE = re.compile(r"(?<![\w./])((?:app|workers|spark)(?:\.[a-z_]\w*)+)")
+
+
+def _missing_sources(text: str) -> list[str]:
+    """Source paths and dotted module names in text that name no file of the project (a
+    dotted name may go on into a module's attribute: app.core.timeline.lane_of)."""
+    missing = [p for p in SOURCE_PATH.findall(text) if not (ROOT / p).exists()]
+    for dotted in MODULE.findall(text):
+        parts = dotted.split(".")
+        if not any((ROOT / Path(*parts[:n])).with_suffix(".py").exists()
+                   or (ROOT / Path(*parts[:n]) / "__init__.py").exists()
+                   for n in range(2, len(parts) + 1)):
+            missing.append(dotted)
+    return missing
+
+
+def test_the_current_documents_name_modules_that_exist() -> None:
+    """README and the present-tense docs (not docs/benchmarks.md, a record of past commits)
+    name source files and modules where they are now."""
+    assert [(doc.name, m) for doc in CURRENT
+            for m in _missing_sources(doc.read_text(encoding="utf-8"))] == []
+
+
+def test_the_module_check_sees_a_moved_module() -> None:
+    assert _missing_sources("see `app/leasing.py` and app.scan.DueScanner") == [
+        "app/leasing.py", "app.scan"]
+    assert _missing_sources("`app/delivery/leasing.py`, app.delivery.scan.DueScanner") == []

@@ -13,8 +13,8 @@ import pytest
 from cassandra.query import BoundStatement
 from flask import Flask
 
-from app import group_commit
 from app.errors import StoreUnavailable
+from app.messages import group_commit
 from tests.consumers import TopicClient, now_ms
 
 
@@ -33,7 +33,7 @@ class RequestsOfCalls:
     test process's driver session send requests too, on threads of their own; counting the
     session's total moved the per-call figures by a fifth in one CI run. Reads are left out
     because a call reads its topic whenever the topic cache cannot vouch for its entry
-    (app.topic_cache), which depends on timing. A group's shared write runs on the thread of
+    (app.topics.cache), which depends on timing. A group's shared write runs on the thread of
     its first member, one of the calls' threads."""
 
     def __init__(self) -> None:

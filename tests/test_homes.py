@@ -12,10 +12,10 @@ import uuid
 
 from flask.testing import FlaskClient
 
-from app.ids import home_of, homes_for_request, new_message_id
+from app.core.ids import home_of, homes_for_request, new_message_id
+from app.core.timeline import shard_of
 from app.models import MessageState
 from app.services import Services
-from app.timeline import shard_of
 from tests.consumers import TopicClient
 
 TTL_S = 3600

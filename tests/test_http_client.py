@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from app.webhook_targets import parse_allow
+from app.delivery.webhook_targets import parse_allow
 from tests.loop_thread import LoopThread
 from tests.receiver import Receiver, receiving
 from workers.http_client import AsyncHttpClient, HttpError, RefusedTarget

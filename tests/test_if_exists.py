@@ -13,7 +13,7 @@ from typing import Any
 from flask.testing import FlaskClient
 
 from app.config import Config
-from app.timeparse import parse_instant
+from app.core.timeparse import parse_instant
 from tests.campaign_helpers import campaign
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving

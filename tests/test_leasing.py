@@ -15,11 +15,11 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
-from app.ids import home_of
+from app.core.ids import home_of
+from app.core.timeline import COUNTED_AHEAD_MS
+from app.core.timeparse import format_ms, parse_instant
 from app.models import Pointer
 from app.services import Services
-from app.timeline import COUNTED_AHEAD_MS
-from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.waiting import wait_until
 from workers.releaser import Releaser

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from flask.testing import FlaskClient
 
-from app.logs import JsonFormatter, RequestContext, TextFormatter
+from app.ops.logs import JsonFormatter, RequestContext, TextFormatter
 from tests.consumers import TopicClient
 
 

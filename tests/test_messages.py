@@ -9,8 +9,8 @@ from typing import Any
 from flask import Flask
 from flask.testing import FlaskClient
 
+from app.core.timeparse import format_ms, parse_instant
 from app.services import Services
-from app.timeparse import format_ms, parse_instant
 from tests.conftest import new_tenant_key
 from tests.consumers import TopicClient, now_ms
 

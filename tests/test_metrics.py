@@ -9,8 +9,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import create_app, metrics
+from app import create_app
 from app.config import Config
+from app.ops import metrics
 from app.services import Services, system_clock_ms
 from tests.campaign_helpers import campaign
 from tests.conftest import new_tenant_key
@@ -39,7 +40,7 @@ def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
 def test_message_counters_move_by_exactly_what_was_done(
         client: FlaskClient, services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
     # the suite makes hundreds of tenants in this process: past the bound of series their
-    # counts go to `_other` (app.metrics.message_labels), where other tests' work moves them
+    # counts go to `_other` (app.ops.metrics.message_labels), where other tests' work moves them
     monkeypatch.setattr(metrics, "MAX_TENANT_SERIES", 1_000_000)
     monkeypatch.setattr(metrics, "MAX_TOPIC_SERIES", 1_000_000)
     tenant, auth = new_tenant_key(services)

@@ -1,5 +1,5 @@
 """The alert rules and the Grafana dashboard in docs/monitoring use only metrics and labels
-that duetime exports (app.metrics): a renamed metric fails here, not silently in production."""
+that duetime exports (app.ops.metrics): a renamed metric fails here, not silently in production."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from app import metrics
+from app.ops import metrics
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "monitoring"
 SERIES = re.compile(r"\b(duetime_[a-z_]+)\b(?:\{([^}]*)\})?")
@@ -38,7 +38,7 @@ def expressions() -> list[str]:
 
 def test_every_metric_and_label_in_the_alerts_and_dashboard_exists() -> None:
     names = exported()
-    assert "duetime_messages_enqueued_total" in names  # the reading of app.metrics works
+    assert "duetime_messages_enqueued_total" in names  # the reading of app.ops.metrics works
     used = 0
     for expr in expressions():
         for name, selector in SERIES.findall(expr):

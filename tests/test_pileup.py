@@ -7,7 +7,7 @@ import time
 
 from flask.testing import FlaskClient
 
-from app import leasing
+from app.delivery import leasing
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 

@@ -9,11 +9,9 @@ from collections import Counter
 
 import pytest
 
-from app import timeline
 from app.config import ConfigError, load_config
-from app.enqueue import NewMessage, home_by_due_time, nesting
-from app.fairness import FairQueue
-from app.ids import (
+from app.core import timeline
+from app.core.ids import (
     CLIENT_ID,
     EMBEDDED_HOMES,
     HASHED_HOMES,
@@ -21,10 +19,12 @@ from app.ids import (
     homes_for_request,
     new_message_id,
 )
+from app.core.timeline import fair_share, release_slot_of
+from app.core.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
+from app.delivery.fairness import FairQueue
+from app.delivery.scan import ReadAhead
+from app.messages.enqueue import NewMessage, home_by_due_time, nesting
 from app.models import Payload
-from app.scan import ReadAhead
-from app.timeline import fair_share, release_slot_of
-from app.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 from workers import count_reads, quiet_recheck
 from workers.catch_up import Behind, with_stragglers
 from workers.count_reads import ReadBefore, changed_topics, count_groups
@@ -231,7 +231,7 @@ def test_a_progress_bar_writes_its_first_line_at_once_on_a_host_just_booted(
 def test_a_restored_message_keeps_its_state_and_waits_no_earlier_than_now() -> None:
     import uuid as uuid_module
 
-    from app.ids import home_of
+    from app.core.ids import home_of
     from app.models import Topic, TopicSettings
     from spark.rows import ImportSettings, Reject, restored
 
@@ -259,8 +259,8 @@ def test_a_restored_message_keeps_its_state_and_waits_no_earlier_than_now() -> N
 
 def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_than_merge()\
         -> None:
-    """A peeking read (app.scan._Reads with due_by_ms) over one lane of one bucket with more
-    partitions than are merged at once (MERGE_WIDTH): every pointer due by the window is
+    """A peeking read (app.delivery.scan._Reads with due_by_ms) over one lane of one bucket with
+    more partitions than are merged at once (MERGE_WIDTH): every pointer due by the window is
     collected, whichever run its partition is in; of each partition only its first pointer
     past the window is read, and the earliest of those is next_ms; every partition counts
     as read whole (nothing due by the window is left in it)."""
@@ -268,8 +268,8 @@ def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_t
     from types import SimpleNamespace
     from typing import Any
 
+    from app.delivery.scan import MERGE_WIDTH, SpentPointers, _LaneReader, _Reads
     from app.models import Pointer
-    from app.scan import MERGE_WIDTH, SpentPointers, _LaneReader, _Reads
 
     count = MERGE_WIDTH + 8
     taken = [0] * count

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.quiet_hours import QuietHours
-from app.timeparse import TimeFormatError, parse_instant, parse_local_time
+from app.core.timeparse import TimeFormatError, parse_instant, parse_local_time
+from app.schedules.quiet_hours import QuietHours
 
 NIGHT = QuietHours.parse("21:00", "08:00", "UTC")
 

@@ -1,4 +1,4 @@
-"""Per-tenant quotas (app/quotas.py) on the real node: two API processes share one tenant's
+"""Per-tenant quotas (app/ops/quotas.py) on the real node: two API processes share one tenant's
 allowance of a second through Cassandra; past it, 429 problem+json with Retry-After; other
 tenants are not touched; the burst carries what a quiet second left unused; a batch bigger
 than any second's allowance is 413."""
@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
-from app.quotas import SYNC_MS
+from app.ops.quotas import SYNC_MS
 from app.services import Services
 from tests.conftest import new_tenant_key
 from tests.consumers import now_ms

@@ -8,9 +8,9 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
-from app.quiet_hours import QuietHours
-from app.timeline import MS_PER_HOUR
-from app.timeparse import format_ms, parse_instant
+from app.core.timeline import MS_PER_HOUR
+from app.core.timeparse import format_ms, parse_instant
+from app.schedules.quiet_hours import QuietHours
 from tests.consumers import TopicClient, now_ms
 
 

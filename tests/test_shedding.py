@@ -1,4 +1,4 @@
-"""Load shedding (app.shedding): a /v1 request that waited too long for a thread is refused
+"""Load shedding (app.ops.shedding): a /v1 request that waited too long for a thread is refused
 with 503 problem+json and Retry-After at once; consuming calls and health checks never are;
 a client cannot make its own request look late (or early) through the worker's header."""
 
@@ -8,7 +8,7 @@ import socket
 
 from flask import Flask
 
-from app import metrics
+from app.ops import metrics
 from tests.consumers import TopicClient
 from tests.test_request_limits import SLOW_PORT, few_threads  # noqa: F401 (a fixture)
 

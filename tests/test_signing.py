@@ -14,10 +14,10 @@ import pytest
 import standardwebhooks
 from flask.testing import FlaskClient
 
-from app import signing
 from app.config import Config
+from app.core.timeparse import parse_instant
+from app.delivery import signing
 from app.services import Services
-from app.timeparse import parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Arrival, Receiver, receiving
 from tests.releasing import tenant_of, webhook_topic

@@ -17,9 +17,9 @@ import pytest
 from flask.testing import FlaskClient
 
 from app.config import Config
-from app.ids import import_id
+from app.core.ids import import_id
+from app.core.timeparse import parse_instant
 from app.services import Services
-from app.timeparse import parse_instant
 from tests.conftest import ROOT
 from tests.consumers import TopicClient, now_ms
 from tests.import_files import write_csv

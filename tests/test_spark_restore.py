@@ -13,7 +13,7 @@ from typing import Any
 from flask import Flask
 
 from app.config import Config
-from app.ids import home_of
+from app.core.ids import home_of
 from app.models import MessageState
 from app.services import Services
 from tests.campaign_helpers import running_operations, topic_uid, wait_operation

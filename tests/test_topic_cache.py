@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from app import create_app, topic_cache
+from app import create_app
 from app.config import Config
 from app.models import Topic
 from app.services import Services
 from app.store.topics import TopicStore
-from app.topic_cache import TopicCache
+from app.topics import cache as topic_cache
+from app.topics.cache import TopicCache
 from tests.conftest import new_tenant_key
 from tests.consumers import TopicClient
 

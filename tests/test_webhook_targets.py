@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from flask.testing import FlaskClient
 
-from app.webhook_targets import Network, parse_allow, refusal, url_refusal
+from app.delivery.webhook_targets import Network, parse_allow, refusal, url_refusal
 
 NONE: tuple[Network, ...] = ()
 

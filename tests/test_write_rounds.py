@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import Flask
 
-from app import leasing
+from app.delivery import leasing
 from app.services import Services
 from tests.campaign_helpers import topic_of
 from tests.consumers import TopicClient

@@ -1,6 +1,6 @@
 """The releaser's broker for pull topics (docs/design.md, "How a due message is found").
 
-API processes send their lease calls' *wants* (app.broker_wire) over TCP to the releasers
+API processes send their lease calls' *wants* (app.delivery.broker_wire) over TCP to the releasers
 owning the topic's shards, on the port number of the releaser's wake-ups, after a hello
 with the token the releaser publishes in its membership row (others are closed). The broker is the
 only reader of its shards for these wants: it finds what is due there (one scan for every
@@ -30,12 +30,12 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from app import broker_wire
-from app.broker_wire import Taken, Want
-from app.fairness import fair_order, known_turns_end
-from app.leasing import CURSOR_STEP_MS, Hold, give_back, passed_over, take_with_payloads
+from app.delivery import broker_wire
+from app.delivery.broker_wire import Taken, Want
+from app.delivery.fairness import fair_order, known_turns_end
+from app.delivery.leasing import CURSOR_STEP_MS, Hold, give_back, passed_over, take_with_payloads
+from app.delivery.scan import Due
 from app.models import Topic
-from app.scan import Due
 from app.services import Services
 
 FIND_AT_LEAST = 32
@@ -302,7 +302,7 @@ class Broker:
 
     def _give_back(self, topic: Topic, taken: list[Taken]) -> None:
         """Messages leased for a want that has gone: due again now, the attempt not
-        counted (app.leasing.give_back, which logs a failure: their leases run out)."""
+        counted (app.delivery.leasing.give_back, which logs a failure: their leases run out)."""
         give_back(self.services, topic, taken)
 
     def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]

@@ -1,7 +1,7 @@
 """Which topics a sweep's catch-up must read, for many topics at once.
 
-The catch-up (workers.releaser.Releaser._catch_up, app.scan.DueScanner.stragglers) looks for
-pointers written behind a topic's cursors: it reads the topic's active buckets from the
+The catch-up (workers.releaser.Releaser._catch_up, app.delivery.scan.DueScanner.stragglers) looks
+for pointers written behind a topic's cursors: it reads the topic's active buckets from the
 catch-up's reach (DUETIME_RELEASE_CATCHUP_MS, an hour) before its lowest cursor up to its
 highest, then their write counts, and reads partitions only where an owned count moved since
 it last read them. Those first two reads, a round trip each per topic, were most of a sweep
@@ -17,9 +17,9 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 
-from app.chunks import chunked
-from app.scan import moved_counts
-from app.timeline import bucket_of
+from app.core.chunks import chunked
+from app.core.timeline import bucket_of
+from app.delivery.scan import moved_counts
 from workers.count_reads import CHUNK, Counts, Indexes, read_counts
 
 
@@ -43,7 +43,7 @@ def with_stragglers(timeline: Indexes, topics: Sequence[Behind], bucket_ms: int,
     """The topics with an owned write count behind their cursors (within catchup_ms before
     the lowest) that differs from the one recorded: those a straggler may have reached,
     each with the counts of its active buckets there as read now (its catch-up compares
-    those and reads no index again: app.scan.DueScanner.stragglers)."""
+    those and reads no index again: app.delivery.scan.DueScanner.stragglers)."""
     spans = {t.uid: (bucket_of(reach_ms(t.cursors, catchup_ms), bucket_ms),
                      bucket_of(max(t.cursors.values()), bucket_ms))
              for t in topics if t.cursors}

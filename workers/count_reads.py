@@ -3,7 +3,7 @@
 Every pointer written bumps the count of its (topic, bucket, shard) once it is durable
 (app.store.timeline.TimelineStore.count_writes). A releaser that records a topic's counts
 when it reads the topic's partitions whole knows, from the counts alone, whether anything was
-written there since: a count that moved, or one it never recorded (app.scan.ReadAhead says
+written there since: a count that moved, or one it never recorded (app.delivery.scan.ReadAhead says
 what counts cannot show, and how the look-ahead covers it). Reading them topic by
 topic is a round trip each; the releaser's checks over many topics (the look-ahead's,
 changed_topics; the quiet re-check's, workers.quiet_recheck; the sweep's catch-up's,
@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from app.scan import ReadAhead
+from app.delivery.scan import ReadAhead
 
 COUNT_CELLS = 100  # (topic, bucket)s per bucket_writes read
 CHUNK = 50  # topics per active_buckets read: with two days each, 100 partitions
@@ -46,8 +46,8 @@ class Indexes(CountIndex, Protocol):
 @dataclasses.dataclass(frozen=True)
 class ReadBefore:
     """A topic as the look-ahead last read it: its owned shards, and what it recorded of the
-    (bucket, shard)s it read (app.scan.ReadAhead); seen is None when there is no fresh record
-    of the topic with those shards."""
+    (bucket, shard)s it read (app.delivery.scan.ReadAhead); seen is None when there is no fresh
+    record of the topic with those shards."""
 
     uid: uuid.UUID
     shards: frozenset[int]
@@ -58,7 +58,7 @@ def changed_topics(index: CountIndex, topics: Sequence[ReadBefore], buckets: Seq
                    ) -> dict[uuid.UUID, Counts]:
     """Of the topics, those the look-ahead must read again for `buckets` (never read with
     their shards, or with an owned (bucket, shard) there whose count moved), each with its
-    counts as read now, which its read then compares and records (app.scan.DueScanner.
+    counts as read now, which its read then compares and records (app.delivery.scan.DueScanner.
     upcoming). One round trip for all (about COUNT_CELLS (topic, bucket)s a request)."""
     counts = read_counts(index, {t.uid: buckets for t in topics})
     changed = {}

@@ -8,8 +8,9 @@ parser sends the same POSTs for a fraction of the CPU.
 Guarantees: a request either returns (status, first MAX_BODY bytes of the body) or raises
 (OSError for connection failures, TimeoutError past `timeout_s`, HttpError for a malformed or
 cut-off answer). Redirects are not followed. TLS (https) uses the default certificate checks.
-Every address a target's name resolves to is checked before connecting (app.webhook_targets:
-no loopback, private, link-local ... address unless allowed), and the connection goes to the
+Every address a target's name resolves to is checked before connecting
+(app.delivery.webhook_targets: no loopback, private, link-local ... address unless allowed), and the
+connection goes to the
 address checked, so a name cannot resolve elsewhere in between (DNS rebinding).
 """
 
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from app.webhook_targets import Network, refusal
+from app.delivery.webhook_targets import Network, refusal
 
 MAX_BODY = 1024  # bytes of an answer's body kept (it only goes into last_error)
 IDLE_PER_ORIGIN = 256  # idle keep-alive connections kept per origin; more are closed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from app.fairness import FairQueue
+from app.delivery.fairness import FairQueue
 
 try:
     import uvloop
@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - uvloop is a dependency; the standard l
 
 class PrioritySlots:
     """At most `size` holders at a time; waiters get a slot lowest priority first, then
-    taking turns across fair-delivery groups (app.fairness.FairQueue), then lowest due_ms,
+    taking turns across fair-delivery groups (app.delivery.fairness.FairQueue), then lowest due_ms,
     then in arrival order. Loop thread only."""
 
     def __init__(self, size: int) -> None:

@@ -3,7 +3,7 @@
 A runner claims an unfinished operation whose lease has passed (LWT), then walks the
 campaign index in id order, all its partitions at once (up to PER_SPREAD ids of each a page,
 so a page holds the messages of a home together and they change in one Paxos round): it
-applies the operation to the page (app.campaign_ops.apply), then checkpoints the position
+applies the operation to the page (app.campaigns.operations.apply), then checkpoints the position
 (the last id done) and the counts with an LWT that renews its lease. Memory is one page,
 whatever the campaign's size. If the
 runner dies, another claims the operation once the lease has passed and starts after the last
@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from app import campaign_ops
+from app.campaigns import operations as campaign_ops
 from app.errors import DuetimeError
 from app.models import Topic
 from app.services import Services

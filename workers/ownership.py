@@ -2,7 +2,7 @@
 
 tick() runs every lease_ms / RENEW_FRACTION: renew what is held (all at once), heartbeat,
 give back slots above the fair share, claim free or expired slots below it (all at once).
-A releaser that gives slots back (rebalance, stop) wakes the others ("slots", app.wakeups),
+A releaser that gives slots back (rebalance, stop) wakes the others ("slots", app.delivery.wakeups),
 which claim at once (claim_share) instead of at their next tick: a slot nobody holds is a
 slot whose due messages wait. For one tick after a rebalance hand-back the releaser that
 gave a slot back may still prepare what its timers already hold there (may_prepare): the new
@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from app.core.timeline import fair_share, stable_hash
 from app.services import Clock
 from app.store.ownership import OwnershipStore, SlotLease
-from app.timeline import fair_share, stable_hash
 
 RENEW_FRACTION = 3  # each renewal is one conditional batch for every slot held
 VALID_FRACTION = 0.8

@@ -1,12 +1,12 @@
 """A releaser step run on a thread of its own, at two paces: soon after a wake-up
-(app.wakeups), at most every busy_ms, and without one every idle_ms (the safety net of a lost
-wake-up). A step that reports itself busy (returns True) runs again at the busy pace without
+(app.delivery.wakeups), at most every busy_ms, and without one every idle_ms (the safety net of a
+lost wake-up). A step that reports itself busy (returns True) runs again at the busy pace without
 a wake.
 
 A wake-up that arrives while the step runs makes one more run after it: the run under way
 may have read before the write the wake-up announced. For its first warm_ms a step runs at
 the busy pace: other processes learn of a new releaser's address only that long after it
-started (app.wakeups.ADDRESSES_EVERY_MS), and until then its wake-ups go elsewhere.
+started (app.delivery.wakeups.ADDRESSES_EVERY_MS), and until then its wake-ups go elsewhere.
 
 With a beat (workers/beat.py), the idle runs of every step fall on the same instants, so an
 idle releaser's reads reach Cassandra together.
@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from app import metrics
+from app.ops import metrics
 from workers.beat import Beat
 
 log = logging.getLogger("duetime.releaser")

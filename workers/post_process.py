@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-from app.webhook_targets import parse_allow
+from app.delivery.webhook_targets import parse_allow
 from workers.http_client import AsyncHttpClient
 from workers.loop import PrioritySlots, new_loop
 from workers.webhook import post_outcome
@@ -50,7 +50,7 @@ class PostJob:
     due_ms: int  # epoch ms; never sent before
     start_by_ms: int  # epoch ms; not started after (the lease would expire mid-POST)
     priority: int  # lower first among jobs waiting for a slot
-    group: str | None  # fair-delivery group: groups take turns for slots (app.fairness)
+    group: str | None  # fair-delivery group: groups take turns for slots (app.delivery.fairness)
     url: str
     headers: dict[str, str]
     body: bytes

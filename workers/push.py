@@ -23,14 +23,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from app import metrics
-from app.fairness import FairQueue
-from app.messages import RELEASER_PREFIX
+from app.core.timeline import pointer_of
+from app.delivery.fairness import FairQueue
+from app.delivery.release import PushOutcome, record_outcomes, take_for_push
+from app.delivery.scan import PointerKey
+from app.messages.by_id import RELEASER_PREFIX
 from app.models import MessageState, Payload, Pointer, Topic
-from app.release import PushOutcome, record_outcomes, take_for_push
-from app.scan import PointerKey
+from app.ops import metrics
 from app.services import Services
-from app.timeline import pointer_of
 from workers.post_process import PostJob, PostProcess, PostResult
 from workers.timers import Timer, TimerHeap
 from workers.webhook import request_headers

@@ -3,8 +3,9 @@
 A quiet topic (workers.releaser: no pointer near now, not written to in the last minute, every
 owned cursor caught up) is skipped by the sweep; a write or a pointer coming near now wakes it.
 The re-check, every 2.5 to 5 minutes per topic, is the safety net for what those two indexes
-can miss: a straggler whose `topic_writes` row was not recorded (app.placement tolerates that),
-a pointer whose `active_topics` row is gone. Sweeping each such topic in full read its cursors,
+can miss: a straggler whose `topic_writes` row was not recorded (app.messages.placement tolerates
+that), a pointer whose `active_topics` row is gone. Sweeping each such topic in full read its
+cursors,
 its partitions and its write counts and moved its cursors: about 5 requests a topic, 200 a
 second at 10,000 topics. Here the topics that came due for a re-check are checked together,
 once a tenth of that period (workers.releaser.Releaser.sweep):
@@ -18,7 +19,7 @@ once a tenth of that period (workers.releaser.Releaser.sweep):
   catch-up last read it is a straggler (swept in full).
 
 A topic that passes both is quiet still, and its cursors stay where they were (a later
-sweep or a consumer's pass reads from there: app.scan reads a long span through
+sweep or a consumer's pass reads from there: app.delivery.scan reads a long span through
 `active_buckets`). Topics found quiet longer ago than MAX_SPAN_MS are swept in full, which
 moves their cursors, so a re-check reads at most a few day partitions.
 """
@@ -29,9 +30,9 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 
-from app.chunks import chunked
-from app.scan import moved_counts
-from app.timeline import bucket_of
+from app.core.chunks import chunked
+from app.core.timeline import bucket_of
+from app.delivery.scan import moved_counts
 from workers.count_reads import CHUNK, Indexes, read_counts
 
 MAX_SPAN_MS = 6 * 3_600_000  # quiet for longer: swept in full, which moves the cursors

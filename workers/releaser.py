@@ -1,7 +1,7 @@
 """`duetime releaser`: walks the owned shards of the timeline and releases due messages.
 
 Its steps are idempotent. Four run on threads of their own at two paces (workers/paced.py):
-soon after a wake-up (app.wakeups: a datagram another process sends after a write the step
+soon after a wake-up (app.delivery.wakeups: a datagram another process sends after a write the step
 must see) and otherwise every idle period, a safety net that costs a few reads a second for
 the whole releaser. The others are periodic jobs (APScheduler). Without a wake-up, steps and
 jobs run on the releaser's beat (workers/beat.py: the epoch multiples of lease/3, the
@@ -18,7 +18,7 @@ requests it holds.
   that came due while a long run was under way, is still released on time. Only topics
   listed in active_topics for the window's buckets are polled, and of those only the ones
   whose write counts (bucket_writes) moved since it last read them, or read whole more than
-  1.5 s ago (app.scan.ReadAhead); all counts are read in one round trip
+  1.5 s ago (app.delivery.scan.ReadAhead); all counts are read in one round trip
   (workers/count_reads.py), so frequent re-scans stay cheap;
 - sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
   move stragglers (pointers written behind a cursor, found by
@@ -36,7 +36,7 @@ requests it holds.
 - operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
   campaign operations (workers/operations.py);
 - clock (CLOCK_EVERY_MS): this clock against Cassandra's and against the other releasers'
-  (app.clock_skew), gauges and a warning past half the safety lag.
+  (app.ops.clock_skew), gauges and a warning past half the safety lag.
 A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
 PushDispatcher, which leases them and POSTs each at its due time (workers/push.py).
 """
@@ -61,16 +61,17 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import start_http_server
 
-from app import clock_skew, metrics, wakeups
 from app.config import Config
+from app.core.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
+from app.delivery import wakeups
+from app.delivery.leasing import passed_over
+from app.delivery.scan import ReadAhead
 from app.errors import StoreUnavailable
-from app.leasing import passed_over
+from app.messages.transitions import replace_ahead
 from app.models import Topic
-from app.scan import ReadAhead
+from app.ops import clock_skew, metrics
 from app.services import Services
 from app.store.ownership import OwnershipStore
-from app.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
-from app.transitions import replace_ahead
 from workers.beat import Beat
 from workers.broker import Broker
 from workers.catch_up import Behind, reach_ms, with_stragglers
@@ -195,7 +196,7 @@ class Releaser:
         self._looked_from: int | None = None  # when the last look-ahead run that ended began
         self._claims = 0  # slots claimed so far (written by the ownership tick alone)
         self._claims_read = 0  # of those, how many a look-ahead run that ended began after
-        # a look-ahead record stands this long (app.scan.ReadAhead): half what the window
+        # a look-ahead record stands this long (app.delivery.scan.ReadAhead): half what the window
         # leaves after an idle period, so a whole read comes at least as long before a
         # pointer it alone can find is due (1.5 s of 5, with the defaults)
         self._reread_ms = max(cfg.release_rescan_ms,
@@ -447,7 +448,7 @@ class Releaser:
 
     def _read_before(self, topic: Topic, mine: dict[int, int], now: int) -> ReadBefore:
         """What the look-ahead recorded of a topic (workers.count_reads): nothing when its
-        shards changed or the record is no longer fresh (app.scan.ReadAhead)."""
+        shards changed or the record is no longer fresh (app.delivery.scan.ReadAhead)."""
         shards = frozenset(mine)
         owned, seen = self._seen.get(topic.uid, (frozenset(), None))
         if seen is None or owned != shards or not seen.fresh(now, self._reread_ms) \

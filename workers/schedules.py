@@ -2,12 +2,12 @@
 
 What it costs when nothing fires: one read of the slots' marks
 (app.store.schedules.ScheduleStore.marks) when a process that changed a listing woke it
-(app.wakeups "schedules"), when the owned slots changed, or every MARKS_EVERY_MS as the
+(app.delivery.wakeups "schedules"), when the owned slots changed, or every MARKS_EVERY_MS as the
 safety net of a lost wake-up; a slot's listing is read again only when its mark moved, when
 the slot became ours, or every RELIST_MS; a schedule's row only when its listed version
 moved. Schedules are kept in memory with their cursor, so a tick
-walks them without a round trip and produces those due within app.schedules.AHEAD_MS
-together, per topic, in steps of PRODUCE_STEP (app.schedules.produce); when many fires come
+walks them without a round trip and produces those due within app.schedules.manage.AHEAD_MS
+together, per topic, in steps of PRODUCE_STEP (app.schedules.manage.produce); when many fires come
 close together it starts earlier, by what it takes to make them (ScheduleRunner.due).
 Exactly once holds whoever runs it: fires have deterministic ids and cursors move by LWT
 from the value read.
@@ -23,10 +23,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from app import schedules
-from app.chunks import chunked
+from app.core.chunks import chunked
 from app.errors import DuetimeError
 from app.models import Topic
+from app.schedules import manage as schedules
 from app.services import Services
 from app.store.schedules import Schedule
 from workers.beat import Beat
@@ -106,7 +106,7 @@ class ScheduleRunner:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
-        """A listing changed (app.wakeups): read the marks at the next tick."""
+        """A listing changed (app.delivery.wakeups): read the marks at the next tick."""
         self._woken.set()
 
     def _refresh_listing(self) -> bool:

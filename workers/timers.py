@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Hashable
 from typing import Generic, Protocol, TypeVar
 
-from app.scan import Due, PointerKey
+from app.delivery.scan import Due, PointerKey
 from app.services import Clock
 
 MAX_WAIT_S = 0.05

@@ -1,5 +1,5 @@
-"""The releaser's end of wake-ups (app.wakeups): a UDP socket whose datagrams wake the steps
-registered for their kinds, and the address other processes send to, published with the
+"""The releaser's end of wake-ups (app.delivery.wakeups): a UDP socket whose datagrams wake the
+steps registered for their kinds, and the address other processes send to, published with the
 releaser's membership heartbeat."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from app import metrics, wakeups
 from app.config import Config
+from app.delivery import wakeups
+from app.ops import metrics
 
 log = logging.getLogger("duetime.releaser")
 
@@ -26,7 +27,7 @@ class WakeListener:
         self._callbacks[kind].append(callback)
 
     def on_pull(self, callback: Callable[[uuid.UUID], None]) -> None:
-        """callback(topic uid) for each pull kind received (app.wakeups.pull_kind)."""
+        """callback(topic uid) for each pull kind received (app.delivery.wakeups.pull_kind)."""
         self._on_pull = callback
 
     def start(self) -> None:

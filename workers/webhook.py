@@ -1,5 +1,5 @@
 """Webhook POSTs (openapi.yaml, topics' `delivery`): body = payload, Duetime-* headers,
-Standard Webhooks signatures (app.signing).
+Standard Webhooks signatures (app.delivery.signing).
 
 A target's answer is an outcome, never an exception: 2xx is delivered, anything else (status,
 timeout, refused connection) is an error string kept on the message as last_error.
@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import ssl
 
-from app import signing
+from app.core.timeparse import format_ms
+from app.delivery import signing
 from app.models import MessageState, Payload, Topic
-from app.timeparse import format_ms
 from workers.http_client import AsyncHttpClient, HttpError
 
 CONTENT_TYPES = {"json": "application/json", "base64": "application/octet-stream"}
@@ -21,7 +21,7 @@ CONTENT_TYPES = {"json": "application/json", "base64": "application/octet-stream
 def request_headers(topic: Topic, row: MessageState, payload: Payload,
                     now_ms: int) -> dict[str, str]:
     """The message's own headers, then ours (ours win on a clash), signed at now_ms (epoch
-    ms) by every secret of the topic active then (app.signing)."""
+    ms) by every secret of the topic active then (app.delivery.signing)."""
     timestamp_s = now_ms // 1000
     return {
         **payload.headers,

@@ -9,9 +9,9 @@ from flask import Response, jsonify, url_for
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from app import campaigns as usecases
 from app.api.common import SECURITY, services, tenant
 from app.api.validation import check_name
+from app.campaigns import manage as usecases
 from app.schemas.campaigns import (
     CampaignListSchema,
     CampaignPatchSchema,
@@ -20,7 +20,7 @@ from app.schemas.campaigns import (
     OperationSchema,
 )
 from app.store.operations import Operation
-from app.topics import get_topic_cached
+from app.topics.manage import get_topic_cached
 
 blp = Blueprint("campaigns", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Campaigns: watch, cancel, shift, pause a send of many messages.")

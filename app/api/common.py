@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from flask import current_app, g
 
-from app.enqueue import EnqueueResult, NewMessage
 from app.errors import DuetimeError
-from app.group_commit import GroupCommit
+from app.messages.enqueue import EnqueueResult, NewMessage
+from app.messages.group_commit import GroupCommit
 from app.services import Services
 
 SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -18,14 +18,14 @@ def services() -> Services:
 
 
 def enqueue_groups() -> GroupCommit[NewMessage, EnqueueResult]:
-    """This process's group commit of one-message enqueues (app.group_commit)."""
+    """This process's group commit of one-message enqueues (app.messages.group_commit)."""
     groups: GroupCommit[NewMessage, EnqueueResult] = current_app.extensions[
         "duetime_groups"]["enqueue"]
     return groups
 
 
 def ack_groups() -> GroupCommit[tuple[str, str], DuetimeError | None]:
-    """This process's group commit of one-message acks (app.group_commit)."""
+    """This process's group commit of one-message acks (app.messages.group_commit)."""
     groups: GroupCommit[tuple[str, str], DuetimeError | None] = current_app.extensions[
         "duetime_groups"]["ack"]
     return groups

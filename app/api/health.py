@@ -7,8 +7,8 @@ from typing import Any
 from flask import Response, current_app
 from flask_smorest import Blueprint
 
-from app import clock_skew, metrics
 from app.errors import ClockSkewed, SchemaBehind
+from app.ops import clock_skew, metrics
 from app.schemas import HealthSchema, ReadySchema
 from app.store import migrations
 

@@ -7,10 +7,10 @@ from typing import Any
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from app import leasing
 from app.api.common import SECURITY, ack_groups, services, tenant
 from app.api.messages import payload_fields, problem_body
 from app.api.validation import check_message_id
+from app.delivery import leasing
 from app.schemas.messages import (
     AckBatchResultSchema,
     AckBatchSchema,
@@ -21,7 +21,7 @@ from app.schemas.messages import (
     LeaseResponseSchema,
     NackSchema,
 )
-from app.topics import get_topic_cached
+from app.topics.manage import get_topic_cached
 
 blp = Blueprint("consuming", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Pull consumption: lease due messages, then ack, nack or extend.")

@@ -8,14 +8,15 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 from marshmallow import ValidationError
 
-from app import dead_letters, quiet_hours
-from app import enqueue as enqueueing
-from app import messages as usecases
 from app.api.common import SECURITY, enqueue_groups, services, tenant
 from app.api.validation import check_message_id
 from app.errors import DuetimeError, InvalidInput, PayloadTooLarge
+from app.messages import by_id as usecases
+from app.messages import dead_letters
+from app.messages import enqueue as enqueueing
 from app.models import MessageState, Payload, Topic
-from app.quiet_hours import QuietHours
+from app.schedules import quiet_hours
+from app.schedules.quiet_hours import QuietHours
 from app.schemas.messages import (
     BatchInSchema,
     BatchOutSchema,
@@ -26,7 +27,7 @@ from app.schemas.messages import (
     MessageSchema,
     RescheduleSchema,
 )
-from app.topics import get_topic_cached
+from app.topics.manage import get_topic_cached
 
 blp = Blueprint("messages", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Messages on a topic's timeline.")

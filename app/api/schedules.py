@@ -7,14 +7,14 @@ from typing import Any
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from app import schedules as usecases
 from app.api.common import SECURITY, services, tenant
 from app.api.messages import payload_fields
 from app.api.validation import check_name
 from app.models import Payload
+from app.schedules import manage as usecases
 from app.schemas.schedules import ScheduleListSchema, SchedulePutSchema, ScheduleSchema
 from app.store.schedules import Schedule
-from app.topics import get_topic_cached
+from app.topics.manage import get_topic_cached
 
 blp = Blueprint("schedules", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Recurring schedules: cron in a time zone, each fire a message.")

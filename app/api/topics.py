@@ -7,10 +7,9 @@ from typing import Any
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from app import signing
-from app import topics as usecases
 from app.api.common import SECURITY, services, tenant
 from app.api.validation import check_name
+from app.delivery import signing
 from app.models import Topic
 from app.schemas.topics import (
     LagQuerySchema,
@@ -22,6 +21,7 @@ from app.schemas.topics import (
     TopicSchema,
     TopicStatsSchema,
 )
+from app.topics import manage as usecases
 
 blp = Blueprint("topics", __name__, url_prefix="/v1/topics",
                 description="Topics: a tenant's timelines of messages.")

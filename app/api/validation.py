@@ -9,8 +9,8 @@ from flask import Flask
 from flask_smorest import Api
 from werkzeug.routing import UnicodeConverter
 
+from app.core.ids import CLIENT_ID, NAME
 from app.errors import InvalidInput
-from app.ids import CLIENT_ID, NAME
 
 
 def check_name(field: str, value: str) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import ValidationError, fields
 
-from app.timeparse import TimeFormatError, format_ms, parse_instant, zone
+from app.core.timeparse import TimeFormatError, format_ms, parse_instant, zone
 
 ZONE_FORMAT = "iana-time-zone"  # the format of a field naming a zone, e.g. Europe/Bucharest
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from app.ids import CLIENT_ID, NAME
+from app.core.ids import CLIENT_ID, NAME
 from app.schemas.fields import ZONE_FORMAT, Bool, Instant, Int
 from app.schemas.rules import at_most_one, exactly_one, needs
 
@@ -186,7 +186,7 @@ class LeaseResponseSchema(Schema):
     messages = fields.List(fields.Nested(LeasedMessageSchema), required=True)
 
 
-# a lease token as leases hand it out (app.leasing.token_of): the lease's uuid, then
+# a lease token as leases hand it out (app.delivery.leasing.token_of): the lease's uuid, then
 # optionally its version and expiry (epoch ms), then optionally the campaign
 LEASE_TOKEN = re.compile(
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"

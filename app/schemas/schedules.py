@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from app.ids import NAME
+from app.core.ids import NAME
 from app.schemas.fields import ZONE_FORMAT, Instant, Int, known_zone
 from app.schemas.rules import exactly_one
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from app.quiet_hours import HH_MM
+from app.schedules.quiet_hours import HH_MM
 from app.schemas.fields import ZONE_FORMAT, Instant, Int, known_zone
 
 

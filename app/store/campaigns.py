@@ -17,10 +17,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from app.core.timeline import CAMPAIGN_SPREAD
+from app.core.timeparse import cql_ms
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
-from app.timeline import CAMPAIGN_SPREAD
-from app.timeparse import cql_ms
 
 # Bounds cells are written USING TIMESTAMP = ms (latest wins) or BOUNDS_BASE - ms (earliest
 # wins); epoch ms stay below 2^43 until the year 2248.

@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from app.core.timeline import MS_PER_DAY, MS_PER_HOUR, MS_PER_MINUTE
 from app.store.session import CassandraSession
-from app.timeline import MS_PER_DAY, MS_PER_HOUR, MS_PER_MINUTE
 
 _STATE = "UPDATE {ks}.state_counts SET n = n + ? WHERE topic_uid = ? AND state = ?"
 _UPCOMING = ("UPDATE {ks}.upcoming_counts SET n = n + ? "

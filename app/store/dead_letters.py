@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 
+from app.core.timeparse import cql_ms
 from app.store.session import CassandraSession, item_errors
-from app.timeparse import cql_ms
 
 MS_PER_WEEK = 7 * 86_400_000
 _INSERT = ("INSERT INTO {ks}.dead_letters (topic_uid, week, dead_at, id) VALUES (?, ?, ?, ?) "

@@ -9,8 +9,8 @@ import datetime as dt
 import hashlib
 import secrets
 
+from app.core.timeparse import cql_ms
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms
 
 KEY_PREFIX = "dt_"
 KEY_ID_CHARS = 16

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from cassandra.cluster import ResponseFuture
 
+from app.core.timeline import MS_PER_HOUR
 from app.store.session import CassandraSession
-from app.timeline import MS_PER_HOUR
 
 # upper edges of the lag buckets in ms; a last bucket counts what is beyond the last edge
 LAG_EDGES_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)

@@ -1,6 +1,6 @@
 """Message state rows (LWT only) and immutable payloads (plain inserts, another table).
 
-Rows live in their message's home partition ((topic_uid, home), id) (app.ids.home_of), so the
+Rows live in their message's home partition ((topic_uid, home), id) (app.core.ids.home_of), so the
 transitions of many messages of one home go in one conditional batch: one Paxos round, each
 row with its own condition. Per row the guarantees are those of a single-row LWT:
 - insert: first writer wins (IF NOT EXISTS); a loser gets the existing row back.
@@ -22,14 +22,14 @@ from cassandra import WriteTimeout
 from cassandra.cluster import ResponseFuture
 from cassandra.query import UNSET_VALUE
 
-from app import metrics
-from app.chunks import chunked
+from app.core.chunks import chunked
+from app.core.ids import home_of
+from app.core.timeline import campaign_spread, ttl_s
+from app.core.timeparse import cql_ms
 from app.errors import StoreUnavailable
-from app.ids import home_of
 from app.models import MessageState, Payload
+from app.ops import metrics
 from app.store.session import BatchRun, CassandraSession, item_errors
-from app.timeline import campaign_spread, ttl_s
-from app.timeparse import cql_ms
 
 _COLUMNS = [
     "state", "version", "due_at", "deliver_at", "priority", "campaign", "shard", "attempts",

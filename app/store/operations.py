@@ -18,8 +18,8 @@ import dataclasses
 import uuid
 from typing import Any
 
+from app.core.timeparse import cql_ms
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms
 
 PENDING_PART = 0  # all unfinished operations share one small partition
 _COLUMNS = ("topic_uid", "id", "tenant", "topic", "kind", "campaign", "state", "shift_ms",

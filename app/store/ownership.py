@@ -17,10 +17,10 @@ import dataclasses
 
 from cassandra.query import UNSET_VALUE
 
-from app.chunks import chunked
+from app.core.chunks import chunked
+from app.core.timeparse import cql_ms
 from app.errors import StoreUnavailable
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +162,7 @@ class OwnershipStore:
                 if r["wake_addr"] and r["broker_token"]}
 
     def wake_addresses(self) -> list[str]:
-        """"host:port" of every live releaser that can be woken (app.wakeups)."""
+        """"host:port" of every live releaser that can be woken (app.delivery.wakeups)."""
         rows = self.db.execute(
             "SELECT wake_addr FROM {ks}.releaser_members WHERE ring = ?", (self.ring,))
         return [r["wake_addr"] for r in rows if r["wake_addr"]]

@@ -1,5 +1,5 @@
 """What each API process admitted per tenant, kind and second (schema: `quota_usage`, one row
-per process and second), for app.quotas to share one allowance between processes."""
+per process and second), for app.ops.quotas to share one allowance between processes."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import dataclasses
 import uuid
 from typing import Any
 
-from app.chunks import chunked
+from app.core.chunks import chunked
+from app.core.timeparse import cql_ms
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms
 
 _COLUMNS = ("name", "cron", "timezone", "payload", "encoding", "priority", "campaign",
             "start_at", "end_at", "misfire", "version", "next_fire", "created_at", "updated_at")

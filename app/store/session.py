@@ -41,10 +41,10 @@ from cassandra.policies import (
 )
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
-from app import metrics
-from app.chunks import chunked
 from app.config import Config
+from app.core.chunks import chunked
 from app.errors import StoreUnavailable
+from app.ops import metrics
 
 # a statement sent whose answer is not read yet (execute_async, start_batches)
 Pending: TypeAlias = ResponseFuture

@@ -18,12 +18,12 @@ from typing import Any
 
 from cassandra.cluster import ResponseFuture
 
-from app.chunks import chunked
+from app.core.chunks import chunked
+from app.core.timeline import LANE_STRIDE, MS_PER_DAY, parts_for
+from app.core.timeparse import cql_ms
 from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.session import CassandraSession, item_errors, translate_errors
-from app.timeline import LANE_STRIDE, MS_PER_DAY, parts_for
-from app.timeparse import cql_ms
 
 CAS_ATTEMPTS = 64
 FETCH_SIZE = 500  # the largest page; callers that want fewer pointers ask for smaller pages

@@ -9,9 +9,9 @@ from typing import Any
 from cassandra.query import UNSET_VALUE
 from cassandra.util import unix_time_from_uuid1
 
+from app.core.timeparse import cql_ms
 from app.models import Topic, TopicSettings
 from app.store.session import CassandraSession
-from app.timeparse import cql_ms
 
 _SETTING_COLUMNS = [f.name for f in dataclasses.fields(TopicSettings)]
 _COLUMNS = ["uid", *_SETTING_COLUMNS, "signing_secret", "created_at", "updated_at",

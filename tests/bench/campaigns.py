@@ -24,10 +24,10 @@ from typing import Any
 
 import requests
 
-from app.campaign_rules import REFRESH_MS
+from app.campaigns.rules import REFRESH_MS
 from app.config import load_config
+from app.core.timeparse import parse_instant
 from app.store.session import CassandraSession
-from app.timeparse import parse_instant
 from tests.bench.run import (
     OUT,
     URL,

@@ -29,7 +29,7 @@ from typing import Any
 
 import requests
 
-from app.timeparse import parse_instant
+from app.core.timeparse import parse_instant
 from tests.bench.run import (
     OUT,
     ROOT,

@@ -23,7 +23,7 @@ from typing import Any
 import requests
 from duetime_client.client import Client
 
-from app.timeparse import parse_instant
+from app.core.timeparse import parse_instant
 from tests.bench.run import OUT, URL, dev_headers, now_ms, percentile
 from tests.receiver import Receiver, receiving
 

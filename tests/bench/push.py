@@ -23,9 +23,9 @@ from typing import Any
 
 import requests
 
-from app import signing
-from app.timeparse import parse_instant
-from app.webhook_targets import parse_allow
+from app.core.timeparse import parse_instant
+from app.delivery import signing
+from app.delivery.webhook_targets import parse_allow
 from tests.bench.plot import lag_by_second
 from tests.bench.run import OUT, URL, dev_headers, now_ms, percentile
 from tests.loop_thread import LoopThread

@@ -37,8 +37,8 @@ from typing import Any
 import requests
 
 from app.config import load_config
+from app.core.timeparse import parse_instant
 from app.store.session import CassandraSession
-from app.timeparse import parse_instant
 
 URL = os.environ.get("DUETIME_BENCH_URL", "http://127.0.0.1:8080")
 OUT = Path("bench-results")

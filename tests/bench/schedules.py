@@ -27,8 +27,8 @@ from typing import Any
 import requests
 
 from app.config import load_config
+from app.core.timeparse import cql_ms
 from app.services import Services
-from app.timeparse import cql_ms
 from tests.bench.run import (
     OUT,
     URL,
@@ -42,7 +42,7 @@ from tests.bench.run import (
     timed_threads,
 )
 
-HOMES = 256  # client ids (the fire ids) hash onto this many homes (app.ids)
+HOMES = 256  # client ids (the fire ids) hash onto this many homes (app.core.ids)
 
 
 def create(headers: dict[str, str], topic: str, count: int, threads: int = 8) -> float:

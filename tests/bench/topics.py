@@ -31,8 +31,8 @@ from typing import Any
 import requests
 
 from app.config import load_config
+from app.core.timeparse import parse_instant
 from app.services import Services
-from app.timeparse import parse_instant
 from tests.bench.idle import measure
 from tests.bench.run import OUT, URL, cpu_s, percentile, releaser_pid, timed_threads
 from tests.receiver import Receiver, receiving

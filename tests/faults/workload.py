@@ -24,7 +24,7 @@ from typing import Any
 
 import requests
 
-from app.timeparse import parse_instant
+from app.core.timeparse import parse_instant
 from tests.receiver import Receiver
 
 LEASE_SECONDS = 3  # a lease the "never acks" consumer drops comes back this soon

@@ -1,5 +1,5 @@
 """Pull leases served by the releasers that own the topic's shards (workers/broker.py, the
-API side in app/desk.py): the call's want goes to the owner, which finds, takes and sends.
+API side in app/delivery/desk.py): the call's want goes to the owner, which finds, takes and sends.
 The API process has no lease path of its own: what is handed out can only have come from a
 broker."""
 
@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from app import broker_wire, scan
 from app.config import Config
+from app.core.timeline import MS_PER_DAY
+from app.core.timeparse import format_ms, parse_instant
+from app.delivery import broker_wire, scan
 from app.services import Services
-from app.timeline import MS_PER_DAY
-from app.timeparse import format_ms, parse_instant
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
 from workers.broker import Broker

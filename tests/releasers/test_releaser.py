@@ -19,12 +19,12 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
+from app.core.timeline import COUNTED_AHEAD_MS
+from app.core.timeparse import parse_instant
+from app.delivery.scan import ReadAhead
 from app.errors import StoreUnavailable
-from app.scan import ReadAhead
+from app.messages.transitions import replace_ahead
 from app.services import Services
-from app.timeline import COUNTED_AHEAD_MS
-from app.timeparse import parse_instant
-from app.transitions import replace_ahead
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
 from tests.releasing import (

@@ -17,13 +17,13 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app.config import Config
+from app.core.timeline import schedule_slot_of
+from app.core.timeparse import format_ms, parse_instant, parse_local_time
 from app.models import MessageState
-from app.quiet_hours import QuietHours
-from app.schedules import MISFIRE_GRACE_MS, fire_message, fires_index, produce
+from app.schedules.manage import MISFIRE_GRACE_MS, fire_message, fires_index, produce
+from app.schedules.quiet_hours import QuietHours
 from app.services import Services
 from app.store.schedules import Schedule
-from app.timeline import schedule_slot_of
-from app.timeparse import format_ms, parse_instant, parse_local_time
 from tests.campaign_helpers import topic_uid
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser
@@ -273,7 +273,7 @@ def test_a_runner_reads_a_slot_listing_again_only_when_its_mark_moved(
         assert topic.client.put(topic.url("/schedules/marked"), headers=auth, json={
             "cron": "0 9 * * *", "payload": 1}).status_code == 201
         runner.tick()
-        assert len(reads) == 1  # not woken (app.wakeups): marks read every MARKS_EVERY_MS
+        assert len(reads) == 1  # not woken (app.delivery.wakeups): marks read every MARKS_EVERY_MS
         runner.wake()  # as the datagram the API sent after the listing's write does
         runner.tick()
         uid = topic_uid(services, auth, topic.name)

@@ -1,5 +1,5 @@
-"""Wake-ups: writes a releaser must act on soon wake it by datagram (app.wakeups), its steps
-run at a busy pace when woken and an idle pace otherwise (workers/paced.py), and a lost
+"""Wake-ups: writes a releaser must act on soon wake it by datagram (app.delivery.wakeups), its
+steps run at a busy pace when woken and an idle pace otherwise (workers/paced.py), and a lost
 wake-up costs a delay, never a message."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from contextlib import contextmanager
 import pytest
 from flask.testing import FlaskClient
 
-from app import metrics, wakeups
 from app.config import Config
+from app.core.timeparse import parse_instant
+from app.delivery import wakeups
+from app.ops import metrics
 from app.services import Services
 from app.store.ownership import OwnershipStore
-from app.timeparse import parse_instant
 from tests.conftest import own_keyspace
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving

@@ -2,7 +2,7 @@
 
 The fields are APScheduler's (`CronTrigger`): 5 fields (minute hour day month day-of-week), or
 6 with a leading seconds field. APScheduler enumerates the wall-clock times; each is resolved
-to an instant by duetime's one rule for wall times (app.timeparse): a time in a DST gap moves
+to an instant by duetime's one rule for wall times (app.core.timeparse): a time in a DST gap moves
 forward by the gap's length (02:30 on a 02:00 -> 03:00 night fires at 03:30), a time that
 exists twice fires at its first occurrence only. An instant not after the one before it is
 skipped, so fire times strictly increase and each wall time fires at most once a day.
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from apscheduler.triggers.cron import CronTrigger
 
-from app.timeparse import UTC, from_ms, resolve_wall_time, zone
+from app.core.timeparse import UTC, from_ms, resolve_wall_time, zone
 
 # a wall time may resolve to an instant up to this far from the wall clock's reading
 REWIND = dt.timedelta(hours=3)

@@ -11,12 +11,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from app import metrics
+from app.core.timeline import pointer_of, ttl_s
 from app.errors import LeaseLost, StoreUnavailable
 from app.models import MessageState, Topic
+from app.ops import metrics
 from app.services import Services
 from app.store.session import Pending
-from app.timeline import pointer_of, ttl_s
 
 
 def place_then(services: Services, topic: Topic, rows: list[MessageState],

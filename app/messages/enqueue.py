@@ -5,9 +5,9 @@ IF NOT EXISTS for a client id; a server-made id cannot exist yet, so its row is 
 below every LWT's write time (MessageStore.insert_fresh_many), sent in one batch with its
 payload when the message has no campaign (MessageStore.stage: one mutation). Such a message's
 pointer and counters are sent beside that batch, so its enqueue is one round trip: a reader
-that finds the pointer first leaves it unspent (app.scan.is_spent), and none is woken for it
-before the row is written (_write_fresh).
-The server-made ids of one request share one home per shard (app.ids.homes_for_request),
+that finds the pointer first leaves it unspent (app.delivery.scan.is_spent), and none is woken for
+it before the row is written (_write_fresh).
+The server-made ids of one request share one home per shard (app.core.ids.homes_for_request),
 each home taking a run of messages adjacent in due time, so each write and each later
 transition of those messages is one batch per shard, not one per message (home_by_due_time).
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
@@ -26,23 +26,23 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from app import campaigns
+from app.campaigns import manage as campaigns
+from app.core.ids import homes_for_request, new_message_id
+from app.core.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
+from app.core.timeparse import TimeFormatError, parse_local_time, zone
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
-from app.ids import homes_for_request, new_message_id
-from app.models import MessageState, Payload, Pointer, Topic
-from app.quiet_hours import QuietHours
-from app.services import Services
-from app.store.messages import PayloadRow, Staging
-from app.store.session import Pending
-from app.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
-from app.timeparse import TimeFormatError, parse_local_time, zone
-from app.transitions import (
+from app.messages.transitions import (
     apply_transition,
     count_ahead,
     count_applied,
     count_moves,
     count_replace,
 )
+from app.models import MessageState, Payload, Pointer, Topic
+from app.schedules.quiet_hours import QuietHours
+from app.services import Services
+from app.store.messages import PayloadRow, Staging
+from app.store.session import Pending
 
 log = logging.getLogger(__name__)
 RETRIES_ON_RACE = 3
@@ -61,7 +61,7 @@ class NewMessage:
     campaign: str | None
     payload: Payload
     content_hash: str
-    group: str | None = None  # fair-delivery group (app.fairness)
+    group: str | None = None  # fair-delivery group (app.delivery.fairness)
     if_exists: str = "reject"  # what a taken client id does: reject, replace or keep
 
 
@@ -163,12 +163,12 @@ def _unavailable(exc: BaseException) -> StoreUnavailable:
 
 def home_by_due_time(items: Sequence[NewMessage], shards: int) -> list[int]:
     """The home of each item's server-made id: fresh homes, one per shard
-    (app.ids.homes_for_request), each given a run of items adjacent in due time. Messages
+    (app.core.ids.homes_for_request), each given a run of items adjacent in due time. Messages
     that come due together then share a home, so a lease or an ack of what is due now is a
     few conditional batches, not one per shard. The first run goes to a random shard and the
     next ones to the shards after it, so each shard takes as many as any other (one-message
     requests all went to shard 0 when every request started there); lease passes merge the
-    shards by due time (app.scan), so where a run lands does not change the order messages
+    shards by due time (app.delivery.scan), so where a run lands does not change the order messages
     are handed out in."""
     homes = homes_for_request(shards)
     run = max(1, -(-len(items) // shards))
@@ -265,8 +265,8 @@ def _write_fresh(services: Services, topic: Topic, rows: list[MessageState], fre
     """Messages with a server-made id and no campaign: their pointers and counters are sent
     while their payload-and-row batches (`staging`) are written, so the whole enqueue is one
     round trip. A reader that finds such a pointer before its row leaves it unspent, as it
-    does a transition's pointer written before its LWT (app.scan.is_spent), and no reader is
-    woken for the pointers before the rows are written (PointerPlacer.place's `landed`).
+    does a transition's pointer written before its LWT (app.delivery.scan.is_spent), and no reader
+    is woken for the pointers before the rows are written (PointerPlacer.place's `landed`).
     Each answers 201 when both were written, else 503; its counters are taken back when its
     row was not written (one whose pointer alone failed stays counted: its row exists)."""
     if not fresh:
@@ -370,7 +370,7 @@ def _staged(stage: _Stage, rows: list[MessageState],
 def _cover(services: Services, topic: Topic, rows: list[MessageState], written: list[int],
            results: list[EnqueueResult | None]) -> None:
     """Campaign messages just written: covered by an operation that started meanwhile
-    (app.campaigns.covered), their answers changed to match."""
+    (app.campaigns.manage.covered), their answers changed to match."""
     fresh = [rows[i] for i in written if rows[i].campaign]
     if not fresh:
         return
@@ -423,7 +423,7 @@ def _replace(services: Services, topic: Topic, found: MessageState,
     """if_exists replace: while the message is scheduled, its time, priority, campaign,
     group and content (payload and headers, written under the new content hash by the
     stage) become row's, in one conditional write over the version read, its pointer first
-    (app.transitions.apply_transition). A reader that took the old version has the old
+    (app.messages.transitions.apply_transition). A reader that took the old version has the old
     payload and time; one that finds the new pointer reads the new row: never a mix. 409
     once it is leased or finished; counters and the campaigns' counts follow the move."""
     for _ in range(RETRIES_ON_RACE):

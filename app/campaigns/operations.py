@@ -7,7 +7,7 @@ repeats the page after its last checkpoint; an enqueue that raced the operation 
 own messages), and nothing changes behind the counters' back.
 
 - cancel: a scheduled message, or one leased by a pull consumer (whose ack then answers 409),
-  becomes cancelled. One a releaser is handing out (app.messages.being_delivered: POSTing, or
+  becomes cancelled. One a releaser is handing out (app.messages.by_id.being_delivered: POSTing, or
   prepared for a pull call) cannot be stopped: it is counted as delivering, and should that
   POST fail or the lease run out, the next take cancels it (the campaign is marked cancelled
   before the operation starts).
@@ -21,14 +21,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from app.core.timeline import placement_ms, ttl_s
 from app.errors import StoreUnavailable
-from app.messages import being_delivered
+from app.messages.by_id import being_delivered
+from app.messages.transitions import count_moves, place_then
 from app.models import MessageState, Topic
 from app.services import Services
 from app.store.campaigns import Span
 from app.store.operations import Operation
-from app.timeline import placement_ms, ttl_s
-from app.transitions import count_moves, place_then
 
 ROUNDS = 5  # rows that changed under a step are read and decided again, this many times
 

@@ -11,7 +11,7 @@ What wakes what (KINDS):
 - "slots": a releaser handed release slots back (rebalance, stop); the others claim their
   share at once (workers.ownership), not at their next ownership tick.
 - "pull:<topic uid>" (pull_kind): pointers of that pull topic due within the wake horizon
-  (app.placement.pull_wake_ms) were written; the releasers' brokers serve the long polls
+  (app.messages.placement.pull_wake_ms) were written; the releasers' brokers serve the long polls
   parked on it at once (workers.broker), and drop what they kept of its last read.
 
 A wake is a hint, never the record: the write it follows is in Cassandra first, and every
@@ -33,9 +33,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from app import metrics
 from app.config import Config
 from app.errors import DuetimeError
+from app.ops import metrics
 
 KINDS = frozenset({"due", "topics", "schedules", "operations", "slots"})
 PULL = "pull:"

@@ -23,17 +23,17 @@ import hashlib
 import logging
 from typing import Any
 
-from app import quiet_hours
-from app.cron import Cron, CronError
-from app.enqueue import NewMessage, enqueue, payload_of
+from app.core.timeline import MS_PER_DAY, placement_ms, schedule_slot_of, ttl_s
+from app.core.timeparse import TimeFormatError
 from app.errors import Conflict, InvalidInput, NotFound
-from app.messages import cancel
+from app.messages.by_id import cancel
+from app.messages.enqueue import NewMessage, enqueue, payload_of
+from app.messages.transitions import place_then
 from app.models import MessageState, Payload, Topic
+from app.schedules import quiet_hours
+from app.schedules.cron import Cron, CronError
 from app.services import Services
 from app.store.schedules import Schedule
-from app.timeline import MS_PER_DAY, placement_ms, schedule_slot_of, ttl_s
-from app.timeparse import TimeFormatError
-from app.transitions import place_then
 
 AHEAD_MS = 2000  # fires are produced this long before their time
 MISFIRE_GRACE_MS = 1000  # a fire this late is still produced; later ones are misfires

@@ -4,7 +4,7 @@ I/O; every time is epoch ms.
 A window is [start, end) on the wall clock of a zone, and wraps midnight when end <= start
 (21:00-08:00 holds 23:30 and 07:59, not 08:00). A message due inside it is placed at the
 window's end, on the same wall clock: the next 08:00 in that zone after its due time. The end
-is resolved as every wall time in duetime (app.timeparse): an end that falls in a DST gap
+is resolved as every wall time in duetime (app.core.timeparse): an end that falls in a DST gap
 moves forward by the gap's length, one that exists twice takes its first occurrence. Which
 zone: the message's own `timezone` when it has one, else the window's.
 """
@@ -15,8 +15,8 @@ import dataclasses
 import datetime as dt
 import re
 
+from app.core.timeparse import TimeFormatError, from_ms, resolve_wall_time, zone
 from app.models import TopicSettings
-from app.timeparse import TimeFormatError, from_ms, resolve_wall_time, zone
 
 HH_MM = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from flask import Flask, request
 
-from app import metrics
 from app.errors import Overloaded
+from app.ops import metrics
 
 WAITED_KEY = "HTTP_X_DUETIME_QUEUED_MS"  # app.gunicorn_conf.QUEUED_HEADER in the environ
 CONSUMING = ("/leases", "/ack", "/acks", "/nack", "/extend")

@@ -99,10 +99,10 @@ CLOCK_SKEW = Gauge(
 REQUESTS_SHED = Counter(
     "duetime_requests_shed_total",
     "API requests answered 503 overloaded at once: they waited longer than "
-    "DUETIME_SHED_QUEUE_MS for a thread (app.shedding).")
+    "DUETIME_SHED_QUEUE_MS for a thread (app.ops.shedding).")
 WAKEUPS_SENT = Counter(
     "duetime_wakeups_sent_total",
-    "Wake-ups this process sent to releasers (app.wakeups), by kind ('pull': a pull "
+    "Wake-ups this process sent to releasers (app.delivery.wakeups), by kind ('pull': a pull "
     "topic's long polls, whichever topic).", ["kind"])
 WAKEUPS_RECEIVED = Counter(
     "duetime_wakeups_received_total",

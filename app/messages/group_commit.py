@@ -21,9 +21,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from app.enqueue import EnqueueResult, NewMessage, enqueue
+from app.delivery.leasing import ack_many
 from app.errors import DuetimeError
-from app.leasing import ack_many
+from app.messages.enqueue import EnqueueResult, NewMessage, enqueue
 from app.models import Topic
 from app.services import Services
 
@@ -106,7 +106,7 @@ class GroupCommit(Generic[Item, Result]):
 
 
 def enqueue_groups(services: Services) -> GroupCommit[NewMessage, EnqueueResult]:
-    """One-message enqueues, grouped: app.enqueue.enqueue answers a repeated id inside a
+    """One-message enqueues, grouped: app.messages.enqueue.enqueue answers a repeated id inside a
     batch from its first occurrence, 200 or 409, as two requests would be answered."""
     return GroupCommit(lambda topic, items: enqueue(services, topic, items))
 

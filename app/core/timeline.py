@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import zlib
 
-from app.ids import embedded_home
+from app.core.ids import embedded_home
 from app.models import MessageState, Pointer
 
 MS_PER_DAY = 86_400_000

@@ -14,12 +14,13 @@ import dataclasses
 import math
 import random
 
-from app import dead_letters, leasing
+from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
+from app.delivery import leasing
+from app.delivery.scan import Due
+from app.messages import dead_letters
+from app.messages.transitions import count_moves, place_then
 from app.models import MessageState, Payload, Topic
-from app.scan import Due
 from app.services import Services
-from app.timeline import placement_ms, retry_backoff_ms, ttl_s
-from app.transitions import count_moves, place_then
 
 PUSH_LEASE_MARGIN_S = 5
 MAX_ERROR_CHARS = 500

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from app import metrics
+from app.ops import metrics
 from app.services import Services
 
 log = logging.getLogger("duetime.clock")

@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from app import broker_wire
-from app.broker_wire import Taken, Want
+from app.core.timeline import release_slot_of
+from app.delivery import broker_wire
+from app.delivery.broker_wire import Taken, Want
+from app.delivery.wakeups import parse_address
 from app.models import Topic
 from app.store.ownership import OwnershipStore
-from app.timeline import release_slot_of
-from app.wakeups import parse_address
 
 OWNERS_EVERY_S = 1.0
 CONNECT_TIMEOUT_S = 1.0

@@ -1,5 +1,5 @@
 """Delivery lag per topic and minute, kept by each process and written to Cassandra for the
-dashboard (app.store.lag), beside the process's Prometheus histogram (app.metrics).
+dashboard (app.store.lag), beside the process's Prometheus histogram (app.ops.metrics).
 
 A process adds up the lags it observes per (topic, minute) and rewrites its totals every
 FLUSH_S seconds from a daemon thread, under a writer id of its own (made after fork, so
@@ -17,9 +17,9 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable
 
-from app import metrics
+from app.core.timeline import MS_PER_MINUTE
+from app.ops import metrics
 from app.store.lag import LAG_EDGES_MS, LagMinute, LagStore
-from app.timeline import MS_PER_MINUTE
 
 FLUSH_S = 5.0
 log = logging.getLogger("duetime.lag")

@@ -16,10 +16,10 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Container, Iterator, Mapping
 
 from app.config import Config
+from app.core.timeline import LANE_STRIDE, MS_PER_DAY, bucket_of, bucket_start_ms
 from app.models import MessageState, Pointer, Topic
 from app.store.messages import MessageStore
 from app.store.timeline import READ_AHEAD, PointerPosition, TimelineStore
-from app.timeline import LANE_STRIDE, MS_PER_DAY, bucket_of, bucket_start_ms
 
 PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
 WAITING = ("scheduled", "leased")
@@ -137,7 +137,7 @@ class ReadAhead:
     record is fresh (fresh(): younger than the caller's reread_ms). After that the caller
     starts a new record, and everything in its window is read again, because two kinds of
     pointer move no count since the last read: one due past that read's end that was there
-    already, and one written due more than COUNTED_AHEAD_MS ahead (app.timeline). Either
+    already, and one written due more than COUNTED_AHEAD_MS ahead (app.core.timeline). Either
     is read by the first whole read whose window reaches it, so at least the window less
     the time between two whole reads (reread_ms, plus up to one idle period of the
     look-ahead) before it is due: 1.5 s with the releaser's defaults (workers.releaser).
@@ -522,7 +522,7 @@ class DueScanner:
         whole: nothing due by due_by_ms is left in it), and peek["next_ms"] is set to the
         earliest of those (and peeked[plan index] to each partition's).
 
-        Each fair-delivery lane (app.timeline.lane_of) is read on its own, in due order
+        Each fair-delivery lane (app.core.timeline.lane_of) is read on its own, in due order
         (_LaneReader):
         first every lane up to its share of the scan's quota, then the lanes with more, in
         turn, up to the quota; so a lane with a backlog cannot keep the others' due messages

@@ -15,8 +15,9 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from app import dead_letters, metrics
-from app.broker_wire import Taken
+from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
+from app.delivery.broker_wire import Taken
+from app.delivery.scan import Due
 from app.errors import (
     Conflict,
     DuetimeError,
@@ -26,12 +27,8 @@ from app.errors import (
     NotFound,
     StoreUnavailable,
 )
-from app.models import MessageState, Payload, Topic
-from app.scan import Due
-from app.services import Services
-from app.store.campaigns import Campaign
-from app.timeline import placement_ms, retry_backoff_ms, ttl_s
-from app.transitions import (
+from app.messages import dead_letters
+from app.messages.transitions import (
     apply_transition,
     count_ahead,
     count_applied,
@@ -39,11 +36,15 @@ from app.transitions import (
     move_many,
     place_then,
 )
+from app.models import MessageState, Payload, Topic
+from app.ops import metrics
+from app.services import Services
+from app.store.campaigns import Campaign
 
 log = logging.getLogger("duetime.leasing")
 
 # Leases write a cursor only when it moves this far: the in-process resume points
-# (app.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
+# (app.delivery.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
 # re-reading, never a message. Writing it on every lease cost each lease a round trip.
 CURSOR_STEP_MS = 1000
 BROKER_RETRY_S = 0.05  # an owner's early empty answer: its slots moved, asked again after this
@@ -71,7 +72,7 @@ class Hold:
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
           lease_s: int, consumer: str | None) -> list[Leased]:
     """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll).
-    The releasers owning the topic's shards find and take them (app.desk, workers.broker).
+    The releasers owning the topic's shards find and take them (app.delivery.desk, workers.broker).
     NoReleaser (503)
     when no owner could be reached within the wait. Webhook topics are delivered by the
     releasers only: leasing one is a 409."""
@@ -139,7 +140,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     alike. Rows not due by now + ahead_ms (this server's clock) are never taken, whatever
     pointer led to them; a lease runs its lease_s from the later of now and the row's due
     time (a releaser prepares a push up to ahead_ms before it and POSTs at the due time,
-    never earlier). The campaign's controls apply (app.campaign_rules): a paused campaign's
+    never earlier). The campaign's controls apply (app.campaigns.rules): a paused campaign's
     messages are not taken, a cancelled campaign's are cancelled instead, and a paced
     campaign's are taken in the order and at the rate of their delivery slots (_pace)."""
     terms = [(d, hold) for d, hold in zip(chunk, holds, strict=True)
@@ -155,7 +156,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
                 d.row, state="cancelled", version=d.row.version + 1, lease_token=None,
                 lease_expires_at_ms=None, updated_at_ms=now, last_op=c.op_id or d.row.last_op))
         elif c is not None and c.paused:
-            continue  # passed over; resuming brings it back (app.campaign_ops)
+            continue  # passed over; resuming brings it back (app.campaigns.operations)
         elif d.row.attempts >= topic.settings.max_attempts:
             ending.append(dead(d.row, now, "max_attempts reached"))
         elif c is not None and c.max_per_second and not d.row.paced:

@@ -6,13 +6,13 @@ import dataclasses
 import uuid
 from typing import Any
 
-from app import signing
+from app.core.timeline import MS_PER_HOUR, MS_PER_MINUTE, schedule_slot_of
+from app.delivery import signing
+from app.delivery.webhook_targets import Network, parse_allow, url_refusal
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
 from app.services import Services
 from app.store.lag import LagMinute
-from app.timeline import MS_PER_HOUR, MS_PER_MINUTE, schedule_slot_of
-from app.webhook_targets import Network, parse_allow, url_refusal
 
 RETRIES_ON_RACE = 3
 
@@ -27,7 +27,7 @@ def get_topic(services: Services, tenant: str, name: str) -> Topic:
 
 def get_topic_cached(services: Services, tenant: str, name: str) -> Topic:
     """get_topic for message, lease, campaign and schedule requests: from this process's
-    topic cache (app.topic_cache), so another process's change to the topic applies here
+    topic cache (app.topics.cache), so another process's change to the topic applies here
     within about 100 ms, this process's at once."""
     topic = services.topic_cache.get(tenant, name)
     if topic is None:

@@ -14,12 +14,12 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from app.config import Config
+from app.core.timeline import COUNTED_AHEAD_MS, WRITE_WINDOW_MS, bucket_of, lane_part, ttl_s
+from app.delivery.wakeups import Wake, no_wake
 from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.session import Pending
 from app.store.timeline import TimelineStore
-from app.timeline import COUNTED_AHEAD_MS, WRITE_WINDOW_MS, bucket_of, lane_part, ttl_s
-from app.wakeups import Wake, no_wake
 
 _MAX_CACHED = 20_000
 log = logging.getLogger(__name__)
@@ -32,8 +32,8 @@ class PointerPlacer:
                  pull_written: Callable[[uuid.UUID], None] | None = None) -> None:
         self.store = store
         self.config = config
-        self._wake = wake  # app.wakeups
-        self._pull_written = pull_written  # a pull topic's pointers due soon: app.wakeups
+        self._wake = wake  # app.delivery.wakeups
+        self._pull_written = pull_written  # a pull topic's pointers due soon: app.delivery.wakeups
         self._lock = threading.Lock()
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
@@ -116,7 +116,7 @@ class PointerPlacer:
         written, else the exception. TTL: until due plus the retention window. Written
         pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. For a
         topic the releasers push (`pushed`), written pointers due within their look-ahead
-        wake them (app.wakeups) once all is written. `landed`, when given, is called
+        wake them (app.delivery.wakeups) once all is written. `landed`, when given, is called
         once the pointers are written and before anyone is told of them: an enqueue that
         writes its rows beside its pointers waits there for the rows, so what a reader is
         woken for is there to read."""
@@ -171,6 +171,6 @@ class PointerPlacer:
 
 def pull_wake_ms(config: Config) -> int:
     """How far ahead of its writer's clock a pull topic's pointer wakes the long polls
-    (app.wakeups.pull_kind): until a parked want looks again (the idle period), plus the clock
-    difference between processes that the safety lag allows."""
+    (app.delivery.wakeups.pull_kind): until a parked want looks again (the idle period), plus the
+    clock difference between processes that the safety lag allows."""
     return config.pull_idle_ms + config.safety_lag_ms

@@ -18,14 +18,14 @@ import dataclasses
 import uuid
 from typing import Any
 
-from app import campaign_ops
-from app.campaign_rules import REFRESH_MS
+from app.campaigns import operations as campaign_ops
+from app.campaigns.rules import REFRESH_MS
+from app.core.timeline import MS_PER_DAY
 from app.errors import Conflict, DuetimeError, InvalidInput, NotFound
 from app.models import STATES, MessageState, Topic
 from app.services import Services
 from app.store.campaigns import Campaign, Span
 from app.store.operations import Operation
-from app.timeline import MS_PER_DAY
 
 RUNNING_KINDS = {"cancel": "being cancelled", "shift": "being shifted",
                  "resume": "being resumed"}

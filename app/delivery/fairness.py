@@ -4,7 +4,7 @@ A message's fair-delivery group is its `group`, else its campaign (messages with
 form one group). Within each priority value, the passes go round-robin across groups: the
 first due message of every group, then the second of every group, and so on, each group in
 (deliver_at, due time, id) order. What a pass finds due holds the head of every group's lane
-(app.timeline.lane_of: each lane has timeline partitions of its own), so a group with a
+(app.core.timeline.lane_of: each lane has timeline partitions of its own), so a group with a
 backlog of 50,000 takes one turn in each round, not the whole pass.
 
 Webhook delivery takes turns the same way where it waits (FairQueue): for a slot of the
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:  # the POST process imports FairQueue without the storage modules
-    from app.scan import Due
+    from app.delivery.scan import Due
 
 T = TypeVar("T")
 MAX_TRACKED_GROUPS = 10_000  # then the groups with no turn ahead are forgotten

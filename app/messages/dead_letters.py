@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import Sequence
 
 from app.errors import Conflict
-from app.messages import get_message
+from app.messages.by_id import get_message
+from app.messages.transitions import apply_transition, count_moves
 from app.models import MessageState, Payload, Topic
 from app.services import Services
-from app.transitions import apply_transition, count_moves
 
 LIST_READ_CHUNK = 100  # dead_letters rows whose messages are read at once
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from app.core.timeline import MS_PER_DAY, placement_ms
 from app.errors import Conflict, InvalidInput, NotFound
+from app.messages.transitions import apply_transition, count_moves
 from app.models import MessageState, Payload, Topic
 from app.services import Services
-from app.timeline import MS_PER_DAY, placement_ms
-from app.transitions import apply_transition, count_moves
 
 FINAL_FOR_CANCEL = {"delivered": "already delivered", "dead": "dead"}
 RELEASER_PREFIX = "releaser:"
