@@ -68,7 +68,7 @@ class Config:
     release_prepare_rate: int = 1000
     release_rescan_ms: int = 50
     release_sweep_ms: int = 1000
-    # without a wake-up (app.delivery.wakeups), the look-ahead reads this often; woken, every rescan
+    # without a wake-up (app.delivery.wakeups), the walk reads this often; woken, every rescan
     release_idle_ms: int = 2000
     release_catchup_ms: int = 3_600_000
     topic_refresh_ms: int = 60_000

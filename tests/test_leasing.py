@@ -286,7 +286,7 @@ def test_batch_ack_answers_each_item_like_the_single_ack(
 
 def test_only_pointers_due_soon_after_their_write_move_the_write_counts(
         services: Services) -> None:
-    """bucket_writes tells releasers' look-aheads what to re-read: a pointer due beyond
+    """bucket_writes tells releasers' walks what to re-read: a pointer due beyond
     COUNTED_AHEAD_MS (a lease's expiry, next month's schedule) must not move it."""
     topic = uuid.uuid4()
     now = now_ms()

@@ -22,14 +22,14 @@ from app.core.ids import (
 from app.core.timeline import fair_share, release_slot_of
 from app.core.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 from app.delivery.fairness import FairQueue
-from app.delivery.scan import ReadAhead
 from app.messages.enqueue import NewMessage, home_by_due_time, nesting
 from app.models import Payload
 from workers import count_reads, quiet_recheck
 from workers.catch_up import Behind, with_stragglers
-from workers.count_reads import ReadBefore, changed_topics, count_groups
+from workers.count_reads import count_groups
 from workers.quiet_recheck import QuietTopic, needs_sweep, still_quiet
 from workers.timers import TimerHeap
+from workers.walk import Walk
 
 
 def test_config_reads_environment_and_validates() -> None:
@@ -378,55 +378,59 @@ def test_the_catch_up_reads_one_by_one_only_topics_with_an_owned_count_behind_th
     assert with_stragglers(indexes, [Behind(uuid.uuid4(), {}, {})], minute, 3_600_000) == {}
 
 
-def test_the_look_ahead_reads_again_only_topics_never_read_or_whose_owned_counts_moved() -> None:
-    class Counted:
-        def __init__(self, counts: dict[uuid.UUID, dict[tuple[int, int], int]]) -> None:
-            self.counts = counts
-            self.groups: list[tuple[list[uuid.UUID], list[int]]] = []
-
-        def write_counts_in(self, groups: list[tuple[list[uuid.UUID], list[int]]]
-                            ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
-            self.groups += groups
-            return {t: {k: n for k, n in self.counts.get(t, {}).items() if k[0] in buckets}
-                    for topic_uids, buckets in groups for t in topic_uids if t in self.counts}
-
-    def read(cells: dict[tuple[int, int], int | None]) -> ReadAhead:
-        seen = ReadAhead(made_ms=0)
-        seen.cells.update(cells)
-        return seen
-
-    same, written, other_shard, fresh, empty, counted = (uuid.uuid4() for _ in range(6))
-    owned = frozenset({0, 1})
-    index = Counted({same: {(5, 0): 3, (6, 1): 1}, written: {(5, 0): 4},
-                     other_shard: {(5, 0): 2, (5, 7): 9}, fresh: {(5, 0): 1},
-                     counted: {(5, 0): 1}})
-    topics = [ReadBefore(same, owned, read({(5, 0): 3, (6, 1): 1})),
-              ReadBefore(written, owned, read({(5, 0): 3})),
-              ReadBefore(other_shard, owned, read({(5, 0): 2})),  # 7: not owned
-              ReadBefore(fresh, owned, None),  # no fresh record with these shards
-              ReadBefore(empty, owned, read({(5, 1): None})),  # nothing counted since
-              ReadBefore(counted, owned, read({(5, 0): None}))]  # its first count since
-    changed = changed_topics(index, topics, [5, 6])
-    assert changed == {written: {(5, 0): 4}, fresh: {(5, 0): 1}, counted: {(5, 0): 1}}
-    assert sum(len(uids) for uids, _ in index.groups) == len(topics)  # in one request
-    assert changed_topics(index, [ReadBefore(empty, owned, None)], [5]) == {empty: {}}
+def test_a_walk_reads_a_new_topic_from_its_cursors_then_only_what_moved_or_nears_the_end(
+) -> None:
+    walk = Walk.starting_at({0: 1_000, 1: 2_000})
+    assert walk.starts({}, 60_000, 1_500, 1_000) == {0: 1_000, 1: 2_000}  # never read
+    walk.record(10_000, {0: 1_000, 1: 2_000}, {0: 15_000, 1: 15_000}, 15_000, [0],
+                {(0, 0): 3}, set())
+    assert walk.position == {0: 15_000, 1: 15_000} and walk.cells == {(0, 0): 3, (0, 1): None}
+    assert walk.starts({(0, 0): 3}, 15_100, 1_500, 1_000) == {}  # nothing moved, far from end
+    # shard 1's first count since: read again from the safety lag before the last read began
+    assert walk.starts({(0, 0): 3, (0, 1): 1}, 15_100, 1_500, 1_000) == {1: 9_000}
+    assert walk.starts({(0, 0): 4}, 15_100, 1_500, 1_000) == {0: 9_000}  # written to
+    assert walk.starts({(0, 0): 3, (0, 7): 2}, 15_100, 1_500, 1_000) == {}  # not an owned shard
+    # the window's end came within the refill of the positions: read on from there
+    assert walk.starts({(0, 0): 3}, 16_500, 1_500, 1_000) == {0: 15_000, 1: 15_000}
 
 
-def test_a_look_ahead_record_keeps_what_was_read_whole_and_settled_while_fresh() -> None:
-    seen = ReadAhead(made_ms=1_000)
-    assert seen.fresh(3_499, 2_500) and not seen.fresh(3_500, 2_500)
-    plan = [(5, 0, 0, 100, 999), (5, 0, 1, 100, 999), (5, 1, 0, 100, 999),
-            (5, 2, 0, 100, 999), (4, 3, 0, 100, 999), (5, 4, 0, 100, 999)]
-    seen.record({(5, 0): 4, (5, 1): 2, (5, 2): 1, (4, 3): 1}, plan, whole={0, 1, 2, 4, 5},
-                unsettled={(4, 3)})
-    # (5, 2) was read in part; (5, 4) holds only pointers written too far ahead to be counted
-    assert seen.cells == {(5, 0): 4, (5, 1): 2, (5, 4): None}
-    counts = {(5, 0): 4, (5, 1): 2}
-    assert not seen.any_to_read(counts, frozenset({0, 1, 4}))
-    assert seen.any_to_read({**counts, (5, 1): 3}, frozenset({1}))  # written to
-    assert not seen.any_to_read({**counts, (5, 1): 3}, frozenset({0}))  # not an owned shard
-    assert seen.any_to_read({**counts, (5, 4): 1}, frozenset({4}))  # a first count
-    assert seen.must_read((5, 2), counts) and seen.must_read((5, 3), counts)
+def test_a_walk_keeps_unrecorded_what_was_cut_short_or_still_in_flight() -> None:
+    walk = Walk.starting_at({0: 0, 1: 0, 2: 0})
+    walk.record(5_000, {0: 0, 1: 0, 2: 0}, {0: 10_000, 1: 7_000, 2: 10_000}, 10_000, [0, 1],
+                {(0, 0): 2, (1, 0): 1, (0, 1): 5, (0, 2): 1}, incomplete={(0, 2)})
+    # shard 1 stopped short of the end; shard 2 had a row in flight in bucket 0
+    assert walk.position == {0: 10_000, 1: 7_000, 2: 10_000}
+    assert walk.cells == {(0, 0): 2, (1, 0): 1, (1, 2): None}
+    assert walk.starts({(0, 0): 2, (1, 0): 1, (0, 1): 5, (0, 2): 1}, 10_100, 1_500, 1_000) == {
+        1: 4_000, 2: 4_000}
+
+
+def test_a_walk_passes_an_empty_window_without_a_read_but_never_a_stretch_behind_it() -> None:
+    walk = Walk.starting_at({0: 1_000})
+    assert not walk.passed_empty(70_000, 75_000, 10_000)  # never read: its cursor may be far
+    walk.record(70_000, {0: 1_000}, {0: 75_000}, 75_000, [1], {}, set())
+    assert walk.passed_empty(72_000, 77_000, 12_000) and walk.position == {0: 77_000}
+    assert walk.read_at == 72_000  # a write after this moves a count: read from before it
+    cut = Walk.starting_at({0: 1_000})
+    cut.record(70_000, {0: 1_000}, {0: 5_000}, 75_000, [1], {}, set())
+    assert not cut.passed_empty(72_000, 77_000, 12_000) and cut.position == {0: 5_000}
+
+
+def test_a_walks_cursor_trails_its_position_the_safety_lag_and_what_it_holds() -> None:
+    walk = Walk.starting_at({0: 0, 1: 0, 2: 0})
+    walk.record(20_000, {0: 0, 1: 0, 2: 0}, {0: 25_000, 1: 3_000, 2: 25_000}, 25_000, [0],
+                {}, set())
+    moves = walk.cursor_moves(20_000, 1_000, {2: 12_000}, 5_000)
+    assert moves == {0: 19_000, 2: 12_000}  # shard 1's position moved less than a step
+    assert walk.cursor == {0: 19_000, 1: 0, 2: 12_000}
+    assert walk.cursor_moves(21_000, 1_000, {2: 12_000}, 5_000) == {}  # recorded as made
+
+
+def test_a_walk_forgets_the_counts_of_buckets_its_window_left_behind() -> None:
+    walk = Walk.starting_at({0: 0})
+    walk.record(1_000, {0: 0}, {0: 70_000}, 70_000, [0, 1], {(0, 0): 4, (1, 0): 2}, set())
+    walk.record(65_000, {0: 70_000}, {0: 130_000}, 130_000, [1, 2], {(1, 0): 2}, set())
+    assert walk.cells == {(1, 0): 2, (2, 0): None}
 
 
 def test_count_reads_group_topics_within_a_hundred_cells() -> None:

@@ -3,12 +3,12 @@
 Every pointer written bumps the count of its (topic, bucket, shard) once it is durable
 (app.store.timeline.TimelineStore.count_writes). A releaser that records a topic's counts
 when it reads the topic's partitions whole knows, from the counts alone, whether anything was
-written there since: a count that moved, or one it never recorded (app.delivery.scan.ReadAhead says
-what counts cannot show, and how the look-ahead covers it). Reading them topic by
-topic is a round trip each; the releaser's checks over many topics (the look-ahead's,
-changed_topics; the quiet re-check's, workers.quiet_recheck; the sweep's catch-up's,
-workers.catch_up) read about COUNT_CELLS (topic, bucket)s a request, the requests sent
-together, and the active buckets of CHUNK topics a request.
+written there since: a count that moved, or one it never recorded (workers.walk says what
+counts cannot show, and how the walk covers it). Reading them topic by topic is a round trip
+each; the releaser's reads over many topics (the walk's; the quiet re-check's,
+workers.quiet_recheck; the sweep's catch-up's, workers.catch_up) read about COUNT_CELLS
+(topic, bucket)s a request, the requests sent together, and the active buckets of CHUNK
+topics a request.
 
 What counts cannot show is a pointer whose bump was lost (a counter write that failed): the
 sweep, which reads partitions without looking at counts, finds it (docs/design.md).
@@ -16,12 +16,9 @@ sweep, which reads partitions without looking at counts, finds it (docs/design.m
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Protocol
-
-from app.delivery.scan import ReadAhead
 
 COUNT_CELLS = 100  # (topic, bucket)s per bucket_writes read
 CHUNK = 50  # topics per active_buckets read: with two days each, 100 partitions
@@ -41,32 +38,6 @@ class Indexes(CountIndex, Protocol):
 
     def active_buckets_of(self, topic_uids: Sequence[uuid.UUID], first: int, last: int,
                           bucket_ms: int) -> dict[uuid.UUID, list[int]]: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadBefore:
-    """A topic as the look-ahead last read it: its owned shards, and what it recorded of the
-    (bucket, shard)s it read (app.delivery.scan.ReadAhead); seen is None when there is no fresh
-    record of the topic with those shards."""
-
-    uid: uuid.UUID
-    shards: frozenset[int]
-    seen: ReadAhead | None
-
-
-def changed_topics(index: CountIndex, topics: Sequence[ReadBefore], buckets: Sequence[int]
-                   ) -> dict[uuid.UUID, Counts]:
-    """Of the topics, those the look-ahead must read again for `buckets` (never read with
-    their shards, or with an owned (bucket, shard) there whose count moved), each with its
-    counts as read now, which its read then compares and records (app.delivery.scan.DueScanner.
-    upcoming). One round trip for all (about COUNT_CELLS (topic, bucket)s a request)."""
-    counts = read_counts(index, {t.uid: buckets for t in topics})
-    changed = {}
-    for t in topics:
-        found = counts.get(t.uid, {})
-        if t.seen is None or t.seen.any_to_read(found, t.shards):
-            changed[t.uid] = found
-    return changed
 
 
 def read_counts(index: CountIndex, wanted: Mapping[uuid.UUID, Sequence[int]]

@@ -12,25 +12,23 @@ requests it holds.
 - topics (woken by "topics": FOLLOW_EVERY_MS; idle: IDLE_EVERY_MS): the changes of topics
   other processes wrote, and every topic_refresh_ms the whole list, so new topics start at
   once and deleted ones stop;
-- look-ahead (woken by "due": release_rescan_ms; idle: release_idle_ms): for owned shards
-  of webhook topics, pointers due from RECENT_MS before the last run began (or before now)
-  to now + lookahead go into the timer heap, so a message scheduled a moment ahead, or one
-  that came due while a long run was under way, is still released on time. Only topics
-  listed in active_topics for the window's buckets are polled, and of those only the ones
-  whose write counts (bucket_writes) moved since it last read them, or read whole more than
-  1.5 s ago (app.delivery.scan.ReadAhead); all counts are read in one round trip
-  (workers/count_reads.py), so frequent re-scans stay cheap;
+- walk (woken by "due": release_rescan_ms; idle: release_idle_ms): per owned shard of each
+  webhook topic a position in memory (workers/walk.py), started at the shard's durable
+  cursor; pointers due up to now + lookahead go into the timer heap. Only topics listed in
+  active_topics for the window's buckets are read, and of those only where a write count
+  (bucket_writes) moved since the last read, or the position nears the window's end; all
+  counts are read in one round trip (workers/count_reads.py). It writes the durable
+  cursors, never past a timer it holds;
 - sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
-  move stragglers (pointers written behind a cursor, found by
-  their partition's write count) to now; from each owned shard's stored cursor, put what the
-  look-ahead missed into the heap, then move the cursor forward. For pull topics the sweep
-  only keeps cursors moving, so consumers' lease scans stay short. A quiet topic (cursors
-  caught up, no pointer near now) is skipped without a read until a pointer of it comes near
-  now (active_topics) or a process writes pointers of it (topic_writes, which a pointer
-  written behind its cursors also records), or up to five minutes have passed: two reads a
-  sweep for all topics. Awake topics are swept SWEEPERS at a time, and a sweep rests at
-  least as long as it ran (a crowded keyspace's sweeps take seconds of the releaser's one
-  interpreter, which the look-ahead needs too);
+  move stragglers (pointers written behind a webhook topic's walk or a pull topic's
+  cursors, found by their partition's write count) to now; for pull topics, keep cursors
+  moving, so the brokers' scans stay short. A quiet topic (caught up, no pointer near now)
+  is skipped without a read until a pointer of it comes near now (active_topics) or a
+  process writes pointers of it (topic_writes, which a pointer written behind its cursors
+  also records), or up to five minutes have passed: two reads a sweep for all topics.
+  Awake topics are swept SWEEPERS at a time, and a sweep rests at least as long as it ran
+  (a crowded keyspace's sweeps take seconds of the releaser's one interpreter, which the
+  walk needs too);
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py; their listings are read again when "schedules" wakes it);
 - operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
@@ -65,7 +63,6 @@ from app.config import Config
 from app.core.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
 from app.delivery import wakeups
 from app.delivery.leasing import passed_over
-from app.delivery.scan import ReadAhead
 from app.errors import StoreUnavailable
 from app.messages.transitions import replace_ahead
 from app.models import Topic
@@ -75,30 +72,33 @@ from app.store.ownership import OwnershipStore
 from workers.beat import Beat
 from workers.broker import Broker
 from workers.catch_up import Behind, reach_ms, with_stragglers
-from workers.count_reads import Counts, ReadBefore, changed_topics
+from workers.count_reads import Counts, read_counts
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.paced import PacedStep
 from workers.push import PushDispatcher
 from workers.quiet_recheck import QuietTopic, still_quiet
 from workers.schedules import ScheduleRunner
-from workers.timers import MAX_WAIT_S, Timer, TimerHeap, earliest_by_shard
+from workers.timers import MAX_WAIT_S, Timer, TimerHeap
 from workers.topics import FOLLOW_EVERY_MS, KnownTopics
 from workers.wake_listener import WakeListener
+from workers.walk import Walk
 
-RECENT_MS = 250  # pointers written this far behind now are still caught by the look-ahead
-# the look-ahead reads back to where its last run began, at most this far (else: the sweep)
-MAX_LOOK_BACK_MS = 60_000
-LOOK_AHEAD_READERS = 8
+# the walk looks at the topics with nothing in its window this often (and after a claim or a
+# new topic), to start their walks and move their positions; otherwise only at active ones
+PASS_EVERY_MS = 1000
+# the walk's window starts this far before now: the buckets whose write counts it compares,
+# and how far behind now a position may be and still pass an empty stretch without a read
+WINDOW_BACK_MS = 60_000
+WALK_READERS = 8
 SWEEPERS = 4
 SWEEP_REST_SHARE = 1.0
 MAX_TIMERS_PER_SCAN = 20_000
-MAX_SEEN = 10_000
 PULL_SWEEP_WANT = 25
 REPORT_EVERY_MS = 10_000
 CLOCK_EVERY_MS = 10_000
-# A sweep writes a cursor only when it moves this far: an idle topic costs a write per shard
-# every 5 s, not every second, and scans re-read at most this much of spent timeline.
+# A cursor is written only when it moves this far: a busy topic costs a write per shard
+# every 5 s, not every step, and a new walk re-reads at most this much of spent timeline.
 CURSOR_STEP_MS = 5000
 CATCH_UP_EVERY_MS = 5000  # stragglers are already late; their search costs a read per topic
 # Consumers' lease calls move a pull topic's cursors themselves; the sweep only moves those
@@ -192,18 +192,19 @@ class Releaser:
                                        self._gave_back_slots)
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
-        self._seen: dict[uuid.UUID, tuple[frozenset[int], ReadAhead]] = {}
-        self._looked_from: int | None = None  # when the last look-ahead run that ended began
-        self._claims = 0  # slots claimed so far (written by the ownership tick alone)
-        self._claims_read = 0  # of those, how many a look-ahead run that ended began after
-        # a look-ahead record stands this long (app.delivery.scan.ReadAhead): half what the window
-        # leaves after an idle period, so a whole read comes at least as long before a
-        # pointer it alone can find is due (1.5 s of 5, with the defaults)
-        self._reread_ms = max(cfg.release_rescan_ms,
+        self._walks: dict[uuid.UUID, Walk] = {}  # per webhook topic with owned shards
+        self._cursors_at = 0  # when the walk last wrote cursors (epoch ms)
+        # when the walk last looked at every topic (epoch ms), and whether it must at once
+        self._passed_at = 0
+        self._everyone = True
+        # a shard is read on once its position is this near the window's end: half what the
+        # window leaves after an idle period, so a pointer already there is read at least
+        # that long before it is due (1.5 s of 5, with the defaults)
+        self._refill_ms = max(cfg.release_rescan_ms,
                               (cfg.release_lookahead_ms - cfg.release_idle_ms) // 2)
-        # the look-ahead reads its changed topics this many at a time: one after another,
-        # 130 topics written to between runs made each run take seconds of round trips
-        self._readers = ThreadPoolExecutor(LOOK_AHEAD_READERS, thread_name_prefix="look-ahead")
+        # the walk reads its topics this many at a time: one after another, 130 topics
+        # written to between steps made each step take seconds of round trips
+        self._readers = ThreadPoolExecutor(WALK_READERS, thread_name_prefix="walk")
         self._sweepers = ThreadPoolExecutor(SWEEPERS, thread_name_prefix="sweep")
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
@@ -231,15 +232,15 @@ class Releaser:
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self._following = PacedStep("topics", self.follow_topics, FOLLOW_EVERY_MS,
                                     IDLE_EVERY_MS, self._safely, WARM_MS, self.beat)
-        self._looking = PacedStep("look-ahead", self.look_ahead, cfg.release_rescan_ms,
+        self._walking = PacedStep("walk", self.walk, cfg.release_rescan_ms,
                                   cfg.release_idle_ms, self._safely, WARM_MS, self.beat)
         self._sweeping = PacedStep("sweep", self.sweep, cfg.release_sweep_ms, IDLE_EVERY_MS,
                                    self._safely, WARM_MS, self.beat, SWEEP_REST_SHARE)
         self._operating = PacedStep("operations", self.run_operations, OPERATIONS_EVERY_MS,
                                     IDLE_EVERY_MS, self._safely, WARM_MS, self.beat)
-        self.paced = [self._following, self._looking, self._sweeping, self._operating]
+        self.paced = [self._following, self._walking, self._sweeping, self._operating]
         self.wakes.on("topics", self._following.wake)
-        self.wakes.on("due", self._looking.wake)
+        self.wakes.on("due", self._walking.wake)
         self.wakes.on("due", self._sweeping.wake)
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)
@@ -272,7 +273,7 @@ class Releaser:
     def _safely(self, job: Callable[[], bool | None]) -> bool | None:
         """Log and continue: one failing step never stops the releaser. Cassandra being
         unreachable is one warning line per step every UNAVAILABLE_WARN_EVERY_S, not a
-        traceback every run (the look-ahead runs 20 times a second)."""
+        traceback every run (the walk runs 20 times a second)."""
         name = getattr(job, "__name__", str(job))
         me = threading.current_thread()
         with self._runs_changed:
@@ -325,9 +326,10 @@ class Releaser:
 
     def _gained_slots(self) -> None:
         """A slot was claimed (start, failover, rebalance): its due pointers, cursors,
-        operations and schedules are this releaser's now, so every step looks at once, and
-        the next look-ahead run reaches back over the hand-over (_handover_reach_ms)."""
-        self._claims += 1
+        operations and schedules are this releaser's now, so every step looks at once; the
+        walk starts the slot's shards at their durable cursors, which the last owner never
+        wrote past a timer it held."""
+        self._everyone = True
         for step in self.paced:
             step.wake()
         self.schedules.wake()
@@ -351,7 +353,7 @@ class Releaser:
 
     def follow_topics(self) -> None:
         """New, changed and deleted topics (workers.topics.KnownTopics); an outage is logged
-        by _safely, as for every step. New topics wake the look-ahead and the sweep: a
+        by _safely, as for every step. New topics wake the walk and the sweep: a
         message of a topic created a moment ago may already be due."""
         before = set(self._topics)
         gone = self._known.step()
@@ -361,14 +363,15 @@ class Releaser:
             for records in self._per_topic_records():
                 records.pop(uid, None)
         if any(uid not in before for uid in self._topics):
-            self._looking.wake()
+            self._everyone = True
+            self._walking.wake()
             self._sweeping.wake()
 
     def _owned_shards(self, topics: Iterable[Topic] | None = None
                       ) -> Iterator[tuple[Topic, dict[int, int]]]:
         """(topic, {shard: release slot}) for every topic (of `topics`, else all) with a
         shard this releaser owns. A topic's slots are computed once per shard count: with
-        10,000 topics, hashing every shard on every 50 ms look-ahead cost most of a core."""
+        10,000 topics, hashing every shard on every 50 ms step cost most of a core."""
         owned = self.ownership.owned()
         for topic in list(self._topics.values()) if topics is None else topics:
             mine = {s: slot for s, slot in self._slots_of(topic).items() if slot in owned}
@@ -393,82 +396,91 @@ class Releaser:
             self._slot_maps[key] = found
         return found
 
-    def look_ahead(self) -> None:
+    def walk(self) -> None:
+        """One step of the walk (workers.walk) over the owned shards of webhook topics: what
+        is due by now + look-ahead goes into the timer heap. One read lists the topics with
+        pointers in the window's buckets (active_topics) and one round trip their write
+        counts; a topic is read only where its counts moved, its position nears the window's
+        end, or its walk is new (from its durable cursors: a claimed slot, a new topic, a
+        start), new walks first. Every CURSOR_STEP_MS it writes the cursors it may move."""
+        cfg = self.services.config
         now = self.services.clock()
-        horizon = now + self.services.config.release_lookahead_ms
-        bucket_ms = self.services.config.bucket_ms
-        # from where the last run that ended began: what came due while it ran (it may take
-        # seconds in a crowded keyspace) is read now, not left to the sweep
-        since = max(min(now, self._looked_from or now), now - MAX_LOOK_BACK_MS) - RECENT_MS
-        claims = self._claims
-        if claims != self._claims_read:  # what a claimed slot's last owner held came due
-            since = min(since, now - self._handover_reach_ms())
-        buckets = range(bucket_of(since, bucket_ms), bucket_of(horizon, bucket_ms) + 1)
-        # one read for all topics: only those with pointers in the window are polled
-        active = self.services.timeline.active_topics(buckets)
+        horizon = now + cfg.release_lookahead_ms
+        window_start = now - WINDOW_BACK_MS
+        window = list(range(bucket_of(window_start, cfg.bucket_ms),
+                            bucket_of(horizon, cfg.bucket_ms) + 1))
+        active = self.services.timeline.active_topics(window)
         unknown = active.difference(self._topics, self._asked)
         if unknown:  # a topic whose "topics" wake-up was lost: follow the changes once
             if len(self._asked) > MAX_ASKED:
                 self._asked.clear()
             self._asked |= unknown
             self._following.wake()
-        webhook = [t for uid in active if (t := self._topics.get(uid)) is not None and t.pushed]
-        owned = list(self._owned_shards(webhook))
-        befores = [self._read_before(t, mine, now) for t, mine in owned]
-        # one round trip, then only those written to are read
-        changed = changed_topics(self.services.timeline, befores, buckets)
-        to_read = [(topic, mine, before)
-                   for (topic, mine), before in zip(owned, befores, strict=True)
-                   if topic.uid in changed]
+        if self._everyone or now - self._passed_at >= PASS_EVERY_MS:
+            self._everyone, self._passed_at = False, now
+            candidates = list(self._topics.values())
+        else:  # the others' walks wait: nothing of theirs lies in the window
+            candidates = [t for uid in active if (t := self._topics.get(uid)) is not None]
+        owned = list(self._owned_shards([t for t in candidates if t.pushed]))
+        walks = self._walks_of(owned)
+        # before any pointer is read, so a pointer written after them moves its count again
+        counts = read_counts(self.services.timeline,
+                             {t.uid: window for t, _ in owned if t.uid in active})
+        reads = []
+        for topic, mine in owned:
+            walk = walks[topic.uid]
+            if topic.uid not in active and walk.passed_empty(now, horizon, window_start):
+                continue
+            found = counts.get(topic.uid, {})
+            starts = walk.starts(found, horizon, self._refill_ms, cfg.safety_lag_ms)
+            if starts:
+                reads.append((topic, mine, walk, starts, found))
         # topics it never read first: one made a moment ago may have a message due in 200 ms,
         # and waited its turn among the hundred a retry storm keeps changing
-        to_read.sort(key=lambda read: read[0].uid in self._seen)
-        reads = [self._readers.submit(self._into_heap, topic, mine, dict.fromkeys(mine, since),
-                                      horizon, before.seen or self._new_record(before, now),
-                                      changed[topic.uid])
-                 for topic, mine, before in to_read]
-        # a failed read fails the run (the next one repeats it), once every read has ended:
-        # one read of a topic at a time
-        all_done(reads)
-        self._looked_from = now
-        self._claims_read = claims  # a run that failed leaves the next to read back
+        reads.sort(key=lambda read: read[2].read_at is not None)
+        futures = []
+        if now - self._cursors_at >= CURSOR_STEP_MS:  # from the positions the last step left
+            self._cursors_at = now
+            futures = self._write_cursors([(t, walks[t.uid]) for t, _ in owned
+                                           if t.uid in active], now)
+        futures += [self._readers.submit(self._read_walk, topic, mine, walk, starts, now,
+                                         horizon, window, found)
+                    for topic, mine, walk, starts, found in reads]
+        all_done(futures)  # a failed read fails the step; the next one repeats it
 
-    def _handover_reach_ms(self) -> int:
-        """How far back (ms) the look-ahead run after a slot is claimed reads: a releaser
-        that gives a slot back (rebalance, stop) drops the timers it held for it (after a
-        tick's grace, workers.ownership.may_prepare, on a rebalance), and the
-        claim comes moments later (the "slots" wake-up) or, the datagram lost, at the next
-        ownership tick (a third of a lease); one that dies holds the slot until its lease
-        runs out. Messages that came due in that gap were left to the sweep, which in a
-        crowded keyspace came seconds later (python -m tests.bench.crowded with two
-        releasers: 6 s late). The look-ahead's span (5 s by default) covers the tick with
-        room to spare."""
-        cfg = self.services.config
-        return cfg.release_lease_ms + cfg.release_lookahead_ms
+    def _walks_of(self, owned: list[tuple[Topic, dict[int, int]]]) -> dict[uuid.UUID, Walk]:
+        """The walk of each topic, new ones (a topic or owned shard it had none of) started at
+        their durable cursors, read for all of them in one round trip."""
+        shards_of = {topic.uid: frozenset(mine) for topic, mine in owned}
+        new = [topic for topic, _ in owned
+               if (w := self._walks.get(topic.uid)) is None or w.shards != shards_of[topic.uid]]
+        stored = self.services.timeline.cursors_of([t.uid for t in new]) if new else {}
+        for topic in new:
+            self._walks[topic.uid] = Walk.starting_at(
+                self._starts(topic, dict.fromkeys(shards_of[topic.uid], 0),
+                             stored.get(topic.uid, {})))
+        return {topic.uid: self._walks[topic.uid] for topic, _ in owned}
 
-    def _read_before(self, topic: Topic, mine: dict[int, int], now: int) -> ReadBefore:
-        """What the look-ahead recorded of a topic (workers.count_reads): nothing when its
-        shards changed or the record is no longer fresh (app.delivery.scan.ReadAhead)."""
-        shards = frozenset(mine)
-        owned, seen = self._seen.get(topic.uid, (frozenset(), None))
-        if seen is None or owned != shards or not seen.fresh(now, self._reread_ms) \
-                or len(seen.cells) > MAX_SEEN:
-            seen = None
-        return ReadBefore(topic.uid, shards, seen)
-
-    def _new_record(self, before: ReadBefore, now: int) -> ReadAhead:
-        """A new look-ahead record of a topic, in place of the one it had."""
-        seen = ReadAhead(now)
-        self._seen[before.uid] = (before.shards, seen)
-        return seen
-
-    def _into_heap(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
-                   horizon: int, seen: ReadAhead | None = None,
-                   counts: dict[tuple[int, int], int] | None = None) -> dict[int, int]:
+    def _read_walk(self, topic: Topic, mine: dict[int, int], walk: Walk, starts: dict[int, int],
+                   began: int, horizon: int, window: list[int], counts: Counts) -> None:
         result = self.services.scanner.upcoming(topic, starts, horizon, MAX_TIMERS_PER_SCAN // 4,
-                                                self.timers.holds, seen, counts)
+                                                self.timers.holds)
         self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
-        return result.frontier_ms
+        walk.record(began, starts, result.frontier_ms, horizon, window, counts, result.incomplete)
+
+    def _write_cursors(self, walked: list[tuple[Topic, Walk]], now: int) -> list[Future[Any]]:
+        """Write the durable cursors of these topics' walks that may move CURSOR_STEP_MS or
+        more (workers.walk.Walk.cursor_moves), on the readers."""
+        held: dict[uuid.UUID, dict[int, int]] = {}
+        for t in self.timers.items():
+            shard, due = t.due.pointer.shard, t.due.pointer.due_at_ms
+            of_topic = held.setdefault(t.topic_uid, {})
+            of_topic[shard] = min(of_topic.get(shard, due), due)
+        safety_lag_ms = self.services.config.safety_lag_ms
+        return [self._readers.submit(self.services.scanner.advance, topic, moves)
+                for topic, walk in walked
+                if (moves := walk.cursor_moves(now, safety_lag_ms, held.get(topic.uid, {}),
+                                               CURSOR_STEP_MS))]
 
     def sweep(self) -> bool:
         """One sweep; busy (the next at release_sweep_ms, or after a rest as long as it
@@ -504,7 +516,8 @@ class Releaser:
         # one round trip for every topic's cursors: a crowded keyspace made it one a topic
         stored_of = self.services.timeline.cursors_of([t.uid for t, _ in owned_awake])
         plans = [(topic, mine, stored_of.get(topic.uid, {})) for topic, mine in owned_awake]
-        starts_of = {topic.uid: self._starts(topic, mine, stored) for topic, mine, stored in plans}
+        starts_of = {topic.uid: self._behind_of(topic, mine, stored, now)
+                     for topic, mine, stored in plans}
         # a re-check may have seen a straggler
         due = [(topic, mine, starts_of[topic.uid]) for topic, mine, _ in plans
                if catching_up or topic.uid in rechecked]
@@ -531,16 +544,16 @@ class Releaser:
 
     def _per_topic_records(self) -> tuple[dict[uuid.UUID, Any], ...]:
         """What the steps record of each topic, keyed by its uid: a deleted topic's go."""
-        return (self._pull_kept, self._quiet, self._seen, self._behind)
+        return (self._pull_kept, self._quiet, self._walks, self._behind)
 
     def _forget_gone(self) -> None:
         """Drop what the steps recorded of topics no longer known. follow_topics drops a
-        deleted topic's records, but a look-ahead or sweep run under way then may put one
+        deleted topic's records, but a walk or sweep step under way then may put one
         back, which would stay: with topics made and deleted all day, they add up. Run by
         the sweeps of the FORGET_AFTER_GONE_S after a deletion (a pass over every record:
         about 4 ms for 30,000)."""
         for records in self._per_topic_records():
-            for uid in list(records):  # a copy: the look-ahead's threads add meanwhile
+            for uid in list(records):  # a copy: the walk's threads add meanwhile
                 if uid not in self._topics:
                     records.pop(uid, None)
 
@@ -550,6 +563,18 @@ class Releaser:
         lag before the topic was created."""
         default = topic.created_at_ms - self.services.config.safety_lag_ms
         return {s: stored.get(s, default) for s in mine}
+
+    def _behind_of(self, topic: Topic, mine: dict[int, int], stored: dict[int, int], now: int
+                   ) -> dict[int, int]:
+        """{owned shard: where the sweep's catch-up looks behind, and quiet is judged from}:
+        for a webhook topic the walk's positions, never past now less the safety lag (what
+        lands behind them the walk does not read again); else the stored cursors."""
+        walk = self._walks.get(topic.uid)
+        if not topic.pushed or walk is None or walk.read_at is None \
+                or walk.shards != frozenset(mine):
+            return self._starts(topic, mine, stored)
+        through = now - self.services.config.safety_lag_ms
+        return {s: min(at, through) for s, at in walk.position.items()}
 
     def _with_stragglers(self, topics: list[tuple[Topic, dict[int, int], dict[int, int]]]
                          ) -> dict[uuid.UUID, Counts]:
@@ -581,13 +606,12 @@ class Releaser:
                 self._catch_up(topic, starts, now, counts)
             except StoreUnavailable as exc:  # its cursors are swept all the same: a
                 failed = exc  # straggler's count stays unrecorded, so the next one reads it
-        if not topic.pushed:
+        moves = {}
+        if not topic.pushed:  # a webhook topic's cursors are the walk's
             safety_lag_ms = self.services.config.safety_lag_ms
             behind = {s for s, start in starts.items()
                       if start < now - safety_lag_ms - CURSOR_STEP_MS}
             moves = self._keep_pull_cursors(topic, behind, stored, now)
-        else:
-            moves = self._sweep_webhook(topic, mine, starts, now)
         self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
                          recent, now)
         if failed is not None:
@@ -627,21 +651,6 @@ class Releaser:
             (now - WRITTEN_REACH_MS) // WRITE_WINDOW_MS,
             (now + WRITE_WINDOW_MS) // WRITE_WINDOW_MS + 1))
         return near | written
-
-    def _sweep_webhook(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
-                       now: int) -> dict[int, int]:
-        """From each owned shard's cursor, put what the look-ahead missed into the heap,
-        then move the cursors forward; returns the moves."""
-        cfg = self.services.config
-        frontier = self._into_heap(topic, mine, starts, now + cfg.release_lookahead_ms)
-        earliest = earliest_by_shard(self.timers.items(), topic.uid)
-        moves = {}
-        for s, start in starts.items():
-            through = min(frontier[s], now - cfg.safety_lag_ms, earliest.get(s, frontier[s]))
-            if through >= start + CURSOR_STEP_MS:
-                moves[s] = through
-        self.services.scanner.advance(topic, moves)
-        return moves
 
     def _note_quiet(self, topic: Topic, cursors: dict[int, int], active: bool,
                     now: int) -> None:

@@ -15,7 +15,7 @@ MS_PER_MINUTE = 60_000
 MS_PER_HOUR = 3_600_000
 CAMPAIGN_SPREAD = 32
 # Pointer writes due further than this after their write time are not counted in
-# bucket_writes. The counts tell a releaser's look-ahead to re-read part of its window
+# bucket_writes. The counts tell a releaser's walk to re-read part of its window
 # (release_lookahead_ms + safety_lag_ms, at most this); a pointer due later than that lies
 # beyond every window already read, so it is found when the window reaches it. Lease pointers
 # and future schedules would otherwise re-trigger those re-reads with every write.

@@ -64,6 +64,7 @@ class ScanResult:
     cut: bool = False
     next_ms: int | None = None
     unsettled: bool = False
+    incomplete: set[tuple[int, int]] = dataclasses.field(default_factory=set)
 
     def moves(self, untaken: list[Due]) -> dict[int, int]:
         """Cursor moves once the live pointers not in `untaken` are spent: no cursor passes
@@ -128,44 +129,6 @@ def _waiting_at(p: Pointer, row: MessageState) -> bool:
     """Whether the message is still at the pointer's version and waiting (scheduled, or
     leased until then)."""
     return row.version == p.version and row.state in WAITING
-
-
-class ReadAhead:
-    """What the look-ahead (DueScanner.upcoming) read of one topic since made_ms (epoch ms):
-    per (bucket, shard) read whole with every pointer settled, its write count then (None:
-    it had none). Such a (bucket, shard) needs no read until its count moves, while the
-    record is fresh (fresh(): younger than the caller's reread_ms). After that the caller
-    starts a new record, and everything in its window is read again, because two kinds of
-    pointer move no count since the last read: one due past that read's end that was there
-    already, and one written due more than COUNTED_AHEAD_MS ahead (app.core.timeline). Either
-    is read by the first whole read whose window reaches it, so at least the window less
-    the time between two whole reads (reread_ms, plus up to one idle period of the
-    look-ahead) before it is due: 1.5 s with the releaser's defaults (workers.releaser).
-    One reader at a time (the releaser's look-ahead)."""
-
-    def __init__(self, made_ms: int) -> None:
-        self.made_ms = made_ms
-        self.cells: dict[tuple[int, int], int | None] = {}
-
-    def fresh(self, now_ms: int, reread_ms: int) -> bool:
-        return now_ms - self.made_ms < reread_ms
-
-    def must_read(self, cell: tuple[int, int], counts: dict[tuple[int, int], int]) -> bool:
-        """Whether a read must read this (bucket, shard), given its buckets' counts now."""
-        return cell not in self.cells or counts.get(cell) != self.cells[cell]
-
-    def any_to_read(self, counts: dict[tuple[int, int], int], shards: frozenset[int]) -> bool:
-        """Whether a read would read any (bucket, shard) of these shards, given the counts of
-        its buckets now."""
-        return bool(moved_counts(self.cells, counts, shards))
-
-    def record(self, counts: dict[tuple[int, int], int],
-               plan: list[tuple[int, int, int, int, int]], whole: set[int],
-               unsettled: set[tuple[int, int]]) -> None:
-        """After a read of plan: the (bucket, shard)s read whole and settled, with their
-        counts (read before the pointers were)."""
-        for key in _read_whole(plan, whole, unsettled):
-            self.cells[key] = counts.get(key)
 
 
 @dataclasses.dataclass
@@ -434,30 +397,20 @@ class DueScanner:
                           unsettled=bool(unsettled))
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
-                 pending: Callable[[PointerKey], bool], seen: ReadAhead | None = None,
-                 counts: dict[tuple[int, int], int] | None = None) -> ScanResult:
+                 pending: Callable[[PointerKey], bool]) -> ScanResult:
         """What a releaser holds in its timer heap: pointers of the shards in `starts`, due
         from starts[shard] to to_ms, whose message is still at that version and waiting
         (scheduled, or leased until then). Skips spent pointers and those pending(key) says
         the caller already holds; stale pointers found become spent. frontier_ms says how far
-        each shard was read (less than to_ms when the scan's caps stopped it).
-
-        With `seen` (the look-ahead's record: ReadAhead), a (bucket, shard) recorded there
-        whose write count has not moved is not read, and those read whole and settled are
-        recorded. `counts`, when given, are the write counts of the span's buckets read
-        before this call (workers.count_reads), else they are read here: either way before
-        the pointers, so a pointer written after them moves its count again."""
+        each shard was read (less than to_ms when the scan's caps stopped it), and
+        `incomplete` the (bucket, shard)s with a pointer left unread or whose row was still
+        in flight (workers.walk reads those again)."""
         plan, limit_ms = self._partitions(topic, starts, to_ms)
         frontier = dict.fromkeys(starts, _below(to_ms, limit_ms))
-        if seen is not None:
-            if counts is None:
-                counts = self.timeline.write_counts(topic.uid, sorted({e[0] for e in plan}))
-            plan = [e for e in plan if seen.must_read((e[0], e[1]), counts)]
         fresh, whole = self._read(topic, plan, want, frontier, pending)
         due, unsettled = self._settle(topic, fresh, _waiting_at)
-        if seen is not None and counts is not None:
-            seen.record(counts, plan, whole, unsettled)
-        return ScanResult(due, frontier, starts)
+        partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
+        return ScanResult(due, frontier, starts, incomplete=partly | unsettled)
 
     def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
                    seen: dict[tuple[int, int], int], now_ms: int,

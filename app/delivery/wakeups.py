@@ -4,7 +4,7 @@ time, and an idle stack makes almost no requests.
 
 What wakes what (KINDS):
 - "due": pointers of a webhook topic due within the look-ahead were written; the releasers'
-  look-ahead reads them at once (it otherwise runs every DUETIME_RELEASE_IDLE_MS).
+  walk reads them at once (it otherwise runs every DUETIME_RELEASE_IDLE_MS).
 - "topics": a topic was created, changed or deleted; the releasers follow the change at once.
 - "schedules": a schedule's listing changed; the releasers read the listings' marks.
 - "operations": a campaign operation was enlisted; a releaser claims it at once.

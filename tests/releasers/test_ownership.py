@@ -245,7 +245,7 @@ def test_what_the_giver_held_for_slots_handed_back_is_still_delivered_on_time(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
     """A releaser that hands slots back to one that joined still prepares, for one tick, the
     messages its timers already held there: the new owner claims a moment later, but its
-    first look-ahead may come after their due time. Here the joiner is a membership row
+    first walk step may come after their due time. Here the joiner is a membership row
     with no releaser behind it, which never claims: what the giver dropped would wait until
     that row expired."""
     ring = next(_rings)

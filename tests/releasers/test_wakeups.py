@@ -207,7 +207,7 @@ def test_writes_a_releaser_must_see_soon_wake_it_and_others_do_not(
         assert pushed.enqueue(id="soon", delay_ms=1000).status_code == 201
         assert kinds_within(woken, 1) == {"due"}
         assert counted("sent", "due") > sent and counted("received", "due") > received
-        # due beyond the look-ahead: the look-ahead's idle reads find it in time
+        # due beyond the look-ahead: the walk's idle reads find it in time
         assert pushed.enqueue(id="later", delay_ms=60_000).status_code == 201
         pulled = TopicClient(client, auth)
         assert kinds_within(woken, 1) == {"topics"}
@@ -232,11 +232,11 @@ def test_an_idle_releaser_reads_seldom_and_a_new_topic_is_still_on_time(
     with receiving(Receiver()) as target, \
             releaser(config, "r-idle", release_idle_ms=IDLE_MS) as r:
         time.sleep(WARM_MS / 1000 + 0.5)
-        looked = r._looking.runs - r._looking.woken_runs
+        looked = r._walking.runs - r._walking.woken_runs
         time.sleep(2)
         # not every 50 ms: once per idle period at most. Runs a wake-up prompted do not
         # count: in a shared keyspace, schedules and retries of other tests' topics wake it.
-        assert r._looking.runs - r._looking.woken_runs - looked <= 1
+        assert r._walking.runs - r._walking.woken_runs - looked <= 1
         heard: list[tuple[str, int]] = []
         def hearing(kind: str) -> Callable[[], None]:
             return lambda: heard.append((kind, now_ms()))
@@ -277,7 +277,7 @@ def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Failover: a releaser claims a slot when a dead owner's lease runs out, long after its
     warm-up; the claim wakes its steps, so the message waiting there is not left to the idle
-    periods (20 s here for the look-ahead and the sweep)."""
+    periods (20 s here for the walk and the sweep)."""
     monkeypatch.setattr(releaser_module, "IDLE_EVERY_MS", IDLE_MS)
     ring = 7000 + os.getpid() % 1000
     store = OwnershipStore(services.db, ring)
