@@ -68,14 +68,17 @@ class Armed:
 class PushDispatcher:
     def __init__(self, services: Services, member: str, timers: TimerHeap[Timer],
                  topic_of: Callable[[uuid.UUID], Topic | None],
-                 may_prepare: Callable[[int], bool]) -> None:
+                 may_prepare: Callable[[int], bool],
+                 read_again: Callable[[uuid.UUID, list[Pointer]], None]) -> None:
         """may_prepare(slot): may a message of that release slot be leased for its POST
-        (workers.ownership.SlotOwnership.may_prepare)."""
+        (workers.ownership.SlotOwnership.may_prepare); read_again(topic, pointers): the
+        walk passed these pointers, whose take failed, and must read them again."""
         self.services = services
         self.consumer = f"{RELEASER_PREFIX}{member}"
         self.timers = timers
         self.topic_of = topic_of
         self.may_prepare = may_prepare
+        self.read_again = read_again
         self.concurrency = services.config.webhook_concurrency
         self.rng = random.Random()
         # per topic, due timers waiting for room among its PENDING_PER_TOPIC (groups take turns)
@@ -143,10 +146,11 @@ class PushDispatcher:
             stored = self._as_now(topic) if keep else None
             if stored is not None:
                 armed = self._take(stored, keep)
-        except Exception:  # log and continue; the sweep finds them again
+        except Exception:  # log and continue; the walk reads them again
             log.exception("preparing %d messages failed", len(keep))
             if topic is not None:
                 self.services.scanner.forget(topic, [t.due.pointer for t in keep])
+                self.read_again(topic_uid, [t.due.pointer for t in keep])
         finally:
             self._count("prepared", len(armed))
             won = {a.key for a in armed}

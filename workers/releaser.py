@@ -50,7 +50,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
@@ -65,7 +65,7 @@ from app.delivery import wakeups
 from app.delivery.leasing import passed_over
 from app.errors import StoreUnavailable
 from app.messages.transitions import replace_ahead
-from app.models import Topic
+from app.models import Pointer, Topic
 from app.ops import clock_skew, metrics
 from app.services import Services
 from app.store.ownership import OwnershipStore
@@ -216,8 +216,10 @@ class Releaser:
         self._swept_slots: frozenset[int] = frozenset()  # the slots _quiet was judged on
         self._slot_maps: dict[tuple[uuid.UUID, int], dict[int, int]] = {}
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
+        # (topic, shard, due ms) of pointers whose take failed: the next walk step reads them
+        self._again: deque[tuple[uuid.UUID, int, int]] = deque()
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
-                                   self.ownership.may_prepare)
+                                   self.ownership.may_prepare, self._read_again)
         self._stop = threading.Event()
         self._stopping = threading.Event()  # set first: long steps end at their next check
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
@@ -423,6 +425,10 @@ class Releaser:
             candidates = [t for uid in active if (t := self._topics.get(uid)) is not None]
         owned = list(self._owned_shards([t for t in candidates if t.pushed]))
         walks = self._walks_of(owned)
+        while self._again:  # appended by the takers; drained here, between two reads
+            uid, shard, due = self._again.popleft()
+            if (again := self._walks.get(uid)) is not None:
+                again.read_again(shard, due)
         # before any pointer is read, so a pointer written after them moves its count again
         counts = read_counts(self.services.timeline,
                              {t.uid: window for t, _ in owned if t.uid in active})
@@ -447,6 +453,11 @@ class Releaser:
                                          horizon, window, found)
                     for topic, mine, walk, starts, found in reads]
         all_done(futures)  # a failed read fails the step; the next one repeats it
+
+    def _read_again(self, topic_uid: uuid.UUID, pointers: list[Pointer]) -> None:
+        """On a taker thread: the walk reads these pointers again (their take failed)."""
+        self._again.extend((topic_uid, p.shard, p.due_at_ms) for p in pointers)
+        self._walking.wake()
 
     def _walks_of(self, owned: list[tuple[Topic, dict[int, int]]]) -> dict[uuid.UUID, Walk]:
         """The walk of each topic, new ones (a topic or owned shard it had none of) started at

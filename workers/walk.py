@@ -76,6 +76,12 @@ class Walk:
                 else:
                     self.cells.pop((b, s), None)
 
+    def read_again(self, shard: int, due_ms: int) -> None:
+        """A pointer the walk passed must be read again (its take failed): the shard's
+        position goes back to its due time (epoch ms), so the cursor stays behind it too."""
+        if shard in self.position:
+            self.position[shard] = min(self.position[shard], due_ms)
+
     def passed_empty(self, now_ms: int, horizon_ms: int, window_start_ms: int) -> bool:
         """Nothing of the topic lies in the window's buckets (active_topics): every position
         at or after the window's start moves to the window's end without a read. False when

@@ -39,6 +39,7 @@ from tests.releasing import (
 from tests.test_metrics import scrape
 from tests.waiting import wait_until
 from workers import releaser as releaser_module
+from workers.push import PushDispatcher
 from workers.releaser import Releaser
 from workers.walk import Walk
 
@@ -209,6 +210,32 @@ def test_a_pointer_written_far_behind_the_cursor_is_still_delivered() -> None:
         assert late.enqueue(id="behind").status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 30)
         assert_on_time_and_signed(target.arrivals, secret, late.name)
+
+
+def test_a_message_whose_take_failed_is_read_again_and_delivered(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The take (lease pointer, conditional batch) of a message the walk has passed fails
+    once: the walk goes back to it, so it is taken again and POSTed, not left scheduled
+    behind the walk's position and the cursor. The sweep is off: only the walk can."""
+    monkeypatch.setattr(Releaser, "sweep", lambda self: False)
+    failures: list[str] = []
+    take = PushDispatcher._take
+
+    def failing_once(self: PushDispatcher, topic: Any, keep: list[Any]) -> Any:
+        if not failures:
+            failures.extend(t.due.pointer.id for t in keep)
+            raise StoreUnavailable("Cassandra unavailable: WriteTimeout")
+        return take(self, topic, keep)
+
+    monkeypatch.setattr(PushDispatcher, "_take", failing_once)
+    with receiving(Receiver()) as target:
+        topic, secret = webhook_topic(client, auth, target.url)
+        with releaser(config, "r-take-failed"):
+            assert topic.enqueue(id="retaken", delay_ms=1500).status_code == 201
+            assert target.wait_for(lambda got: len(got) == 1, 15), target.ids()
+    assert failures == ["retaken"] and target.ids() == ["retaken"]
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
 
 
 def test_a_straggler_whose_move_failed_is_found_again_and_delivered(
