@@ -225,7 +225,7 @@ def count(services: Services, topic: Topic, placed: DataFrame,
     services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
     services.timeline.note_written(  # wakes the releasers' catch-up of what lies behind
         topic.uid, services.clock() // WRITE_WINDOW_MS).result()
-    if topic.pushed:  # and their look-ahead of what is due soon (sent at services.close())
+    if topic.pushed:  # and their walk of what is due soon (sent at services.close())
         services.waker.wake("due")
     carrying = every.filter(F.col("campaign").isNotNull())
     added = {r["campaign"]: (r["n"], r["first"], r["last"]) for r in carrying.groupBy(

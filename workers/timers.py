@@ -133,13 +133,3 @@ class TimerHeap(Generic[T]):
     def __len__(self) -> int:
         with self._cond:
             return len(self._held)
-
-
-def earliest_by_shard(timers: list[Timer], topic_uid: uuid.UUID) -> dict[int, int]:
-    """{shard: earliest due_at_ms among timers} of one topic: no cursor may pass these."""
-    found: dict[int, int] = {}
-    for t in timers:
-        if t.topic_uid == topic_uid:
-            s, due = t.due.pointer.shard, t.due.pointer.due_at_ms
-            found[s] = min(found.get(s, due), due)
-    return found
