@@ -483,9 +483,12 @@ class Releaser:
         """Write the durable cursors of these topics' walks that may move CURSOR_STEP_MS or
         more (workers.walk.Walk.cursor_moves), on the readers."""
         held: dict[uuid.UUID, dict[int, int]] = {}
-        for t in self.timers.items():
-            shard, due = t.due.pointer.shard, t.due.pointer.due_at_ms
-            of_topic = held.setdefault(t.topic_uid, {})
+        # the timers held, and the pointers handed back since this step drained them (a
+        # taker's failed take: no longer held, its position not yet moved back)
+        pending = [(t.topic_uid, t.due.pointer.shard, t.due.pointer.due_at_ms)
+                   for t in self.timers.items()] + list(self._again)
+        for uid, shard, due in pending:
+            of_topic = held.setdefault(uid, {})
             of_topic[shard] = min(of_topic.get(shard, due), due)
         safety_lag_ms = self.services.config.safety_lag_ms
         return [self._readers.submit(self.services.scanner.advance, topic, moves)
