@@ -462,14 +462,12 @@ class Releaser:
     def _walks_of(self, owned: list[tuple[Topic, dict[int, int]]]) -> dict[uuid.UUID, Walk]:
         """The walk of each topic, new ones (a topic or owned shard it had none of) started at
         their durable cursors, read for all of them in one round trip."""
-        shards_of = {topic.uid: frozenset(mine) for topic, mine in owned}
-        new = [topic for topic, _ in owned
-               if (w := self._walks.get(topic.uid)) is None or w.shards != shards_of[topic.uid]]
-        stored = self.services.timeline.cursors_of([t.uid for t in new]) if new else {}
-        for topic in new:
+        new = [(topic, mine) for topic, mine in owned
+               if (w := self._walks.get(topic.uid)) is None or w.shards != frozenset(mine)]
+        stored = self.services.timeline.cursors_of([t.uid for t, _ in new]) if new else {}
+        for topic, mine in new:
             self._walks[topic.uid] = Walk.starting_at(
-                self._starts(topic, dict.fromkeys(shards_of[topic.uid], 0),
-                             stored.get(topic.uid, {})))
+                self._starts(topic, mine, stored.get(topic.uid, {})))
         return {topic.uid: self._walks[topic.uid] for topic, _ in owned}
 
     def _read_walk(self, topic: Topic, mine: dict[int, int], walk: Walk, starts: dict[int, int],
@@ -527,8 +525,10 @@ class Releaser:
         awake = [t for t in topics if t.uid in recent or t.uid in rechecked
                  or t.uid not in self._quiet]
         owned_awake = list(self._owned_shards(awake))  # quiet ones skipped before any work
-        # one round trip for every topic's cursors: a crowded keyspace made it one a topic
-        stored_of = self.services.timeline.cursors_of([t.uid for t, _ in owned_awake])
+        # one round trip for the cursors of every topic the walk has not read: a crowded
+        # keyspace made it one a topic
+        stored_of = self.services.timeline.cursors_of(
+            [t.uid for t, mine in owned_awake if self._walked(t, mine) is None])
         plans = [(topic, mine, stored_of.get(topic.uid, {})) for topic, mine in owned_awake]
         starts_of = {topic.uid: self._behind_of(topic, mine, stored, now)
                      for topic, mine, stored in plans}
@@ -583,12 +583,19 @@ class Releaser:
         """{owned shard: where the sweep's catch-up looks behind, and quiet is judged from}:
         for a webhook topic the walk's positions, never past now less the safety lag (what
         lands behind them the walk does not read again); else the stored cursors."""
-        walk = self._walks.get(topic.uid)
-        if not topic.pushed or walk is None or walk.read_at is None \
-                or walk.shards != frozenset(mine):
+        walk = self._walked(topic, mine)
+        if walk is None:
             return self._starts(topic, mine, stored)
         through = now - self.services.config.safety_lag_ms
         return {s: min(at, through) for s, at in walk.position.items()}
+
+    def _walked(self, topic: Topic, mine: dict[int, int]) -> Walk | None:
+        """The walk of a webhook topic that has read these owned shards, else None."""
+        walk = self._walks.get(topic.uid)
+        if not topic.pushed or walk is None or walk.read_at is None \
+                or walk.shards != frozenset(mine):
+            return None
+        return walk
 
     def _with_stragglers(self, topics: list[tuple[Topic, dict[int, int], dict[int, int]]]
                          ) -> dict[uuid.UUID, Counts]:
