@@ -27,6 +27,7 @@ from app.models import Topic
 from app.store.ownership import OwnershipStore
 
 OWNERS_EVERY_S = 1.0
+UNSERVED_EVERY_S = 0.05  # a shard with no reachable owner: its owner read again after this
 CONNECT_TIMEOUT_S = 1.0
 RETRY_AFTER_S = 2.0  # an address that refused a connection is not tried again before this
 ANSWER_GRACE_S = 2.0  # an owner answers a want by its wait; past this more, the call leaves
@@ -191,24 +192,35 @@ class Desk:
         return bool(self._links_of(topic))
 
     def _links_of(self, topic: Topic) -> list[_Link]:
-        brokers = {b for s in range(topic.settings.shards)
-                   if (b := self._owner_of(release_slot_of(str(topic.uid), s, self.slots)))}
-        return [link for a, token in sorted(brokers)
-                if (link := self._link(a, token)) is not None]
+        """The links to the owners of the topic's shards. A shard without a reachable owner
+        (slots moving between releasers, one stopped) has its owners read again after
+        UNSERVED_EVERY_S, not OWNERS_EVERY_S: a call waiting 200 ms finds the new owner."""
+        slots = [release_slot_of(str(topic.uid), s, self.slots)
+                 for s in range(topic.settings.shards)]
+        self._read_owners(OWNERS_EVERY_S)
+        links = self._links_to(slots)
+        if len(links) < len(slots) and self._read_owners(UNSERVED_EVERY_S):
+            links = self._links_to(slots)
+        return list(dict.fromkeys(links.values()))
 
-    def _owner_of(self, slot: int) -> tuple[tuple[str, int], str] | None:
-        now = time.monotonic()
-        if now - self._owners_read >= OWNERS_EVERY_S:
-            self._read_owners(now)
-        return self._owners.get(slot)
+    def _links_to(self, slots: list[int]) -> dict[int, _Link]:
+        with self._lock:
+            owners = {slot: self._owners.get(slot) for slot in slots}
+        return {slot: link for slot, owner in owners.items()
+                if owner is not None and (link := self._link(*owner)) is not None}
 
-    def _read_owners(self, now_s: float) -> None:
-        """Read who owns each slot; calls meanwhile wait for it rather than find none."""
+    def _read_owners(self, every_s: float) -> bool:
+        """Read who owns each slot if the last read is every_s old; calls meanwhile wait
+        for it rather than find none. Whether it was read."""
+        if time.monotonic() - self._owners_read < every_s:
+            return False
         with self._reading:
-            if now_s - self._owners_read < OWNERS_EVERY_S:
-                return
+            now_s = time.monotonic()
+            if now_s - self._owners_read < every_s:
+                return False
             self._read_owners_now()
             self._owners_read = now_s
+            return True
 
     def _read_owners_now(self) -> None:
         try:

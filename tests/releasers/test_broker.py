@@ -85,6 +85,27 @@ def test_a_lease_is_served_by_the_owner_of_the_shards_never_early(
         app.extensions["duetime"].close()
 
 
+def test_a_call_finds_a_releaser_started_a_moment_after_it_read_the_owners(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """The owners are read once a second, but a shard with no reachable owner has them read
+    again within a short wait: a call 200 ms long, just after a releaser took the slots, is
+    served rather than answered 503 on a stale read of no owners."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        assert topic.enqueue(id="waiting").status_code == 201
+        unserved = topic.client.post(topic.url("/leases"), headers=auth,
+                                     json={"max": 1, "wait_ms": 0})
+        assert unserved.status_code == 503  # no releaser: the owners read now know none
+        assert unserved.headers["Retry-After"]
+        with releaser(config, "b-late", **ring) as r:
+            wait_owned(r)
+            [got] = topic.lease(max_messages=1, wait_ms=200)
+            assert got["id"] == "waiting"
+    finally:
+        app.extensions["duetime"].close()
+
+
 def test_a_long_polls_message_is_taken_ahead_and_handed_out_at_its_due_time(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A pull is prepared like a push: the owner leases a waiting call's message before its
