@@ -257,13 +257,11 @@ def test_a_restored_message_keeps_its_state_and_waits_no_earlier_than_now() -> N
             restored(broken, settings)
 
 
-def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_than_merge()\
-        -> None:
-    """A peeking read (app.delivery.scan._Reads with due_by_ms) over one lane of one bucket with
-    more partitions than are merged at once (MERGE_WIDTH): every pointer due by the window is
-    collected, whichever run its partition is in; of each partition only its first pointer
-    past the window is read, and the earliest of those is next_ms; every partition counts
-    as read whole (nothing due by the window is left in it)."""
+def test_a_read_of_more_partitions_than_merge_goes_run_by_run_in_due_order() -> None:
+    """A read (app.delivery.scan._Reads) over one lane of one bucket with more partitions than
+    are merged at once (MERGE_WIDTH): within a run the pointers come in due order, whichever
+    partition holds them; the next run is opened once the first is read; a quota stops the
+    read, and only partitions read to their end count as whole."""
     import uuid
     from types import SimpleNamespace
     from typing import Any
@@ -272,24 +270,28 @@ def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_t
     from app.models import Pointer
 
     count = MERGE_WIDTH + 8
-    taken = [0] * count
 
     def pointers(i: int) -> Any:
-        for due in (1000 + i, *(5000 + i + 1000 * k for k in range(10))):
-            taken[i] += 1
+        for due in (1000 + i, 5000 + i):
             yield Pointer(due, f"m{i}-{due}", 1, 0, i)
 
-    pages = iter([(i, pointers(i)) for i in range(count)])
-    reader = _LaneReader(list(range(count)), [7] * count, pages)
-    scanner: Any = SimpleNamespace(spent=SpentPointers())
-    topic: Any = SimpleNamespace(uid=uuid.uuid4())
-    reads = _Reads(scanner, topic, 1000, lambda key: False, None, due_by_ms=2000)
-    reads.run(reader, 1000)
-    assert sorted(p.due_at_ms for p in reads.unknown) == [1000 + i for i in range(count)]
-    assert reads.next_ms == 5000
-    # the first past the window and the one the merge holds behind it, not the other 8
-    assert taken == [3] * count
-    assert all(reads.progress[i].whole for i in range(count))
+    def read(quota: int) -> Any:
+        pages = iter([(i, pointers(i)) for i in range(count)])
+        reader = _LaneReader(list(range(count)), [7] * count, pages)
+        scanner: Any = SimpleNamespace(spent=SpentPointers())
+        topic: Any = SimpleNamespace(uid=uuid.uuid4())
+        reads = _Reads(scanner, topic, quota, lambda key: False, None)
+        reads.run(reader, quota)
+        return reads
+
+    first_run = [1000 + i for i in range(MERGE_WIDTH)] + [5000 + i for i in range(MERGE_WIDTH)]
+    whole = read(4 * count)
+    assert [p.due_at_ms for p in whole.unknown[:2 * MERGE_WIDTH]] == first_run
+    assert len(whole.unknown) == 2 * count
+    assert all(whole.progress[i].whole for i in range(count))
+    cut = read(MERGE_WIDTH + 1)
+    assert [p.due_at_ms for p in cut.unknown] == first_run[:MERGE_WIDTH + 1]
+    assert not any(state.whole for state in cut.progress.values())
 
 
 def test_a_quiet_topic_needs_a_sweep_for_a_pointer_at_its_cursor_or_a_straggler_behind_it(

@@ -1,4 +1,4 @@
-"""The walk's record of one webhook topic: per owned shard, how far its timeline has been read
+"""The walk's record of one topic: per owned shard, how far its timeline has been read
 (docs/design.md, "How a due message is found"). Pure: the releaser reads and writes.
 
 `position[shard]`: every pointer of the shard due before it was read into the timer heap (or
@@ -16,6 +16,7 @@ durable cursor as the walk started from it or last wrote it.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 
 Cell = tuple[int, int]  # (bucket, shard)
@@ -26,13 +27,17 @@ class Walk:
     shards: frozenset[int]
     position: dict[int, int]  # epoch ms, per owned shard
     cursor: dict[int, int]  # epoch ms, per owned shard
+    pushed: bool = True  # whether its topic is a webhook topic (else pull) when it began
     cells: dict[Cell, int | None] = dataclasses.field(default_factory=dict)
     read_at: int | None = None  # epoch ms: when the last read began; None: never read
+    # held by whoever reads the topic's shards (the walk's step, or a broker's read_now)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False,
+                                             compare=False)
 
     @classmethod
-    def starting_at(cls, cursors: Mapping[int, int]) -> Walk:
+    def starting_at(cls, cursors: Mapping[int, int], pushed: bool = True) -> Walk:
         """A walk of these shards from their durable cursors."""
-        return cls(frozenset(cursors), dict(cursors), dict(cursors))
+        return cls(frozenset(cursors), dict(cursors), dict(cursors), pushed)
 
     def moved(self, counts: Mapping[Cell, int]) -> set[int]:
         """The owned shards with a cell whose count differs from the one recorded (a cell

@@ -736,7 +736,7 @@ def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_sw
         r._walks[gone] = Walk.starting_at({0: 0})
         r._behind[gone] = (frozenset({0}), {(1, 0): 1})
         r._quiet[gone] = (0, 0)
-        r._pull_kept[gone] = 0
+        r.broker.held[gone] = {}
         assert client.delete(deleted.url(), headers=auth).status_code == 204
         while uid in r._topics and time.monotonic() < deadline + 5:
             time.sleep(0.05)
@@ -747,7 +747,7 @@ def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_sw
             time.sleep(0.05)
         assert r._sweeping.runs >= runs + 2
         assert not {gone, uid} & (set(r._walks) | set(r._behind) | set(r._quiet)
-                                  | set(r._pull_kept))
+                                  | set(r.broker.held))
 
 
 def logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
