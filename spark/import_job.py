@@ -222,7 +222,9 @@ def count(services: Services, topic: Topic, placed: DataFrame,
     services.counts.add_upcoming_per_minute(topic.uid, per_minute)
     services.timeline.mark_active(topic.uid, sorted({b for b, _, _ in groups}),
                                   services.config.bucket_ms, services.clock())
-    services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
+    uncounted = services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
+    if uncounted:  # the walk would not read them behind its positions: the job fails, a rerun
+        raise next(iter(uncounted.values()))  # of it counts them again
     services.timeline.note_written(  # wakes the releasers' catch-up of what lies behind
         topic.uid, services.clock() // WRITE_WINDOW_MS).result()
     if topic.pushed:  # and their walk of what is due soon (sent at services.close())

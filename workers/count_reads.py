@@ -10,8 +10,8 @@ workers.quiet_recheck; the sweep's catch-up's, workers.catch_up) read about COUN
 (topic, bucket)s a request, the requests sent together, and the active buckets of CHUNK
 topics a request.
 
-What counts cannot show is a pointer whose bump was lost (a counter write that failed): the
-sweep, which reads partitions without looking at counts, finds it (docs/design.md).
+A pointer whose bump failed counts as not written (app.messages.placement: its write is
+answered 503 and retried), so no accepted pointer is left to a count that never moved.
 """
 
 from __future__ import annotations

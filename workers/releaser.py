@@ -480,19 +480,24 @@ class Releaser:
     def _write_cursors(self, walked: list[tuple[Topic, Walk]], now: int) -> list[Future[Any]]:
         """Write the durable cursors of these topics' walks that may move CURSOR_STEP_MS or
         more (workers.walk.Walk.cursor_moves), on the readers."""
-        held: dict[uuid.UUID, dict[int, int]] = {}
-        # the timers held, and the pointers handed back since this step drained them (a
-        # taker's failed take: no longer held, its position not yet moved back)
-        pending = [(t.topic_uid, t.due.pointer.shard, t.due.pointer.due_at_ms)
-                   for t in self.timers.items()] + list(self._again)
-        for uid, shard, due in pending:
-            of_topic = held.setdefault(uid, {})
-            of_topic[shard] = min(of_topic.get(shard, due), due)
+        held = self._held()
         safety_lag_ms = self.services.config.safety_lag_ms
         return [self._readers.submit(self.services.scanner.advance, topic, moves)
                 for topic, walk in walked
                 if (moves := walk.cursor_moves(now, safety_lag_ms, held.get(topic.uid, {}),
                                                CURSOR_STEP_MS))]
+
+    def _held(self) -> dict[uuid.UUID, dict[int, int]]:
+        """{topic: {shard: the earliest due time (epoch ms) of a timer it holds}}, the
+        pointers handed back since the walk's step drained them included (a taker's failed
+        take: no longer held, its position not yet moved back)."""
+        held: dict[uuid.UUID, dict[int, int]] = {}
+        pending = [(t.topic_uid, t.due.pointer.shard, t.due.pointer.due_at_ms)
+                   for t in self.timers.items()] + list(self._again)
+        for uid, shard, due in pending:
+            of_topic = held.setdefault(uid, {})
+            of_topic[shard] = min(of_topic.get(shard, due), due)
+        return held
 
     def sweep(self) -> bool:
         """One sweep; busy (the next at release_sweep_ms, or after a rest as long as it
@@ -530,7 +535,8 @@ class Releaser:
         stored_of = self.services.timeline.cursors_of(
             [t.uid for t, mine in owned_awake if self._walked(t, mine) is None])
         plans = [(topic, mine, stored_of.get(topic.uid, {})) for topic, mine in owned_awake]
-        starts_of = {topic.uid: self._behind_of(topic, mine, stored, now)
+        held = self._held()
+        starts_of = {topic.uid: self._behind_of(topic, mine, stored, now, held.get(topic.uid, {}))
                      for topic, mine, stored in plans}
         # a re-check may have seen a straggler
         due = [(topic, mine, starts_of[topic.uid]) for topic, mine, _ in plans
@@ -544,7 +550,7 @@ class Releaser:
             straggling = dict.fromkeys(topic.uid for topic, _, _ in due)
         # topics are swept SWEEPERS at a time: one after another, a crowded keyspace (a few
         # hundred awake topics) made a sweep take 15-40 s of round trips, and what only the
-        # sweep finds (stragglers, lost count bumps) waited that long
+        # sweep finds (stragglers) waited that long
         work = [self._sweepers.submit(self._sweep_topic, topic, mine, starts_of[topic.uid],
                                       stored, now, topic.uid in recent,
                                       topic.uid in straggling, straggling.get(topic.uid))
@@ -578,16 +584,18 @@ class Releaser:
         default = topic.created_at_ms - self.services.config.safety_lag_ms
         return {s: stored.get(s, default) for s in mine}
 
-    def _behind_of(self, topic: Topic, mine: dict[int, int], stored: dict[int, int], now: int
-                   ) -> dict[int, int]:
+    def _behind_of(self, topic: Topic, mine: dict[int, int], stored: dict[int, int], now: int,
+                   held: dict[int, int]) -> dict[int, int]:
         """{owned shard: where the sweep's catch-up looks behind, and quiet is judged from}:
         for a webhook topic the walk's positions, never past now less the safety lag (what
-        lands behind them the walk does not read again); else the stored cursors."""
+        lands behind them the walk does not read again) or a timer it holds (`held`: {shard:
+        due ms}; the walk read it, and the catch-up would move it again); else the stored
+        cursors."""
         walk = self._walked(topic, mine)
         if walk is None:
             return self._starts(topic, mine, stored)
         through = now - self.services.config.safety_lag_ms
-        return {s: min(at, through) for s, at in walk.position.items()}
+        return {s: min(at, through, held.get(s, at)) for s, at in walk.position.items()}
 
     def _walked(self, topic: Topic, mine: dict[int, int]) -> Walk | None:
         """The walk of a webhook topic that has read these owned shards, else None."""

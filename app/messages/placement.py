@@ -145,28 +145,32 @@ class PointerPlacer:
                     for (b, s, part, _, _), err in zip(placed, outcomes, strict=True)]
         if landed is not None:
             landed()
-        self._tell(topic_uid, placed, outcomes, now_ms, pushed)
-        return outcomes
+        uncounted = self._tell(topic_uid, placed, outcomes, now_ms, pushed)
+        return [uncounted.get((b, s), err)
+                for (b, s, _, _, _), err in zip(placed, outcomes, strict=True)]
 
     def _tell(self, topic_uid: uuid.UUID, placed: list[tuple[int, int, int, Pointer, int]],
-              outcomes: list[Exception | None], now_ms: int, pushed: bool) -> None:
-        """Let readers know of pointers just written: bucket_writes counts, this process's
-        FoundDue (the earliest due time placed, whatever the outcomes), and a wake-up: for a
-        pushed topic the releasers' when one is due within their look-ahead, for a pull
-        topic the long polls' when one is due within pull_wake_ms."""
+              outcomes: list[Exception | None], now_ms: int, pushed: bool
+              ) -> dict[tuple[int, int], Exception]:
+        """Let readers know of pointers just written: bucket_writes counts, and a wake-up: for
+        a pushed topic the releasers' when one is due within their look-ahead, for a pull
+        topic the long polls' when one is due within pull_wake_ms. Returns the (bucket,
+        shard)s whose count failed: their pointers count as not written (a walk past them
+        would not read them again), so the write is answered 503 and retried."""
         written = [(bucket, shard, p) for (bucket, shard, _, p, _), err
                    in zip(placed, outcomes, strict=True) if err is None]
         counts: dict[tuple[int, int], int] = defaultdict(int)
         for bucket, shard, p in written:
             if p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
                 counts[(bucket, shard)] += 1
-        self.store.count_writes(topic_uid, counts)
+        uncounted = self.store.count_writes(topic_uid, counts)
         if pushed and any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms
                           for _, _, p in written):
             self._wake("due")
         if not pushed and self._pull_written is not None and any(
                 p.due_at_ms <= now_ms + pull_wake_ms(self.config) for _, _, p in written):
             self._pull_written(topic_uid)
+        return uncounted
 
 
 def pull_wake_ms(config: Config) -> int:

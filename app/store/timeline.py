@@ -101,13 +101,23 @@ class TimelineStore:
             "USING TTL ?", [(topic_uid, b, s, part, ttl) for b, s, part, ttl in parts])
         return [None if ok else err for ok, err in outcomes]
 
-    def count_writes(self, topic_uid: uuid.UUID, written: dict[tuple[int, int], int]) -> None:
-        """Bump the write counts of (bucket, shard)s after their pointers are durable.
-        A lost bump only delays discovery until the releasers' next full sweep."""
-        for f in [self.db.execute_async(
-                "UPDATE {ks}.bucket_writes SET n = n + ? WHERE topic_uid = ? AND bucket = ? "
-                "AND shard = ?", (n, topic_uid, b, s)) for (b, s), n in written.items()]:
-            f.add_errback(lambda exc: None)
+    def count_writes(self, topic_uid: uuid.UUID, written: dict[tuple[int, int], int]
+                     ) -> dict[tuple[int, int], Exception]:
+        """Bump the write counts of (bucket, shard)s after their pointers are durable, and
+        wait for them: the releasers' walk finds a pointer written behind its position only
+        by its count, so a bump that failed (returned, by cell) must fail its pointers'
+        write too."""
+        cells = list(written)
+        futures = [self.db.execute_async(
+            "UPDATE {ks}.bucket_writes SET n = n + ? WHERE topic_uid = ? AND bucket = ? "
+            "AND shard = ?", (written[(b, s)], topic_uid, b, s)) for b, s in cells]
+        failed: dict[tuple[int, int], Exception] = {}
+        for cell, future in zip(cells, futures, strict=True):
+            try:
+                future.result()
+            except Exception as exc:  # reported per cell, as write_pointers does per pointer
+                failed[cell] = exc
+        return failed
 
     def write_counts(self, topic_uid: uuid.UUID, buckets: Sequence[int]
                      ) -> dict[tuple[int, int], int]:
