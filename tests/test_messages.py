@@ -238,3 +238,25 @@ def test_shards_change_refused_while_messages_live(
     refused = client.put(topic.url(), json={"shards": 2}, headers=auth)
     assert refused.status_code == 409
     assert client.get(topic.url(), headers=auth).get_json()["shards"] == 8
+
+
+def test_an_enqueue_whose_write_count_failed_is_503_and_its_retry_is_delivered(
+        app: Flask, auth: dict[str, str], monkeypatch: Any) -> None:
+    """The releasers' walk finds a pointer written behind its position only by its write
+    count (bucket_writes): a count that failed fails the write, which is answered 503 with a
+    retry hint, and the retry of the same id counts it and is delivered."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    counted = services.timeline.count_writes
+
+    def failing(topic_uid: Any, written: dict[tuple[int, int], int]) -> Any:
+        return {cell: RuntimeError("counter write timed out") for cell in written}
+
+    monkeypatch.setattr(services.timeline, "count_writes", failing)
+    answer = topic.enqueue(id="counted")
+    assert answer.status_code == 503, answer.get_json()
+    assert answer.headers["Content-Type"].startswith("application/problem+json")
+    assert answer.headers["Retry-After"]
+    monkeypatch.setattr(services.timeline, "count_writes", counted)
+    assert topic.enqueue(id="counted").status_code in (200, 201)
+    assert topic.drain(1, within_s=15) == {"counted"}
