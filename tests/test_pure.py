@@ -428,6 +428,33 @@ def test_a_walks_cursor_trails_its_position_the_safety_lag_and_what_it_holds() -
     assert walk.cursor_moves(21_000, 1_000, {2: 12_000}, 5_000) == {}  # recorded as made
 
 
+def test_a_lane_with_a_backlog_keeps_a_position_of_its_own_and_holds_nothing_back() -> None:
+    """A read the quota stopped in one lane (a backlog) leaves that lane a position of its
+    own; its shard moves on for the other lanes, and is read again for the lane alone while
+    the lane is not closed (its room used up). A closed lane stays where its shard was; a
+    lane read whole follows its shard again. No cursor passes a lane's position."""
+    walk = Walk.starting_at({0: 1_000, 1: 1_000})
+    walk.record(10_000, {0: 1_000, 1: 1_000}, {0: 15_000, 1: 15_000}, 15_000, [0], {},
+                set(), lanes_ms={(0, 7): 4_000})
+    assert walk.position == {0: 15_000, 1: 15_000} and walk.lanes == {(0, 7): 4_000}
+    assert walk.lowest(0) == 4_000 and walk.lowest(1) == 15_000
+    # far from the window's end, but the lane is behind: shard 0 is read (the lane from 4 s)
+    assert walk.starts({}, 15_100, 1_500, 1_000) == {0: 15_000}
+    assert walk.starts({}, 15_100, 1_500, 1_000, closed=frozenset({(0, 7)})) == {}
+    # a closed lane not behind yet is pinned where its shard's position was
+    walk.record(11_000, {0: 15_000, 1: 15_000}, {0: 16_000, 1: 16_000}, 16_000, [0], {},
+                set(), lanes_ms={(0, 7): 6_000}, closed=frozenset({(1, 3)}))
+    assert walk.lanes == {(0, 7): 6_000, (1, 3): 15_000}
+    assert walk.cursor_moves(30_000, 1_000, {}, 1_000) == {0: 6_000, 1: 15_000}
+    # read whole: both follow their shards again
+    walk.record(12_000, {0: 16_000, 1: 16_000}, {0: 17_000, 1: 17_000}, 17_000, [0], {}, set())
+    assert walk.lanes == {} and walk.lowest(0) == 17_000
+    # a window with nothing in it is not passed while a lane is behind its start
+    walk.record(13_000, {0: 17_000}, {0: 18_000}, 18_000, [0], {}, set(),
+                lanes_ms={(0, 2): 2_000})
+    assert not walk.passed_empty(20_000, 25_000, 10_000)
+
+
 def test_a_walk_forgets_the_counts_of_buckets_its_window_left_behind() -> None:
     walk = Walk.starting_at({0: 0})
     walk.record(1_000, {0: 0}, {0: 70_000}, 70_000, [0, 1], {(0, 0): 4, (1, 0): 2}, set())

@@ -27,7 +27,7 @@ import socketserver
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,8 +45,11 @@ from app.services import Services
 # after round, so calls asking for hundreds got nothing while their messages went back and
 # forth.
 ROUND_MAX = 250
-# The most messages the walk holds here for one topic: a backlog is read this many at a time.
-HELD_MAX = 2000
+# The most messages the walk holds here for one topic, and for one fair-delivery lane of a
+# shard: a backlog is read this many at a time, and a lane with one does not keep the others'
+# messages out (their turns come from what is held: app.delivery.fairness).
+HELD_MAX = 8192
+HELD_PER_LANE = 128
 # A prepared round takes only what comes due within this of its earliest message: a want's
 # share is handed out at its latest due time, so this is the most its first waits.
 SHARE_SPREAD_MS = 10
@@ -91,6 +94,8 @@ class Broker:
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         # per topic, the waiting messages the walk read (workers.releaser.Releaser.walk)
         self.held: dict[uuid.UUID, dict[PointerKey, Due]] = {}
+        # per topic, how many are held of each (shard, lane)
+        self.lane_counts: dict[uuid.UUID, Counter[tuple[int, int]]] = {}
         self._woken_at: dict[uuid.UUID, int] = {}  # topic -> its last pull wake-up (epoch ms)
         # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
         self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
@@ -149,7 +154,12 @@ class Broker:
             return
         with self._lock:
             held = self.held.setdefault(topic_uid, {})
-            held.update(((topic_uid, d.pointer.id, d.pointer.version), d) for d in found)
+            lanes = self.lane_counts.setdefault(topic_uid, Counter())
+            for d in found:
+                key = (topic_uid, d.pointer.id, d.pointer.version)
+                if key not in held:
+                    held[key] = d
+                    lanes[(d.pointer.shard, d.pointer.lane)] += 1
             waiting = bool(self._wants.get(topic_uid))
         if waiting:
             self._kick(topic_uid)
@@ -162,6 +172,14 @@ class Broker:
     def room(self, topic_uid: uuid.UUID) -> int:
         """How many more messages of the topic the walk may hold here."""
         return HELD_MAX - len(self.held.get(topic_uid, ()))
+
+    def full_lanes(self, topic_uid: uuid.UUID) -> frozenset[tuple[int, int]]:
+        """The (shard, lane)s of the topic of which HELD_PER_LANE or more are held."""
+        with self._lock:
+            lanes = self.lane_counts.get(topic_uid)
+            if not lanes:
+                return frozenset()
+            return frozenset(lane for lane, n in lanes.items() if n >= HELD_PER_LANE)
 
     def held_pointers(self) -> list[tuple[uuid.UUID, int, int]]:
         """(topic uid, shard, due ms) of every message held: no cursor may pass one."""
@@ -400,8 +418,15 @@ class Broker:
             if not held:
                 return []
             for key in [k for k, d in held.items() if d.pointer.shard not in shards]:
-                del held[key]
+                self._unhold(topic_uid, held, key)
             return list(held.values())
+
+    def _unhold(self, topic_uid: uuid.UUID, held: dict[PointerKey, Due], key: PointerKey) -> None:
+        """Under the lock: the message is no longer held."""
+        d = held.pop(key, None)
+        lanes = self.lane_counts.get(topic_uid)
+        if d is not None and lanes is not None:
+            lanes[(d.pointer.shard, d.pointer.lane)] -= 1
 
     def _drop(self, topic_uid: uuid.UUID, done: list[Due]) -> None:
         with self._lock:
@@ -409,14 +434,16 @@ class Broker:
             if held is None:
                 return
             for d in done:
-                held.pop((topic_uid, d.pointer.id, d.pointer.version), None)
+                self._unhold(topic_uid, held, (topic_uid, d.pointer.id, d.pointer.version))
             if not held:
                 del self.held[topic_uid]
+                self.lane_counts.pop(topic_uid, None)
 
     def forget(self, topic_uid: uuid.UUID) -> None:
         """A deleted topic: what is held of it goes."""
         with self._lock:
             self.held.pop(topic_uid, None)
+            self.lane_counts.pop(topic_uid, None)
             self._woken_at.pop(topic_uid, None)
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:

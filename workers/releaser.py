@@ -13,16 +13,16 @@ requests it holds.
   other processes wrote, and every topic_refresh_ms the whole list, so new topics start at
   once and deleted ones stop;
 - walk (woken by "due": release_rescan_ms; idle: release_idle_ms): per owned shard of each
-  webhook topic a position in memory (workers/walk.py), started at the shard's durable
-  cursor; pointers due up to now + lookahead go into the timer heap. Only topics listed in
+  topic a position in memory (workers/walk.py), started at the shard's durable cursor;
+  pointers due up to now + lookahead go into the timer heap (webhook topics) or to the
+  broker, which hands them to lease calls (pull topics: workers/broker.py). Only topics listed in
   active_topics for the window's buckets are read, and of those only where a write count
   (bucket_writes) moved since the last read, or the position nears the window's end; all
   counts are read in one round trip (workers/count_reads.py). It writes the durable
   cursors, never past a timer it holds;
 - sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
-  move stragglers (pointers written behind a webhook topic's walk or a pull topic's
-  cursors, found by their partition's write count) to now; for pull topics, keep cursors
-  moving, so the brokers' scans stay short. A quiet topic (caught up, no pointer near now)
+  move stragglers (pointers written behind the walk's positions, found by their
+  partition's write count) to now. A quiet topic (caught up, no pointer near now)
   is skipped without a read until a pointer of it comes near now (active_topics) or a
   process writes pointers of it (topic_writes, which a pointer written behind its cursors
   also records), or up to five minutes have passed: two reads a sweep for all topics.
@@ -70,7 +70,7 @@ from app.ops import clock_skew, metrics
 from app.services import Services
 from app.store.ownership import OwnershipStore
 from workers.beat import Beat
-from workers.broker import Broker
+from workers.broker import HELD_PER_LANE, Broker
 from workers.catch_up import Behind, reach_ms, with_stragglers
 from workers.count_reads import Counts, read_counts
 from workers.operations import OperationRunner
@@ -453,7 +453,8 @@ class Releaser:
             if not topic.pushed and self.broker.room(topic.uid) <= 0:
                 continue  # a backlog nobody takes: read on once the broker hands some out
             found = counts.get(topic.uid, {})
-            starts = walk.starts(found, horizon, self._refill_ms, safety_lag_ms)
+            starts = walk.starts(found, horizon, self._refill_ms, safety_lag_ms,
+                                 self._closed_lanes(topic))
             if starts:
                 reads.append((topic, mine, walk, starts, found))
         reads.sort(key=lambda read: read[2].read_at is not None)
@@ -475,7 +476,8 @@ class Releaser:
         window = list(range(bucket_of(now - WINDOW_BACK_MS, cfg.bucket_ms),
                             bucket_of(horizon, cfg.bucket_ms) + 1))
         counts = read_counts(self.services.timeline, {topic.uid: window}).get(topic.uid, {})
-        starts = walk.starts(counts, horizon, self._refill_ms, cfg.safety_lag_ms)
+        starts = walk.starts(counts, horizon, self._refill_ms, cfg.safety_lag_ms,
+                             self._closed_lanes(topic))
         if starts and self.broker.room(topic.uid) > 0:
             self._read_walk(topic, mine, walk, starts, now, horizon, window, counts)
 
@@ -507,17 +509,24 @@ class Releaser:
         heap (a webhook topic) or to the broker (a pull topic, at most its room). One read
         of a topic at a time: the walk's and the broker's (read_now) take turns."""
         with walk.lock:
+            closed = self._closed_lanes(topic)
             if topic.pushed:
                 result = self.services.scanner.upcoming(topic, starts, horizon,
-                                                        MAX_TIMERS_PER_SCAN // 4, self.timers.holds)
+                                                        MAX_TIMERS_PER_SCAN // 4, self.timers.holds,
+                                                        walk.lanes)
                 self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
             else:
-                result = self.services.scanner.upcoming(
-                    topic, starts, horizon, max(1, self.broker.room(topic.uid)),
-                    self.broker.holds)
+                want = max(1, min(self.broker.room(topic.uid), HELD_PER_LANE))
+                result = self.services.scanner.upcoming(topic, starts, horizon, want,
+                                                        self.broker.holds, walk.lanes, closed)
                 self.broker.hold(topic.uid, result.due)
             walk.record(began, starts, result.frontier_ms, horizon, window, counts,
-                        result.incomplete)
+                        result.incomplete, result.lanes_ms, closed)
+
+    def _closed_lanes(self, topic: Topic) -> frozenset[tuple[int, int]]:
+        """The (shard, lane)s of a pull topic the walk does not read now: the broker holds
+        enough of them (workers.broker.HELD_PER_LANE)."""
+        return frozenset() if topic.pushed else self.broker.full_lanes(topic.uid)
 
     def _write_cursors(self, walked: list[tuple[Topic, Walk]], now: int) -> list[Future[Any]]:
         """Write the durable cursors of these topics' walks that may move CURSOR_STEP_MS or
@@ -606,7 +615,8 @@ class Releaser:
 
     def _per_topic_records(self) -> tuple[dict[uuid.UUID, Any], ...]:
         """What the steps record of each topic, keyed by its uid: a deleted topic's go."""
-        return (self._quiet, self._walks, self._behind, self.broker.held)
+        return (self._quiet, self._walks, self._behind, self.broker.held,
+                self.broker.lane_counts)
 
     def _forget_gone(self) -> None:
         """Drop what the steps recorded of topics no longer known. follow_topics drops a
@@ -637,7 +647,7 @@ class Releaser:
         if walk is None:
             return self._starts(topic, mine, stored)
         through = now - self.services.config.safety_lag_ms
-        return {s: min(at, through, held.get(s, at)) for s, at in walk.position.items()}
+        return {s: min(walk.lowest(s), through, held.get(s, through)) for s in walk.position}
 
     def _walked(self, topic: Topic, mine: dict[int, int]) -> Walk | None:
         """The walk of the topic that has read these owned shards, else None."""

@@ -50,14 +50,19 @@ class Due:
     row: MessageState
 
 
+Lane = tuple[int, int]  # (shard, fair-delivery lane)
+
+
 @dataclasses.dataclass
 class ScanResult:
-    """Waiting pointers found; how far each shard was read (epoch ms); the (bucket, shard)s
-    with a pointer left unread or whose row was still in flight."""
+    """Waiting pointers found; how far each shard was read (epoch ms), for its lanes read
+    whole; how far each lane read in part was (`lanes_ms`); the (bucket, shard)s with a
+    pointer left unread or whose row was still in flight."""
 
     due: list[Due]
     frontier_ms: dict[int, int]
     incomplete: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+    lanes_ms: dict[Lane, int] = dataclasses.field(default_factory=dict)
 
 
 def is_live(p: Pointer, row: MessageState | None, now_ms: int, ahead_ms: int = 0) -> bool:
@@ -289,15 +294,19 @@ class DueScanner:
         self.resume = ResumePoints()
         self.pointers_read = 0  # since start, for stats and tests (approximate across threads)
 
-    def _partitions(self, topic: Topic, cursors: dict[int, int], horizon_ms: int
+    def _partitions(self, topic: Topic, cursors: dict[int, int], horizon_ms: int,
+                    lanes: Mapping[Lane, int] | None = None, closed: Container[Lane] = ()
                     ) -> tuple[list[tuple[int, int, int, int, int]], int | None]:
         """(bucket, shard, part, from_ms, to_ms) to read, in timeline order: the pointers of
-        every shard in `cursors` at or after its cursor and due by horizon_ms; and, when more
-        than MAX_BUCKETS_PER_SCAN buckets hold pointers in that span, the start (epoch ms) of
-        the first one left out: no cursor may pass it. The span starts no earlier than the
-        retention window (plus a day) before horizon_ms, where every pointer has expired."""
+        every shard in `cursors` at or after its cursor (a lane in `lanes` from the earlier of
+        that and its own start; one in `closed` not at all) and due by horizon_ms; and, when
+        more than MAX_BUCKETS_PER_SCAN buckets hold pointers in that span, the start (epoch
+        ms) of the first one left out: no cursor may pass it. The span starts no earlier than
+        the retention window (plus a day) before horizon_ms, where every pointer has
+        expired."""
         bucket_ms = self.config.bucket_ms
-        floor = max(min(cursors.values()),
+        lanes = {k: ms for k, ms in (lanes or {}).items() if k[0] in cursors}
+        floor = max(min([*cursors.values(), *lanes.values()]),
                     horizon_ms - (self.config.retention_days + 1) * MS_PER_DAY)
         first, last = bucket_of(floor, bucket_ms), bucket_of(horizon_ms, bucket_ms)
         cap = self.config.partition_cap
@@ -315,26 +324,35 @@ class DueScanner:
         for bucket in active:
             end = min(bucket_start_ms(bucket + 1, bucket_ms) - 1, horizon_ms)
             for shard, found in sorted(parts.get(bucket, {}).items()):
-                start = cursors.get(shard, end + 1)
-                if start <= end:
-                    plan.extend((bucket, shard, part, start, end) for part in sorted(found))
+                if shard not in cursors:
+                    continue
+                for part in sorted(found):
+                    lane = (shard, part // LANE_STRIDE)
+                    start = min(cursors[shard], lanes.get(lane, cursors[shard]))
+                    if lane not in closed and start <= end:
+                        plan.append((bucket, shard, part, start, end))
         return plan, limit_ms
 
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
-                 pending: Callable[[PointerKey], bool]) -> ScanResult:
-        """What a releaser holds in its timer heap: pointers of the shards in `starts`, due
-        from starts[shard] to to_ms, whose message is still at that version and waiting
-        (scheduled, or leased until then). Skips spent pointers and those pending(key) says
-        the caller already holds; stale pointers found become spent. frontier_ms says how far
-        each shard was read (less than to_ms when the scan's caps stopped it), and
-        `incomplete` the (bucket, shard)s with a pointer left unread or whose row was still
-        in flight (workers.walk reads those again)."""
-        plan, limit_ms = self._partitions(topic, starts, to_ms)
+                 pending: Callable[[PointerKey], bool], lanes: Mapping[Lane, int] | None = None,
+                 closed: Container[Lane] = ()) -> ScanResult:
+        """What a releaser's walk holds (its timer heap, its broker): pointers of the shards
+        in `starts`, due from starts[shard] (a lane in `lanes` from the earlier of that and
+        its own start; one in `closed` not at all) to to_ms, whose message is still at that
+        version and waiting (scheduled, or leased until then). Skips spent pointers and those
+        pending(key) says the caller already holds; stale pointers found become spent.
+        frontier_ms says how far each shard was read (less than to_ms when the buckets cap
+        stopped it); lanes_ms how far each lane the quota stopped was (its read goes on from
+        there: the other lanes of its shard are not held back by its backlog); `incomplete`
+        the (bucket, shard)s with a pointer left unread or whose row was still in flight
+        (workers.walk reads those again)."""
+        plan, limit_ms = self._partitions(topic, starts, to_ms, lanes, closed)
         frontier = dict.fromkeys(starts, _below(to_ms, limit_ms))
-        fresh, whole = self._read(topic, plan, want, frontier, pending)
+        lanes_ms: dict[Lane, int] = {}
+        fresh, whole = self._read(topic, plan, want, {}, pending, lanes_ms=lanes_ms)
         due, unsettled = self._settle(topic, fresh, _waiting_at)
         partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
-        return ScanResult(due, frontier, partly | unsettled)
+        return ScanResult(due, frontier, partly | unsettled, lanes_ms)
 
     def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
                    seen: dict[tuple[int, int], int], now_ms: int,
@@ -388,11 +406,13 @@ class DueScanner:
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
               frontier: dict[int, int], skip: Callable[[PointerKey], bool],
-              settled_ms: int | None = None) -> tuple[list[Pointer], set[int]]:
+              settled_ms: int | None = None, lanes_ms: dict[Lane, int] | None = None
+              ) -> tuple[list[Pointer], set[int]]:
         """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
         the plan entries read whole. Lowers `frontier` so that no shard's cursor may pass
         what was not read. With settled_ms, each partition is read from its resume point, and
-        a spent prefix due before settled_ms moves that point.
+        a spent prefix due before settled_ms moves that point. With lanes_ms, the same per
+        (shard, lane) of the partitions not read whole.
 
         Each fair-delivery lane (app.core.timeline.lane_of) is read on its own, in due order
         (_LaneReader):
@@ -426,17 +446,27 @@ class DueScanner:
                 self.resume.advance(keys[index], state.spent_prefix)
         self.pointers_read += reads.read
         whole = {i for i, state in reads.progress.items() if state.whole}
-        bucket_ms = self.config.bucket_ms
-        for index, (bucket, shard, _, _, _) in enumerate(plan):
-            if shard not in frontier or index in whole:
+        self._lower(plan, whole, reads.progress, frontier, lanes_ms)
+        return reads.unknown, whole
+
+    def _lower(self, plan: list[tuple[int, int, int, int, int]], whole: set[int],
+               progress: dict[int, _Partition], frontier: dict[int, int],
+               lanes_ms: dict[Lane, int] | None) -> None:
+        """Lower each shard's frontier (and each lane's, into lanes_ms) to what its
+        partitions not read whole left unread."""
+        for index, (bucket, shard, part, _, _) in enumerate(plan):
+            if index in whole:
                 continue
-            partly = reads.progress.get(index)
+            partly = progress.get(index)
             # a partition not read at all holds nothing before its bucket; one read in part,
             # nothing unread before the last pointer read
-            limit = bucket_start_ms(bucket, bucket_ms) if partly is None or partly.last is None \
-                else partly.last
-            frontier[shard] = min(frontier[shard], limit)
-        return reads.unknown, whole
+            limit = bucket_start_ms(bucket, self.config.bucket_ms) \
+                if partly is None or partly.last is None else partly.last
+            if shard in frontier:
+                frontier[shard] = min(frontier[shard], limit)
+            if lanes_ms is not None:
+                lane = (shard, part // LANE_STRIDE)
+                lanes_ms[lane] = min(lanes_ms.get(lane, limit), limit)
 
     def forget(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Make pointers examinable again (an outcome could not be recorded: look again)."""
