@@ -368,3 +368,39 @@ def test_a_lease_whose_write_failed_is_found_by_the_next_call(
     monkeypatch.setattr(services.placer, "place", place)
     again = topic.lease(1, wait_ms=0)
     assert [m["id"] for m in again] == ["failing"]
+
+
+def test_a_give_back_whose_write_failed_leaves_the_lease_to_run_out(
+        app: Flask, auth: dict[str, str], monkeypatch: Any) -> None:
+    """What a releaser leased for a call that had gone is given back (scheduled again, due
+    now). When that write fails (Cassandra unavailable), the message is still leased and its
+    lease pointer (at the lease's expiry) is what brings it back: the giver must not take
+    that pointer for spent. A give-back that applies does."""
+    from app.delivery.broker_wire import Taken
+    from app.delivery.leasing import give_back
+
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth, lease_seconds=2)
+    assert topic.enqueue(id="gone").status_code == 201
+    assert [m["id"] for m in topic.lease(max_messages=1, wait_ms=5000)] == ["gone"]
+    found = services.topics.get(next(iter(tenant_of(services, auth))), topic.name)
+    assert found is not None
+    row = services.messages.get(found.uid, "gone")
+    assert row is not None and row.state == "leased"
+    taken = Taken(0, None, row, b"{}", row.updated_at_ms)  # type: ignore[arg-type]
+    key = (found.uid, row.id, row.version)
+    cas_many = services.messages.cas_many
+    monkeypatch.setattr(services.messages, "cas_many",
+                        lambda changes: [RuntimeError("WriteTimeout")] * len(changes))
+    give_back(services, found, [taken])
+    assert key not in services.scanner.spent
+    assert services.messages.get(found.uid, "gone").state == "leased"  # type: ignore[union-attr]
+    # its lease runs out: handed out again
+    again = topic.lease(max_messages=1, wait_ms=8000)
+    assert [m["id"] for m in again] == ["gone"] and again[0]["attempt"] == 2
+    monkeypatch.setattr(services.messages, "cas_many", cas_many)
+    row = services.messages.get(found.uid, "gone")
+    assert row is not None and row.state == "leased"
+    give_back(services, found, [Taken(1, None, row, b"{}", row.updated_at_ms)])  # type: ignore[arg-type]
+    assert (found.uid, row.id, row.version) in services.scanner.spent
+    assert services.messages.get(found.uid, "gone").state == "scheduled"  # type: ignore[union-attr]

@@ -117,7 +117,10 @@ def _give_back(services: Services, topic: Topic, items: list[Taken]) -> None:
         attempts=i.before_attempts, consumer=i.before_consumer, updated_at_ms=now)
         for i in items]
     won = move_many(services, topic, again, now)
-    _spend_lease_pointers(services, topic, [i.leased for i in items])
+    # only those given back: one whose write failed is still leased, and its lease pointer
+    # is what brings it back when the lease runs out
+    given = {r.id for r in won}
+    _spend_lease_pointers(services, topic, [i.leased for i in items if i.leased.id in given])
     count_moves(services, topic, [("leased", "scheduled", r.campaign) for r in won])
 
 
