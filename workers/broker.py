@@ -8,9 +8,9 @@ topic, the waiting messages due by its look-ahead (at most HELD_MAX), here. A ro
 due now in fair order, leases them on the callers' terms (one take: conditional batches per
 home across the wants) and sends them back. With nothing due now, it prepares what comes due
 within the prepare lead, as a push is prepared: leased (its lease running from its due time)
-for the wants that still wait then, and sent at its due time. A want that finds nothing held
-asks the walk to read the topic at once (`read_now`; it reads only where a write count moved
-since a read that began before the want came); then it waits, parked, until the walk holds
+for the wants that still wait then, and sent at its due time. A round first has the walk
+read the topic (`read_now`) where a write count moved, unless a read of it began after its
+newest want came; a want that finds nothing then waits, parked, until the walk holds
 more of the topic, a pull wake-up names it (a write due soon), the prepare lead before the
 earliest message held, the idle period (DUETIME_PULL_IDLE_MS) passes or its wait ends.
 """
@@ -369,14 +369,14 @@ class Broker:
         wanted = sum(w.n for w in wants)
         total = min(wanted, ROUND_MAX)
         now = services.clock()
+        # what was written before the newest want came (or the last pull wake-up) is read
+        # first, where its write counts moved: a round hands out in fair order what is due,
+        # not only what the walk had read by then
+        with self._lock:
+            since = max([p.arrived_ms for p in parked] + [self._woken_at.get(topic.uid, 0)])
+        self.read_now(topic, since)
+        now = services.clock()
         held = self._held_of(topic.uid, shards)
-        if not any(is_live(d.pointer, d.row, now) for d in held):
-            with self._lock:
-                since = max([p.arrived_ms for p in parked]
-                            + [self._woken_at.get(topic.uid, 0)])
-            self.read_now(topic, since)
-            now = services.clock()
-            held = self._held_of(topic.uid, shards)
         paused = passed_over(services, topic, held)
         if paused:  # resuming brings them back (app.campaigns.operations)
             gone = [d for d in held if d.row.id in paused]
