@@ -78,7 +78,7 @@ class Services:
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
         self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
-                         clock)
+                         clock, handover_s=2 * config.release_lease_ms / 1000)
 
     def _pull_written(self, topic_uid: uuid.UUID) -> None:
         """Pointers of a pull topic due soon were written: tell the releasers serving its

@@ -5,7 +5,9 @@ over one TCP connection per releaser, and what they leased for it comes back.
 The owners are read from the release slots' leases and the releasers' membership rows at
 most every OWNERS_EVERY_S. A want asks each owner for the call's n; what comes back beyond
 the n, or after the call left, is given back at once (scheduled again, its attempt not
-counted). When no owner can be reached, want() answers None.
+counted). A topic none of whose shards has had a reachable owner for handover_s (slots
+moving between releasers, a dead one's running out) is answered nothing, as a poll with
+nothing due; past that, want() answers None (no releaser).
 """
 
 from __future__ import annotations
@@ -139,10 +141,12 @@ class _Call:
 class Desk:
     """Thread-safe; one per API process."""
 
-    def __init__(self, ownership: OwnershipStore, slots: int, clock: Callable[[], int]) -> None:
+    def __init__(self, ownership: OwnershipStore, slots: int, clock: Callable[[], int],
+                 handover_s: float) -> None:
         self.ownership = ownership
         self.slots = slots
         self.clock = clock
+        self.handover_s = handover_s
         self._giving_back = ThreadPoolExecutor(1, thread_name_prefix="desk-give-back")
         self._lock = threading.Lock()
         self._reading = threading.Lock()
@@ -153,15 +157,18 @@ class Desk:
         self._links: dict[tuple[str, int], _Link] = {}
         self._refused: dict[tuple[str, int], float] = {}
         self._ids = itertools.count(1)
+        # slot -> when (monotonic s) it last had a reachable owner; the desk's start for all
+        self._served_s: dict[int, float] = {}
+        self._started_s = time.monotonic()
 
     def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int, consumer: str | None,
              give_back: Callable[[list[Taken]], None]) -> list[Taken] | None:
         """Up to n messages leased by the topic's owners for lease_s to consumer; None when
-        no owner could be asked. give_back(taken) makes what comes past n, or after the call
-        left, due again at once."""
+        no owner could be asked for handover_s. give_back(taken) makes what comes past n, or
+        after the call left, due again at once."""
         links = self._links_of(topic)
         if not links:
-            return None
+            return [] if self._handing_over(topic) else None
 
         def late(taken: list[Taken]) -> None:
             # off the link's reader and the call's thread: a give-back is Cassandra writes
@@ -191,16 +198,30 @@ class Desk:
         """Whether an owner of the topic's shards can be asked now."""
         return bool(self._links_of(topic))
 
+    def _slots_of(self, topic: Topic) -> list[int]:
+        return [release_slot_of(str(topic.uid), s, self.slots)
+                for s in range(topic.settings.shards)]
+
+    def _handing_over(self, topic: Topic) -> bool:
+        """Whether one of the topic's slots had a reachable owner (or the desk started)
+        within handover_s: its slots are moving, not unserved."""
+        now_s = time.monotonic()
+        with self._lock:
+            return any(now_s - self._served_s.get(slot, self._started_s) < self.handover_s
+                       for slot in self._slots_of(topic))
+
     def _links_of(self, topic: Topic) -> list[_Link]:
         """The links to the owners of the topic's shards. A shard without a reachable owner
         (slots moving between releasers, one stopped) has its owners read again after
         UNSERVED_EVERY_S, not OWNERS_EVERY_S: a call waiting 200 ms finds the new owner."""
-        slots = [release_slot_of(str(topic.uid), s, self.slots)
-                 for s in range(topic.settings.shards)]
+        slots = self._slots_of(topic)
         self._read_owners(OWNERS_EVERY_S)
         links = self._links_to(slots)
         if len(links) < len(slots) and self._read_owners(UNSERVED_EVERY_S):
             links = self._links_to(slots)
+        now_s = time.monotonic()
+        with self._lock:
+            self._served_s.update((slot, now_s) for slot in links)
         return list(dict.fromkeys(links.values()))
 
     def _links_to(self, slots: list[int]) -> dict[int, _Link]:

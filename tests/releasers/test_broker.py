@@ -87,16 +87,20 @@ def test_a_lease_is_served_by_the_owner_of_the_shards_never_early(
 
 def test_a_call_finds_a_releaser_started_a_moment_after_it_read_the_owners(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """The owners are read once a second, but a shard with no reachable owner has them read
-    again within a short wait: a call 200 ms long, just after a releaser took the slots, is
-    served rather than answered 503 on a stale read of no owners."""
-    app = api(config, ring)
+    """Unserved shards are a hand-over, answered empty, for twice the slot lease; past that
+    503 `no-releaser`. The owners are read once a second, but a shard with no reachable
+    owner has them read again within a short wait: a call 200 ms long, just after a
+    releaser took the slots, is served rather than answered on a stale read of no owners."""
+    app = api(config, {**ring, "release_lease_ms": 1000})  # hand-over grace: 2 s
     try:
         topic = TopicClient(app.test_client(), auth)
         assert topic.enqueue(id="waiting").status_code == 201
+        assert topic.lease(max_messages=1, wait_ms=0) == []  # within the grace: empty
+        time.sleep(2.1)
         unserved = topic.client.post(topic.url("/leases"), headers=auth,
                                      json={"max": 1, "wait_ms": 0})
-        assert unserved.status_code == 503  # no releaser: the owners read now know none
+        assert unserved.status_code == 503, unserved.get_json()
+        assert unserved.get_json()["type"].endswith("/no-releaser")
         assert unserved.headers["Retry-After"]
         with releaser(config, "b-late", **ring) as r:
             wait_owned(r)
