@@ -16,8 +16,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from cassandra.cluster import ResponseFuture
-
 from app.core.chunks import chunked
 from app.core.timeline import LANE_STRIDE, MS_PER_DAY, parts_for
 from app.core.timeparse import cql_ms
@@ -170,18 +168,6 @@ class TimelineStore:
             "INSERT INTO {ks}.active_topics (bucket, topic_uid) VALUES (?, ?) USING TTL ?",
             [(b, topic_uid, max(1, ((b + 1) * bucket_ms - now_ms) // 1000) + 86_400)
              for b in buckets]))
-
-    def note_written(self, topic_uid: uuid.UUID, window: int) -> ResponseFuture:
-        """Record that pointers of the topic are being written in this WRITE_WINDOW_MS
-        window (idempotent); the caller waits for the future."""
-        return self.db.execute_async(
-            "INSERT INTO {ks}.topic_writes (window, topic_uid) VALUES (?, ?)", (window, topic_uid))
-
-    def written_topics(self, windows: Sequence[int]) -> set[uuid.UUID]:
-        """Topics that had pointers written in these WRITE_WINDOW_MS windows."""
-        rows = self.db.execute(
-            "SELECT topic_uid FROM {ks}.topic_writes WHERE window IN ?", (list(windows),))
-        return {r["topic_uid"] for r in rows}
 
     def active_topics(self, buckets: Sequence[int]) -> set[uuid.UUID]:
         """Topics with any pointer in these buckets."""
