@@ -281,7 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         load(progress, config, placed)
         warnings = count(services, topic, placed, groups)
         progress.enter("placing again what came due while the import wrote")
-        place_late(services, topic, placed)
+        placed_again = place_late(services, topic, placed)
         replaced, unreplaced = 0, if_exists.refused(present, args.if_exists)
         if args.if_exists == "replace":
             progress.enter("replacing scheduled messages whose content changed")
@@ -298,6 +298,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = {**totals, "already_present": totals["rows"] - totals["rejected"]
                - totals["imported"] - totals["replaced"], "seconds": round(elapsed, 2),
                "rows_per_s": round(totals["rows"] / elapsed, 1), "rejects": args.rejects,
+               "placed_again": placed_again,
                "warnings": warnings}
     spark.stop()
     services.close()
