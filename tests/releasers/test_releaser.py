@@ -247,17 +247,19 @@ def test_a_late_write_whose_placing_again_fails_once_is_placed_again_and_deliver
     write fails, it is tried again (PointerPlacer.again_if_late), so the message is not left
     behind the walk's position."""
     failures: list[str] = []
-    place = PointerPlacer.place
+    with late_producer("againfailed", "r-again-failed", 20_000) as (target, late, _, skewed):
+        placer: PointerPlacer = skewed.extensions["duetime"].placer
+        place = placer.place
 
-    def failing_once(self: PointerPlacer, topic_uid: uuid.UUID, pointers: Any, now_ms: int,
-                     *args: Any, **kwargs: Any) -> Any:
-        if not failures and now_ms > time.time() * 1000 - 5000:  # the again, at the cluster's
-            failures.extend(p.id for p in pointers)
-            raise StoreUnavailable("Cassandra unavailable: WriteTimeout")
-        return place(self, topic_uid, pointers, now_ms, *args, **kwargs)
+        def failing_once(topic_uid: uuid.UUID, pointers: Any, now_ms: int, *args: Any,
+                         **kwargs: Any) -> Any:
+            # the first write at the cluster's time (the producer's own are 20 s behind)
+            if not failures and now_ms > time.time() * 1000 - 5000:
+                failures.extend(p.id for p in pointers)
+                raise StoreUnavailable("Cassandra unavailable: WriteTimeout")
+            return place(topic_uid, pointers, now_ms, *args, **kwargs)
 
-    monkeypatch.setattr(PointerPlacer, "place", failing_once)
-    with late_producer("againfailed", "r-again-failed", 20_000) as (target, late, _, _):
+        monkeypatch.setattr(placer, "place", failing_once)
         assert late.enqueue(id="behind").status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 30)
         assert failures == ["behind"] and target.ids() == ["behind"]
