@@ -272,7 +272,8 @@ def test_a_write_that_lands_late_is_placed_again_and_delivered(
     behind the walk's position and past the safety lag its re-read of a moved count covers:
     its writer finds the write late and places it again, due now, and the message is
     delivered (without that, it would wait behind the position for good)."""
-    write_pointers = services.timeline.write_pointers
+    writer: Services = client.application.extensions["duetime"]  # the API's, which enqueues
+    write_pointers = writer.timeline.write_pointers
     slowed: list[int] = []
 
     def landing_late(topic_uid: uuid.UUID, placed: Any) -> Any:
@@ -286,7 +287,7 @@ def test_a_write_that_lands_late_is_placed_again_and_delivered(
         uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         wake_walk_until(r, lambda: (w := r._walks.get(uid)) is not None
                         and w.read_at is not None, 10)
-        monkeypatch.setattr(services.timeline, "write_pointers", landing_late)
+        monkeypatch.setattr(writer.timeline, "write_pointers", landing_late)
         with caplog.at_level(logging.INFO, logger="app.messages.placement"):
             assert topic.enqueue(id="landed-late").status_code == 201
             assert slowed == [1]
