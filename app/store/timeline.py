@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from app.core.chunks import chunked
@@ -120,27 +120,7 @@ class TimelineStore:
     def write_counts(self, topic_uid: uuid.UUID, buckets: Sequence[int]
                      ) -> dict[tuple[int, int], int]:
         """{(bucket, shard): pointers written so far} of the given buckets."""
-        return self.start_write_counts(topic_uid, buckets)()
-
-    def start_write_counts(self, topic_uid: uuid.UUID, buckets: Sequence[int]
-                           ) -> Callable[[], dict[tuple[int, int], int]]:
-        """write_counts, sent now: the call returned waits for them (once; it answers the
-        same after)."""
-        futures = [
-            self.db.execute_async(
-                "SELECT bucket, shard, n FROM {ks}.bucket_writes WHERE topic_uid = ? "
-                "AND bucket IN ?", (topic_uid, chunk))
-            for chunk in chunked(buckets, 100)
-        ]
-        got: list[dict[tuple[int, int], int]] = []
-
-        def counts() -> dict[tuple[int, int], int]:
-            if not got:
-                got.append({(r["bucket"], r["shard"]): r["n"]
-                            for rows in self.db.results(futures) for r in rows})
-            return got[0]
-
-        return counts
+        return self.write_counts_in([([topic_uid], list(buckets))]).get(topic_uid, {})
 
     def write_counts_in(self, groups: Sequence[tuple[Sequence[uuid.UUID], Sequence[int]]]
                         ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
