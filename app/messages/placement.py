@@ -22,7 +22,8 @@ from app.models import Pointer
 from app.store.timeline import TimelineStore
 
 _MAX_CACHED = 20_000
-LATE_TRIES = 3
+LATE_TRIES = 4
+AHEAD_MAX_MS = 30_000  # a pointer placed again lands before it is due, by at most this
 log = logging.getLogger(__name__)
 
 
@@ -155,21 +156,25 @@ class PointerPlacer:
         than half the safety lag before the cluster's time now may lie behind a walk's
         position, which reads a moved count's partition only from the safety lag before its
         last read (docs/design.md, "How a due message is found"). It is placed once more,
-        due now, with the same message version, until it lands in time: LATE_TRIES at most.
-        Returns those still not placed in time (writes that kept failing)."""
+        with the same message version, until it lands in time, LATE_TRIES at most: due now,
+        then (while writes are slow: a node down) twice the last try's write time ahead of
+        now, at most AHEAD_MAX_MS, so that it lands before it is due. Returns those still
+        not placed in time (writes that kept failing)."""
         late_ms = self.config.safety_lag_ms // 2
+        ahead_ms = 0
         for _ in range(LATE_TRIES):
             now = self.cluster_now()
             late = [p for p in pointers if now - p.due_at_ms > late_ms]
             if not late:
                 return []
-            log.info("placing %d pointers of topic %s again: their write finished late",
-                     len(late), topic_uid)
-            again = [dataclasses.replace(p, due_at_ms=now) for p in late]
+            log.info("placing %d pointers of topic %s again, %d ms ahead: their write "
+                     "finished late", len(late), topic_uid, ahead_ms)
+            again = [dataclasses.replace(p, due_at_ms=now + ahead_ms) for p in late]
             try:
                 errors = self.place(topic_uid, again, now, pushed)
             except StoreUnavailable as exc:
                 errors = [exc] * len(again)
+            ahead_ms = min(2 * (self.cluster_now() - now), AHEAD_MAX_MS)
             pointers = [p if err is None else old
                         for old, p, err in zip(late, again, errors, strict=True)]
         now = self.cluster_now()
