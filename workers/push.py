@@ -146,6 +146,13 @@ class PushDispatcher:
             stored = self._as_now(topic) if keep else None
             if stored is not None:
                 armed = self._take(stored, keep)
+                # a take left undecided (its lease pointer or LWT failed: a node down) is
+                # neither armed nor spent: the walk, which has passed it, reads it again
+                undecided = [t.due.pointer for t in keep
+                             if (topic_uid, t.due.pointer.id, t.due.pointer.version)
+                             not in self.services.scanner.spent]
+                if undecided:
+                    self.read_again(topic_uid, undecided)
         except Exception:  # log and continue; the walk reads them again
             log.exception("preparing %d messages failed", len(keep))
             if topic is not None:
@@ -222,8 +229,16 @@ class PushDispatcher:
 
     def _drop(self, armed: list[Armed]) -> None:
         for a in armed:
-            self.services.scanner.forget(a.topic, [lease_pointer(a.row)])
+            self._read_lease_again(a.topic, [a.row])
         self._forget(armed)
+
+    def _read_lease_again(self, topic: Topic, rows: list[MessageState]) -> None:
+        """Leases that will run out unposted (or unrecorded): their lease pointers, taken
+        for spent when leased, are not any more, and the walk reads them again (it may
+        have passed them while they were), so each comes due again at its lease's end."""
+        pointers = [lease_pointer(r) for r in rows]
+        self.services.scanner.forget(topic, pointers)
+        self.read_again(topic.uid, pointers)
 
     def _forget(self, done: list[Armed]) -> None:
         self.timers.done([a.key for a in done])
@@ -266,7 +281,7 @@ class PushDispatcher:
             if failed:
                 log.warning("could not record %d outcomes of topic %s; the leases will expire "
                             "and the messages come due again", len(failed), topic.name)
-                self.services.scanner.forget(topic, [lease_pointer(r) for r in failed])
+                self._read_lease_again(topic, failed)
             self._count("recorded", len(items))
             self._forget([a for a, _ in items])
 

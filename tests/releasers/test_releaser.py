@@ -241,6 +241,31 @@ def test_a_message_whose_take_failed_is_read_again_and_delivered(
     assert_on_time_and_signed(target.arrivals, secret, topic.name)
 
 
+def test_a_push_whose_take_was_left_undecided_is_read_again_and_delivered(
+        config: Config, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The take of a webhook message whose lease pointer could not be written (a node
+    down) leaves it scheduled and its pointer unspent, without an error: the walk, which
+    has passed it, reads it again, so it is taken again and POSTed, not left behind."""
+    with receiving(Receiver()) as target, releaser(config, "r-undecided") as r:
+        topic, secret = webhook_topic(client, auth, target.url)
+        place = r.services.placer.place
+        failed: list[str] = []
+
+        def failing_lease_pointer(topic_uid: uuid.UUID, pointers: Any, *args: Any,
+                                  **kwargs: Any) -> Any:
+            if not failed and any(p.id == "undecided" and p.version == 2 for p in pointers):
+                failed.extend(p.id for p in pointers)
+                return [StoreUnavailable("Cassandra unavailable: WriteTimeout")] * len(pointers)
+            return place(topic_uid, pointers, *args, **kwargs)
+
+        monkeypatch.setattr(r.services.placer, "place", failing_lease_pointer)
+        assert topic.enqueue(id="undecided", delay_ms=1500).status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 15), target.ids()
+    assert failed == ["undecided"] and target.ids() == ["undecided"]
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
+
+
 def test_a_late_write_whose_placing_again_fails_once_is_placed_again_and_delivered(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A pointer written late (here by a producer 20 s behind) is placed again; when that
@@ -295,6 +320,35 @@ def test_a_write_that_lands_late_is_placed_again_and_delivered(
         assert logged(caplog, "their write finished late")
     assert target.ids() == ["landed-late"]
     assert_on_time_and_signed(target.arrivals, secret, topic.name)
+
+
+def test_a_push_not_posted_comes_due_again_when_its_lease_ends(
+        config: Config, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A POST not sent (its lease was about to run out: a slow take during a node kill) is
+    dropped, and its lease pointer, which the walk passed while it counted as spent (the
+    lease pointer of a 6 s lease lies within a 9 s look-ahead), is read again, so the
+    message comes due again when its lease ends and is delivered."""
+    with receiving(Receiver()) as target, releaser(config, "r-not-posted",
+                                                   release_lookahead_ms=9000) as r:
+        topic = TopicClient(client, auth, delivery={"mode": "webhook", "url": target.url,
+                                                    "timeout_seconds": 1})
+        send = r.push._send
+        skipped: list[str] = []
+
+        def skipping_first(armed: list[Any]) -> None:
+            if skipped:
+                return send(armed)
+            skipped.extend(a.row.id for a in armed)
+            time.sleep(1)  # the walk reads the lease pointer meanwhile, spent
+            r.push._drop(armed)  # as the POST process's "not posted" answer does
+
+        monkeypatch.setattr(r.push, "_send", skipping_first)
+        dropped_at = now_ms()
+        assert topic.enqueue(id="unposted", delay_ms=1000).status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 20), target.ids()
+    assert skipped == ["unposted"] and target.ids() == ["unposted"]
+    assert target.arrivals[0].received_ms >= dropped_at + 1000 + 6000  # at its lease's end
 
 
 def test_a_stop_ends_every_thread_of_the_releaser_when_its_runs_overrun(
