@@ -138,31 +138,34 @@ class PushDispatcher:
 
     def _prepare(self, topic_uid: uuid.UUID, chunk: list[Timer]) -> None:
         """On a taker thread: lease what this releaser still may (its slots, and those it
-        handed back a moment ago), arm it for its due time."""
+        handed back a moment ago), arm it for its due time. The walk reads again what it
+        passed and nothing took: timers of a slot whose lease this releaser could not
+        confirm in time (its renewals slow: a node down), and takes that failed or were
+        left undecided (a lease pointer or an LWT not written)."""
         topic = self.topic_of(topic_uid)
         keep = [t for t in chunk if topic is not None and self.may_prepare(t.slot)]
+        kept = {t.key for t in keep}
+        again = [t.due.pointer for t in chunk if topic is not None and t.key not in kept]
         armed: list[Armed] = []
         try:
             stored = self._as_now(topic) if keep else None
             if stored is not None:
                 armed = self._take(stored, keep)
-                # a take left undecided (its lease pointer or LWT failed: a node down) is
-                # neither armed nor spent: the walk, which has passed it, reads it again
-                undecided = [t.due.pointer for t in keep
-                             if (topic_uid, t.due.pointer.id, t.due.pointer.version)
-                             not in self.services.scanner.spent]
-                if undecided:
-                    self.read_again(topic_uid, undecided)
-        except Exception:  # log and continue; the walk reads them again
+                spent = self.services.scanner.spent
+                again += [t.due.pointer for t in keep
+                          if (topic_uid, t.due.pointer.id, t.due.pointer.version) not in spent]
+        except Exception:  # log and continue
             log.exception("preparing %d messages failed", len(keep))
             if topic is not None:
                 self.services.scanner.forget(topic, [t.due.pointer for t in keep])
-                self.read_again(topic_uid, [t.due.pointer for t in keep])
+                again += [t.due.pointer for t in keep]
         finally:
             self._count("prepared", len(armed))
             won = {a.key for a in armed}
             self.timers.done([t.key for t in chunk if t.key not in won])
             self._settled(topic_uid, len(chunk) - len(armed))
+        if again:  # once their timers are done: the walk skips a pointer a timer holds
+            self.read_again(topic_uid, again)
         if armed:
             self._send(armed)
 

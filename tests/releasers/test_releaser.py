@@ -266,6 +266,30 @@ def test_a_push_whose_take_was_left_undecided_is_read_again_and_delivered(
     assert_on_time_and_signed(target.arrivals, secret, topic.name)
 
 
+def test_a_timer_of_a_slot_whose_lease_was_not_confirmed_in_time_is_read_again(
+        config: Config, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A releaser whose slot renewals are slow (a node down) may not prepare its timers
+    there for a moment: those timers are dropped, and the walk, which has passed them,
+    reads them again, so the message is POSTed once the lease is confirmed."""
+    with receiving(Receiver()) as target, releaser(config, "r-unconfirmed") as r:
+        topic, secret = webhook_topic(client, auth, target.url)
+        may_prepare = r.push.may_prepare
+        refused: list[int] = []
+
+        def unconfirmed_once(slot: int) -> bool:
+            if not refused:
+                refused.append(slot)
+                return False
+            return may_prepare(slot)
+
+        monkeypatch.setattr(r.push, "may_prepare", unconfirmed_once)
+        assert topic.enqueue(id="unconfirmed", delay_ms=1500).status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 15), target.ids()
+    assert len(refused) == 1 and target.ids() == ["unconfirmed"]
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
+
+
 def test_a_late_write_whose_placing_again_fails_once_is_placed_again_and_delivered(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A pointer written late (here by a producer 20 s behind) is placed again; when that
