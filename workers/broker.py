@@ -32,6 +32,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from app.core.timeline import pointer_of
 from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
 from app.delivery.fairness import fair_order
@@ -359,8 +360,12 @@ class Broker:
 
     def _give_back(self, topic: Topic, taken: list[Taken]) -> None:
         """Messages leased for a want that has gone: due again now, the attempt not
-        counted (app.delivery.leasing.give_back, which logs a failure: their leases run out)."""
-        give_back(self.services, topic, taken)
+        counted (app.delivery.leasing.give_back, which logs a failure: their leases run
+        out), and held here again at once: the next round hands them out, not the one after
+        the walk has read them again."""
+        again = give_back(self.services, topic, taken)
+        shards = self.shards_of(topic)
+        self.hold(topic.uid, [Due(pointer_of(r), r) for r in again if r.shard in shards])
 
     def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
                ) -> tuple[dict[int, list[Taken]], int | None, bool]:

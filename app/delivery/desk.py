@@ -162,7 +162,7 @@ class Desk:
         self._started_s = time.monotonic()
 
     def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int, consumer: str | None,
-             give_back: Callable[[list[Taken]], None]) -> list[Taken] | None:
+             give_back: Callable[[list[Taken]], object]) -> list[Taken] | None:
         """Up to n messages leased by the topic's owners for lease_s to consumer; None when
         no owner could be asked for handover_s. give_back(taken) makes what comes past n, or
         after the call left, due again at once."""

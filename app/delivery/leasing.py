@@ -95,19 +95,20 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
         time.sleep(BROKER_RETRY_S)
 
 
-def give_back(services: Services, topic: Topic, items: list[Taken]) -> None:
+def give_back(services: Services, topic: Topic, items: list[Taken]) -> list[MessageState]:
     """Messages a releaser leased for a call that had gone: scheduled again, due now (pointer
-    first, then the LWT over the lease), the attempt not counted. One changed meanwhile
-    (cancelled, or acked) is left as it is. A failure is logged, not raised: their leases
-    run out instead (late, never lost)."""
+    first, then the LWT over the lease), the attempt not counted; returns the rows given
+    back. One changed meanwhile (cancelled, or acked) is left as it is. A failure is logged,
+    not raised: their leases run out instead (late, never lost)."""
     try:
-        _give_back(services, topic, items)
+        return _give_back(services, topic, items)
     except Exception:
         log.warning("could not give back %d messages of topic %s", len(items), topic.uid,
                     exc_info=True)
+        return []
 
 
-def _give_back(services: Services, topic: Topic, items: list[Taken]) -> None:
+def _give_back(services: Services, topic: Topic, items: list[Taken]) -> list[MessageState]:
     now = services.clock()
     again = [dataclasses.replace(
         i.leased, state="scheduled", version=i.leased.version + 1,
@@ -120,6 +121,7 @@ def _give_back(services: Services, topic: Topic, items: list[Taken]) -> None:
     given = {r.id for r in won}
     _spend_lease_pointers(services, topic, [i.leased for i in items if i.leased.id in given])
     count_moves(services, topic, [("leased", "scheduled", r.campaign) for r in won])
+    return won
 
 
 def take_with_payloads(services: Services, topic: Topic, chunk: list[Due], now: int,

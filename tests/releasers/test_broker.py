@@ -357,6 +357,36 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it(
         app.extensions["duetime"].close()
 
 
+def test_what_a_withdrawn_want_gives_back_is_held_again_without_the_walk(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """What the owner gives back for a withdrawn want it holds again itself: the next call
+    gets it although the walk reads nothing once the message was prepared (its step and a
+    round's read are turned off then)."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        services = app.extensions["duetime"]
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        with releaser(config, "b-give-back-held", release_prepare_ms=1500, **ring) as r:
+            wait_owned(r)
+            with _wanting(r, uid, 9) as sock:
+                due = now_ms() + 3000
+                assert topic.enqueue(id="again", deliver_at=format_ms(due)).status_code == 201
+                while topic.get("again").get_json()["state"] != "leased":
+                    assert now_ms() < due, "not prepared for the want"
+                    time.sleep(0.01)
+                r._walking._step = lambda: None
+                r.broker.read_now = lambda topic, since: None
+                sock.sendall(broker_wire.encode_withdraw(9))
+                reader = sock.makefile("rb")
+                assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
+                    == (9, [])
+            [got] = topic.lease(max_messages=1, wait_ms=5000)
+            assert got["id"] == "again" and got["attempt"] == 1 and got["received_at"] >= due
+    finally:
+        app.extensions["duetime"].close()
+
+
 def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
         config: Config, services: Services) -> None:
     """Wants (TCP) and wake-ups (UDP) share the one published port number. With any free
