@@ -3,12 +3,12 @@
 Its steps are idempotent. Three run on threads of their own at two paces (workers/paced.py):
 soon after a wake-up (app.delivery.wakeups: a datagram another process sends after a write the step
 must see) and otherwise every idle period, a safety net that costs a few reads a second for
-the whole releaser. The others are periodic jobs (APScheduler). Without a wake-up, steps and
-jobs run on the releaser's beat (workers/beat.py: the epoch multiples of lease/3, the
-ownership tick), an idle period up to one beat early, so an idle releaser's reads reach
-Cassandra at a few shared instants; each costs the node about 5 ms of CPU however few
-requests it holds.
-- ownership (every lease/3): heartbeat, renew, rebalance release slots (workers/ownership.py);
+the whole releaser. The others are periodic jobs (APScheduler). The ownership tick owns the
+idle runs: after its own reads it wakes each step whose idle period (in whole ticks) has
+passed, so an idle releaser's reads reach Cassandra at one instant a tick; each instant costs
+the node about 5 ms of CPU however few requests it holds.
+- tick (every lease/3): heartbeat, renew, rebalance release slots (workers/ownership.py), then
+  the steps' idle runs;
 - topics (woken by "topics": FOLLOW_EVERY_MS; idle: IDLE_EVERY_MS): the changes of topics
   other processes wrote, and every topic_refresh_ms the whole list, so new topics start at
   once and deleted ones stop;
@@ -25,8 +25,8 @@ requests it holds.
   (workers/schedules.py; their listings are read again when "schedules" wakes it);
 - operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
   campaign operations (workers/operations.py);
-- clock (CLOCK_EVERY_MS): this clock against Cassandra's and against the other releasers'
-  (app.ops.clock_skew), gauges and a warning past half the safety lag.
+- clock (the tick, every CLOCK_EVERY_MS): this clock against Cassandra's and against the other
+  releasers' (app.ops.clock_skew), gauges and a warning past half the safety lag.
 A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
 PushDispatcher, which leases them and POSTs each at its due time (workers/push.py).
 """
@@ -59,14 +59,13 @@ from app.models import Pointer, Topic
 from app.ops import clock_skew, metrics
 from app.services import Services
 from app.store.ownership import OwnershipStore
-from workers.beat import Beat
 from workers.broker import HELD_PER_LANE, Broker
 from workers.count_reads import Counts, read_counts
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.paced import PacedStep
 from workers.push import PushDispatcher
-from workers.schedules import ScheduleRunner
+from workers.schedules import MARKS_EVERY_MS, ScheduleRunner
 from workers.timers import MAX_WAIT_S, Timer, TimerHeap
 from workers.topics import FOLLOW_EVERY_MS, KnownTopics
 from workers.wake_listener import WakeListener
@@ -156,8 +155,8 @@ class Releaser:
         self.broker = Broker(services, broker_token, self._topics.get, self._shards_owned,
                              lambda uid: self._following.wake(), self.read_now)
         self.wakes = bind_listeners(cfg, self.broker)
-        # the ownership tick's period: every idle poll of this releaser falls on its instants
-        self.beat = Beat(cfg.release_lease_ms / RENEW_FRACTION)
+        self.tick_ms = cfg.release_lease_ms / RENEW_FRACTION
+        self._tick_count = 0
         self.ownership = SlotOwnership(OwnershipStore(services.db, cfg.release_ring), self.member,
                                        cfg.release_slots, cfg.release_lease_ms, services.clock,
                                        self.wakes.address, broker_token, self._gained_slots,
@@ -187,8 +186,7 @@ class Releaser:
         self._stop = threading.Event()
         self._stopping = threading.Event()  # set first: long steps end at their next check
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
-        self.schedules = ScheduleRunner(services, self.ownership.owned, self._topics.get,
-                                        self.beat)
+        self.schedules = ScheduleRunner(services, self.ownership.owned, self._topics.get)
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher",
                                             daemon=True)
         # the threads running a step or job now (_safely), waited for by stop()
@@ -197,11 +195,11 @@ class Releaser:
         self.scheduler = BackgroundScheduler(job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self._following = PacedStep("topics", self.follow_topics, FOLLOW_EVERY_MS,
-                                    IDLE_EVERY_MS, self._safely, WARM_MS, self.beat)
+                                    self._ticks(IDLE_EVERY_MS), self._safely, WARM_MS)
         self._walking = PacedStep("walk", self.walk, cfg.release_rescan_ms,
-                                  cfg.release_idle_ms, self._safely, WARM_MS, self.beat)
+                                  self._ticks(cfg.release_idle_ms), self._safely, WARM_MS)
         self._operating = PacedStep("operations", self.run_operations, OPERATIONS_EVERY_MS,
-                                    IDLE_EVERY_MS, self._safely, WARM_MS, self.beat)
+                                    self._ticks(IDLE_EVERY_MS), self._safely, WARM_MS)
         self.paced = [self._following, self._walking, self._operating]
         self.wakes.on("topics", self._following.wake)
         self.wakes.on("due", self._walking.wake)
@@ -211,7 +209,6 @@ class Releaser:
         self.wakes.on_pull(self._pull_woken)  # a write of a pull topic due soon
 
     def start(self) -> None:
-        cfg = self.services.config
         with _running_lock:
             _running.add(self)
         # the broker listens before the first tick publishes its address: an API process
@@ -220,18 +217,39 @@ class Releaser:
         self.broker.start()
         self._safely(self.ownership.tick)
         self._safely(self.follow_topics)
-        jobs = [(self.ownership.tick, cfg.release_lease_ms / RENEW_FRACTION),
+        jobs = [(self.tick, self.tick_ms),
                 (self.report, REPORT_EVERY_MS),
-                (self.produce_fires, SCHEDULES_EVERY_MS),
-                (self.check_clock, CLOCK_EVERY_MS)]
+                (self.produce_fires, SCHEDULES_EVERY_MS)]
         for job, every_ms in jobs:
-            self.scheduler.add_job(self._safely, self.beat.trigger(every_ms), args=[job],
-                                   id=job.__name__)
+            self.scheduler.add_job(self._safely, "interval", seconds=every_ms / 1000,
+                                   args=[job], id=job.__name__)
         self.scheduler.start()
         for step in self.paced:
             step.start()
         self._dispatcher.start()
         log.info("releaser %s started", self.member)
+
+    def _ticks(self, idle_ms: int) -> int:
+        """An idle period in whole ownership ticks (at least one: a period shorter than the
+        tick is served at the tick)."""
+        return max(1, int(idle_ms // self.tick_ms))
+
+    def tick(self) -> None:
+        """The ownership tick (workers/ownership.py), then the idle work it owns, right after
+        its reads (also when they failed), so an idle releaser polls at one instant a tick:
+        each step that has not run for its idle period runs now, the schedules read their
+        listings' marks every MARKS_EVERY_MS and the clocks are checked every
+        CLOCK_EVERY_MS."""
+        self._tick_count += 1
+        try:
+            self.ownership.tick()
+        finally:
+            for step in self.paced:
+                step.tick()
+            if self._tick_count % self._ticks(MARKS_EVERY_MS) == 0:
+                self.schedules.wake()
+            if self._tick_count % self._ticks(CLOCK_EVERY_MS) == 0:
+                self._safely(self.check_clock)
 
     def _safely(self, job: Callable[[], bool | None]) -> bool | None:
         """Log and continue: one failing step never stops the releaser. Cassandra being

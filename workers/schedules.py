@@ -2,13 +2,14 @@
 
 What it costs when nothing fires: one read of the slots' marks
 (app.store.schedules.ScheduleStore.marks) when a process that changed a listing woke it
-(app.delivery.wakeups "schedules"), when the owned slots changed, or every MARKS_EVERY_MS as the
-safety net of a lost wake-up; a slot's listing is read again only when its mark moved, when
-the slot became ours, or every RELIST_MS; a schedule's row only when its listed version
-moved. Schedules are kept in memory with their cursor, so a tick
-walks them without a round trip and produces those due within app.schedules.manage.AHEAD_MS
-together, per topic, in steps of PRODUCE_STEP (app.schedules.manage.produce); when many fires come
-close together it starts earlier, by what it takes to make them (ScheduleRunner.due).
+(app.delivery.wakeups "schedules"), when the owned slots changed, or when the releaser's
+ownership tick wakes it every MARKS_EVERY_MS, the safety net of a lost wake-up; a slot's
+listing is read again only when its mark moved, when the slot became ours, or every RELIST_MS;
+a schedule's row only when its listed version moved. Schedules are kept in memory with their
+cursor, so a tick walks them without a round trip and produces those due within
+app.schedules.manage.AHEAD_MS together, per topic, in steps of PRODUCE_STEP
+(app.schedules.manage.produce); when many fires come close together it starts earlier, by what
+it takes to make them (ScheduleRunner.due).
 Exactly once holds whoever runs it: fires have deterministic ids and cursors move by LWT
 from the value read.
 """
@@ -29,13 +30,12 @@ from app.models import Topic
 from app.schedules import manage as schedules
 from app.services import Services
 from app.store.schedules import Schedule
-from workers.beat import Beat
 
 log = logging.getLogger("duetime.schedules")
 PRODUCERS = 4  # steps produced at once: each is a few batched round trips
 PRODUCE_STEP = 1000  # schedules of one topic produced by one step
 RELIST_MS = 60_000  # owned slots' listings are read again at least this often
-MARKS_EVERY_MS = 5000  # the marks are read at least this often without a wake-up
+MARKS_EVERY_MS = 5000  # the releaser's tick wakes the runner this often (workers.releaser)
 MAX_LEAD_MS = 30_000  # how far ahead a crowd of fires may start being made
 MIN_RATE = 100.0  # fires/s assumed at worst when planning a crowd's lead
 PLAN_MARGIN = 2.0  # a crowd is planned at half the rate measured: rates vary tick to tick
@@ -45,18 +45,13 @@ Key = tuple[uuid.UUID, str]
 
 class ScheduleRunner:
     def __init__(self, services: Services, owned: Callable[[], frozenset[int]],
-                 topic_of: Callable[[uuid.UUID], Topic | None], beat: Beat | None = None
-                 ) -> None:
-        """With a beat (workers/beat.py), the marks are read without a wake-up at the last
-        beat at most MARKS_EVERY_MS after the last read (the releaser ticks on its grid)."""
+                 topic_of: Callable[[uuid.UUID], Topic | None]) -> None:
         self.services = services
-        self.beat = beat
         self.owned = owned
         self.topic_of = topic_of
         self._listed: dict[int, dict[Key, int]] = {}  # slot -> schedule -> version listed
         self._marks: dict[int, uuid.UUID | None] = {}  # slot -> mark when last listed
         self._listed_at = 0
-        self._marks_due = 0.0  # when the marks are read without a wake-up (epoch s)
         self._woken = threading.Event()
         self._known: dict[Key, Schedule] = {}  # as last read or produced
         self._pool = ThreadPoolExecutor(PRODUCERS, thread_name_prefix="schedule")
@@ -113,8 +108,7 @@ class ScheduleRunner:
         """Read the listings of owned slots that changed; True when any listing did."""
         owned = sorted(self.owned())
         now = self.services.clock()
-        if not self._woken.is_set() and time.time() < self._marks_due and \
-                set(owned) == set(self._listed):
+        if not self._woken.is_set() and set(owned) == set(self._listed):
             return False
         self._woken.clear()  # before the read: a wake-up during it reads again
         try:
@@ -122,9 +116,6 @@ class ScheduleRunner:
         except DuetimeError:
             self._woken.set()  # not read: the next tick tries again
             raise
-        read_at = time.time()
-        self._marks_due = read_at + MARKS_EVERY_MS / 1000 if self.beat is None else \
-            self.beat.idle_until(read_at, MARKS_EVERY_MS / 1000, 0)
         if now - self._listed_at >= RELIST_MS:
             self._marks, self._listed_at = {}, now
         changed = [slot for slot in owned
