@@ -92,8 +92,9 @@ def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
                 raise NoReleaser(f"No releaser serving topic {topic.name!r} could be "
                                  "reached; retry.")
             return []
-        # no owner reachable (None), or one answered early with nothing (it lost the
-        # slots): ask again, as read then, until the call's wait is over
+        # no owner reachable (None, or [] while the slots are handed over), or one
+        # answered early with nothing (it lost the slots): ask again, as read then, until
+        # the call's wait is over
         time.sleep(BROKER_RETRY_S)
 
 
