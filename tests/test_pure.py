@@ -257,13 +257,11 @@ def test_a_restored_message_keeps_its_state_and_waits_no_earlier_than_now() -> N
             restored(broken, settings)
 
 
-def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_than_merge()\
-        -> None:
-    """A peeking read (app.delivery.scan._Reads with due_by_ms) over one lane of one bucket with
-    more partitions than are merged at once (MERGE_WIDTH): every pointer due by the window is
-    collected, whichever run its partition is in; of each partition only its first pointer
-    past the window is read, and the earliest of those is next_ms; every partition counts
-    as read whole (nothing due by the window is left in it)."""
+def test_a_read_of_more_partitions_than_merge_goes_run_by_run_in_due_order() -> None:
+    """A read (app.delivery.scan._Reads) over one lane of one bucket with more partitions than
+    are merged at once (MERGE_WIDTH): within a run the pointers come in due order, whichever
+    partition holds them; the next run is opened once the first is read; a quota stops the
+    read, and only partitions read to their end count as whole."""
     import uuid
     from types import SimpleNamespace
     from typing import Any
@@ -272,24 +270,28 @@ def test_a_peek_takes_one_pointer_past_the_window_from_each_of_more_partitions_t
     from app.models import Pointer
 
     count = MERGE_WIDTH + 8
-    taken = [0] * count
 
     def pointers(i: int) -> Any:
-        for due in (1000 + i, *(5000 + i + 1000 * k for k in range(10))):
-            taken[i] += 1
+        for due in (1000 + i, 5000 + i):
             yield Pointer(due, f"m{i}-{due}", 1, 0, i)
 
-    pages = iter([(i, pointers(i)) for i in range(count)])
-    reader = _LaneReader(list(range(count)), [7] * count, pages)
-    scanner: Any = SimpleNamespace(spent=SpentPointers())
-    topic: Any = SimpleNamespace(uid=uuid.uuid4())
-    reads = _Reads(scanner, topic, 1000, lambda key: False, None, due_by_ms=2000)
-    reads.run(reader, 1000)
-    assert sorted(p.due_at_ms for p in reads.unknown) == [1000 + i for i in range(count)]
-    assert reads.next_ms == 5000
-    # the first past the window and the one the merge holds behind it, not the other 8
-    assert taken == [3] * count
-    assert all(reads.progress[i].whole for i in range(count))
+    def read(quota: int) -> Any:
+        pages = iter([(i, pointers(i)) for i in range(count)])
+        reader = _LaneReader(list(range(count)), [7] * count, pages)
+        scanner: Any = SimpleNamespace(spent=SpentPointers())
+        topic: Any = SimpleNamespace(uid=uuid.uuid4())
+        reads = _Reads(scanner, topic, quota, lambda key: False, None)
+        reads.run(reader, quota)
+        return reads
+
+    first_run = [1000 + i for i in range(MERGE_WIDTH)] + [5000 + i for i in range(MERGE_WIDTH)]
+    whole = read(4 * count)
+    assert [p.due_at_ms for p in whole.unknown[:2 * MERGE_WIDTH]] == first_run
+    assert len(whole.unknown) == 2 * count
+    assert all(whole.progress[i].whole for i in range(count))
+    cut = read(MERGE_WIDTH + 1)
+    assert [p.due_at_ms for p in cut.unknown] == first_run[:MERGE_WIDTH + 1]
+    assert not any(state.whole for state in cut.progress.values())
 
 
 def test_a_quiet_topic_needs_a_sweep_for_a_pointer_at_its_cursor_or_a_straggler_behind_it(
@@ -424,6 +426,33 @@ def test_a_walks_cursor_trails_its_position_the_safety_lag_and_what_it_holds() -
     assert moves == {0: 19_000, 2: 12_000}  # shard 1's position moved less than a step
     assert walk.cursor == {0: 19_000, 1: 0, 2: 12_000}
     assert walk.cursor_moves(21_000, 1_000, {2: 12_000}, 5_000) == {}  # recorded as made
+
+
+def test_a_lane_with_a_backlog_keeps_a_position_of_its_own_and_holds_nothing_back() -> None:
+    """A read the quota stopped in one lane (a backlog) leaves that lane a position of its
+    own; its shard moves on for the other lanes, and is read again for the lane alone while
+    the lane is not closed (its room used up). A closed lane stays where its shard was; a
+    lane read whole follows its shard again. No cursor passes a lane's position."""
+    walk = Walk.starting_at({0: 1_000, 1: 1_000})
+    walk.record(10_000, {0: 1_000, 1: 1_000}, {0: 15_000, 1: 15_000}, 15_000, [0], {},
+                set(), lanes_ms={(0, 7): 4_000})
+    assert walk.position == {0: 15_000, 1: 15_000} and walk.lanes == {(0, 7): 4_000}
+    assert walk.lowest(0) == 4_000 and walk.lowest(1) == 15_000
+    # far from the window's end, but the lane is behind: shard 0 is read (the lane from 4 s)
+    assert walk.starts({}, 15_100, 1_500, 1_000) == {0: 15_000}
+    assert walk.starts({}, 15_100, 1_500, 1_000, closed=frozenset({(0, 7)})) == {}
+    # a closed lane not behind yet is pinned where its shard's position was
+    walk.record(11_000, {0: 15_000, 1: 15_000}, {0: 16_000, 1: 16_000}, 16_000, [0], {},
+                set(), lanes_ms={(0, 7): 6_000}, closed=frozenset({(1, 3)}))
+    assert walk.lanes == {(0, 7): 6_000, (1, 3): 15_000}
+    assert walk.cursor_moves(30_000, 1_000, {}, 1_000) == {0: 6_000, 1: 15_000}
+    # read whole: both follow their shards again
+    walk.record(12_000, {0: 16_000, 1: 16_000}, {0: 17_000, 1: 17_000}, 17_000, [0], {}, set())
+    assert walk.lanes == {} and walk.lowest(0) == 17_000
+    # a window with nothing in it is not passed while a lane is behind its start
+    walk.record(13_000, {0: 17_000}, {0: 18_000}, 18_000, [0], {}, set(),
+                lanes_ms={(0, 2): 2_000})
+    assert not walk.passed_empty(20_000, 25_000, 10_000)
 
 
 def test_a_walk_forgets_the_counts_of_buckets_its_window_left_behind() -> None:

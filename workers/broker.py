@@ -2,16 +2,17 @@
 
 API processes send their lease calls' *wants* (app.delivery.broker_wire) over TCP to the releasers
 owning the topic's shards, on the port number of the releaser's wake-ups, after a hello
-with the token the releaser publishes in its membership row (others are closed). The broker is the
-only reader of its shards for these wants: it finds what is due there (one scan for every
-want of a topic waiting together, at least FIND_AT_LEAST messages, the rest kept in a ready
-list for READY_FOR_MS), puts it in fair order, leases it on the callers' terms (one take:
-conditional batches per home across the wants) and sends it back. With nothing due now, a
-round prepares what comes due within the prepare lead, as a push is prepared: leased (its
-lease running from its due time) for the wants that still wait then, and sent at its due
-time. A want that found nothing waits, parked, until a pull wake-up names its topic (a write
-due soon), the prepare lead before the earliest pointer its scan saw ahead, the idle period
-(DUETIME_PULL_IDLE_MS) passes (a lost wake-up) or its wait ends.
+with the token the releaser publishes in its membership row (others are closed). The broker
+hands out what the releaser's walk (workers.walk) read of its shards: the walk holds, per pull
+topic, the waiting messages due by its look-ahead (at most HELD_MAX), here. A round puts those
+due now in fair order, leases them on the callers' terms (one take: conditional batches per
+home across the wants) and sends them back. With nothing due now, it prepares what comes due
+within the prepare lead, as a push is prepared: leased (its lease running from its due time)
+for the wants that still wait then, and sent at its due time. A round first has the walk
+read the topic (`read_now`) where a write count moved, unless a read of it began after its
+newest want came; a want that finds nothing then waits, parked, until the walk holds
+more of the topic, a pull wake-up names it (a write due soon), the prepare lead before the
+earliest message held, the idle period (DUETIME_PULL_IDLE_MS) passes or its wait ends.
 """
 
 from __future__ import annotations
@@ -26,31 +27,33 @@ import socketserver
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
-from app.delivery.fairness import fair_order, known_turns_end
-from app.delivery.leasing import CURSOR_STEP_MS, Hold, give_back, passed_over, take_with_payloads
-from app.delivery.scan import Due
+from app.delivery.fairness import fair_order
+from app.delivery.leasing import Hold, give_back, passed_over, take_with_payloads
+from app.delivery.scan import Due, PointerKey, is_live
 from app.models import Topic
 from app.services import Services
 
-FIND_AT_LEAST = 32
 # A round takes at most this many messages, and the next round starts at once. Its take must
 # end within its callers' waits: the desk gives back what comes after a want's wait plus
 # ANSWER_GRACE_S, and rounds of thousands of LWTs on a loaded host came back too late, round
 # after round, so calls asking for hundreds got nothing while their messages went back and
 # forth.
 ROUND_MAX = 250
-READY_FOR_MS = 1000
+# The most messages the walk holds here for one topic, and for one fair-delivery lane of a
+# shard: a backlog is read this many at a time, and a lane with one does not keep the others'
+# messages out (their turns come from what is held: app.delivery.fairness).
+HELD_MAX = 8192
+HELD_PER_LANE = 128
 # A prepared round takes only what comes due within this of its earliest message: a want's
 # share is handed out at its latest due time, so this is the most its first waits.
 SHARE_SPREAD_MS = 10
 UNKNOWN_RECHECK_S = 0.1
-PEEK_MAX_MS = 5000
 BROKER_THREADS = 4
 log = logging.getLogger("duetime.broker")
 
@@ -60,32 +63,40 @@ Reply = Callable[[bytes], None]
 class _Parked:
     """A want waiting for messages, with where its answer goes and until when it waits."""
 
-    def __init__(self, want: Want, reply: Reply, link: int) -> None:
+    def __init__(self, want: Want, reply: Reply, link: int, arrived_ms: int) -> None:
         self.want = want
         self.reply = reply
         self.link = link
+        self.arrived_ms = arrived_ms  # epoch ms, the releaser's clock
         self.deadline = time.monotonic() + want.wait_ms / 1000
 
 
 class Broker:
     """Serves wants for the shards the releaser owns. Thread-safe; one per releaser.
     `shards_of(topic)` gives the topic's shards this releaser owns now; `on_unknown(uid)`
-    is told of a want for a topic `topic_of` does not know (yet)."""
+    is told of a want for a topic `topic_of` does not know (yet); `read_now(topic, since)`
+    has the walk read the topic unless a read of it began at or after `since` (epoch ms)."""
 
     def __init__(self, services: Services, token: str,
                  topic_of: Callable[[uuid.UUID], Topic | None],
                  shards_of: Callable[[Topic], set[int]],
-                 on_unknown: Callable[[uuid.UUID], None]) -> None:
+                 on_unknown: Callable[[uuid.UUID], None],
+                 read_now: Callable[[Topic, int], None]) -> None:
         self.services = services
         self.token = token
         self.topic_of = topic_of
         self.shards_of = shards_of
         self.on_unknown = on_unknown
+        self.read_now = read_now
         self.recheck_s = services.config.pull_idle_ms / 1000
         self.lead_ms = services.config.release_prepare_ms
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
-        self._ready: dict[uuid.UUID, tuple[float, list[Due]]] = {}
+        # per topic, the waiting messages the walk read (workers.releaser.Releaser.walk)
+        self.held: dict[uuid.UUID, dict[PointerKey, Due]] = {}
+        # per topic, how many are held of each (shard, lane)
+        self.lane_counts: dict[uuid.UUID, Counter[tuple[int, int]]] = {}
+        self._woken_at: dict[uuid.UUID, int] = {}  # topic -> its last pull wake-up (epoch ms)
         # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
         self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
         self._serving: set[uuid.UUID] = set()
@@ -123,17 +134,58 @@ class Broker:
 
     def want(self, want: Want, reply: Reply, link: int) -> None:
         with self._lock:
-            self._wants[want.topic_uid].append(_Parked(want, reply, link))
+            self._wants[want.topic_uid].append(_Parked(want, reply, link,
+                                                       self.services.clock()))
         self._kick(want.topic_uid)
 
     def woken(self, topic_uid: uuid.UUID) -> None:
-        """A pointer of the topic due soon was written: what the ready list holds is not the
-        whole truth any more, and waiting wants look again."""
+        """A pointer of the topic due soon was written: waiting wants look again, and have
+        the walk read the topic if it has not since."""
         with self._lock:
-            self._ready.pop(topic_uid, None)
+            self._woken_at[topic_uid] = self.services.clock()
             waiting = bool(self._wants.get(topic_uid))
         if waiting:
             self._kick(topic_uid)
+
+    def hold(self, topic_uid: uuid.UUID, found: list[Due]) -> None:
+        """What the walk read of the topic: waiting messages, handed out from here (those
+        held already are not read again: holds)."""
+        if not found:
+            return
+        with self._lock:
+            held = self.held.setdefault(topic_uid, {})
+            lanes = self.lane_counts.setdefault(topic_uid, Counter())
+            for d in found:
+                key = (topic_uid, d.pointer.id, d.pointer.version)
+                if key not in held:
+                    held[key] = d
+                    lanes[(d.pointer.shard, d.pointer.lane)] += 1
+            waiting = bool(self._wants.get(topic_uid))
+        if waiting:
+            self._kick(topic_uid)
+
+    def holds(self, key: PointerKey) -> bool:
+        """Whether the pointer (topic uid, message id, version) is held here."""
+        held = self.held.get(key[0])
+        return held is not None and key in held
+
+    def room(self, topic_uid: uuid.UUID) -> int:
+        """How many more messages of the topic the walk may hold here."""
+        return HELD_MAX - len(self.held.get(topic_uid, ()))
+
+    def full_lanes(self, topic_uid: uuid.UUID) -> frozenset[tuple[int, int]]:
+        """The (shard, lane)s of the topic of which HELD_PER_LANE or more are held."""
+        with self._lock:
+            lanes = self.lane_counts.get(topic_uid)
+            if not lanes:
+                return frozenset()
+            return frozenset(lane for lane, n in lanes.items() if n >= HELD_PER_LANE)
+
+    def held_pointers(self) -> list[tuple[uuid.UUID, int, int]]:
+        """(topic uid, shard, due ms) of every message held: no cursor may pass one."""
+        with self._lock:
+            return [(uid, d.pointer.shard, d.pointer.due_at_ms)
+                    for uid, held in self.held.items() for d in held.values()]
 
     def withdraw(self, link: int, want_id: int) -> None:
         """The want's call got its answer elsewhere or left: if it still waits here, it is
@@ -307,40 +359,44 @@ class Broker:
 
     def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
                ) -> tuple[dict[int, list[Taken]], int | None, bool]:
-        """Lease due messages of these shards for the wants, in fair order, in arrival
+        """Lease held messages of these shards for the wants, in fair order, in arrival
         order of the wants, at most ROUND_MAX in all; with none due now, those due within
-        the prepare lead, for the wants that still wait then. Returns {id(want): taken};
-        when a scan found nothing due, the earliest pointer it saw ahead (epoch ms); and
-        whether the cap cut the round short."""
+        the prepare lead, for the wants that still wait then. Returns {id(want): taken}; the
+        earliest message held past those (epoch ms); and whether the cap cut the round
+        short."""
         services = self.services
-        now = services.clock()
         wants = [p.want for p in parked]
         wanted = sum(w.n for w in wants)
         total = min(wanted, ROUND_MAX)
-        ready = self._fresh_ready(topic.uid, now)
-        result = None
-        if ready is None or len(ready) < total:
-            longest = max(w.wait_ms for w in wants)
-            result = services.scanner.scan(topic, now, max(total, FIND_AT_LEAST), shards,
-                                           ahead_ms=self.lead_ms,
-                                           peek_ms=min(longest, PEEK_MAX_MS))
-            paused = passed_over(services, topic, result.due)
-            services.scanner.spend(topic, [d.pointer for d in result.due
-                                           if d.row.id in paused])
-            ready = fair_order([d for d in result.due if d.row.id not in paused])
-        found = ready
-        due_now = [d for d in ready if d.row.due_at_ms <= now]
-        if due_now or not ready:  # what comes due later is found again by the next read
-            ready = due_now
-            chunk, owners = _share(ready, [w.n for w in wants], total)
-            kept_end = known_turns_end(ready, len(chunk)) if result is not None else None
-            rest = ready[len(chunk):kept_end]
-        else:
-            chunk, owners = _prepared_share(ready, parked, total, now)
-            rest = []
+        now = services.clock()
+        # what was written before the newest want came (or the last pull wake-up) is read
+        # first, where its write counts moved: a round hands out in fair order what is due,
+        # not only what the walk had read by then
+        with self._lock:
+            since = max([p.arrived_ms for p in parked] + [self._woken_at.get(topic.uid, 0)])
+        self.read_now(topic, since)
+        now = services.clock()
+        held = self._held_of(topic.uid, shards)
+        paused = passed_over(services, topic, held)
+        if paused:  # resuming brings them back (app.campaigns.operations)
+            gone = [d for d in held if d.row.id in paused]
+            services.scanner.spend(topic, [d.pointer for d in gone])
+            self._drop(topic.uid, gone)
+            held = [d for d in held if d.row.id not in paused]
+        due_now = fair_order([d for d in held if is_live(d.pointer, d.row, now)])
+        if due_now:
+            chunk, owners = _share(due_now, [w.n for w in wants], total)
+        else:  # a consumer's lease still running is never taken over, however soon it ends
+            chunk, owners = _prepared_share(
+                [d for d in held if is_live(d.pointer, d.row, now, self.lead_ms)], parked,
+                total, now)
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         taken = take_with_payloads(services, topic, chunk, now, holds,
                                    ahead_ms=0 if due_now else self.lead_ms) if chunk else []
+        # a pointer whose take was decided (leased, lost to another writer, made dead) is
+        # spent; one undecided (a write failed) or not due yet stays held for the next round
+        self._drop(topic.uid, [d for d in chunk if (topic.uid, d.pointer.id, d.pointer.version)
+                               in services.scanner.spent])
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         answers: dict[int, list[Taken]] = defaultdict(list)
         for row, payload in taken:
@@ -348,24 +404,47 @@ class Broker:
             if payload is not None:  # else it comes due again when its lease runs out
                 answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
                                                    d.row.due_at_ms))
-        with self._lock:
-            self._ready[topic.uid] = (time.monotonic() + READY_FOR_MS / 1000, rest)
-        won = {row.id for row, _ in taken}
-        if result is not None:
-            moves = result.moves([d for d in found if d.row.id not in won])
-            services.scanner.advance(topic, {s: ms for s, ms in moves.items()
-                                             if ms >= result.cursors_ms[s] + CURSOR_STEP_MS})
         # the wants left look again at the prepare lead before what comes next
-        ahead = [d.row.due_at_ms for d in found if d.row.id not in won and d.row.due_at_ms > now]
-        next_ms = min(ahead) if ahead else result.next_ms if result is not None else None
-        return answers, next_ms, len(chunk) == total < wanted
+        ahead = [d.row.due_at_ms for d in self._held_of(topic.uid, shards)
+                 if d.row.due_at_ms > now]
+        return answers, min(ahead, default=None), len(chunk) == total < wanted
 
-    def _fresh_ready(self, topic_uid: uuid.UUID, now: int) -> list[Due] | None:
+    def _held_of(self, topic_uid: uuid.UUID, shards: set[int]) -> list[Due]:
+        """The messages held of the topic's shards in `shards`; those of others (their
+        slots moved) are dropped: their new owner's walk reads them from the cursors, which
+        never passed a message held here."""
         with self._lock:
-            found = self._ready.pop(topic_uid, None)
-        if found is None or found[0] < time.monotonic():
-            return None
-        return [d for d in found[1] if d.row.due_at_ms <= now]
+            held = self.held.get(topic_uid)
+            if not held:
+                return []
+            for key in [k for k, d in held.items() if d.pointer.shard not in shards]:
+                self._unhold(topic_uid, held, key)
+            return list(held.values())
+
+    def _unhold(self, topic_uid: uuid.UUID, held: dict[PointerKey, Due], key: PointerKey) -> None:
+        """Under the lock: the message is no longer held."""
+        d = held.pop(key, None)
+        lanes = self.lane_counts.get(topic_uid)
+        if d is not None and lanes is not None:
+            lanes[(d.pointer.shard, d.pointer.lane)] -= 1
+
+    def _drop(self, topic_uid: uuid.UUID, done: list[Due]) -> None:
+        with self._lock:
+            held = self.held.get(topic_uid)
+            if held is None:
+                return
+            for d in done:
+                self._unhold(topic_uid, held, (topic_uid, d.pointer.id, d.pointer.version))
+            if not held:
+                del self.held[topic_uid]
+                self.lane_counts.pop(topic_uid, None)
+
+    def forget(self, topic_uid: uuid.UUID) -> None:
+        """A deleted topic: what is held of it goes."""
+        with self._lock:
+            self.held.pop(topic_uid, None)
+            self.lane_counts.pop(topic_uid, None)
+            self._woken_at.pop(topic_uid, None)
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
         """Serve the topic's parked wants at when_s (monotonic s), if any wait then."""

@@ -13,16 +13,16 @@ requests it holds.
   other processes wrote, and every topic_refresh_ms the whole list, so new topics start at
   once and deleted ones stop;
 - walk (woken by "due": release_rescan_ms; idle: release_idle_ms): per owned shard of each
-  webhook topic a position in memory (workers/walk.py), started at the shard's durable
-  cursor; pointers due up to now + lookahead go into the timer heap. Only topics listed in
+  topic a position in memory (workers/walk.py), started at the shard's durable cursor;
+  pointers due up to now + lookahead go into the timer heap (webhook topics) or to the
+  broker, which hands them to lease calls (pull topics: workers/broker.py). Only topics listed in
   active_topics for the window's buckets are read, and of those only where a write count
   (bucket_writes) moved since the last read, or the position nears the window's end; all
   counts are read in one round trip (workers/count_reads.py). It writes the durable
   cursors, never past a timer it holds;
 - sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
-  move stragglers (pointers written behind a webhook topic's walk or a pull topic's
-  cursors, found by their partition's write count) to now; for pull topics, keep cursors
-  moving, so the brokers' scans stay short. A quiet topic (caught up, no pointer near now)
+  move stragglers (pointers written behind the walk's positions, found by their
+  partition's write count) to now. A quiet topic (caught up, no pointer near now)
   is skipped without a read until a pointer of it comes near now (active_topics) or a
   process writes pointers of it (topic_writes, which a pointer written behind its cursors
   also records), or up to five minutes have passed: two reads a sweep for all topics.
@@ -70,7 +70,7 @@ from app.ops import clock_skew, metrics
 from app.services import Services
 from app.store.ownership import OwnershipStore
 from workers.beat import Beat
-from workers.broker import Broker
+from workers.broker import HELD_PER_LANE, Broker
 from workers.catch_up import Behind, reach_ms, with_stragglers
 from workers.count_reads import Counts, read_counts
 from workers.operations import OperationRunner
@@ -94,18 +94,12 @@ WALK_READERS = 8
 SWEEPERS = 4
 SWEEP_REST_SHARE = 1.0
 MAX_TIMERS_PER_SCAN = 20_000
-PULL_SWEEP_WANT = 25
 REPORT_EVERY_MS = 10_000
 CLOCK_EVERY_MS = 10_000
 # A cursor is written only when it moves this far: a busy topic costs a write per shard
 # every 5 s, not every step, and a new walk re-reads at most this much of spent timeline.
 CURSOR_STEP_MS = 5000
 CATCH_UP_EVERY_MS = 5000  # stragglers are already late; their search costs a read per topic
-# Consumers' lease calls move a pull topic's cursors themselves; the sweep only moves those
-# left behind (nobody polled, or everything was cancelled), at most this often per topic: a
-# scan that finds a backlog nobody consumes cannot move its cursor, and repeating it every
-# sweep cost a fifth of a core with a score of drained or idle topics.
-PULL_KEEP_EVERY_MS = 10_000
 PREPARE_EVERY_MS = 100
 IDLE_DISPATCH_WAIT_S = 5.0
 OPERATIONS_EVERY_MS = 1000
@@ -182,7 +176,7 @@ class Releaser:
         self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
         broker_token = secrets.token_urlsafe(24)  # new at every start: a restart revokes it
         self.broker = Broker(services, broker_token, self._topics.get, self._shards_owned,
-                             lambda uid: self._following.wake())
+                             lambda uid: self._following.wake(), self.read_now)
         self.wakes = bind_listeners(cfg, self.broker)
         # the ownership tick's period: every idle poll of this releaser falls on its instants
         self.beat = Beat(cfg.release_lease_ms / RENEW_FRACTION)
@@ -192,7 +186,7 @@ class Releaser:
                                        self._gave_back_slots)
         self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
-        self._walks: dict[uuid.UUID, Walk] = {}  # per webhook topic with owned shards
+        self._walks: dict[uuid.UUID, Walk] = {}  # per topic with owned shards
         self._cursors_at = 0  # when the walk last wrote cursors (epoch ms)
         # when the walk last looked at every topic (epoch ms), and whether it must at once
         self._passed_at = 0
@@ -208,7 +202,6 @@ class Releaser:
         self._sweepers = ThreadPoolExecutor(SWEEPERS, thread_name_prefix="sweep")
         self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
         self._last_catch_up = 0
-        self._pull_kept: dict[uuid.UUID, int] = {}  # topic -> when its cursors were last kept
         # topic -> (when a sweep last found it quiet, its lowest owned cursor then)
         self._quiet: dict[uuid.UUID, tuple[int, int]] = {}
         self._last_recheck = 0
@@ -247,7 +240,7 @@ class Releaser:
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)
         self.wakes.on("slots", self._claim_share_now)
-        self.wakes.on_pull(self.broker.woken)  # a write of a pull topic due soon
+        self.wakes.on_pull(self._pull_woken)  # a write of a pull topic due soon
 
     def start(self) -> None:
         cfg = self.services.config
@@ -364,6 +357,7 @@ class Releaser:
         for uid in gone:  # what the steps recorded of a deleted topic
             for records in self._per_topic_records():
                 records.pop(uid, None)
+            self.broker.forget(uid)
         if any(uid not in before for uid in self._topics):
             self._everyone = True
             self._walking.wake()
@@ -399,8 +393,9 @@ class Releaser:
         return found
 
     def walk(self) -> None:
-        """One step of the walk (workers.walk) over the owned shards of webhook topics: what
-        is due by now + look-ahead goes into the timer heap. One read lists the topics with
+        """One step of the walk (workers.walk) over the owned shards of every topic: what
+        waits by now + look-ahead goes into the timer heap (webhook topics) or to the broker
+        (pull topics, at most broker.HELD_MAX a topic). One read lists the topics with
         pointers in the window's buckets (active_topics) and one round trip their write
         counts; a topic is read only where its counts moved, its position nears the window's
         end, or its walk is new (from its durable cursors: a claimed slot, a new topic, a
@@ -423,7 +418,7 @@ class Releaser:
             candidates = list(self._topics.values())
         else:  # the others' walks wait: nothing of theirs lies in the window
             candidates = [t for uid in active if (t := self._topics.get(uid)) is not None]
-        owned = list(self._owned_shards([t for t in candidates if t.pushed]))
+        owned = list(self._owned_shards(candidates))
         walks = self._walks_of(owned)
         while self._again:  # appended by the takers; drained here, between two reads
             uid, shard, due = self._again.popleft()
@@ -432,18 +427,7 @@ class Releaser:
         # before any pointer is read, so a pointer written after them moves its count again
         counts = read_counts(self.services.timeline,
                              {t.uid: window for t, _ in owned if t.uid in active})
-        reads = []
-        for topic, mine in owned:
-            walk = walks[topic.uid]
-            if topic.uid not in active and walk.passed_empty(now, horizon, window_start):
-                continue
-            found = counts.get(topic.uid, {})
-            starts = walk.starts(found, horizon, self._refill_ms, cfg.safety_lag_ms)
-            if starts:
-                reads.append((topic, mine, walk, starts, found))
-        # topics it never read first: one made a moment ago may have a message due in 200 ms,
-        # and waited its turn among the hundred a retry storm keeps changing
-        reads.sort(key=lambda read: read[2].read_at is not None)
+        reads = self._reads_of(owned, walks, active, counts, now, horizon)
         futures = []
         if now - self._cursors_at >= CURSOR_STEP_MS:  # from the positions the last step left
             self._cursors_at = now
@@ -454,6 +438,54 @@ class Releaser:
                     for topic, mine, walk, starts, found in reads]
         all_done(futures)  # a failed read fails the step; the next one repeats it
 
+    def _reads_of(self, owned: list[tuple[Topic, dict[int, int]]], walks: dict[uuid.UUID, Walk],
+                  active: set[uuid.UUID], counts: dict[uuid.UUID, Counts], now: int,
+                  horizon: int) -> list[tuple[Topic, dict[int, int], Walk, dict[int, int], Counts]]:
+        """The reads a walk step makes: (topic, owned shards, walk, starts, counts), those it
+        never read first (one made a moment ago may have a message due in 200 ms, and waited
+        its turn among the hundred a retry storm keeps changing)."""
+        safety_lag_ms = self.services.config.safety_lag_ms
+        reads = []
+        for topic, mine in owned:
+            walk = walks[topic.uid]
+            if topic.uid not in active and walk.passed_empty(now, horizon, now - WINDOW_BACK_MS):
+                continue
+            if not topic.pushed and self.broker.room(topic.uid) <= 0:
+                continue  # a backlog nobody takes: read on once the broker hands some out
+            found = counts.get(topic.uid, {})
+            starts = walk.starts(found, horizon, self._refill_ms, safety_lag_ms,
+                                 self._closed_lanes(topic))
+            if starts:
+                reads.append((topic, mine, walk, starts, found))
+        reads.sort(key=lambda read: read[2].read_at is not None)
+        return reads
+
+    def read_now(self, topic: Topic, since_ms: int) -> None:
+        """On a broker thread, for wants that found nothing due held: read the topic's owned
+        shards at once, where its write counts moved (or its walk is new), unless a read of
+        it began at or after since_ms (epoch ms), which saw every write before then."""
+        mine = dict(next(self._owned_shards([topic]), (topic, {}))[1])
+        if not mine:
+            return
+        walk = self._walks_of([(topic, mine)])[topic.uid]
+        if walk.read_at is not None and walk.read_at >= since_ms:
+            return
+        cfg = self.services.config
+        now = self.services.clock()
+        horizon = now + cfg.release_lookahead_ms
+        window = list(range(bucket_of(now - WINDOW_BACK_MS, cfg.bucket_ms),
+                            bucket_of(horizon, cfg.bucket_ms) + 1))
+        counts = read_counts(self.services.timeline, {topic.uid: window}).get(topic.uid, {})
+        starts = walk.starts(counts, horizon, self._refill_ms, cfg.safety_lag_ms,
+                             self._closed_lanes(topic))
+        if starts and self.broker.room(topic.uid) > 0:
+            self._read_walk(topic, mine, walk, starts, now, horizon, window, counts)
+
+    def _pull_woken(self, topic_uid: uuid.UUID) -> None:
+        """A pull wake-up: the broker's waiting wants look again, and the walk reads."""
+        self.broker.woken(topic_uid)
+        self._walking.wake()
+
     def _read_again(self, topic_uid: uuid.UUID, pointers: list[Pointer]) -> None:
         """On a taker thread: the walk reads these pointers again (their take failed)."""
         self._again.extend((topic_uid, p.shard, p.due_at_ms) for p in pointers)
@@ -463,19 +495,38 @@ class Releaser:
         """The walk of each topic, new ones (a topic or owned shard it had none of) started at
         their durable cursors, read for all of them in one round trip."""
         new = [(topic, mine) for topic, mine in owned
-               if (w := self._walks.get(topic.uid)) is None or w.shards != frozenset(mine)]
+               if (w := self._walks.get(topic.uid)) is None or w.shards != frozenset(mine)
+               or w.pushed != topic.pushed]
         stored = self.services.timeline.cursors_of([t.uid for t, _ in new]) if new else {}
         for topic, mine in new:
             self._walks[topic.uid] = Walk.starting_at(
-                self._starts(topic, mine, stored.get(topic.uid, {})))
+                self._starts(topic, mine, stored.get(topic.uid, {})), topic.pushed)
         return {topic.uid: self._walks[topic.uid] for topic, _ in owned}
 
     def _read_walk(self, topic: Topic, mine: dict[int, int], walk: Walk, starts: dict[int, int],
                    began: int, horizon: int, window: list[int], counts: Counts) -> None:
-        result = self.services.scanner.upcoming(topic, starts, horizon, MAX_TIMERS_PER_SCAN // 4,
-                                                self.timers.holds)
-        self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
-        walk.record(began, starts, result.frontier_ms, horizon, window, counts, result.incomplete)
+        """Read the shards from `starts` to the horizon: what waits there goes into the timer
+        heap (a webhook topic) or to the broker (a pull topic, at most its room). One read
+        of a topic at a time: the walk's and the broker's (read_now) take turns."""
+        with walk.lock:
+            closed = self._closed_lanes(topic)
+            if topic.pushed:
+                result = self.services.scanner.upcoming(topic, starts, horizon,
+                                                        MAX_TIMERS_PER_SCAN // 4, self.timers.holds,
+                                                        walk.lanes)
+                self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
+            else:
+                want = max(1, min(self.broker.room(topic.uid), HELD_PER_LANE))
+                result = self.services.scanner.upcoming(topic, starts, horizon, want,
+                                                        self.broker.holds, walk.lanes, closed)
+                self.broker.hold(topic.uid, result.due)
+            walk.record(began, starts, result.frontier_ms, horizon, window, counts,
+                        result.incomplete, result.lanes_ms, closed)
+
+    def _closed_lanes(self, topic: Topic) -> frozenset[tuple[int, int]]:
+        """The (shard, lane)s of a pull topic the walk does not read now: the broker holds
+        enough of them (workers.broker.HELD_PER_LANE)."""
+        return frozenset() if topic.pushed else self.broker.full_lanes(topic.uid)
 
     def _write_cursors(self, walked: list[tuple[Topic, Walk]], now: int) -> list[Future[Any]]:
         """Write the durable cursors of these topics' walks that may move CURSOR_STEP_MS or
@@ -488,12 +539,12 @@ class Releaser:
                                                CURSOR_STEP_MS))]
 
     def _held(self) -> dict[uuid.UUID, dict[int, int]]:
-        """{topic: {shard: the earliest due time (epoch ms) of a timer it holds}}, the
-        pointers handed back since the walk's step drained them included (a taker's failed
-        take: no longer held, its position not yet moved back)."""
+        """{topic: {shard: the earliest due time (epoch ms) of a message it holds}}: the timers,
+        the broker's held messages, and the pointers handed back since the walk's step drained
+        them (a taker's failed take: no longer held, its position not yet moved back)."""
         held: dict[uuid.UUID, dict[int, int]] = {}
         pending = [(t.topic_uid, t.due.pointer.shard, t.due.pointer.due_at_ms)
-                   for t in self.timers.items()] + list(self._again)
+                   for t in self.timers.items()] + list(self._again) + self.broker.held_pointers()
         for uid, shard, due in pending:
             of_topic = held.setdefault(uid, {})
             of_topic[shard] = min(of_topic.get(shard, due), due)
@@ -551,10 +602,10 @@ class Releaser:
         # topics are swept SWEEPERS at a time: one after another, a crowded keyspace (a few
         # hundred awake topics) made a sweep take 15-40 s of round trips, and what only the
         # sweep finds (stragglers) waited that long
-        work = [self._sweepers.submit(self._sweep_topic, topic, mine, starts_of[topic.uid],
-                                      stored, now, topic.uid in recent,
+        work = [self._sweepers.submit(self._sweep_topic, topic, starts_of[topic.uid],
+                                      now, topic.uid in recent,
                                       topic.uid in straggling, straggling.get(topic.uid))
-                for topic, mine, stored in plans]
+                for topic, _, _ in plans]
         try:
             all_done(work)  # every topic swept before a failure ends the step
         finally:
@@ -564,7 +615,8 @@ class Releaser:
 
     def _per_topic_records(self) -> tuple[dict[uuid.UUID, Any], ...]:
         """What the steps record of each topic, keyed by its uid: a deleted topic's go."""
-        return (self._pull_kept, self._quiet, self._walks, self._behind)
+        return (self._quiet, self._walks, self._behind, self.broker.held,
+                self.broker.lane_counts)
 
     def _forget_gone(self) -> None:
         """Drop what the steps recorded of topics no longer known. follow_topics drops a
@@ -587,20 +639,20 @@ class Releaser:
     def _behind_of(self, topic: Topic, mine: dict[int, int], stored: dict[int, int], now: int,
                    held: dict[int, int]) -> dict[int, int]:
         """{owned shard: where the sweep's catch-up looks behind, and quiet is judged from}:
-        for a webhook topic the walk's positions, never past now less the safety lag (what
-        lands behind them the walk does not read again) or a timer it holds (`held`: {shard:
-        due ms}; the walk read it, and the catch-up would move it again); else the stored
-        cursors."""
+        the walk's positions, never past now less the safety lag (what lands behind them the
+        walk does not read again) or a message it holds (`held`: {shard: due ms}; the walk
+        read it, and the catch-up would move it again); for a topic the walk has not read,
+        the stored cursors."""
         walk = self._walked(topic, mine)
         if walk is None:
             return self._starts(topic, mine, stored)
         through = now - self.services.config.safety_lag_ms
-        return {s: min(at, through, held.get(s, at)) for s, at in walk.position.items()}
+        return {s: min(walk.lowest(s), through, held.get(s, through)) for s in walk.position}
 
     def _walked(self, topic: Topic, mine: dict[int, int]) -> Walk | None:
-        """The walk of a webhook topic that has read these owned shards, else None."""
+        """The walk of the topic that has read these owned shards, else None."""
         walk = self._walks.get(topic.uid)
-        if not topic.pushed or walk is None or walk.read_at is None \
+        if walk is None or walk.read_at is None \
                 or walk.shards != frozenset(mine):
             return None
         return walk
@@ -621,28 +673,19 @@ class Releaser:
         return with_stragglers(self.services.timeline, behind, cfg.bucket_ms,
                                cfg.release_catchup_ms)
 
-    def _sweep_topic(self, topic: Topic, mine: dict[int, int], starts: dict[int, int],
-                     stored: dict[int, int], now: int, recent: bool, catch_up: bool,
-                     counts: Counts | None) -> None:
-        """One topic's share of a sweep, from `starts` (its cursors as stored, else where it
-        began): the catch-up when asked (from `counts` when read already), then its cursors
-        kept (pull) or its pointers put into the heap and its cursors moved (webhook), then
-        whether it is quiet. Runs beside other topics' shares: it touches only this topic's
-        entries of the releaser's records."""
+    def _sweep_topic(self, topic: Topic, starts: dict[int, int], now: int, recent: bool,
+                     catch_up: bool, counts: Counts | None) -> None:
+        """One topic's share of a sweep, from `starts` (the walk's positions, capped at now
+        less the safety lag): the catch-up when asked (from `counts` when read already),
+        then whether it is quiet. Runs beside other topics' shares: it touches only this
+        topic's entries of the releaser's records."""
         failed = None
         if catch_up:
             try:
                 self._catch_up(topic, starts, now, counts)
             except StoreUnavailable as exc:  # its cursors are swept all the same: a
                 failed = exc  # straggler's count stays unrecorded, so the next one reads it
-        moves = {}
-        if not topic.pushed:  # a webhook topic's cursors are the walk's
-            safety_lag_ms = self.services.config.safety_lag_ms
-            behind = {s for s, start in starts.items()
-                      if start < now - safety_lag_ms - CURSOR_STEP_MS}
-            moves = self._keep_pull_cursors(topic, behind, stored, now)
-        self._note_quiet(topic, {s: moves.get(s, start) for s, start in starts.items()},
-                         recent, now)
+        self._note_quiet(topic, starts, recent, now)
         if failed is not None:
             raise failed
 
@@ -724,21 +767,6 @@ class Releaser:
                 if d.row.id not in done:
                     seen.pop((bucket_of(d.pointer.due_at_ms, self.services.config.bucket_ms),
                               d.pointer.shard), None)
-
-    def _keep_pull_cursors(self, topic: Topic, behind: set[int], stored: dict[int, int],
-                           now: int) -> dict[int, int]:
-        """Move the pull cursors of shards left behind (as the sweep read them) over spent
-        pointers, stopping at the first live ones; at most every PULL_KEEP_EVERY_MS per
-        topic, so a backlog nobody consumes costs a few reads per interval. Returns the
-        moves."""
-        if not behind or now < self._pull_kept.get(topic.uid, 0) + PULL_KEEP_EVERY_MS:
-            return {}
-        self._pull_kept[topic.uid] = now
-        result = self.services.scanner.scan(topic, now, PULL_SWEEP_WANT, behind, stored)
-        moves = {s: ms for s, ms in result.moves(result.due).items()
-                 if ms >= result.cursors_ms[s] + CURSOR_STEP_MS}
-        self.services.scanner.advance(topic, moves)
-        return moves
 
     def _dispatch_loop(self) -> None:
         """Every PREPARE_EVERY_MS, hand what is due within the lead (plus that period) to the

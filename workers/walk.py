@@ -1,4 +1,4 @@
-"""The walk's record of one webhook topic: per owned shard, how far its timeline has been read
+"""The walk's record of one topic: per owned shard, how far its timeline has been read
 (docs/design.md, "How a due message is found"). Pure: the releaser reads and writes.
 
 `position[shard]`: every pointer of the shard due before it was read into the timer heap (or
@@ -16,9 +16,12 @@ durable cursor as the walk started from it or last wrote it.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
 Cell = tuple[int, int]  # (bucket, shard)
+Lane = tuple[int, int]  # (shard, fair-delivery lane)
 
 
 @dataclasses.dataclass
@@ -26,13 +29,20 @@ class Walk:
     shards: frozenset[int]
     position: dict[int, int]  # epoch ms, per owned shard
     cursor: dict[int, int]  # epoch ms, per owned shard
+    pushed: bool = True  # whether its topic is a webhook topic (else pull) when it began
+    # lanes with a position of their own, behind their shard's: a read the quota stopped
+    # there (a backlog), or one whose room is used up (`closed`: the broker holds enough)
+    lanes: dict[Lane, int] = dataclasses.field(default_factory=dict)
     cells: dict[Cell, int | None] = dataclasses.field(default_factory=dict)
     read_at: int | None = None  # epoch ms: when the last read began; None: never read
+    # held by whoever reads the topic's shards (the walk's step, or a broker's read_now)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False,
+                                             compare=False)
 
     @classmethod
-    def starting_at(cls, cursors: Mapping[int, int]) -> Walk:
+    def starting_at(cls, cursors: Mapping[int, int], pushed: bool = True) -> Walk:
         """A walk of these shards from their durable cursors."""
-        return cls(frozenset(cursors), dict(cursors), dict(cursors))
+        return cls(frozenset(cursors), dict(cursors), dict(cursors), pushed)
 
     def moved(self, counts: Mapping[Cell, int]) -> set[int]:
         """The owned shards with a cell whose count differs from the one recorded (a cell
@@ -41,32 +51,52 @@ class Walk:
                 and self.cells.get((b, s), -1) != n}
 
     def starts(self, counts: Mapping[Cell, int], horizon_ms: int, refill_ms: int,
-               safety_lag_ms: int) -> dict[int, int]:
-        """{shard: where this step's read of it starts (epoch ms)}, given the counts of the
-        window's buckets read now; empty when nothing needs a read."""
+               safety_lag_ms: int, closed: AbstractSet[Lane] = frozenset()) -> dict[int, int]:
+        """{shard: where this step's read of it starts (epoch ms; its lanes with a position
+        of their own from there)}, given the counts of the window's buckets read now; empty
+        when nothing needs a read. A lane `closed` does not make its shard read."""
         if self.read_at is None:  # a new walk reads everything from its cursors
             return dict(self.position)
         floor = self.read_at - safety_lag_ms
         moved = self.moved(counts)
+        behind = {s for (s, lane), at in self.lanes.items()
+                  if (s, lane) not in closed and at <= horizon_ms - refill_ms}
         starts = {}
         for s, at in self.position.items():
             if s in moved:
                 starts[s] = min(at, floor)
-            elif at <= horizon_ms - refill_ms:
+            elif at <= horizon_ms - refill_ms or s in behind:
                 starts[s] = at
         return starts
 
+    def lowest(self, shard: int) -> int:
+        """Where nothing of the shard before is left unread (epoch ms): its position, or a
+        lane's own, whichever is earlier."""
+        return min([self.position[shard],
+                    *(at for (s, _), at in self.lanes.items() if s == shard)])
+
     def record(self, began_ms: int, starts: Mapping[int, int], frontier: Mapping[int, int],
                to_ms: int, window: list[int], counts: Mapping[Cell, int],
-               incomplete: set[Cell]) -> None:
+               incomplete: set[Cell], lanes_ms: Mapping[Lane, int] | None = None,
+               closed: AbstractSet[Lane] = frozenset()) -> None:
         """After a read that began at began_ms (its counts read then, before the pointers):
-        each read shard's position is how far the read got, and its cells in the window's
-        buckets are recorded with their counts, unless the read stopped short of to_ms or a
-        pointer of the cell was left unread or unsettled (its row still in flight): those
-        count as moved, so the next step reads them again."""
+        each read shard's position is how far the read got, a lane the quota stopped keeps
+        how far it got (`lanes_ms`), a lane `closed` (not read) where its shard's position
+        was, and the other lanes of the read shards follow their shard again. Its cells in
+        the window's buckets are recorded with their counts, unless the read stopped short
+        of to_ms or a pointer of the cell was left unread or unsettled (its row still in
+        flight): those count as moved, so the next step reads them again."""
         self.read_at = began_ms
         if window:  # what lies before the window is never compared again
             self.cells = {cell: n for cell, n in self.cells.items() if cell[0] >= window[0]}
+        cut = dict(lanes_ms or {})
+        for lane in list(self.lanes):
+            if lane[0] in starts and lane not in cut and lane not in closed:
+                del self.lanes[lane]  # read whole from where it was
+        for lane in closed:
+            if lane[0] in starts and lane not in self.lanes and lane not in cut:
+                self.lanes[lane] = self.position[lane[0]]
+        self.lanes.update((lane, at) for lane, at in cut.items() if lane[0] in starts)
         for s in starts:
             self.position[s] = frontier[s]
             whole = frontier[s] >= to_ms
@@ -86,9 +116,11 @@ class Walk:
         """Nothing of the topic lies in the window's buckets (active_topics): every position
         at or after the window's start moves to the window's end without a read. False when
         a position is behind the window's start, which only a read may pass."""
-        if self.read_at is None or min(self.position.values()) < window_start_ms:
+        if self.read_at is None or min(self.position.values()) < window_start_ms or \
+                any(at < window_start_ms for at in self.lanes.values()):
             return False
         self.read_at = now_ms
+        self.lanes.clear()  # nothing of theirs lies in the window either
         for s in self.position:
             self.position[s] = max(self.position[s], horizon_ms)
         return True
@@ -100,7 +132,8 @@ class Walk:
         made; the caller writes them."""
         moves = {}
         for s, at in self.cursor.items():
-            through = min(self.position[s], now_ms - safety_lag_ms, held.get(s, self.position[s]))
+            lowest = self.lowest(s)
+            through = min(lowest, now_ms - safety_lag_ms, held.get(s, lowest))
             if through >= at + step_ms:
                 moves[s] = through
         self.cursor.update(moves)

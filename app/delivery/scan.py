@@ -1,9 +1,10 @@
-"""Finding due messages: walk each shard's timeline forward from its cursor up to now.
+"""Reading the timeline: the pointers of a topic's shards over a span, with the rows that
+make them waiting (the releaser's walk: upcoming; its catch-up: stragglers).
 
 A pointer is *live* when its message row is at the pointer's version, is due on the server
-clock (due_at <= now) and is scheduled, or leased with an expired lease. Every other pointer is
-*spent* and never examined again by this process (an LRU of (id, version) pairs). A cursor
-moves to the first live-but-untaken pointer, never past now - safety lag (docs/design.md).
+clock (due_at <= now) and is scheduled, or leased with an expired lease. A pointer that can
+never hand out its message again is *spent* and never examined again by this process (an
+LRU of (id, version) pairs).
 """
 
 from __future__ import annotations
@@ -49,31 +50,19 @@ class Due:
     row: MessageState
 
 
+Lane = tuple[int, int]  # (shard, fair-delivery lane)
+
+
 @dataclasses.dataclass
 class ScanResult:
-    """Live pointers found; how far each shard's cursor could move were they all taken; the
-    cursors the scan started from; whether the scan's caps stopped it before the end of some
-    partition (then more may be due than it found). With a peek (DueScanner.scan): the due
-    time of the earliest pointer not known spent after the scan's due window and within the
-    peek (epoch ms; None: none), and whether a pointer found in the window was neither live
-    nor spent (its row still in flight: it may be live a moment later)."""
+    """Waiting pointers found; how far each shard was read (epoch ms), for its lanes read
+    whole; how far each lane read in part was (`lanes_ms`); the (bucket, shard)s with a
+    pointer left unread or whose row was still in flight."""
 
     due: list[Due]
     frontier_ms: dict[int, int]
-    cursors_ms: dict[int, int]
-    cut: bool = False
-    next_ms: int | None = None
-    unsettled: bool = False
     incomplete: set[tuple[int, int]] = dataclasses.field(default_factory=set)
-
-    def moves(self, untaken: list[Due]) -> dict[int, int]:
-        """Cursor moves once the live pointers not in `untaken` are spent: no cursor passes
-        an untaken live pointer."""
-        frontier = dict(self.frontier_ms)
-        for d in untaken:
-            shard = d.pointer.shard
-            frontier[shard] = min(frontier[shard], d.pointer.due_at_ms)
-        return {s: ms for s, ms in frontier.items() if ms > self.cursors_ms[s]}
+    lanes_ms: dict[Lane, int] = dataclasses.field(default_factory=dict)
 
 
 def is_live(p: Pointer, row: MessageState | None, now_ms: int, ahead_ms: int = 0) -> bool:
@@ -140,7 +129,6 @@ class _Partition:
     whole: bool = False
     in_prefix: bool = True
     spent_prefix: PointerPosition | None = None
-    peeked_ms: int | None = None  # its first pointer not known spent past the due window
 
 
 class _LaneReader:
@@ -157,7 +145,6 @@ class _LaneReader:
         self.loaded = 0  # entries of the lane taken from pages so far
         self.heap: list[tuple[int, str, int, int, Pointer, Iterator[Pointer]]] = []
         self.ended: list[int] = []  # entries that just ended, to be reported
-        self.closed: set[int] = set()  # entries not to be read further (close)
         self.done = False
 
     def _load(self) -> None:
@@ -170,15 +157,7 @@ class _LaneReader:
             self.loaded += 1
             self._push(index, found[1])
 
-    def close(self, index: int) -> None:
-        """Read no more of this entry (its pointers already fetched are dropped), and
-        report it as ended."""
-        self.closed.add(index)
-        self.ended.append(index)
-
     def _push(self, index: int, pointers: Iterator[Pointer]) -> None:
-        if index in self.closed:
-            return
         p = next(pointers, None)
         if p is None:
             self.ended.append(index)
@@ -193,8 +172,6 @@ class _LaneReader:
                 return self.ended.pop(), None
             if self.heap:
                 *_, index, p, pointers = heapq.heappop(self.heap)
-                if index in self.closed:
-                    continue
                 self._push(index, pointers)
                 return index, p
             if self.loaded == len(self.indexes):
@@ -208,31 +185,18 @@ class _Reads:
     """The pointers one scan collects across its lanes, within its caps."""
 
     def __init__(self, scanner: DueScanner, topic: Topic, quota: int,
-                 skip: Callable[[PointerKey], bool], settled_ms: int | None,
-                 due_by_ms: int | None = None) -> None:
+                 skip: Callable[[PointerKey], bool], settled_ms: int | None) -> None:
         self.spent = scanner.spent
         self.topic_uid = topic.uid
         self.quota = quota
         self.skip = skip
         self.settled_ms = settled_ms
-        self.due_by_ms = due_by_ms  # pointers after it are peeked at, not collected
-        self.next_ms: int | None = None  # the earliest of them not known spent
         self.unknown: list[Pointer] = []
         self.read = 0
         self.progress: dict[int, _Partition] = {}
 
     def full(self) -> bool:
         return len(self.unknown) >= self.quota or self.read >= MAX_ROWS_PER_SCAN
-
-    def report_peeks(self, peek: dict[str, int | None] | None,
-                     peeked: dict[int, int] | None) -> None:
-        """The earliest pointer peeked at, into peek["next_ms"]; each partition's, by plan
-        index, into peeked."""
-        if peek is not None:
-            peek["next_ms"] = self.next_ms
-        if peeked is not None:
-            peeked.update((i, state.peeked_ms) for i, state in self.progress.items()
-                          if state.peeked_ms is not None)
 
     def run(self, reader: _LaneReader, more: int) -> None:
         """Read on in this lane until it gave `more` unknown pointers, its end or a cap."""
@@ -256,12 +220,6 @@ class _Reads:
             else:
                 state.in_prefix = False
             if known or self.skip(key):
-                continue
-            if self.due_by_ms is not None and p.due_at_ms > self.due_by_ms:
-                # the partition's first such pointer is all a peek needs of it
-                self.next_ms = min(p.due_at_ms, self.next_ms or p.due_at_ms)
-                state.peeked_ms = p.due_at_ms
-                reader.close(index)
                 continue
             self.unknown.append(p)
 
@@ -336,15 +294,19 @@ class DueScanner:
         self.resume = ResumePoints()
         self.pointers_read = 0  # since start, for stats and tests (approximate across threads)
 
-    def _partitions(self, topic: Topic, cursors: dict[int, int], horizon_ms: int
+    def _partitions(self, topic: Topic, cursors: dict[int, int], horizon_ms: int,
+                    lanes: Mapping[Lane, int] | None = None, closed: Container[Lane] = ()
                     ) -> tuple[list[tuple[int, int, int, int, int]], int | None]:
         """(bucket, shard, part, from_ms, to_ms) to read, in timeline order: the pointers of
-        every shard in `cursors` at or after its cursor and due by horizon_ms; and, when more
-        than MAX_BUCKETS_PER_SCAN buckets hold pointers in that span, the start (epoch ms) of
-        the first one left out: no cursor may pass it. The span starts no earlier than the
-        retention window (plus a day) before horizon_ms, where every pointer has expired."""
+        every shard in `cursors` at or after its cursor (a lane in `lanes` from the earlier of
+        that and its own start; one in `closed` not at all) and due by horizon_ms; and, when
+        more than MAX_BUCKETS_PER_SCAN buckets hold pointers in that span, the start (epoch
+        ms) of the first one left out: no cursor may pass it. The span starts no earlier than
+        the retention window (plus a day) before horizon_ms, where every pointer has
+        expired."""
         bucket_ms = self.config.bucket_ms
-        floor = max(min(cursors.values()),
+        lanes = {k: ms for k, ms in (lanes or {}).items() if k[0] in cursors}
+        floor = max(min([*cursors.values(), *lanes.values()]),
                     horizon_ms - (self.config.retention_days + 1) * MS_PER_DAY)
         first, last = bucket_of(floor, bucket_ms), bucket_of(horizon_ms, bucket_ms)
         cap = self.config.partition_cap
@@ -362,55 +324,35 @@ class DueScanner:
         for bucket in active:
             end = min(bucket_start_ms(bucket + 1, bucket_ms) - 1, horizon_ms)
             for shard, found in sorted(parts.get(bucket, {}).items()):
-                start = cursors.get(shard, end + 1)
-                if start <= end:
-                    plan.extend((bucket, shard, part, start, end) for part in sorted(found))
+                if shard not in cursors:
+                    continue
+                for part in sorted(found):
+                    lane = (shard, part // LANE_STRIDE)
+                    start = min(cursors[shard], lanes.get(lane, cursors[shard]))
+                    if lane not in closed and start <= end:
+                        plan.append((bucket, shard, part, start, end))
         return plan, limit_ms
 
-    def scan(self, topic: Topic, now_ms: int, want: int, shards: set[int] | None = None,
-             stored: dict[int, int] | None = None, ahead_ms: int = 0,
-             peek_ms: int = 0) -> ScanResult:
-        """Live pointers due by now_ms + ahead_ms (at most about SCAN_SLACK x want) of the
-        topic's shards (or of `shards`), and per-shard frontiers (never past now_ms less the
-        safety lag). With peek_ms, the same read also looks peek_ms further: next_ms is then
-        the earliest pointer there not known spent (one per partition is read), so a caller
-        that found nothing due knows nothing can come due before it but what is written
-        after the read."""
-        stored = self.timeline.cursors(topic.uid) if stored is None else stored
-        default = topic.created_at_ms - self.config.safety_lag_ms
-        cursors = {s: stored.get(s, default) for s in range(topic.settings.shards)
-                   if shards is None or s in shards}
-        if not cursors:
-            return ScanResult([], {}, {})
-        horizon = now_ms + ahead_ms + peek_ms
-        plan, limit_ms = self._partitions(topic, cursors, horizon)
-        frontier = {s: _below(now_ms - self.config.safety_lag_ms, limit_ms) for s in cursors}
-        peek: dict[str, int | None] = {}
-        peeked: dict[int, int] = {}
-        unknown, whole = self._read(topic, plan, want, frontier, lambda key: False,
-                                    now_ms - self.config.safety_lag_ms,
-                                    now_ms + ahead_ms if peek_ms else None, peek, peeked)
-        due, unsettled = self._settle(topic, unknown,
-                                      lambda p, row: is_live(p, row, now_ms, ahead_ms))
-        cut = len(whole) < len(plan) or limit_ms is not None
-        return ScanResult(due, frontier, cursors, cut=cut, next_ms=peek.get("next_ms"),
-                          unsettled=bool(unsettled))
-
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
-                 pending: Callable[[PointerKey], bool]) -> ScanResult:
-        """What a releaser holds in its timer heap: pointers of the shards in `starts`, due
-        from starts[shard] to to_ms, whose message is still at that version and waiting
-        (scheduled, or leased until then). Skips spent pointers and those pending(key) says
-        the caller already holds; stale pointers found become spent. frontier_ms says how far
-        each shard was read (less than to_ms when the scan's caps stopped it), and
-        `incomplete` the (bucket, shard)s with a pointer left unread or whose row was still
-        in flight (workers.walk reads those again)."""
-        plan, limit_ms = self._partitions(topic, starts, to_ms)
+                 pending: Callable[[PointerKey], bool], lanes: Mapping[Lane, int] | None = None,
+                 closed: Container[Lane] = ()) -> ScanResult:
+        """What a releaser's walk holds (its timer heap, its broker): pointers of the shards
+        in `starts`, due from starts[shard] (a lane in `lanes` from the earlier of that and
+        its own start; one in `closed` not at all) to to_ms, whose message is still at that
+        version and waiting (scheduled, or leased until then). Skips spent pointers and those
+        pending(key) says the caller already holds; stale pointers found become spent.
+        frontier_ms says how far each shard was read (less than to_ms when the buckets cap
+        stopped it); lanes_ms how far each lane the quota stopped was (its read goes on from
+        there: the other lanes of its shard are not held back by its backlog); `incomplete`
+        the (bucket, shard)s with a pointer left unread or whose row was still in flight
+        (workers.walk reads those again)."""
+        plan, limit_ms = self._partitions(topic, starts, to_ms, lanes, closed)
         frontier = dict.fromkeys(starts, _below(to_ms, limit_ms))
-        fresh, whole = self._read(topic, plan, want, frontier, pending)
+        lanes_ms: dict[Lane, int] = {}
+        fresh, whole = self._read(topic, plan, want, {}, pending, lanes_ms=lanes_ms)
         due, unsettled = self._settle(topic, fresh, _waiting_at)
         partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
-        return ScanResult(due, frontier, starts, incomplete=partly | unsettled)
+        return ScanResult(due, frontier, partly | unsettled, lanes_ms)
 
     def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
                    seen: dict[tuple[int, int], int], now_ms: int,
@@ -464,16 +406,13 @@ class DueScanner:
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
               frontier: dict[int, int], skip: Callable[[PointerKey], bool],
-              settled_ms: int | None = None, due_by_ms: int | None = None,
-              peek: dict[str, int | None] | None = None,
-              peeked: dict[int, int] | None = None) -> tuple[list[Pointer], set[int]]:
+              settled_ms: int | None = None, lanes_ms: dict[Lane, int] | None = None
+              ) -> tuple[list[Pointer], set[int]]:
         """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
         the plan entries read whole. Lowers `frontier` so that no shard's cursor may pass
         what was not read. With settled_ms, each partition is read from its resume point, and
-        a spent prefix due before settled_ms moves that point. With due_by_ms, a partition's
-        reading ends at its first such pointer due after it (the entry counts as read
-        whole: nothing due by due_by_ms is left in it), and peek["next_ms"] is set to the
-        earliest of those (and peeked[plan index] to each partition's).
+        a spent prefix due before settled_ms moves that point. With lanes_ms, the same per
+        (shard, lane) of the partitions not read whole.
 
         Each fair-delivery lane (app.core.timeline.lane_of) is read on its own, in due order
         (_LaneReader):
@@ -487,7 +426,7 @@ class DueScanner:
         lanes: dict[int, list[int]] = defaultdict(list)
         for index, entry in enumerate(plan):
             lanes[entry[2] // LANE_STRIDE].append(index)
-        reads = _Reads(self, topic, quota, skip, settled_ms, due_by_ms)
+        reads = _Reads(self, topic, quota, skip, settled_ms)
         # pages of about the plan's share of what the scan wants; the first page of every
         # partition of a lane (up to READ_AHEAD of them) is requested at once
         page = -(-quota // max(1, len(plan)))
@@ -506,19 +445,28 @@ class DueScanner:
             if state.spent_prefix:
                 self.resume.advance(keys[index], state.spent_prefix)
         self.pointers_read += reads.read
-        reads.report_peeks(peek, peeked)
         whole = {i for i, state in reads.progress.items() if state.whole}
-        bucket_ms = self.config.bucket_ms
-        for index, (bucket, shard, _, _, _) in enumerate(plan):
-            if shard not in frontier or index in whole:
+        self._lower(plan, whole, reads.progress, frontier, lanes_ms)
+        return reads.unknown, whole
+
+    def _lower(self, plan: list[tuple[int, int, int, int, int]], whole: set[int],
+               progress: dict[int, _Partition], frontier: dict[int, int],
+               lanes_ms: dict[Lane, int] | None) -> None:
+        """Lower each shard's frontier (and each lane's, into lanes_ms) to what its
+        partitions not read whole left unread."""
+        for index, (bucket, shard, part, _, _) in enumerate(plan):
+            if index in whole:
                 continue
-            partly = reads.progress.get(index)
+            partly = progress.get(index)
             # a partition not read at all holds nothing before its bucket; one read in part,
             # nothing unread before the last pointer read
-            limit = bucket_start_ms(bucket, bucket_ms) if partly is None or partly.last is None \
-                else partly.last
-            frontier[shard] = min(frontier[shard], limit)
-        return reads.unknown, whole
+            limit = bucket_start_ms(bucket, self.config.bucket_ms) \
+                if partly is None or partly.last is None else partly.last
+            if shard in frontier:
+                frontier[shard] = min(frontier[shard], limit)
+            if lanes_ms is not None:
+                lane = (shard, part // LANE_STRIDE)
+                lanes_ms[lane] = min(lanes_ms.get(lane, limit), limit)
 
     def forget(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Make pointers examinable again (an outcome could not be recorded: look again)."""

@@ -114,12 +114,12 @@ class PointerPlacer:
               ) -> list[Exception | None]:
         """Write the pointers (due times already clamped by the caller); per pointer None when
         written, else the exception. TTL: until due plus the retention window. Written
-        pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. For a
-        topic the releasers push (`pushed`), written pointers due within their look-ahead
-        wake them (app.delivery.wakeups) once all is written. `landed`, when given, is called
-        once the pointers are written and before anyone is told of them: an enqueue that
-        writes its rows beside its pointers waits there for the rows, so what a reader is
-        woken for is there to read."""
+        pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. Written
+        pointers due within the releasers' look-ahead wake them (app.delivery.wakeups) once
+        all is written; those of a pull topic (not `pushed`) due soon its long polls too.
+        `landed`, when given, is called once the pointers are written and before anyone is
+        told of them: an enqueue that writes its rows beside its pointers waits there for
+        the rows, so what a reader is woken for is there to read."""
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, p in enumerate(pointers):
             groups[(bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard)].append(index)
@@ -152,11 +152,11 @@ class PointerPlacer:
     def _tell(self, topic_uid: uuid.UUID, placed: list[tuple[int, int, int, Pointer, int]],
               outcomes: list[Exception | None], now_ms: int, pushed: bool
               ) -> dict[tuple[int, int], Exception]:
-        """Let readers know of pointers just written: bucket_writes counts, and a wake-up: for
-        a pushed topic the releasers' when one is due within their look-ahead, for a pull
-        topic the long polls' when one is due within pull_wake_ms. Returns the (bucket,
-        shard)s whose count failed: their pointers count as not written (a walk past them
-        would not read them again), so the write is answered 503 and retried."""
+        """Let readers know of pointers just written: bucket_writes counts, and wake-ups: the
+        releasers' walk when one is due within their look-ahead, and for a pull topic its
+        long polls' when one is due within pull_wake_ms. Returns the (bucket, shard)s whose
+        count failed: their pointers count as not written (a walk past them would not read
+        them again), so the write is answered 503 and retried."""
         written = [(bucket, shard, p) for (bucket, shard, _, p, _), err
                    in zip(placed, outcomes, strict=True) if err is None]
         counts: dict[tuple[int, int], int] = defaultdict(int)
@@ -164,9 +164,8 @@ class PointerPlacer:
             if p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
                 counts[(bucket, shard)] += 1
         uncounted = self.store.count_writes(topic_uid, counts)
-        if pushed and any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms
-                          for _, _, p in written):
-            self._wake("due")
+        if any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms for _, _, p in written):
+            self._wake("due")  # the walk reads it (and holds it for the broker, pull)
         if not pushed and self._pull_written is not None and any(
                 p.due_at_ms <= now_ms + pull_wake_ms(self.config) for _, _, p in written):
             self._pull_written(topic_uid)

@@ -319,7 +319,7 @@ def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
         taken.bind(("0.0.0.0", 0))
         busy = taken.getsockname()[1]
         broker = Broker(services, "token", lambda uid: None, lambda topic: set(),
-                        lambda uid: None)
+                        lambda uid: None, lambda topic, since: None)
         first_bind = broker.bind
         tried: list[int] = []
 
