@@ -67,10 +67,8 @@ class Config:
     release_prepare_ms: int = 200
     release_prepare_rate: int = 1000
     release_rescan_ms: int = 50
-    release_sweep_ms: int = 1000
     # without a wake-up (app.delivery.wakeups), the walk reads this often; woken, every rescan
     release_idle_ms: int = 2000
-    release_catchup_ms: int = 3_600_000
     topic_refresh_ms: int = 60_000
     webhook_concurrency: int = 64
     webhook_allow: str = ""  # networks webhooks may reach although not public (comma list)
@@ -110,7 +108,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("DUETIME_CONTACT_POINTS must name at least one host")
     positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
                 "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
-                "release_sweep_ms", "release_idle_ms", "topic_refresh_ms", "webhook_concurrency",
+                "release_idle_ms", "topic_refresh_ms", "webhook_concurrency",
                 "release_prepare_rate")
     for name in positive:
         if getattr(config, name) <= 0:

@@ -16,6 +16,7 @@ from app.delivery.desk import Desk
 from app.delivery.scan import DueScanner
 from app.delivery.wakeups import Waker, pull_kind
 from app.messages.placement import PointerPlacer
+from app.ops.cluster_clock import ClusterClock
 from app.ops.lag_log import LagLog
 from app.ops.quotas import Limit, Quotas
 from app.store.campaigns import CampaignStore
@@ -67,11 +68,13 @@ class Services:
         self.messages = MessageStore(self.db)
         self.timeline = TimelineStore(self.db)
         self.clocks = ClockStore(self.db)
+        self.cluster_clock = ClusterClock(clock, self.clocks.cassandra_now_ms,
+                                          config.safety_lag_ms // 2)
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)
-        self.placer = PointerPlacer(self.timeline, config, self.waker.wake,
-                                    pull_written=self._pull_written)
+        self.placer = PointerPlacer(self.timeline, config, self.cluster_clock.now,
+                                    self.waker.wake, pull_written=self._pull_written)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.quotas = Quotas(self.db, {
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),

@@ -18,6 +18,7 @@ The command that runs it: spark.import_command.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from collections import Counter
@@ -30,8 +31,9 @@ from pyspark.sql import types as T
 
 from app.campaigns import manage as campaigns
 from app.config import Config
-from app.core.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE, WRITE_WINDOW_MS
-from app.models import Topic
+from app.core.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE
+from app.errors import StoreUnavailable
+from app.models import Pointer, Topic
 from app.services import Services
 from spark import if_exists
 from spark import session as sessions
@@ -40,6 +42,7 @@ from spark.rows import ImportSettings, Reject, to_message
 
 IMPORT_WRITETIME_US = 1
 RESERVERS = 16
+LATE_CHUNK = 1000  # pointers placed again per write from the driver
 
 PARSED = T.StructType([
     T.StructField("line", T.LongType()), T.StructField("reason", T.StringType()),
@@ -202,6 +205,25 @@ def load(progress: Progress, config: Config, placed: DataFrame,
     save(campaigns, config, "campaign_messages", ttl="ttl")
 
 
+def place_late(services: Services, topic: Topic, placed: DataFrame) -> int:
+    """The pointers this run wrote that came due while it wrote: the walk may have passed
+    them, so each is placed again, due now, from the driver, LATE_CHUNK at a time
+    (PointerPlacer.again_if_late), after the rows and counts are written. Returns how many;
+    raises StoreUnavailable for one that could not be."""
+    before = services.placer.cluster_now() - services.config.safety_lag_ms // 2
+    late = placed.filter(F.col("due_at") < before).select(
+        "id", "shard", "priority", "part", "due_at").toLocalIterator()
+    placed_again = 0
+    while chunk := [Pointer(r["due_at"], r["id"], 1, r["priority"], r["shard"],
+                            r["part"] // LANE_STRIDE) for r in itertools.islice(late, LATE_CHUNK)]:
+        stuck = services.placer.again_if_late(topic.uid, chunk, topic.pushed)
+        if stuck:
+            raise StoreUnavailable(f"{len(stuck)} pointers written late could not be placed "
+                                   "again")
+        placed_again += len(chunk)
+    return placed_again
+
+
 def campaign_names(new: DataFrame) -> list[str]:
     """The campaigns the rows to import carry (a handful: collected on the driver)."""
     return sorted(r["campaign"] for r in new.select("campaign").distinct().collect()
@@ -225,8 +247,6 @@ def count(services: Services, topic: Topic, placed: DataFrame,
     uncounted = services.timeline.count_writes(topic.uid, {(b, s): n for b, s, n in groups})
     if uncounted:  # the walk would not read them behind its positions: the job fails, a rerun
         raise next(iter(uncounted.values()))  # of it counts them again
-    services.timeline.note_written(  # wakes the releasers' catch-up of what lies behind
-        topic.uid, services.clock() // WRITE_WINDOW_MS).result()
     if topic.pushed:  # and their walk of what is due soon (sent at services.close())
         services.waker.wake("due")
     carrying = every.filter(F.col("campaign").isNotNull())
@@ -260,6 +280,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             config.partition_cap).persist()
         load(progress, config, placed)
         warnings = count(services, topic, placed, groups)
+        progress.enter("placing again what came due while the import wrote")
+        placed_again = place_late(services, topic, placed)
         replaced, unreplaced = 0, if_exists.refused(present, args.if_exists)
         if args.if_exists == "replace":
             progress.enter("replacing scheduled messages whose content changed")
@@ -276,6 +298,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = {**totals, "already_present": totals["rows"] - totals["rejected"]
                - totals["imported"] - totals["replaced"], "seconds": round(elapsed, 2),
                "rows_per_s": round(totals["rows"] / elapsed, 1), "rejects": args.rejects,
+               "placed_again": placed_again,
                "warnings": warnings}
     spark.stop()
     services.close()

@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress.enter("listing the dead messages")
         record_dead(config, settled.filter(F.col("state") == "dead"))
         warnings = import_job.count(services, topic, placed, groups, settled)
+        progress.enter("placing again what came due while the restore wrote")
+        import_job.place_late(services, topic, placed)
         by_state = {r["state"]: r["count"] for r in new.groupBy("state").count().collect()}
         progress.enter(f"writing rejects to {args.rejects}")
         rejects = parsed.filter(F.col("reason").isNotNull()).select("line", "reason", "raw")

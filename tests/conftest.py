@@ -36,7 +36,7 @@ os.environ.setdefault("DUETIME_WEBHOOK_ALLOW", "127.0.0.0/8,::1")
 DEVSTACK = [sys.executable, str(ROOT / "devstack" / "cassandra.py")]
 
 # topics are learned through topic_changes (every 100 ms), not by re-reading them all
-FAST = {"release_lease_ms": 2000, "release_rescan_ms": 50, "release_sweep_ms": 300,
+FAST = {"release_lease_ms": 2000, "release_rescan_ms": 50,
         "topic_refresh_ms": 600_000}
 SUITE_RELEASER = "suite"
 

@@ -22,12 +22,12 @@ from app.core.ids import (
 from app.core.timeline import fair_share, release_slot_of
 from app.core.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 from app.delivery.fairness import FairQueue
+from app.errors import StoreUnavailable
 from app.messages.enqueue import NewMessage, home_by_due_time, nesting
 from app.models import Payload
-from workers import count_reads, quiet_recheck
-from workers.catch_up import Behind, with_stragglers
+from app.ops.cluster_clock import ClusterClock
+from workers import count_reads
 from workers.count_reads import count_groups
-from workers.quiet_recheck import QuietTopic, needs_sweep, still_quiet
 from workers.timers import TimerHeap
 from workers.walk import Walk
 
@@ -294,90 +294,40 @@ def test_a_read_of_more_partitions_than_merge_goes_run_by_run_in_due_order() -> 
     assert not any(state.whole for state in cut.progress.values())
 
 
-def test_a_quiet_topic_needs_a_sweep_for_a_pointer_at_its_cursor_or_a_straggler_behind_it(
-        ) -> None:
-    topic = QuietTopic(uuid.uuid4(), cursor_ms=10 * 60_000 + 5, shards=frozenset({0, 1}),
-                       seen={(8, 0): 3, (9, 1): 2})
-    assert not needs_sweep(topic, [8, 9], {(8, 0): 3, (9, 1): 2}, 60_000)
-    assert needs_sweep(topic, [8, 10], {(8, 0): 3}, 60_000)  # the cursor's bucket holds some
-    assert needs_sweep(topic, [8, 9], {(8, 0): 4, (9, 1): 2}, 60_000)  # a straggler
-    assert needs_sweep(topic, [7, 8, 9], {(7, 0): 1, (8, 0): 3}, 60_000)  # never read
-    assert not needs_sweep(topic, [8, 9], {(8, 2): 9, (9, 1): 2}, 60_000)  # not an owned shard
-
-
 class Indexes:
-    """The active buckets and write counts of topics, as given; and the reads made of them
-    (the releaser's checks of many topics at once)."""
+    """The write counts of topics, as given; and the reads made of them (the walk's read of
+    many topics' counts at once)."""
 
     def __init__(self) -> None:
-        self.active: dict[uuid.UUID, list[int]] = {}
         self.counts: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
-        self.reads: list[tuple[str, int, int]] = []
-
-    def active_buckets_of(self, topic_uids: list[uuid.UUID], first: int, last: int,
-                          bucket_ms: int) -> dict[uuid.UUID, list[int]]:
-        self.reads.append(("active", len(topic_uids), 0))
-        return {t: [b for b in self.active.get(t, []) if first <= b <= last]
-                for t in topic_uids if t in self.active}
+        self.reads: list[tuple[int, int]] = []
 
     def write_counts_in(self, groups: list[tuple[list[uuid.UUID], list[int]]]
                         ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
         found: dict[uuid.UUID, dict[tuple[int, int], int]] = {}
         for topic_uids, buckets in groups:
-            self.reads.append(("counts", len(topic_uids), len(buckets)))
+            self.reads.append((len(topic_uids), len(buckets)))
             found.update({t: {k: n for k, n in self.counts.get(t, {}).items()
                               if k[0] in buckets} for t in topic_uids if t in self.counts})
         return found
 
 
-def test_quiet_topics_are_rechecked_together_and_those_quiet_too_long_are_swept() -> None:
-    minute, now = 60_000, 1_000 * 60_000
+def test_the_counts_of_many_topics_are_read_together_each_read_bounded() -> None:
     indexes = Indexes()
-    topics = [QuietTopic(uuid.uuid4(), now - 2 * minute, frozenset({0}), {(990, 0): 1})
-              for _ in range(count_reads.CHUNK + 10)]
-    for t in topics:
-        indexes.active[t.uid] = [900, 990]  # 900: before the catch-up's hour, not looked at
-        indexes.counts[t.uid] = {(990, 0): 1}
-    written, reached = topics[3].uid, topics[7].uid
-    indexes.counts[written] = {(990, 0): 2}
-    indexes.active[reached] = [990, 999]
-    old = QuietTopic(uuid.uuid4(), now - quiet_recheck.MAX_SPAN_MS - 1, frozenset({0}), {})
-    found = still_quiet(indexes, [*topics, old], now, minute, 3_600_000, 5000)
-    assert found == {t.uid for t in topics} - {written, reached}
-    assert [r for r in indexes.reads if r[0] == "active"] == [
-        ("active", count_reads.CHUNK, 0), ("active", 10, 0)]
-    counted = [r for r in indexes.reads if r[0] == "counts"]
-    assert sum(n for _, n, _ in counted) == len(topics) - 1  # not the one reached
-    assert all(n * b <= count_reads.COUNT_CELLS for _, n, b in counted)
-
-
-def test_the_catch_up_reads_one_by_one_only_topics_with_an_owned_count_behind_that_moved(
-        ) -> None:
-    minute, now = 60_000, 1_000 * 60_000
-    indexes = Indexes()
-    cursors = {0: now - minute, 1: now - minute}  # bucket 999 (a minute each)
-    topics = [Behind(uuid.uuid4(), cursors, {(990, 0): 1, (999, 1): 4})
-              for _ in range(count_reads.CHUNK + 10)]
-    for t in topics:
-        indexes.active[t.uid] = [900, 990, 999, 1000]  # 900 before the hour, 1000 after
-        indexes.counts[t.uid] = {(900, 0): 7, (990, 0): 1, (999, 1): 4, (1000, 0): 9}
-    behind, at_cursor, other_shard, never = (topics[n].uid for n in (2, 5, 8, 11))
-    indexes.counts[behind][(990, 0)] = 2
-    indexes.counts[at_cursor][(999, 1)] = 5
-    indexes.counts[other_shard][(990, 3)] = 1  # a shard another releaser owns
-    unrecorded = Behind(never, cursors, {})  # its shards changed: nothing recorded
-    found = with_stragglers(indexes, [*topics[:11], unrecorded, *topics[12:]], minute,
-                            3_600_000)
-    assert set(found) == {behind, at_cursor, never}
-    # with the counts its catch-up compares, from the hour before the cursor to it
-    assert found[behind] == {(990, 0): 2, (999, 1): 4}
-    assert found[never] == {(990, 0): 1, (999, 1): 4}
-    assert [r for r in indexes.reads if r[0] == "active"] == [
-        ("active", count_reads.CHUNK, 0), ("active", 10, 0)]
-    counted = [r for r in indexes.reads if r[0] == "counts"]
-    assert sum(n for _, n, _ in counted) == len(topics)
-    assert all(n * b <= count_reads.COUNT_CELLS for _, n, b in counted)
-    assert with_stragglers(indexes, [Behind(uuid.uuid4(), {}, {})], minute, 3_600_000) == {}
+    window = [998, 999, 1000]
+    topics = [uuid.uuid4() for _ in range(100)]
+    for n, t in enumerate(topics):
+        indexes.counts[t] = {(999, 0): n, (990, 1): 5}  # 990: outside the window, not read
+    lone = uuid.uuid4()  # more buckets than one read holds: read alone
+    indexes.counts[lone] = {(b, 0): 1 for b in range(200)}
+    found = count_reads.read_counts(indexes, {**dict.fromkeys(topics, window),
+                                              lone: list(range(200)), uuid.uuid4(): []})
+    assert found[topics[7]] == {(999, 0): 7} and len(found[lone]) == 200
+    assert set(found) == {*topics, lone}
+    assert sum(n for n, _ in indexes.reads) == len(topics) + 1
+    assert all(n * b <= count_reads.COUNT_CELLS for n, b in indexes.reads if n > 1)
+    assert (1, 200) in indexes.reads
+    assert count_reads.read_counts(indexes, {}) == {}
 
 
 def test_a_walk_reads_a_new_topic_from_its_cursors_then_only_what_moved_or_nears_the_end(
@@ -493,3 +443,29 @@ def test_the_dispatchers_rest_ends_only_for_an_entry_that_would_be_late_at_its_e
     assert ended.wait(5)
     resting.join()
     assert [e.key for e in heap.pop_due(100)] == ["late"]
+
+
+def test_the_cluster_clock_corrects_an_offset_past_its_tolerance_and_keeps_it_in_an_outage(
+        ) -> None:
+    local, behind, down = [1_000_000_000], [20_000], [False]
+
+    def cassandra_now_ms() -> int:
+        if down[0]:
+            raise StoreUnavailable("Cassandra unavailable")
+        return local[0] + behind[0]
+
+    clock = ClusterClock(lambda: local[0], cassandra_now_ms, tolerance_ms=500)
+    assert clock.now() == local[0] + 20_000  # measured at the first call: 20 s behind
+    behind[0] = 300  # within the tolerance, but not measured again before a minute
+    local[0] += 59_000
+    assert clock.now() == local[0] + 20_000
+    local[0] += 1_000
+    assert clock.now() == local[0]  # measured again: within the tolerance, no correction
+    behind[0], down[0] = -4_000, True  # ahead now, but Cassandra is down: the offset stays
+    local[0] += 60_000
+    assert clock.now() == local[0]
+    down[0] = False
+    local[0] += 1_000
+    assert clock.now() == local[0]  # a failed measurement is tried again after 5 s only
+    local[0] += 4_000
+    assert clock.now() == local[0] - 4_000 and clock.skew_ms() == 4_000

@@ -162,6 +162,24 @@ def test_imported_messages_are_released_and_the_report_matches_the_api(
     assert "funnel.png" in page and (tmp_path / "report" / "funnel.png").stat().st_size > 1000
 
 
+def test_messages_due_while_the_import_wrote_are_placed_again_and_delivered(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        tmp_path: Path) -> None:
+    """An import of sends due a minute ago places them at its start, and its writes land
+    seconds later, behind the walk's positions: it places each again, due now, after its
+    rows and counts are written (spark.import_job.place_late), and every one is delivered."""
+    with receiving(Receiver()) as target:
+        topic, secret = webhook_topic(client, auth, target.url)
+        path = tmp_path / "overdue.csv"
+        expected = write_csv(path, 200, now_ms() - 60_000, 1_000)
+        summary = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant",
+                            tenant_of(services, auth))
+        assert summary["imported"] == expected.good == 200
+        assert summary["placed_again"] == 200
+        assert target.wait_distinct(200, 30), len(target.distinct())
+        assert_on_time_and_signed(target.arrivals, secret, topic.name)
+
+
 def test_an_import_rejects_or_replaces_messages_it_finds_with_other_content(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         tmp_path: Path) -> None:

@@ -5,10 +5,8 @@ Every pointer written bumps the count of its (topic, bucket, shard) once it is d
 when it reads the topic's partitions whole knows, from the counts alone, whether anything was
 written there since: a count that moved, or one it never recorded (workers.walk says what
 counts cannot show, and how the walk covers it). Reading them topic by topic is a round trip
-each; the releaser's reads over many topics (the walk's; the quiet re-check's,
-workers.quiet_recheck; the sweep's catch-up's, workers.catch_up) read about COUNT_CELLS
-(topic, bucket)s a request, the requests sent together, and the active buckets of CHUNK
-topics a request.
+each; the walk reads about COUNT_CELLS (topic, bucket)s a request, the requests sent
+together.
 
 A pointer whose bump failed counts as not written (app.messages.placement: its write is
 answered 503 and retried), so no accepted pointer is left to a count that never moved.
@@ -21,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 COUNT_CELLS = 100  # (topic, bucket)s per bucket_writes read
-CHUNK = 50  # topics per active_buckets read: with two days each, 100 partitions
 
 Counts = dict[tuple[int, int], int]  # {(bucket, shard): pointers written}
 
@@ -31,13 +28,6 @@ class CountIndex(Protocol):
 
     def write_counts_in(self, groups: Sequence[tuple[Sequence[uuid.UUID], Sequence[int]]]
                         ) -> dict[uuid.UUID, Counts]: ...
-
-
-class Indexes(CountIndex, Protocol):
-    """The write counts and the active buckets (app.store.timeline.TimelineStore)."""
-
-    def active_buckets_of(self, topic_uids: Sequence[uuid.UUID], first: int, last: int,
-                          bucket_ms: int) -> dict[uuid.UUID, list[int]]: ...
 
 
 def read_counts(index: CountIndex, wanted: Mapping[uuid.UUID, Sequence[int]]

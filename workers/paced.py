@@ -30,18 +30,15 @@ Step = Callable[[], "bool | None"]
 class PacedStep:
     def __init__(self, name: str, step: Step, busy_ms: int, idle_ms: int,
                  run: Callable[[Step], bool | None], warm_ms: int = 0,
-                 beat: Beat | None = None, rest_share: float = 0.0) -> None:
+                 beat: Beat | None = None) -> None:
         """run(step) runs one step and returns what it returned (the releaser's error
         handling); busy_ms <= idle_ms. With a beat, an idle run comes at the last beat at
-        most idle_ms after the previous one began. After a run of D seconds the next waits
-        at least D * rest_share, wake-up or not: a costly step (a sweep of a crowded
-        keyspace) takes at most 1 / (1 + rest_share) of the time from the steps beside it."""
+        most idle_ms after the previous one began."""
         self.name = name
         self.beat = beat
         self.busy_ms = busy_ms
         self.idle_ms = max(busy_ms, idle_ms)
         self.warm_ms = warm_ms
-        self.rest_share = rest_share
         self._warm_until = 0.0
         self.runs = 0
         self.woken_runs = 0  # of runs, those a wake-up prompted
@@ -77,7 +74,7 @@ class PacedStep:
             metrics.RELEASER_STEP_DURATION.labels(self.name).observe(ran)
             self.runs += 1
             self.woken_runs += woken
-            if self._stopping.wait(max(self.busy_ms / 1000 - ran, ran * self.rest_share)):
+            if self._stopping.wait(max(0.0, self.busy_ms / 1000 - ran)):
                 return
             if not busy and time.monotonic() >= self._warm_until:
                 self._woken.wait(self._idle_wait_s(began, began_wall))

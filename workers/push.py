@@ -138,24 +138,34 @@ class PushDispatcher:
 
     def _prepare(self, topic_uid: uuid.UUID, chunk: list[Timer]) -> None:
         """On a taker thread: lease what this releaser still may (its slots, and those it
-        handed back a moment ago), arm it for its due time."""
+        handed back a moment ago), arm it for its due time. The walk reads again what it
+        passed and nothing took: timers of a slot whose lease this releaser could not
+        confirm in time (its renewals slow: a node down), and takes that failed or were
+        left undecided (a lease pointer or an LWT not written)."""
         topic = self.topic_of(topic_uid)
         keep = [t for t in chunk if topic is not None and self.may_prepare(t.slot)]
+        kept = {t.key for t in keep}
+        again = [t.due.pointer for t in chunk if topic is not None and t.key not in kept]
         armed: list[Armed] = []
         try:
             stored = self._as_now(topic) if keep else None
             if stored is not None:
                 armed = self._take(stored, keep)
-        except Exception:  # log and continue; the walk reads them again
+                spent = self.services.scanner.spent
+                again += [t.due.pointer for t in keep
+                          if (topic_uid, t.due.pointer.id, t.due.pointer.version) not in spent]
+        except Exception:  # log and continue
             log.exception("preparing %d messages failed", len(keep))
             if topic is not None:
                 self.services.scanner.forget(topic, [t.due.pointer for t in keep])
-                self.read_again(topic_uid, [t.due.pointer for t in keep])
+                again += [t.due.pointer for t in keep]
         finally:
             self._count("prepared", len(armed))
             won = {a.key for a in armed}
             self.timers.done([t.key for t in chunk if t.key not in won])
             self._settled(topic_uid, len(chunk) - len(armed))
+        if again:  # once their timers are done: the walk skips a pointer a timer holds
+            self.read_again(topic_uid, again)
         if armed:
             self._send(armed)
 
@@ -222,8 +232,16 @@ class PushDispatcher:
 
     def _drop(self, armed: list[Armed]) -> None:
         for a in armed:
-            self.services.scanner.forget(a.topic, [lease_pointer(a.row)])
+            self._read_lease_again(a.topic, [a.row])
         self._forget(armed)
+
+    def _read_lease_again(self, topic: Topic, rows: list[MessageState]) -> None:
+        """Leases that will run out unposted (or unrecorded): their lease pointers, taken
+        for spent when leased, are not any more, and the walk reads them again (it may
+        have passed them while they were), so each comes due again at its lease's end."""
+        pointers = [lease_pointer(r) for r in rows]
+        self.services.scanner.forget(topic, pointers)
+        self.read_again(topic.uid, pointers)
 
     def _forget(self, done: list[Armed]) -> None:
         self.timers.done([a.key for a in done])
@@ -266,7 +284,7 @@ class PushDispatcher:
             if failed:
                 log.warning("could not record %d outcomes of topic %s; the leases will expire "
                             "and the messages come due again", len(failed), topic.name)
-                self.services.scanner.forget(topic, [lease_pointer(r) for r in failed])
+                self._read_lease_again(topic, failed)
             self._count("recorded", len(items))
             self._forget([a for a, _ in items])
 

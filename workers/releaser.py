@@ -1,6 +1,6 @@
 """`duetime releaser`: walks the owned shards of the timeline and releases due messages.
 
-Its steps are idempotent. Four run on threads of their own at two paces (workers/paced.py):
+Its steps are idempotent. Three run on threads of their own at two paces (workers/paced.py):
 soon after a wake-up (app.delivery.wakeups: a datagram another process sends after a write the step
 must see) and otherwise every idle period, a safety net that costs a few reads a second for
 the whole releaser. The others are periodic jobs (APScheduler). Without a wake-up, steps and
@@ -18,17 +18,9 @@ requests it holds.
   broker, which hands them to lease calls (pull topics: workers/broker.py). Only topics listed in
   active_topics for the window's buckets are read, and of those only where a write count
   (bucket_writes) moved since the last read, or the position nears the window's end; all
-  counts are read in one round trip (workers/count_reads.py). It writes the durable
-  cursors, never past a timer it holds;
-- sweep (release_sweep_ms while any topic is awake or "due" woke it; else IDLE_EVERY_MS):
-  move stragglers (pointers written behind the walk's positions, found by their
-  partition's write count) to now. A quiet topic (caught up, no pointer near now)
-  is skipped without a read until a pointer of it comes near now (active_topics) or a
-  process writes pointers of it (topic_writes, which a pointer written behind its cursors
-  also records), or up to five minutes have passed: two reads a sweep for all topics.
-  Awake topics are swept SWEEPERS at a time, and a sweep rests at least as long as it ran
-  (a crowded keyspace's sweeps take seconds of the releaser's one interpreter, which the
-  walk needs too);
+  counts are read in one round trip (workers/count_reads.py). A write that lands behind a
+  position is placed again by its writer (app.messages.placement), so nothing searches
+  behind the positions. It writes the durable cursors, never past a timer it holds;
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py; their listings are read again when "schedules" wakes it);
 - operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
@@ -60,24 +52,20 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import start_http_server
 
 from app.config import Config
-from app.core.timeline import WRITE_WINDOW_MS, bucket_of, release_slot_of, stable_hash
+from app.core.timeline import bucket_of, release_slot_of
 from app.delivery import wakeups
-from app.delivery.leasing import passed_over
 from app.errors import StoreUnavailable
-from app.messages.transitions import replace_ahead
 from app.models import Pointer, Topic
 from app.ops import clock_skew, metrics
 from app.services import Services
 from app.store.ownership import OwnershipStore
 from workers.beat import Beat
 from workers.broker import HELD_PER_LANE, Broker
-from workers.catch_up import Behind, reach_ms, with_stragglers
 from workers.count_reads import Counts, read_counts
 from workers.operations import OperationRunner
 from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.paced import PacedStep
 from workers.push import PushDispatcher
-from workers.quiet_recheck import QuietTopic, still_quiet
 from workers.schedules import ScheduleRunner
 from workers.timers import MAX_WAIT_S, Timer, TimerHeap
 from workers.topics import FOLLOW_EVERY_MS, KnownTopics
@@ -91,32 +79,22 @@ PASS_EVERY_MS = 1000
 # and how far behind now a position may be and still pass an empty stretch without a read
 WINDOW_BACK_MS = 60_000
 WALK_READERS = 8
-SWEEPERS = 4
-SWEEP_REST_SHARE = 1.0
 MAX_TIMERS_PER_SCAN = 20_000
 REPORT_EVERY_MS = 10_000
 CLOCK_EVERY_MS = 10_000
 # A cursor is written only when it moves this far: a busy topic costs a write per shard
 # every 5 s, not every step, and a new walk re-reads at most this much of spent timeline.
 CURSOR_STEP_MS = 5000
-CATCH_UP_EVERY_MS = 5000  # stragglers are already late; their search costs a read per topic
 PREPARE_EVERY_MS = 100
 IDLE_DISPATCH_WAIT_S = 5.0
 OPERATIONS_EVERY_MS = 1000
 SCHEDULES_EVERY_MS = 500
-# Without a wake-up, topics, sweep (when every topic is quiet) and operations run this often.
+# Without a wake-up, topics and operations run this often.
 IDLE_EVERY_MS = 5000
 # A new releaser polls at the busy paces until every process has read its wake address.
 WARM_MS = 2 * wakeups.ADDRESSES_EVERY_MS
 MAX_ASKED = 10_000
 UNAVAILABLE_WARN_EVERY_S = 10
-# A quiet topic is re-checked at least this often (a safety net: workers.quiet_recheck), each
-# at its own moment within the period, so 10,000 topics found quiet together are not re-checked
-# together; those that came due are checked in one go every tenth of the period.
-QUIET_RECHECK_MS = 300_000
-# A topic written to (topic_writes) is swept for this long after, by the writer's clock: a
-# catch-up runs several times meanwhile, and a writer's clock may be this far behind.
-WRITTEN_REACH_MS = 60_000
 MAX_SLOT_MAPS = 200_000
 # a run under way when a topic is deleted ends well within this (seconds at worst)
 FORGET_AFTER_GONE_S = 60.0
@@ -199,14 +177,7 @@ class Releaser:
         # the walk reads its topics this many at a time: one after another, 130 topics
         # written to between steps made each step take seconds of round trips
         self._readers = ThreadPoolExecutor(WALK_READERS, thread_name_prefix="walk")
-        self._sweepers = ThreadPoolExecutor(SWEEPERS, thread_name_prefix="sweep")
-        self._behind: dict[uuid.UUID, tuple[frozenset[int], dict[tuple[int, int], int]]] = {}
-        self._last_catch_up = 0
-        # topic -> (when a sweep last found it quiet, its lowest owned cursor then)
-        self._quiet: dict[uuid.UUID, tuple[int, int]] = {}
-        self._last_recheck = 0
         self._last_gone = -math.inf  # when follow_topics last saw a topic deleted (monotonic s)
-        self._swept_slots: frozenset[int] = frozenset()  # the slots _quiet was judged on
         self._slot_maps: dict[tuple[uuid.UUID, int], dict[int, int]] = {}
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
         # (topic, shard, due ms) of pointers whose take failed: the next walk step reads them
@@ -229,14 +200,11 @@ class Releaser:
                                     IDLE_EVERY_MS, self._safely, WARM_MS, self.beat)
         self._walking = PacedStep("walk", self.walk, cfg.release_rescan_ms,
                                   cfg.release_idle_ms, self._safely, WARM_MS, self.beat)
-        self._sweeping = PacedStep("sweep", self.sweep, cfg.release_sweep_ms, IDLE_EVERY_MS,
-                                   self._safely, WARM_MS, self.beat, SWEEP_REST_SHARE)
         self._operating = PacedStep("operations", self.run_operations, OPERATIONS_EVERY_MS,
                                     IDLE_EVERY_MS, self._safely, WARM_MS, self.beat)
-        self.paced = [self._following, self._walking, self._sweeping, self._operating]
+        self.paced = [self._following, self._walking, self._operating]
         self.wakes.on("topics", self._following.wake)
         self.wakes.on("due", self._walking.wake)
-        self.wakes.on("due", self._sweeping.wake)
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)
         self.wakes.on("slots", self._claim_share_now)
@@ -348,8 +316,9 @@ class Releaser:
 
     def follow_topics(self) -> None:
         """New, changed and deleted topics (workers.topics.KnownTopics); an outage is logged
-        by _safely, as for every step. New topics wake the walk and the sweep: a
-        message of a topic created a moment ago may already be due."""
+        by _safely, as for every step. New topics wake the walk: a message of a topic
+        created a moment ago may already be due. For FORGET_AFTER_GONE_S after a deletion
+        it also drops what a step under way then recorded of the deleted topic."""
         before = set(self._topics)
         gone = self._known.step()
         if gone:
@@ -361,7 +330,8 @@ class Releaser:
         if any(uid not in before for uid in self._topics):
             self._everyone = True
             self._walking.wake()
-            self._sweeping.wake()
+        if time.monotonic() - self._last_gone < FORGET_AFTER_GONE_S:
+            self._forget_gone()
 
     def _owned_shards(self, topics: Iterable[Topic] | None = None
                       ) -> Iterator[tuple[Topic, dict[int, int]]]:
@@ -550,79 +520,15 @@ class Releaser:
             of_topic[shard] = min(of_topic.get(shard, due), due)
         return held
 
-    def sweep(self) -> bool:
-        """One sweep; busy (the next at release_sweep_ms, or after a rest as long as it
-        ran) while any owned topic is awake."""
-        now = self.services.clock()
-        catching_up = now - self._last_catch_up >= CATCH_UP_EVERY_MS
-        if catching_up:
-            self._last_catch_up = now
-        owned = self.ownership.owned()
-        if owned != self._swept_slots:  # quiet was judged on other shards' cursors
-            self._swept_slots = owned
-            self._quiet.clear()
-        recent = self._recent_topics(now)
-        topics = list(self._topics.values())
-        rechecked: set[uuid.UUID] = set()
-        if now - self._last_recheck >= QUIET_RECHECK_MS // 10:  # those due since, together
-            rechecked = {t.uid for t in topics if t.uid not in recent
-                         and now - self._quiet.get(t.uid, (now, 0))[0] >= QUIET_RECHECK_MS}
-            try:
-                still = self._recheck_quiet([t for t in topics if t.uid in rechecked], now)
-            except StoreUnavailable as exc:  # the awake topics are swept all the same
-                log.warning("quiet re-check failed, tried again at the next sweep: %s",
-                            exc.detail)
-                rechecked = set()  # quiet still, until then
-            else:
-                self._last_recheck = now
-                for uid in still:
-                    self._quiet[uid] = (now, self._quiet[uid][1])
-                rechecked -= still
-        awake = [t for t in topics if t.uid in recent or t.uid in rechecked
-                 or t.uid not in self._quiet]
-        owned_awake = list(self._owned_shards(awake))  # quiet ones skipped before any work
-        # one round trip for the cursors of every topic the walk has not read: a crowded
-        # keyspace made it one a topic
-        stored_of = self.services.timeline.cursors_of(
-            [t.uid for t, mine in owned_awake if self._walked(t, mine) is None])
-        plans = [(topic, mine, stored_of.get(topic.uid, {})) for topic, mine in owned_awake]
-        held = self._held()
-        starts_of = {topic.uid: self._behind_of(topic, mine, stored, now, held.get(topic.uid, {}))
-                     for topic, mine, stored in plans}
-        # a re-check may have seen a straggler
-        due = [(topic, mine, starts_of[topic.uid]) for topic, mine, _ in plans
-               if catching_up or topic.uid in rechecked]
-        straggling: dict[uuid.UUID, Counts | None]  # None: its catch-up reads its own counts
-        try:
-            straggling = dict(self._with_stragglers(due))
-        except StoreUnavailable as exc:  # each one's own reads, as if all had moved
-            log.warning("catch-up's reads together failed, each topic reads alone: %s",
-                        exc.detail)
-            straggling = dict.fromkeys(topic.uid for topic, _, _ in due)
-        # topics are swept SWEEPERS at a time: one after another, a crowded keyspace (a few
-        # hundred awake topics) made a sweep take 15-40 s of round trips, and what only the
-        # sweep finds (stragglers) waited that long
-        work = [self._sweepers.submit(self._sweep_topic, topic, starts_of[topic.uid],
-                                      now, topic.uid in recent,
-                                      topic.uid in straggling, straggling.get(topic.uid))
-                for topic, _, _ in plans]
-        try:
-            all_done(work)  # every topic swept before a failure ends the step
-        finally:
-            if time.monotonic() - self._last_gone < FORGET_AFTER_GONE_S:
-                self._forget_gone()
-        return bool(owned_awake)
-
     def _per_topic_records(self) -> tuple[dict[uuid.UUID, Any], ...]:
         """What the steps record of each topic, keyed by its uid: a deleted topic's go."""
-        return (self._quiet, self._walks, self._behind, self.broker.held,
-                self.broker.lane_counts)
+        return (self._walks, self.broker.held, self.broker.lane_counts)
 
     def _forget_gone(self) -> None:
         """Drop what the steps recorded of topics no longer known. follow_topics drops a
-        deleted topic's records, but a walk or sweep step under way then may put one
-        back, which would stay: with topics made and deleted all day, they add up. Run by
-        the sweeps of the FORGET_AFTER_GONE_S after a deletion (a pass over every record:
+        deleted topic's records, but a walk step under way then may put one back, which
+        would stay: with topics made and deleted all day, they add up. Run by the
+        follow_topics steps of the FORGET_AFTER_GONE_S after a deletion (a pass over every record:
         about 4 ms for 30,000)."""
         for records in self._per_topic_records():
             for uid in list(records):  # a copy: the walk's threads add meanwhile
@@ -631,142 +537,10 @@ class Releaser:
 
     def _starts(self, topic: Topic, mine: dict[int, int], stored: dict[int, int]
                 ) -> dict[int, int]:
-        """{owned shard: where the sweep reads it from}: its stored cursor, else the safety
+        """{owned shard: where a new walk reads it from}: its stored cursor, else the safety
         lag before the topic was created."""
         default = topic.created_at_ms - self.services.config.safety_lag_ms
         return {s: stored.get(s, default) for s in mine}
-
-    def _behind_of(self, topic: Topic, mine: dict[int, int], stored: dict[int, int], now: int,
-                   held: dict[int, int]) -> dict[int, int]:
-        """{owned shard: where the sweep's catch-up looks behind, and quiet is judged from}:
-        the walk's positions, never past now less the safety lag (what lands behind them the
-        walk does not read again) or a message it holds (`held`: {shard: due ms}; the walk
-        read it, and the catch-up would move it again); for a topic the walk has not read,
-        the stored cursors."""
-        walk = self._walked(topic, mine)
-        if walk is None:
-            return self._starts(topic, mine, stored)
-        through = now - self.services.config.safety_lag_ms
-        return {s: min(walk.lowest(s), through, held.get(s, through)) for s in walk.position}
-
-    def _walked(self, topic: Topic, mine: dict[int, int]) -> Walk | None:
-        """The walk of the topic that has read these owned shards, else None."""
-        walk = self._walks.get(topic.uid)
-        if walk is None or walk.read_at is None \
-                or walk.shards != frozenset(mine):
-            return None
-        return walk
-
-    def _with_stragglers(self, topics: list[tuple[Topic, dict[int, int], dict[int, int]]]
-                         ) -> dict[uuid.UUID, Counts]:
-        """Of (topic, owned shards, cursors) due a catch-up, those whose catch-up must read
-        partitions, with their write counts behind the cursors (workers.catch_up), the
-        indexes of all read together."""
-        behind = []
-        for topic, mine, cursors in topics:
-            seen = self._caught_up_counts(topic.uid, frozenset(mine))
-            if seen is None:  # a record of these shards, which the re-check needs
-                seen = {}
-                self._behind[topic.uid] = (frozenset(mine), seen)
-            behind.append(Behind(topic.uid, cursors, seen))
-        cfg = self.services.config
-        return with_stragglers(self.services.timeline, behind, cfg.bucket_ms,
-                               cfg.release_catchup_ms)
-
-    def _sweep_topic(self, topic: Topic, starts: dict[int, int], now: int, recent: bool,
-                     catch_up: bool, counts: Counts | None) -> None:
-        """One topic's share of a sweep, from `starts` (the walk's positions, capped at now
-        less the safety lag): the catch-up when asked (from `counts` when read already),
-        then whether it is quiet. Runs beside other topics' shares: it touches only this
-        topic's entries of the releaser's records."""
-        failed = None
-        if catch_up:
-            try:
-                self._catch_up(topic, starts, now, counts)
-            except StoreUnavailable as exc:  # its cursors are swept all the same: a
-                failed = exc  # straggler's count stays unrecorded, so the next one reads it
-        self._note_quiet(topic, starts, recent, now)
-        if failed is not None:
-            raise failed
-
-    def _caught_up_counts(self, topic_uid: uuid.UUID, shards: frozenset[int]) -> Counts | None:
-        """The write counts the catch-up last recorded of a topic ({(bucket, shard): n}, the
-        record itself), or None when it has no record for these owned shards."""
-        owned, seen = self._behind.get(topic_uid, (frozenset(), {}))
-        return seen if owned == shards else None
-
-    def _recheck_quiet(self, topics: list[Topic], now: int) -> set[uuid.UUID]:
-        """Of quiet topics due for their re-check, those still quiet, checked together
-        (workers.quiet_recheck); the rest are swept in full."""
-        if not topics:
-            return set()
-        cfg = self.services.config
-        checked = []
-        for topic, mine in self._owned_shards(topics):
-            shards = frozenset(mine)
-            seen = self._caught_up_counts(topic.uid, shards)
-            if seen is not None:  # else swept in full: its catch-up records them
-                checked.append(QuietTopic(topic.uid, self._quiet[topic.uid][1], shards, seen))
-        return still_quiet(self.services.timeline, checked, now, cfg.bucket_ms,
-                           cfg.release_catchup_ms, cfg.release_lookahead_ms)
-
-    def _recent_topics(self, now: int) -> set[uuid.UUID]:
-        """Topics a sweep must look at even if found quiet before (two reads for all topics):
-        those with pointers near now (from where caught-up cursors may lag to the
-        look-ahead's end), and those written to in the last WRITTEN_REACH_MS (the write
-        may be a pointer behind their cursors, which only the catch-up finds)."""
-        cfg = self.services.config
-        near = self.services.timeline.active_topics(range(
-            bucket_of(now - cfg.safety_lag_ms - 2 * CURSOR_STEP_MS, cfg.bucket_ms),
-            bucket_of(now + cfg.release_lookahead_ms, cfg.bucket_ms) + 1))
-        written = self.services.timeline.written_topics(range(
-            (now - WRITTEN_REACH_MS) // WRITE_WINDOW_MS,
-            (now + WRITE_WINDOW_MS) // WRITE_WINDOW_MS + 1))
-        return near | written
-
-    def _note_quiet(self, topic: Topic, cursors: dict[int, int], active: bool,
-                    now: int) -> None:
-        """A topic is quiet when it is not among the sweep's recent topics (no pointer near
-        now, no write in the last WRITTEN_REACH_MS) and every owned cursor is caught up:
-        nothing can be due, behind or waiting, so later sweeps skip it (no read) until it is
-        recent again, or (spread over the topics) a half to a whole QUIET_RECHECK_MS
-        passes: then it is re-checked with many others (_recheck_quiet), and swept only if a
-        pointer reached it."""
-        caught_up = all(c >= now - self.services.config.safety_lag_ms - 2 * CURSOR_STEP_MS
-                        for c in cursors.values())
-        if caught_up and not active:
-            self._quiet[topic.uid] = (
-                now - stable_hash(str(topic.uid)) % (QUIET_RECHECK_MS // 2), min(cursors.values()))
-        else:
-            self._quiet.pop(topic.uid, None)
-
-    def _catch_up(self, topic: Topic, cursors: dict[int, int], now: int,
-                  counts: Counts | None = None) -> None:
-        """Move stragglers (pointers written behind the cursor) to now, where every reader
-        finds them (rule 2's trap: docs/design.md); `counts`: the topic's write counts
-        behind its cursors, when read already."""
-        # recorded for these shards by _with_stragglers; none if the topic was just deleted
-        seen = self._caught_up_counts(topic.uid, frozenset(cursors))
-        if seen is None:
-            seen = {}
-        since = reach_ms(cursors, self.services.config.release_catchup_ms)
-        found = self.services.scanner.stragglers(topic, cursors, since, seen, now, counts)
-        done: set[str] = set()
-        try:
-            paused = passed_over(self.services, topic, found)  # resuming brings those back
-            found = [d for d in found if d.row.id not in paused]
-            if found:
-                moved = replace_ahead(self.services, topic, [d.row for d in found], now)
-                done = {r.id for r in moved}
-                self.services.scanner.spend(topic, [d.pointer for d in found
-                                                    if d.row.id in done])
-                log.info("moved %d messages of topic %s found behind the cursor", len(moved),
-                         topic.name)
-        finally:  # not moved (failed, changed meanwhile, or a write failed): read it again
-            for d in found:
-                if d.row.id not in done:
-                    seen.pop((bucket_of(d.pointer.due_at_ms, self.services.config.bucket_ms),
-                              d.pointer.shard), None)
 
     def _dispatch_loop(self) -> None:
         """Every PREPARE_EVERY_MS, hand what is due within the lead (plus that period) to the
@@ -811,8 +585,7 @@ class Releaser:
         # no new job starts; the runs under way end at their next check of _stopping
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
-        for executor in (self._readers, self._sweepers):
-            executor.shutdown(wait=False, cancel_futures=True)
+        self._readers.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + STOP_RUNS_S
 
         def left_s() -> float:

@@ -6,9 +6,9 @@ found spent) by a read that began at `read_at`, or lies behind the durable curso
 started from. A pointer that lands behind the position later is one due soon after its write
 (app.core.timeline.COUNTED_AHEAD_MS): it moves its (bucket, shard)'s write count, and the
 next step reads that shard again from the safety lag before the previous read began (a
-writer's clock may trail the releaser's that much; one further behind is the sweep's
-catch-up's). A
-shard whose counts stand is read on from its position once the position comes within
+writer's clock may trail the releaser's half that much, and its write take the other half;
+a write that finished later places its pointer again: app.messages.placement). A shard
+whose counts stand is read on from its position once the position comes within
 `refill_ms` of the look-ahead's end, so each pointer is read about once. `cursor[shard]`: the
 durable cursor as the walk started from it or last wrote it.
 """

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from app.core.timeline import placement_ms, ttl_s
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
-from app.messages.transitions import count_moves, place_then
+from app.messages.transitions import count_moves, finished, place_then
 from app.models import MessageState, Topic
 from app.services import Services
 from app.store.campaigns import Span
@@ -114,6 +114,7 @@ def _write(services: Services, topic: Topic, changes: list[tuple[MessageState, M
         [(new, row.version, ttl_s(new.due_at_ms, now, services.config.retention_days))
          for row, new in todo])
     done = [(row, new) for (row, new), ok in zip(todo, outcomes, strict=True) if ok is True]
+    finished(services, topic, [new for row, new in done if new.due_at_ms != row.due_at_ms])
     failed = [o for o in outcomes if isinstance(o, Exception)]
     if failed or len(placed) < len(moving):
         raise StoreUnavailable(f"Cassandra unavailable: {failed[0] if failed else 'pointers'}")

@@ -14,15 +14,12 @@ MS_PER_DAY = 86_400_000
 MS_PER_MINUTE = 60_000
 MS_PER_HOUR = 3_600_000
 CAMPAIGN_SPREAD = 32
-# Pointer writes due further than this after their write time are not counted in
+# Pointer writes due further than this after their write landed are not counted in
 # bucket_writes. The counts tell a releaser's walk to re-read part of its window
 # (release_lookahead_ms + safety_lag_ms, at most this); a pointer due later than that lies
 # beyond every window already read, so it is found when the window reaches it. Lease pointers
 # and future schedules would otherwise re-trigger those re-reads with every write.
 COUNTED_AHEAD_MS = 10_000
-# Pointer writes are recorded per topic and window of this length (topic_writes): a releaser
-# sweeps a topic whose cursors are caught up only while it is recorded in a recent window.
-WRITE_WINDOW_MS = 10_000
 
 
 def bucket_of(due_ms: int, bucket_ms: int) -> int:

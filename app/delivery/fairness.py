@@ -44,19 +44,6 @@ def fair_order(due: Sequence[Due]) -> list[Due]:
     return [d for *_, d in sorted(ranked, key=lambda r: r[:3])]
 
 
-def known_turns_end(order: Sequence[Due], start: int) -> int:
-    """For `order`, the fair_order of a read that stopped before the end of some lanes, of
-    which order[:start] was leased: where the part of order[start:] ends that a read now
-    would also hand out first. That is up to and including the last found message of the
-    group that runs out first: past it, that group may have unread messages that would take
-    the next turns. A group all of whose found messages were leased may too, so then it is
-    start (nothing)."""
-    last: dict[tuple[int, str | None], int] = {}
-    for position, d in enumerate(order):
-        last[_turn_group(d)] = position
-    return max(start, min(last.values(), default=-1) + 1)
-
-
 class FairQueue(Generic[T]):
     """A queue that hands out the lowest priority value first, then takes turns across
     groups (one item of each group with items, then the next of each, ...), each group in

@@ -33,6 +33,7 @@ from app.messages.transitions import (
     count_ahead,
     count_applied,
     count_moves,
+    finished,
     move_many,
     place_then,
 )
@@ -186,6 +187,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
                   if isinstance(ok, Exception)}
     services.scanner.spend(topic, [d.pointer for d, _ in terms if d.row.id not in undecided])
     won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
+    finished(services, topic, won)
     moves = [(rows[r.id].state, r.state, r.campaign) for r in won]
     if ahead is None:
         count_moves(services, topic, moves, wait=False)

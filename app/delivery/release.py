@@ -18,7 +18,7 @@ from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.delivery import leasing
 from app.delivery.scan import Due
 from app.messages import dead_letters
-from app.messages.transitions import count_moves, place_then
+from app.messages.transitions import count_moves, finished, place_then
 from app.models import MessageState, Payload, Topic
 from app.services import Services
 
@@ -91,6 +91,7 @@ def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome
           ttl_s(rows[i].due_at_ms, now, services.config.retention_days)) for i in todo])
     for i, ok in zip(todo, applied, strict=True):
         results[i] = ok
+    finished(services, topic, [rows[i] for i in todo if results[i] is True])
     count_moves(services, topic, [("leased", rows[i].state, rows[i].campaign) for i in todo
                                   if results[i] is True], wait=False)
     return results

@@ -1,5 +1,5 @@
 """Reading the timeline: the pointers of a topic's shards over a span, with the rows that
-make them waiting (the releaser's walk: upcoming; its catch-up: stragglers).
+make them waiting (the releaser's walk: upcoming).
 
 A pointer is *live* when its message row is at the pointer's version, is due on the server
 clock (due_at <= now) and is scheduled, or leased with an expired lease. A pointer that can
@@ -83,35 +83,6 @@ def is_spent(p: Pointer, row: MessageState | None) -> bool:
     if row is None or row.version < p.version:
         return False
     return row.version > p.version or row.state not in WAITING
-
-
-def moved_counts(seen: Mapping[tuple[int, int], int | None], counts: dict[tuple[int, int], int],
-                 shards: Container[int]) -> dict[tuple[int, int], int]:
-    """The write counts of these shards that differ from those recorded in seen (a count
-    never recorded included)."""
-    return {key: n for key, n in counts.items() if key[1] in shards and seen.get(key) != n}
-
-
-def _cells_of(plan: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int]]:
-    """The (bucket, shard)s of plan, each once, in plan order."""
-    return list(dict.fromkeys((e[0], e[1]) for e in plan))
-
-
-def _read_whole(plan: list[tuple[int, int, int, int, int]], whole: set[int],
-                unsettled: set[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The (bucket, shard)s of plan read whole (every part of them) with every pointer
-    settled."""
-    partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
-    return [key for key in _cells_of(plan) if key not in unsettled and key not in partly]
-
-
-def _remember(seen: dict[tuple[int, int], int], counts: dict[tuple[int, int], int],
-              plan: list[tuple[int, int, int, int, int]], whole: set[int],
-              unsettled: set[tuple[int, int]]) -> None:
-    """Record the write counts of (bucket, shard)s read whole with every pointer settled."""
-    for key in _read_whole(plan, whole, unsettled):
-        if key in counts:
-            seen[key] = counts[key]
 
 
 def _waiting_at(p: Pointer, row: MessageState) -> bool:
@@ -256,8 +227,8 @@ class ResumePoints:
     only, so without this a minute's pile-up at one millisecond (a campaign at 09:00:00.000)
     would be re-read from its first pointer by every scan until all of it is taken.
 
-    Safe as the cursor is: nothing new lands before now - safety lag but a straggler, and the
-    catch-up finds those once the cursor passes them. Thread-safe; bounded LRU."""
+    Safe as the cursor is: nothing new lands before now - safety lag but a late write, which
+    its writer places again at now (app.messages.placement). Thread-safe; bounded LRU."""
 
     def __init__(self, capacity: int = RESUME_CACHE_SIZE) -> None:
         self.capacity = capacity
@@ -353,39 +324,6 @@ class DueScanner:
         due, unsettled = self._settle(topic, fresh, _waiting_at)
         partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
         return ScanResult(due, frontier, partly | unsettled, lanes_ms)
-
-    def stragglers(self, topic: Topic, cursors: dict[int, int], since_ms: int,
-                   seen: dict[tuple[int, int], int], now_ms: int,
-                   counts: dict[tuple[int, int], int] | None = None) -> list[Due]:
-        """Waiting messages whose pointer landed behind its shard's cursor (a writer slower or
-        with a clock further behind than the safety lag: a long bulk import, a skewed host).
-        Only (bucket, shard)s of the shards in `cursors`, from since_ms on, whose write count
-        moved since `seen` are read, so this costs one small read per sweep when nothing
-        straggles. `counts`: the write counts of the topic's active buckets from since_ms to
-        its highest cursor, when already read (workers.catch_up reads many topics' at once);
-        else they are read here. Updates `seen`."""
-        if not cursors:
-            return []
-        bucket_ms = self.config.bucket_ms
-        if counts is None:
-            buckets = self.timeline.active_buckets(topic.uid, bucket_of(since_ms, bucket_ms),
-                                                   bucket_of(max(cursors.values()), bucket_ms),
-                                                   bucket_ms)
-            counts = self.timeline.write_counts(topic.uid, buckets) if buckets else {}
-        changed = moved_counts(seen, counts, cursors.keys())
-        if not changed:
-            return []
-        parts = self.timeline.parts(topic.uid, sorted({b for b, _ in changed}),
-                                    self.config.partition_cap)
-        plan = [(b, sh, part, bucket_start_ms(b, bucket_ms),
-                 min(bucket_start_ms(b + 1, bucket_ms), cursors[sh]) - 1)
-                for b, sh in sorted(changed) for part in sorted(parts.get(b, {}).get(sh, []))]
-        frontier = dict.fromkeys(cursors, now_ms)
-        behind, whole = self._read(topic, plan, MAX_ROWS_PER_SCAN, frontier, lambda key: False,
-                                     now_ms - self.config.safety_lag_ms)
-        found, unsettled = self._settle(topic, behind, lambda p, row: is_live(p, row, now_ms))
-        _remember(seen, changed, plan, whole, unsettled)
-        return found
 
     def _settle(self, topic: Topic, pointers: list[Pointer],
                 wanted: Callable[[Pointer, MessageState], bool]

@@ -253,6 +253,7 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
         return
     counting = _start_counts(services, topic, [rows[i] for i in created])
     errors = services.placer.place(topic.uid, pointers, now, topic.pushed)
+    errors = _placed_in_time(services, topic, pointers, errors)
     for i, err in zip(placed_for, errors, strict=True):
         if err is not None:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
@@ -282,6 +283,10 @@ def _write_fresh(services: Services, topic: Topic, rows: list[MessageState], fre
     except StoreUnavailable as exc:
         pointer_errors = [exc] * len(made)
     row_errors = staging.errors()[2]
+    pointer_errors = _placed_in_time(
+        services, topic, [pointer_of(r, version=1) for r in made],
+        [row_error or pointer_error
+         for row_error, pointer_error in zip(row_errors, pointer_errors, strict=True)])
     for i, row_error, pointer_error in zip(fresh, row_errors, pointer_errors, strict=True):
         err = row_error or pointer_error
         results[i] = (EnqueueResult(rows[i].id, 201, rows[i].deliver_at_ms, "scheduled")
@@ -292,6 +297,18 @@ def _write_fresh(services: Services, topic: Topic, rows: list[MessageState], fre
                       [(None, "scheduled", None)] * (len(made) - len(unwritten)),
                       also=services.counts.upcoming_updates_at(
                           topic.uid, [r.due_at_ms for r in unwritten], sign=-1))
+
+
+def _placed_in_time(services: Services, topic: Topic, pointers: list[Pointer],
+                    errors: list[Exception | None]) -> list[Exception | None]:
+    """The errors of written pointers (their rows written too), with one for each whose
+    write finished late and could not be placed again in time (PointerPlacer.again_if_late):
+    answered 503, its retry writes the pointer again."""
+    written = [p for p, err in zip(pointers, errors, strict=True) if err is None]
+    stuck = {p.id for p in services.placer.again_if_late(topic.uid, written, topic.pushed)}
+    late = StoreUnavailable("Cassandra unavailable: a late write could not be placed again")
+    return [late if err is None and p.id in stuck else err
+            for p, err in zip(pointers, errors, strict=True)]
 
 
 def _fresh(result: EnqueueResult | None) -> bool:

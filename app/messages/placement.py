@@ -7,6 +7,7 @@ are gaps: partitions then hold fewer than DUETIME_PARTITION_CAP pointers, never 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -14,31 +15,33 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from app.config import Config
-from app.core.timeline import COUNTED_AHEAD_MS, WRITE_WINDOW_MS, bucket_of, lane_part, ttl_s
+from app.core.timeline import COUNTED_AHEAD_MS, bucket_of, lane_part, ttl_s
 from app.delivery.wakeups import Wake, no_wake
 from app.errors import StoreUnavailable
 from app.models import Pointer
-from app.store.session import Pending
 from app.store.timeline import TimelineStore
 
 _MAX_CACHED = 20_000
+LATE_TRIES = 4
+AHEAD_MAX_MS = 30_000  # a pointer placed again lands before it is due, by at most this
 log = logging.getLogger(__name__)
 
 
 class PointerPlacer:
     """Thread-safe; one per process."""
 
-    def __init__(self, store: TimelineStore, config: Config, wake: Wake = no_wake,
+    def __init__(self, store: TimelineStore, config: Config, cluster_now: Callable[[], int],
+                 wake: Wake = no_wake,
                  pull_written: Callable[[uuid.UUID], None] | None = None) -> None:
         self.store = store
         self.config = config
+        self.cluster_now = cluster_now  # app.ops.cluster_clock
         self._wake = wake  # app.delivery.wakeups
         self._pull_written = pull_written  # a pull topic's pointers due soon: app.delivery.wakeups
         self._lock = threading.Lock()
         self._ranges: dict[tuple[uuid.UUID, int, int], tuple[int, int]] = {}
         self._active: set[tuple[uuid.UUID, int]] = set()
         self._lanes: set[tuple[uuid.UUID, int, int, int]] = set()  # lane partitions recorded
-        self._written: set[tuple[uuid.UUID, int]] = set()  # (topic, window) recorded
 
     def _take(self, topic_uid: uuid.UUID, bucket: int, shard: int, count: int) -> list[int]:
         key = (topic_uid, bucket, shard)
@@ -65,27 +68,6 @@ class PointerPlacer:
             if len(self._active) > _MAX_CACHED:
                 self._active.clear()
             self._active.update((topic_uid, b) for b in new)
-
-    def _note_written(self, topic_uid: uuid.UUID, now_ms: int) -> Pending | None:
-        """Start recording, once per WRITE_WINDOW_MS window and process, that the topic is
-        being written (topic_writes): what wakes a releaser's sweep of a quiet topic, so a
-        pointer written behind its cursors is found."""
-        key = (topic_uid, now_ms // WRITE_WINDOW_MS)
-        with self._lock:
-            if key in self._written:
-                return None
-            if len(self._written) > _MAX_CACHED:
-                self._written.clear()
-            self._written.add(key)
-        try:
-            return self.store.note_written(*key)
-        except StoreUnavailable:
-            self._forget_written(key)
-            return None
-
-    def _forget_written(self, key: tuple[uuid.UUID, int]) -> None:
-        with self._lock:
-            self._written.discard(key)
 
     def _record_lanes(self, topic_uid: uuid.UUID, placed: list[tuple[int, int, int, Pointer, int]],
                       now_ms: int) -> dict[tuple[int, int, int], Exception]:
@@ -132,15 +114,8 @@ class PointerPlacer:
                 ttl = ttl_s(p.due_at_ms, now_ms, self.config.retention_days)
                 placed[index] = (bucket, shard,
                                  lane_part(p.lane, slot, self.config.partition_cap), p, ttl)
-        noting = self._note_written(topic_uid, now_ms)
         unrecorded = self._record_lanes(topic_uid, placed, now_ms)
         outcomes = self.store.write_pointers(topic_uid, placed)
-        if noting is not None:
-            try:
-                noting.result()
-            except Exception as exc:  # only a delay: the sweep's periodic re-check finds them
-                log.warning("topic write not recorded: %s", type(exc).__name__)
-                self._forget_written((topic_uid, now_ms // WRITE_WINDOW_MS))
         outcomes = [unrecorded.get((b, s, part), err)
                     for (b, s, part, _, _), err in zip(placed, outcomes, strict=True)]
         if landed is not None:
@@ -160,8 +135,11 @@ class PointerPlacer:
         written = [(bucket, shard, p) for (bucket, shard, _, p, _), err
                    in zip(placed, outcomes, strict=True) if err is None]
         counts: dict[tuple[int, int], int] = defaultdict(int)
+        # by the time the pointers landed, not their placement: a slow write's pointer
+        # uncounted is one no walk could have read past yet
+        counted_until = max(now_ms, self.cluster_now()) + COUNTED_AHEAD_MS
         for bucket, shard, p in written:
-            if p.due_at_ms <= now_ms + COUNTED_AHEAD_MS:
+            if p.due_at_ms <= counted_until:
                 counts[(bucket, shard)] += 1
         uncounted = self.store.count_writes(topic_uid, counts)
         if any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms for _, _, p in written):
@@ -170,6 +148,37 @@ class PointerPlacer:
                 p.due_at_ms <= now_ms + pull_wake_ms(self.config) for _, _, p in written):
             self._pull_written(topic_uid)
         return uncounted
+
+
+    def again_if_late(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer],
+                      pushed: bool = False) -> list[Pointer]:
+        """Pointers whose write (pointer, write count and row) has finished: one due more
+        than half the safety lag before the cluster's time now may lie behind a walk's
+        position, which reads a moved count's partition only from the safety lag before its
+        last read (docs/design.md, "How a due message is found"). It is placed once more,
+        with the same message version, until it lands in time, LATE_TRIES at most: due now,
+        then (while writes are slow: a node down) twice the last try's write time ahead of
+        now, at most AHEAD_MAX_MS, so that it lands before it is due. Returns those still
+        not placed in time (writes that kept failing)."""
+        late_ms = self.config.safety_lag_ms // 2
+        ahead_ms = 0
+        for _ in range(LATE_TRIES):
+            now = self.cluster_now()
+            late = [p for p in pointers if now - p.due_at_ms > late_ms]
+            if not late:
+                return []
+            log.info("placing %d pointers of topic %s again, %d ms ahead: their write "
+                     "finished late", len(late), topic_uid, ahead_ms)
+            again = [dataclasses.replace(p, due_at_ms=now + ahead_ms) for p in late]
+            try:
+                errors = self.place(topic_uid, again, now, pushed)
+            except StoreUnavailable as exc:
+                errors = [exc] * len(again)
+            ahead_ms = min(2 * (self.cluster_now() - now), AHEAD_MAX_MS)
+            pointers = [p if err is None else old
+                        for old, p, err in zip(late, again, errors, strict=True)]
+        now = self.cluster_now()
+        return [p for p in pointers if now - p.due_at_ms > late_ms]
 
 
 def pull_wake_ms(config: Config) -> int:

@@ -27,6 +27,20 @@ def place_then(services: Services, topic: Topic, rows: list[MessageState],
     return [r for r, err in zip(rows, errors, strict=True) if err is None]
 
 
+def finished(services: Services, topic: Topic, rows: Sequence[MessageState]) -> None:
+    """Rows whose next pointer and LWT have both landed: a waiting one whose write finished
+    late has its pointer placed again (PointerPlacer.again_if_late), where the walk reads.
+    One that could not be is logged: it waits for a releaser that reads its shard anew."""
+    waiting = [pointer_of(r) for r in rows if r.state in ("scheduled", "leased")]
+    if not waiting:
+        return
+    stuck = services.placer.again_if_late(topic.uid, waiting, topic.pushed)
+    if stuck:
+        logging.getLogger(__name__).error(
+            "%d messages of topic %s were written late and could not be placed again: %s",
+            len(stuck), topic.uid, [p.id for p in stuck[:10]])
+
+
 def move_many(services: Services, topic: Topic, rows: list[MessageState],
               now: int) -> list[MessageState]:
     """Each row's next pointer, then its LWT over the version before it; returns the rows
@@ -35,7 +49,9 @@ def move_many(services: Services, topic: Topic, rows: list[MessageState],
     outcomes = services.messages.cas_many(
         [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
          for r in placed])
-    return [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
+    won = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
+    finished(services, topic, won)
+    return won
 
 
 def apply_transition(services: Services, topic: Topic, new: MessageState, moved: bool) -> None:
@@ -46,6 +62,8 @@ def apply_transition(services: Services, topic: Topic, new: MessageState, moved:
     if not services.messages.cas(new, new.version - 1,
                                  ttl_s(new.due_at_ms, now, services.config.retention_days)):
         raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
+    if moved:
+        finished(services, topic, [new])
 
 
 log = logging.getLogger("duetime.counts")
@@ -156,17 +174,3 @@ def count_applied(services: Services, topic: Topic, ahead: CountedAhead,
     sent = ahead.sent + _send(services, topic, (topic_deltas, per_campaign), False,
                               [*ahead.unsent, *also])
     services.db.results(sent)
-
-
-def replace_ahead(services: Services, topic: Topic, rows: list[MessageState],
-                  now: int) -> list[MessageState]:
-    """Move waiting messages found behind their shard's cursor to now (pointer first, then
-    the LWT), where readers will find them; an expired lease becomes scheduled again.
-    Returns the rows moved (a row that changed meanwhile is left alone)."""
-    moved = [dataclasses.replace(r, state="scheduled", version=r.version + 1, due_at_ms=now,
-                                 lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)
-             for r in rows]
-    done = move_many(services, topic, moved, now)
-    before = {r.id: r.state for r in rows}
-    count_moves(services, topic, [(before[r.id], "scheduled", r.campaign) for r in done])
-    return done

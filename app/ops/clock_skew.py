@@ -13,29 +13,20 @@ from app.ops import metrics
 from app.services import Services
 
 log = logging.getLogger("duetime.clock")
-SKEW_SAMPLES = 3
 
 
 def measure_ms(services: Services) -> int:
     """This clock minus Cassandra's, in ms (positive: this one is ahead), taken at the middle
-    of the shortest of SKEW_SAMPLES round trips, so good to half of it (one slow round trip on
-    a loaded host does not skew it). Sets duetime_clock_skew_seconds and logs a warning past
+    of the shortest of a few round trips (app.ops.cluster_clock), so one slow round trip on
+    a loaded host does not skew it. Sets duetime_clock_skew_seconds and logs a warning past
     half of the safety lag. Raises StoreUnavailable while Cassandra is down."""
-    _, skew = min(_round_trip(services) for _ in range(SKEW_SAMPLES))
+    skew = services.cluster_clock.skew_ms()
     metrics.CLOCK_SKEW.set(skew / 1000)
     if abs(skew) > services.config.safety_lag_ms / 2:
         log.warning("this clock is %d ms %s Cassandra's (DUETIME_SAFETY_LAG_MS is %d): "
                     "run NTP/chrony", abs(skew), "ahead of" if skew > 0 else "behind",
                     services.config.safety_lag_ms)
     return skew
-
-
-def _round_trip(services: Services) -> tuple[int, int]:
-    """(round trip, this clock at its middle minus Cassandra's), in ms."""
-    before = services.clock()
-    cassandra_ms = services.clocks.cassandra_now_ms()
-    after = services.clock()
-    return after - before, (before + after) // 2 - cassandra_ms
 
 
 def releaser_gap_ms(services: Services, own_skew_ms: int, member: str | None = None) -> int | None:

@@ -81,7 +81,7 @@ WEBHOOK_ATTEMPTS = Counter(
     "error.", ("outcome",))
 RELEASER_STEP_DURATION = Histogram(
     "duetime_releaser_step_duration_seconds",
-    "How long each run of a releaser's paced step took, by step (topics, walk, sweep, "
+    "How long each run of a releaser's paced step took, by step (topics, walk, "
     "operations): what a step finds waits for its run to end, so a walk step longer "
     "than the prepare lead makes webhook messages late.", ("step",),
     buckets=LATENCY_BUCKETS_S)

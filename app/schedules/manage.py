@@ -28,7 +28,7 @@ from app.core.timeparse import TimeFormatError
 from app.errors import Conflict, InvalidInput, NotFound
 from app.messages.by_id import cancel
 from app.messages.enqueue import NewMessage, enqueue, payload_of
-from app.messages.transitions import place_then
+from app.messages.transitions import finished, place_then
 from app.models import MessageState, Payload, Topic
 from app.schedules import quiet_hours
 from app.schedules.cron import Cron, CronError
@@ -198,8 +198,9 @@ def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageSt
         log.warning("schedule %s: %d waiting fires keep their old content (payload not "
                     "written)", s.name, len(changed) - len(staged))
     placed = place_then(services, topic, staged, now)
-    services.messages.cas_many([(r, r.version - 1, ttl_s(r.due_at_ms, now, retention))
-                                for r in placed])
+    outcomes = services.messages.cas_many([(r, r.version - 1, ttl_s(r.due_at_ms, now, retention))
+                                           for r in placed])
+    finished(services, topic, [r for r, ok in zip(placed, outcomes, strict=True) if ok is True])
 
 
 def fire_message(s: Schedule, fire_ms: int, quiet: quiet_hours.QuietHours | None) -> NewMessage:

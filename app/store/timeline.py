@@ -13,10 +13,8 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
-
-from cassandra.cluster import ResponseFuture
 
 from app.core.chunks import chunked
 from app.core.timeline import LANE_STRIDE, MS_PER_DAY, parts_for
@@ -122,27 +120,7 @@ class TimelineStore:
     def write_counts(self, topic_uid: uuid.UUID, buckets: Sequence[int]
                      ) -> dict[tuple[int, int], int]:
         """{(bucket, shard): pointers written so far} of the given buckets."""
-        return self.start_write_counts(topic_uid, buckets)()
-
-    def start_write_counts(self, topic_uid: uuid.UUID, buckets: Sequence[int]
-                           ) -> Callable[[], dict[tuple[int, int], int]]:
-        """write_counts, sent now: the call returned waits for them (once; it answers the
-        same after)."""
-        futures = [
-            self.db.execute_async(
-                "SELECT bucket, shard, n FROM {ks}.bucket_writes WHERE topic_uid = ? "
-                "AND bucket IN ?", (topic_uid, chunk))
-            for chunk in chunked(buckets, 100)
-        ]
-        got: list[dict[tuple[int, int], int]] = []
-
-        def counts() -> dict[tuple[int, int], int]:
-            if not got:
-                got.append({(r["bucket"], r["shard"]): r["n"]
-                            for rows in self.db.results(futures) for r in rows})
-            return got[0]
-
-        return counts
+        return self.write_counts_in([([topic_uid], list(buckets))]).get(topic_uid, {})
 
     def write_counts_in(self, groups: Sequence[tuple[Sequence[uuid.UUID], Sequence[int]]]
                         ) -> dict[uuid.UUID, dict[tuple[int, int], int]]:
@@ -170,18 +148,6 @@ class TimelineStore:
             "INSERT INTO {ks}.active_topics (bucket, topic_uid) VALUES (?, ?) USING TTL ?",
             [(b, topic_uid, max(1, ((b + 1) * bucket_ms - now_ms) // 1000) + 86_400)
              for b in buckets]))
-
-    def note_written(self, topic_uid: uuid.UUID, window: int) -> ResponseFuture:
-        """Record that pointers of the topic are being written in this WRITE_WINDOW_MS
-        window (idempotent); the caller waits for the future."""
-        return self.db.execute_async(
-            "INSERT INTO {ks}.topic_writes (window, topic_uid) VALUES (?, ?)", (window, topic_uid))
-
-    def written_topics(self, windows: Sequence[int]) -> set[uuid.UUID]:
-        """Topics that had pointers written in these WRITE_WINDOW_MS windows."""
-        rows = self.db.execute(
-            "SELECT topic_uid FROM {ks}.topic_writes WHERE window IN ?", (list(windows),))
-        return {r["topic_uid"] for r in rows}
 
     def active_topics(self, buckets: Sequence[int]) -> set[uuid.UUID]:
         """Topics with any pointer in these buckets."""

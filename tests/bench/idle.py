@@ -5,7 +5,7 @@ duetime's processes makes while nothing happens.
 Against the running stack (`make up`: gunicorn with its workers, one releaser, the dev node):
 1. create T topics (every tenth a webhook topic to a local receiver), enqueue 10 messages due
    now on each, and drain them (pull topics leased and acked, webhook ones pushed);
-2. wait SETTLE_S (caches go idle, the sweep finds the topics quiet);
+2. wait SETTLE_S (caches go idle, the walk has passed the drained topics);
 3. over MEASURE_S: CPU (utime + stime from /proc) of the gunicorn master and workers, the
    releaser and the Cassandra JVM, in cores; and the Cassandra requests of the API and of
    the releaser (duetime_cassandra_request_duration_seconds_count of their /metrics), per
@@ -16,14 +16,11 @@ Against the running stack (`make up`: gunicorn with its workers, one releaser, t
 5. then one consumer on each of WIDE_POLLED_TOPICS pull topics created empty
    (`with_long_polls_wide`): what it costs per quiet topic;
 6. then, from LATER_AT_S after the drain, the figures of step 3 again over MEASURE_S
-   (`idle_later`): the releaser re-checks each quiet topic 2.5 to 5 minutes after it found
-   it quiet (workers.quiet_recheck), so this window holds some of those re-checks, which
-   step 3's does not;
+   (`idle_later`): an idle stack minutes later;
 7. delete the topics.
 Issue 14's goal: under 0.03 of a core for all three together, at most one LWT a second per
-releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T] [SETTLE_S]
-(a topic written to in the last minute is still swept: SETTLE_S 100 measures the stack
-once every topic is quiet). Run it on a keyspace of its own (DUETIME_KEYSPACE=idlebench
+releaser. Writes bench-results/idle.json. Usage: python -m tests.bench.idle [T] [SETTLE_S].
+Run it on a keyspace of its own (DUETIME_KEYSPACE=idlebench
 make up): a keyspace holding backlogs nobody consumes is not idle.
 """
 

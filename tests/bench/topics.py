@@ -5,14 +5,13 @@ Against the running stack (`make up`: the API and one releaser):
 1. the releaser's CPU (utime + stime from /proc) over 20 s before the topics exist;
 2. create T drained topics (every tenth a webhook topic) across K tenants, 8 threads;
 3. the releaser's CPU over 20 s with all of them (nothing due anywhere), from 30 s after the
-   last was created (its first sweep of each new topic is done);
+   last was created (its walk of each new topic has begun);
 4. twenty times: create a webhook topic and at once enqueue one message due 200 ms later;
    its lag at the target (arrival - deliver_at), p50/p99/max, and none early; then the same
    with a pull topic and a consumer long-polling it from the moment it exists (lag: the
    answer's arrival - deliver_at);
 5. the releaser's CPU and Cassandra requests a second over 30 s from LATER_AT_S after the
-   last topic was created, when it re-checks the topics it found quiet (each 2.5 to 5 minutes
-   after it found it so: workers.quiet_recheck);
+   last topic was created (minutes later);
 6. delete every topic made, and revoke the tenants' keys.
 Writes bench-results/topics.json and prints a table. Usage:
 python -m tests.bench.topics [T] [K]

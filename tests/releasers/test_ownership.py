@@ -62,7 +62,7 @@ def releaser_processes(config: Config, ring: int, names: list[str], lease_ms: in
     the last lines each one logged are printed (pytest shows them with the failure)."""
     env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace, "DUETIME_RELEASE_RING": str(ring),
            "DUETIME_RELEASE_LEASE_MS": str(lease_ms), "DUETIME_RELEASE_SLOTS": str(SLOTS),
-           "DUETIME_TOPIC_REFRESH_MS": "300", "DUETIME_RELEASE_SWEEP_MS": "300"}
+           "DUETIME_TOPIC_REFRESH_MS": "300"}
     with tempfile.TemporaryDirectory() as logs:
         paths = {n: os.path.join(logs, f"{n}.log") for n in names}
         procs = {}

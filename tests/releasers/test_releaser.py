@@ -22,8 +22,7 @@ from app.config import Config
 from app.core.timeline import COUNTED_AHEAD_MS
 from app.core.timeparse import parse_instant
 from app.errors import StoreUnavailable
-from app.messages.transitions import replace_ahead
-from app.models import Topic
+from app.messages.placement import PointerPlacer
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
@@ -43,6 +42,10 @@ from workers import releaser as releaser_module
 from workers.push import PushDispatcher
 from workers.releaser import Releaser
 from workers.walk import Walk
+
+
+def logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in rec.getMessage() for rec in caplog.records)
 
 
 def test_webhook_delivers_each_message_once_on_time_signed(
@@ -169,23 +172,24 @@ def test_releaser_moves_pull_cursors_over_spent_pointers(
 
 
 @contextmanager
-def late_producer_of_a_quiet_topic(label: str, member: str, behind_ms: int
-                                   ) -> Iterator[tuple[Receiver, TopicClient, str, Flask]]:
-    """A webhook topic that releaser `member` has found quiet (cursors caught up, nothing
-    near: skipped by the sweep), and a client of it from a producer whose clock is behind_ms
-    behind: (its target, that client, the topic's signing secret, the producer's app).
-    In a keyspace of its own: in the shared one a new releaser's first sweeps work through
-    every topic the tests before left, and a slow machine's took over 10 s to reach this one.
-    behind_ms must exceed the time the topic takes to be found quiet plus the safety lag:
-    a new topic's cursors start a safety lag before its creation, so a write less far behind
-    lands ahead of them, where the sweep finds it without any catch-up."""
+def late_producer(label: str, member: str, behind_ms: int
+                  ) -> Iterator[tuple[Receiver, TopicClient, str, Flask]]:
+    """A webhook topic that releaser `member`'s walk has read past its creation, and a
+    client of it from a producer whose clock is behind_ms behind: (its target, that client,
+    the topic's signing secret, the producer's app). In a keyspace of its own: in the
+    shared one a new releaser's first steps work through every topic the tests before left.
+    behind_ms must exceed the time the walk takes to pass the topic's creation plus the
+    safety lag: a write less far behind lands ahead of the positions."""
     with keyspace_alone(label) as (config, services, client, auth):
         skewed = create_app(config, clock=lambda: now_ms() - behind_ms)
         try:
             with receiving(Receiver()) as target, releaser(config, member) as r:
                 topic, secret = webhook_topic(client, auth, target.url)
                 made = now_ms()
-                wait_quiet(r, {services.topics.get(tenant_of(services, auth), topic.name).uid})
+                uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+                assert wait_until(lambda: (w := r._walks.get(uid)) is not None
+                                  and w.read_at is not None
+                                  and min(w.position.values()) > made, 10)
                 assert_written_behind_its_cursors(config, made, behind_ms)
                 yield target, TopicClient(skewed.test_client(), auth, name=topic.name,
                                           delivery={"mode": "webhook", "url": target.url}), \
@@ -195,19 +199,18 @@ def late_producer_of_a_quiet_topic(label: str, member: str, behind_ms: int
 
 
 def assert_written_behind_its_cursors(config: Config, made_ms: int, behind_ms: int) -> None:
-    """A write from now by a producer behind_ms behind lands behind the cursors of a topic
-    made at made_ms (they start a safety lag before it), with 2 s to spare for the write:
-    else a test of a straggler would test none (a fresh-clone run took over 4 s to find a
-    new topic quiet)."""
+    """A write from now by a producer behind_ms behind lands behind the walk's positions in
+    a topic made at made_ms, with 2 s to spare for the write: else a test of a straggler
+    would test none."""
     assert now_ms() - made_ms < behind_ms - config.safety_lag_ms - 2000
 
 
 def test_a_pointer_written_far_behind_the_cursor_is_still_delivered() -> None:
-    """A producer whose clock is 20 s behind (twenty times the safety lag) writes pointers the
-    cursors have long passed, into a topic the sweep already found quiet (and skips); the
-    write wakes it (topic_writes) and the releaser's catch-up moves them to now."""
-    with late_producer_of_a_quiet_topic("behind", "r-behind", 20_000) \
-            as (target, late, secret, _):
+    """A producer whose clock is 20 s behind (twenty times the safety lag) writes a pointer
+    the walk has long passed. Its process keeps the cluster's time (its clock corrected by
+    its measured offset to Cassandra's, app.ops.cluster_clock), so it finds its write late
+    and places the pointer again, due now, where the walk reads it."""
+    with late_producer("behind", "r-behind", 20_000) as (target, late, secret, _):
         assert late.enqueue(id="behind").status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 30)
         assert_on_time_and_signed(target.arrivals, secret, late.name)
@@ -218,8 +221,7 @@ def test_a_message_whose_take_failed_is_read_again_and_delivered(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The take (lease pointer, conditional batch) of a message the walk has passed fails
     once: the walk goes back to it, so it is taken again and POSTed, not left scheduled
-    behind the walk's position and the cursor. The sweep is off: only the walk can."""
-    monkeypatch.setattr(Releaser, "sweep", lambda self: False)
+    behind the walk's position and the cursor."""
     failures: list[str] = []
     take = PushDispatcher._take
 
@@ -239,44 +241,155 @@ def test_a_message_whose_take_failed_is_read_again_and_delivered(
     assert_on_time_and_signed(target.arrivals, secret, topic.name)
 
 
-def test_a_straggler_whose_move_failed_is_found_again_and_delivered(
+def test_a_push_whose_take_was_left_undecided_is_read_again_and_delivered(
+        config: Config, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The catch-up records a partition's write count when it reads it; when the move of a
-    straggler it found there fails, the count is forgotten, so the next catch-up reads it
-    again. Before, the failed straggler stayed behind the cursor for good."""
-    monkeypatch.setattr(releaser_module, "CATCH_UP_EVERY_MS", 0)
-    failures: list[int] = []
+    """The take of a webhook message whose lease pointer could not be written (a node
+    down) leaves it scheduled and its pointer unspent, without an error: the walk, which
+    has passed it, reads it again, so it is taken again and POSTed, not left behind."""
+    with receiving(Receiver()) as target, releaser(config, "r-undecided") as r:
+        topic, secret = webhook_topic(client, auth, target.url)
+        place = r.services.placer.place
+        failed: list[str] = []
 
-    def failing_once(*args: Any) -> Any:
-        if not failures:
-            failures.append(1)
-            raise StoreUnavailable("Cassandra unavailable: WriteTimeout")
-        return replace_ahead(*args)
+        def failing_lease_pointer(topic_uid: uuid.UUID, pointers: Any, *args: Any,
+                                  **kwargs: Any) -> Any:
+            if not failed and any(p.id == "undecided" and p.version == 2 for p in pointers):
+                failed.extend(p.id for p in pointers)
+                return [StoreUnavailable("Cassandra unavailable: WriteTimeout")] * len(pointers)
+            return place(topic_uid, pointers, *args, **kwargs)
 
-    monkeypatch.setattr(releaser_module, "replace_ahead", failing_once)
-    with late_producer_of_a_quiet_topic("failedmove", "r-failed-move", 20_000) \
-            as (target, late, _, _):
+        monkeypatch.setattr(r.services.placer, "place", failing_lease_pointer)
+        assert topic.enqueue(id="undecided", delay_ms=1500).status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 15), target.ids()
+    assert failed == ["undecided"] and target.ids() == ["undecided"]
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
+
+
+def test_a_timer_of_a_slot_whose_lease_was_not_confirmed_in_time_is_read_again(
+        config: Config, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A releaser whose slot renewals are slow (a node down) may not prepare its timers
+    there for a moment: those timers are dropped, and the walk, which has passed them,
+    reads them again, so the message is POSTed once the lease is confirmed."""
+    with receiving(Receiver()) as target, releaser(config, "r-unconfirmed") as r:
+        topic, secret = webhook_topic(client, auth, target.url)
+        may_prepare = r.push.may_prepare
+        refused: list[int] = []
+
+        def unconfirmed_once(slot: int) -> bool:
+            if not refused:
+                refused.append(slot)
+                return False
+            return may_prepare(slot)
+
+        monkeypatch.setattr(r.push, "may_prepare", unconfirmed_once)
+        assert topic.enqueue(id="unconfirmed", delay_ms=1500).status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 15), target.ids()
+    assert len(refused) == 1 and target.ids() == ["unconfirmed"]
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
+
+
+def test_a_late_write_whose_placing_again_fails_once_is_placed_again_and_delivered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pointer written late (here by a producer 20 s behind) is placed again; when that
+    write fails, it is tried again (PointerPlacer.again_if_late), so the message is not left
+    behind the walk's position."""
+    failures: list[str] = []
+    with late_producer("againfailed", "r-again-failed", 20_000) as (target, late, _, skewed):
+        placer: PointerPlacer = skewed.extensions["duetime"].placer
+        place = placer.place
+
+        def failing_once(topic_uid: uuid.UUID, pointers: Any, now_ms: int, *args: Any,
+                         **kwargs: Any) -> Any:
+            # the first write at the cluster's time (the producer's own are 20 s behind)
+            if not failures and now_ms > time.time() * 1000 - 5000:
+                failures.extend(p.id for p in pointers)
+                raise StoreUnavailable("Cassandra unavailable: WriteTimeout")
+            return place(topic_uid, pointers, now_ms, *args, **kwargs)
+
+        monkeypatch.setattr(placer, "place", failing_once)
         assert late.enqueue(id="behind").status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 30)
-        assert failures and target.ids() == ["behind"]
+        assert failures == ["behind"] and target.ids() == ["behind"]
+
+
+def test_a_write_that_lands_late_is_placed_again_and_delivered(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A pointer whose write lands 3 s after its due time (a node kill's retries, a pause),
+    behind the walk's position and past the safety lag its re-read of a moved count covers:
+    its writer finds the write late and places it again, due now, and the message is
+    delivered (without that, it would wait behind the position for good)."""
+    writer: Services = client.application.extensions["duetime"]  # the API's, which enqueues
+    write_pointers = writer.timeline.write_pointers
+    slowed: list[int] = []
+
+    def landing_late(topic_uid: uuid.UUID, placed: Any) -> Any:
+        if not slowed:
+            slowed.append(len(placed))
+            time.sleep(3)  # the walk reads on past it meanwhile (every 1.5 s here)
+        return write_pointers(topic_uid, placed)
+
+    with receiving(Receiver()) as target, releaser(config, "r-landed-late") as r:
+        topic, secret = webhook_topic(client, auth, target.url)
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        wake_walk_until(r, lambda: (w := r._walks.get(uid)) is not None
+                        and w.read_at is not None, 10)
+        monkeypatch.setattr(writer.timeline, "write_pointers", landing_late)
+        with caplog.at_level(logging.INFO, logger="app.messages.placement"):
+            assert topic.enqueue(id="landed-late").status_code == 201
+            assert slowed == [1]
+            assert target.wait_for(lambda got: len(got) == 1, 10), target.ids()
+        assert logged(caplog, "their write finished late")
+    assert target.ids() == ["landed-late"]
+    assert_on_time_and_signed(target.arrivals, secret, topic.name)
+
+
+def test_a_push_not_posted_comes_due_again_when_its_lease_ends(
+        config: Config, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A POST not sent (its lease was about to run out: a slow take during a node kill) is
+    dropped, and its lease pointer, which the walk passed while it counted as spent (the
+    lease pointer of a 6 s lease lies within a 9 s look-ahead), is read again, so the
+    message comes due again when its lease ends and is delivered."""
+    with receiving(Receiver()) as target, releaser(config, "r-not-posted",
+                                                   release_lookahead_ms=9000) as r:
+        topic = TopicClient(client, auth, delivery={"mode": "webhook", "url": target.url,
+                                                    "timeout_seconds": 1})
+        send = r.push._send
+        skipped: list[str] = []
+
+        def skipping_first(armed: list[Any]) -> None:
+            if skipped:
+                return send(armed)
+            skipped.extend(a.row.id for a in armed)
+            time.sleep(1)  # the walk reads the lease pointer meanwhile, spent
+            r.push._drop(armed)  # as the POST process's "not posted" answer does
+
+        monkeypatch.setattr(r.push, "_send", skipping_first)
+        dropped_at = now_ms()
+        assert topic.enqueue(id="unposted", delay_ms=1000).status_code == 201
+        assert target.wait_for(lambda got: len(got) == 1, 20), target.ids()
+    assert skipped == ["unposted"] and target.ids() == ["unposted"]
+    assert target.arrivals[0].received_ms >= dropped_at + 1000 + 6000  # at its lease's end
 
 
 def test_a_stop_ends_every_thread_of_the_releaser_when_its_runs_overrun(
         config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A releaser whose runs overrun (a sweep of a crowded keyspace on a slow machine: here
-    60 topics at 1 s each, 4 at a time; the schedules job 2 s a tick) still stops within
+    """A releaser whose runs overrun (a walk step of a crowded keyspace on a slow machine:
+    here 60 topics at 1 s each, 8 at a time; the schedules job 2 s a tick) still stops within
     its bound: queued work is cancelled, the runs under way end, and every thread it
     started has ended, so nothing goes on working once its services are closed."""
     started: list[int] = []
 
-    def slow_sweep(self: Releaser) -> bool:
+    def slow_walk(self: Releaser) -> None:
         def one(n: int) -> None:
             started.append(n)
             time.sleep(1)
-        releaser_module.all_done([self._sweepers.submit(one, n) for n in range(60)])
-        return True
+        releaser_module.all_done([self._readers.submit(one, n) for n in range(60)])
 
-    monkeypatch.setattr(Releaser, "sweep", slow_sweep)
+    monkeypatch.setattr(Releaser, "walk", slow_walk)
     monkeypatch.setattr(Releaser, "produce_fires", lambda self: time.sleep(2))
     before = set(threading.enumerate())
     services = Services(config.replace(**FAST))
@@ -290,7 +403,7 @@ def test_a_stop_ends_every_thread_of_the_releaser_when_its_runs_overrun(
         stopped_s = time.monotonic() - began
         services.close()
     assert stopped_s < releaser_module.STOP_RUNS_S, stopped_s
-    assert len(started) < 30, f"queued sweep work ran after the stop: {len(started)} of 60"
+    assert len(started) < 30, f"queued walk work ran after the stop: {len(started)} of 60"
     assert wait_until(lambda: not [t for t in threading.enumerate()
                                    if t not in before and t.is_alive()], 10), \
         [t.name for t in threading.enumerate() if t not in before]
@@ -358,14 +471,6 @@ def test_a_webhook_topic_created_a_moment_ago_is_delivered_on_time() -> None:
     assert second.path.endswith("/moved") and not first.path.endswith("/moved")
 
 
-def wait_quiet(r: Releaser, uids: set[uuid.UUID], within_s: float = 10) -> None:
-    """Until the releaser's sweep has found every one of these topics quiet."""
-    deadline = time.monotonic() + within_s
-    while not uids <= set(r._quiet) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert uids <= set(r._quiet), uids - set(r._quiet)
-
-
 def cursor_reads(r: Releaser, together: list[set[uuid.UUID]] | None = None
                  ) -> list[uuid.UUID]:
     """The topics whose cursors the releaser reads from now on, one entry per topic read
@@ -386,19 +491,6 @@ def cursor_reads(r: Releaser, together: list[set[uuid.UUID]] | None = None
     r.services.timeline.cursors = counting  # type: ignore[method-assign]
     r.services.timeline.cursors_of = counting_of  # type: ignore[method-assign]
     return reads
-
-
-def swept_topics(r: Releaser) -> list[uuid.UUID]:
-    """The topics the releaser's sweep works on from now on, one entry per sweep of each."""
-    swept: list[uuid.UUID] = []
-    sweep_topic = r._sweep_topic
-
-    def counting(topic: Topic, *args: Any) -> None:
-        swept.append(topic.uid)
-        sweep_topic(topic, *args)
-
-    r._sweep_topic = counting  # type: ignore[method-assign]
-    return swept
 
 
 def walk_reads(r: Releaser) -> list[uuid.UUID]:
@@ -513,28 +605,6 @@ def test_the_walk_reads_a_topic_it_never_read_before_those_it_reads_again(
         [f"old{n}" for n in range(8)] + [f"again{n}" for n in range(8)] + ["hold", "new"])
 
 
-def test_a_quiet_topic_costs_the_sweep_no_read_until_a_pointer_of_it_lands(
-        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
-    topic = TopicClient(client, auth)  # pull, nothing ever enqueued
-    uid = services.topics.get(tenant_of(services, auth), topic.name).uid
-    with releaser(config, "r-quiet") as r:
-        reads = swept_topics(r)
-        wait_quiet(r, {uid})  # drained, caught up, no pointer in the window
-        reads.clear()
-        time.sleep(1.5)  # five sweeps (FAST: every 300 ms)
-        assert uid not in reads
-        assert topic.enqueue(id="wakes").status_code == 201
-        # the next sweep, however slow the machine: skipped, it would wait for its re-check
-        # (QUIET_RECHECK_MS, five minutes)
-        deadline = time.monotonic() + 30
-        while uid not in reads and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert uid in reads  # its pointer is in the window: swept again
-        while uid in r._quiet and time.monotonic() < deadline:  # that sweep's end notes it
-            time.sleep(0.05)
-        assert uid not in r._quiet  # while a pointer of it is in the window
-
-
 def test_a_releaser_back_after_two_days_delivers_what_came_due_meanwhile(
         config: Config, auth: dict[str, str]) -> None:
     """A topic made and written two days ago, by a process whose clock says so, and no
@@ -557,9 +627,7 @@ def test_a_message_due_while_its_slot_changed_owner_is_read_by_the_new_owners_wa
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A releaser that gives its slots back drops the timers it held for them, and never wrote
     a cursor past them. The new owner's walk starts at the stored cursors, so its first step
-    reads what came due meanwhile; before the walk, that was left to the sweep, which in a
-    crowded keyspace came seconds later. Here the sweeps do nothing."""
-    monkeypatch.setattr(Releaser, "sweep", lambda self: False)
+    reads what came due meanwhile."""
     with keyspace_alone("handover") as (config, _, client, auth), \
             receiving(Receiver()) as target:
         topic, _ = webhook_topic(client, auth, target.url)
@@ -572,7 +640,7 @@ def test_a_message_due_while_its_slot_changed_owner_is_read_by_the_new_owners_wa
         assert target.ids() == []
         time.sleep(max(0.0, (due + 1000 - now_ms()) / 1000))
         with releaser(config, "r-new"):
-            assert target.wait_for(lambda got: len(got) == 1, 5), "left to the sweep"
+            assert target.wait_for(lambda got: len(got) == 1, 5), "not read by the new owner"
         assert target.ids() == ["handed"]
 
 
@@ -582,8 +650,7 @@ def test_the_walk_alone_finds_a_message_due_past_its_window_when_it_was_read(
     """Messages written before the walk first read their partitions, due after that read's
     end, are taken when their time comes within the window, though nothing is written to
     their partitions since (one due more than COUNTED_AHEAD_MS after its write moves no count
-    at all): the walk reads on from its position as the window moves. The sweep is off."""
-    monkeypatch.setattr(Releaser, "sweep", lambda self: False)
+    at all): the walk reads on from its position as the window moves."""
     with receiving(Receiver()) as target:
         topic, _ = webhook_topic(client, auth, target.url)
         uid = services.topics.get(tenant_of(services, auth), topic.name).uid
@@ -596,8 +663,8 @@ def test_the_walk_alone_finds_a_message_due_past_its_window_when_it_was_read(
             # read once, "later" then 1 s past the window's end
             wake_walk_until(r, lambda: uid in reads, 3)
             assert target.wait_for(lambda got: len(got) >= 3, 20), target.ids()
-    # with the sweep off, each delivery was the walk's; how late is `make bench`'s
-    # verdict (tests.bench.new_topics), for it depends on the machine's speed
+    # how late is `make bench`'s verdict (tests.bench.new_topics): it depends on the
+    # machine's speed
     assert sorted(target.ids()) == ["later", "soon", "uncounted"]
     for a in target.arrivals:
         assert a.received_ms >= parse_instant(a.headers["Duetime-Deliver-At"]), a.message_id
@@ -615,7 +682,6 @@ def test_new_walks_read_their_cursors_together_and_once() -> None:
             assert topic.enqueue(id="waiting").status_code == 201
         together: list[set[uuid.UUID]] = []
         with releaser(config, "r-cursors", clock=now_ms) as r:  # made after: knows all three
-            r._sweeping.stop(10)  # its reads of cursors (topics the walk has not read) aside
             reads = cursor_reads(r, together)
             r._everyone = True  # as at its start, had the reads been counted from then
             for uid in uids:
@@ -630,119 +696,29 @@ def test_new_walks_read_their_cursors_together_and_once() -> None:
     assert all(reads.count(uid) == 1 for uid in uids), reads  # once
 
 
-def test_the_sweep_works_on_its_awake_topics_side_by_side() -> None:
-    """A sweep's per-topic work on several awake topics overlaps: a crowded keyspace (a few
-    hundred topics with backlogs) made a sweep of one topic after another take 15-40 s."""
-    busy: set[uuid.UUID] = set()
-    most = 0
-    lock = threading.Lock()
-    with keyspace_alone("sidebyside") as (config, services, client, auth):
-        topics = [TopicClient(client, auth) for _ in range(4)]
-        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
-        for topic in topics:  # a backlog nobody leases: awake at every sweep
-            assert topic.enqueue(id="waiting").status_code == 201
-        with releaser(config, "r-side-by-side") as r:
-            sweep_topic = r._sweep_topic
-
-            def slow(topic: Any, *args: Any) -> None:
-                nonlocal most
-                if topic.uid in uids:
-                    with lock:
-                        busy.add(topic.uid)
-                        most = max(most, len(busy))
-                    time.sleep(0.3)  # slow round trips
-                    with lock:
-                        busy.discard(topic.uid)
-                sweep_topic(topic, *args)
-
-            r._sweep_topic = slow  # type: ignore[method-assign]
-            runs = r._sweeping.runs
-            deadline = time.monotonic() + 10
-            while r._sweeping.runs < runs + 2 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert r._sweeping.runs >= runs + 2
-    assert most >= 2, most  # one after another: never more than one at a time
-
-
-def test_the_catch_up_reads_behind_one_topic_at_a_time_only_where_a_count_moved(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every catch-up reads the indexes of its awake topics together; a topic's own reads
-    behind its cursors come only once a pointer lands there (its partitions, not again its
-    indexes), and that pointer is delivered."""
-    monkeypatch.setattr(releaser_module, "CATCH_UP_EVERY_MS", 0)  # every sweep
-    with keyspace_alone("catchup") as (config, services, client, auth), \
-            receiving(Receiver()) as target, releaser(config, "r-catch-up") as r:
-        topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
-        made = now_ms()
-        uids = [services.topics.get(tenant_of(services, auth), t.name).uid
-                for t in topics]
-        wait_quiet(r, set(uids))  # cursors caught up
-        for topic in topics:  # written to: awake for a minute; due long after the test
-            assert topic.enqueue(id="later", delay_ms=600_000).status_code == 201
-        read_alone: list[uuid.UUID] = []
-        own_counts_read: list[uuid.UUID] = []
-        together: list[set[uuid.UUID]] = []
-        stragglers = r.services.scanner.stragglers
-        active_buckets_of = r.services.timeline.active_buckets_of
-
-        def alone(topic: Any, *args: Any) -> Any:
-            read_alone.append(topic.uid)
-            if args[4] is None:  # no counts given: it reads its indexes again
-                own_counts_read.append(topic.uid)
-            return stragglers(topic, *args)
-
-        def of(topic_uids: list[uuid.UUID], *args: Any) -> Any:
-            together.append(set(topic_uids))
-            return active_buckets_of(topic_uids, *args)
-
-        r.services.scanner.stragglers = alone  # type: ignore[method-assign]
-        r.services.timeline.active_buckets_of = of  # type: ignore[method-assign]
-        runs = r._sweeping.runs
-        deadline = time.monotonic() + 10
-        while r._sweeping.runs < runs + 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert any(set(uids) <= read for read in together)
-        assert not set(uids) & set(read_alone)  # nothing behind: no read of one
-        skewed = create_app(config, clock=lambda: now_ms() - 20_000)
-        try:
-            assert_written_behind_its_cursors(config, made, 20_000)
-            late = TopicClient(skewed.test_client(), auth, name=topics[0].name,
-                               delivery={"mode": "webhook", "url": target.url})
-            assert late.enqueue(id="behind").status_code == 201
-        finally:
-            skewed.extensions["duetime"].close()
-        assert target.wait_for(lambda got: len(got) == 1, 15)
-        assert target.ids() == ["behind"]
-        assert uids[0] in read_alone and not {uids[1], uids[2]} & set(read_alone)
-        assert not own_counts_read  # from the counts read together
-
-
 def test_a_deleted_topic_leaves_nothing_in_the_releasers_records(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
-    """What the walk and the sweep recorded of a topic (its walk, its catch-up's write
-    counts) goes when the topic is deleted: with topics
-    made and deleted all day, those records grew without end."""
+    """What the walk and the broker recorded of a topic goes when the topic is deleted:
+    with topics made and deleted all day, those records grew without end."""
     with receiving(Receiver()) as target, releaser(config, "r-forget") as r:
         topic, _ = webhook_topic(client, auth, target.url)
         uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         assert topic.enqueue(id="soon", delay_ms=300).status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 10)
-        deadline = time.monotonic() + 30  # a catch-up every 5 s, a slow sweep's rest
-        while not (uid in r._walks and uid in r._behind) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert uid in r._walks and uid in r._behind  # walked, and caught up
+        assert uid in r._walks  # walked
         assert client.delete(topic.url(), headers=auth).status_code == 204
         deadline = time.monotonic() + 5
         while uid in r._topics and time.monotonic() < deadline:
             time.sleep(0.05)
         assert uid not in r._topics
-        assert not {uid} & (set(r._walks) | set(r._behind) | set(r._quiet))
+        assert not {uid} & (set(r._walks) | set(r.broker.held))
 
 
-def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_sweep() -> None:
-    """A walk or sweep step under way when a topic is deleted may record it again after
-    the topics step dropped its records (a race the test above cannot time: records of a
-    topic the releaser never knew stand in for it); the sweeps after a deletion drop such
+def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_topics_step(
+        ) -> None:
+    """A walk step under way when a topic is deleted may record it again after the topics
+    step dropped its records (a race the test above cannot time: records of a topic the
+    releaser never knew stand in for it); the topics steps after a deletion drop such
     records, which otherwise stayed for good."""
     with keyspace_alone("putback") as (config, services, client, auth), \
             releaser(config, "r-put-back") as r:
@@ -754,112 +730,17 @@ def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_sw
         assert uid in r._topics
         gone = uuid.uuid4()
         r._walks[gone] = Walk.starting_at({0: 0})
-        r._behind[gone] = (frozenset({0}), {(1, 0): 1})
-        r._quiet[gone] = (0, 0)
         r.broker.held[gone] = {}
         assert client.delete(deleted.url(), headers=auth).status_code == 204
         while uid in r._topics and time.monotonic() < deadline + 5:
             time.sleep(0.05)
         assert uid not in r._topics
-        runs = r._sweeping.runs
-        while r._sweeping.runs < runs + 2 and time.monotonic() < deadline + 15:
-            r._sweeping.wake()
+        runs = r._following.runs
+        while r._following.runs < runs + 2 and time.monotonic() < deadline + 15:
+            r._following.wake()
             time.sleep(0.05)
-        assert r._sweeping.runs >= runs + 2
-        assert not {gone, uid} & (set(r._walks) | set(r._behind) | set(r._quiet)
-                                  | set(r.broker.held))
-
-
-def logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
-    return any(text in rec.getMessage() for rec in caplog.records)
-
-
-def test_the_sweep_goes_on_when_its_reads_for_many_topics_fail(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """The catch-up's and the quiet re-check's reads of many topics at once failing: each
-    awake topic is caught up with reads of its own, the re-check waits for the next sweep,
-    and a straggler only the catch-up finds (from a producer 20 s behind) is still
-    delivered. Before, such a failure ended the sweep before any topic was swept. In a
-    keyspace of its own: in the shared one every awake topic the tests before left is
-    caught up alone at every sweep (once 1.5 s of sweep and rest)."""
-    monkeypatch.setattr(releaser_module, "CATCH_UP_EVERY_MS", 0)
-    monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 1000)
-    caplog.set_level(logging.WARNING, logger="duetime.releaser")
-    behind_ms = 20_000
-    with keyspace_alone("sweepfail") as (config, services, client, auth), \
-            receiving(Receiver()) as target:
-        skewed = create_app(config, clock=lambda: now_ms() - behind_ms)
-        try:
-            topic, secret = webhook_topic(client, auth, target.url)
-            made = now_ms()
-            backlog = TopicClient(client, auth)  # pull, nobody leases: awake at every sweep
-            assert backlog.enqueue(id="waiting").status_code == 201
-            quiet = [TopicClient(client, auth) for _ in range(2)]
-            quiet_uids = {services.topics.get(tenant_of(services, auth), t.name).uid
-                          for t in quiet}
-            with releaser(config, "r-many-fail") as r:
-                wait_quiet(r, quiet_uids)
-                assert_written_behind_its_cursors(config, made, behind_ms)
-
-                def failing(*args: Any) -> Any:
-                    raise StoreUnavailable("Cassandra unavailable: ReadTimeout")
-
-                # the reads of many topics' indexes at once (a topic's own reads go on)
-                monkeypatch.setattr(releaser_module, "with_stragglers", failing)
-                monkeypatch.setattr(releaser_module, "still_quiet", failing)
-                late = TopicClient(skewed.test_client(), auth, name=topic.name,
-                                   delivery={"mode": "webhook", "url": target.url})
-                assert late.enqueue(id="behind").status_code == 201
-                assert target.wait_for(lambda got: len(got) == 1, 15), target.ids()
-                # the straggler may be found before a re-check was due: wait for one
-                deadline = time.monotonic() + 15
-                while not logged(caplog, "quiet re-check failed") \
-                        and time.monotonic() < deadline:
-                    r._sweeping.wake()
-                    time.sleep(0.05)
-        finally:
-            skewed.extensions["duetime"].close()
-    assert logged(caplog, "catch-up's reads together failed")
-    assert logged(caplog, "quiet re-check failed")
-    assert_on_time_and_signed(target.arrivals, secret, topic.name)
-
-
-def test_quiet_topics_are_rechecked_together_without_a_sweep_of_each(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A quiet topic's periodic re-check reads the indexes of many topics at once; a topic
-    that passes keeps quiet without its cursors or partitions being read."""
-    monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 1000)
-    with keyspace_alone("recheck") as (config, services, client, auth):
-        topics = [TopicClient(client, auth) for _ in range(3)]
-        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
-        with releaser(config, "r-recheck") as r:  # made after: it knows them from its start
-            reads = cursor_reads(r)
-            wait_quiet(r, uids)
-            # a re-check compares what a catch-up recorded: without it, a sweep
-            assert wait_until(lambda: uids <= set(r._behind), 10)
-            marked = {uid: r._quiet[uid][0] for uid in uids}
-            reads.clear()
-            deadline = time.monotonic() + 5
-            while any(r._quiet.get(u, (0, 0))[0] <= marked[u] for u in uids) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert all(r._quiet.get(u, (0, 0))[0] > marked[u] for u in uids)  # re-checked
-            assert not uids & set(reads)  # and quiet still: no sweep of each
-
-
-def test_a_straggler_no_index_near_now_names_is_found_by_the_quiet_recheck(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The safety net: a pointer written minutes behind the cursors of a quiet topic, whose
-    topic_writes row was not recorded, is delivered by the topic's re-check."""
-    monkeypatch.setattr(releaser_module, "QUIET_RECHECK_MS", 2000)
-    with late_producer_of_a_quiet_topic("net", "r-net", 180_000) \
-            as (target, late, _, skewed):
-        monkeypatch.setattr(skewed.extensions["duetime"].placer, "_note_written",
-                            lambda topic_uid, now: None)
-        assert late.enqueue(id="unnoted").status_code == 201
-        # without the re-check nothing ever finds it: the bound is the slowest machine's
-        assert target.wait_for(lambda got: len(got) == 1, 60)
-        assert target.ids() == ["unnoted"]
+        assert r._following.runs >= runs + 2
+        assert not {gone, uid} & (set(r._walks) | set(r.broker.held))
 
 
 def test_a_releaser_compares_its_clock_with_the_others_and_the_api_reports_the_gap(

@@ -54,9 +54,8 @@ def services(config: Config) -> Iterator[Services]:
 
 @contextmanager
 def paced(step: Callable[[], bool | None], busy_ms: int, idle_ms: int,
-          warm_ms: int = 0, rest_share: float = 0.0) -> Iterator[PacedStep]:
-    s = PacedStep("test", step, busy_ms, idle_ms, lambda f: f(), warm_ms,
-                  rest_share=rest_share)
+          warm_ms: int = 0) -> Iterator[PacedStep]:
+    s = PacedStep("test", step, busy_ms, idle_ms, lambda f: f(), warm_ms)
     s.start()
     try:
         yield s
@@ -114,30 +113,6 @@ def test_a_busy_step_and_a_warm_one_keep_the_busy_pace_without_a_wake() -> None:
         settled = len(warm)
         time.sleep(0.3)
         assert len(warm) == settled  # warm-up over: idle
-
-
-def test_a_long_run_rests_its_share_of_its_length_even_when_woken() -> None:
-    """A step that ran 300 ms with rest_share 1 runs next no sooner than 300 ms after it
-    ended, though it is busy and woken (its busy pace is 20 ms); a short run keeps the busy
-    pace."""
-    runs: list[tuple[float, float]] = []
-
-    def step() -> bool:
-        began = time.monotonic()
-        if len(runs) < 2:
-            time.sleep(0.3)
-        runs.append((began, time.monotonic()))
-        return True
-
-    with paced(step, 20, 60_000, rest_share=1.0) as s:
-        deadline = time.monotonic() + 5
-        while len(runs) < 4 and time.monotonic() < deadline:
-            s.wake()
-            time.sleep(0.005)
-    assert len(runs) >= 4
-    assert runs[1][0] - runs[0][1] >= 0.29  # after the long runs, as long a rest
-    assert runs[2][0] - runs[1][1] >= 0.29
-    assert runs[3][0] - runs[2][1] < 0.2  # a short run: the busy pace
 
 
 def test_a_foreign_or_unknown_datagram_wakes_nothing() -> None:
@@ -277,7 +252,7 @@ def test_a_slot_claimed_after_the_warm_up_is_worked_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Failover: a releaser claims a slot when a dead owner's lease runs out, long after its
     warm-up; the claim wakes its steps, so the message waiting there is not left to the idle
-    periods (20 s here for the walk and the sweep)."""
+    periods (20 s here for the walk and the other steps)."""
     monkeypatch.setattr(releaser_module, "IDLE_EVERY_MS", IDLE_MS)
     ring = 7000 + os.getpid() % 1000
     store = OwnershipStore(services.db, ring)
