@@ -405,6 +405,26 @@ def test_a_lane_with_a_backlog_keeps_a_position_of_its_own_and_holds_nothing_bac
     assert not walk.passed_empty(20_000, 25_000, 10_000)
 
 
+def test_a_closed_lane_is_read_later_from_where_its_shards_read_began() -> None:
+    """A write due now lands behind the shard's position and moves its count: the shard is
+    read again from the safety lag before the last read. A lane closed then (the broker
+    holds enough of it) was not read from there, so it keeps that start, not the position,
+    and is read from it once it opens: nothing written to it meanwhile is passed."""
+    walk = Walk.starting_at({0: 1_000})
+    walk.record(10_000, {0: 1_000}, {0: 15_000}, 15_000, [0], {(0, 0): 128}, set())
+    assert walk.starts({(0, 0): 140}, 15_100, 1_500, 1_000) == {0: 9_000}
+    walk.record(10_500, {0: 9_000}, {0: 15_500}, 15_500, [0], {(0, 0): 140}, set(),
+                closed=frozenset({(0, 0)}))
+    assert walk.lanes == {(0, 0): 9_000} and walk.lowest(0) == 9_000
+    assert walk.starts({(0, 0): 140}, 15_600, 1_500, 1_000, closed=frozenset({(0, 0)})) == {}
+    assert walk.starts({(0, 0): 140}, 15_600, 1_500, 1_000) == {0: 15_500}  # opened
+    # closed again by a later read that began even earlier: the earlier start holds
+    walk.record(11_000, {0: 8_000}, {0: 16_000}, 16_000, [0], {(0, 0): 141}, set(),
+                closed=frozenset({(0, 0)}))
+    assert walk.lanes == {(0, 0): 8_000}
+    assert walk.cursor_moves(30_000, 1_000, {}, 1_000) == {0: 8_000}
+
+
 def test_a_walk_forgets_the_counts_of_buckets_its_window_left_behind() -> None:
     walk = Walk.starting_at({0: 0})
     walk.record(1_000, {0: 0}, {0: 70_000}, 70_000, [0, 1], {(0, 0): 4, (1, 0): 2}, set())

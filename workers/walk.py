@@ -81,8 +81,9 @@ class Walk:
                closed: AbstractSet[Lane] = frozenset()) -> None:
         """After a read that began at began_ms (its counts read then, before the pointers):
         each read shard's position is how far the read got, a lane the quota stopped keeps
-        how far it got (`lanes_ms`), a lane `closed` (not read) where its shard's position
-        was, and the other lanes of the read shards follow their shard again. Its cells in
+        how far it got (`lanes_ms`), a lane `closed` (not read) where its shard's read began
+        (a pointer that landed behind the position, as one due now does, was not read for
+        it), and the other lanes of the read shards follow their shard again. Its cells in
         the window's buckets are recorded with their counts, unless the read stopped short
         of to_ms or a pointer of the cell was left unread or unsettled (its row still in
         flight): those count as moved, so the next step reads them again."""
@@ -93,9 +94,10 @@ class Walk:
         for lane in list(self.lanes):
             if lane[0] in starts and lane not in cut and lane not in closed:
                 del self.lanes[lane]  # read whole from where it was
-        for lane in closed:
-            if lane[0] in starts and lane not in self.lanes and lane not in cut:
-                self.lanes[lane] = self.position[lane[0]]
+        for lane in closed:  # not read from its shard's start: it goes on from there
+            s = lane[0]
+            if s in starts and lane not in cut:
+                self.lanes[lane] = min(self.lanes.get(lane, starts[s]), starts[s])
         self.lanes.update((lane, at) for lane, at in cut.items() if lane[0] in starts)
         for s in starts:
             self.position[s] = frontier[s]

@@ -23,7 +23,7 @@ from app.delivery import broker_wire, scan
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
-from workers.broker import Broker
+from workers.broker import HELD_PER_LANE, Broker
 from workers.releaser import Releaser, bind_listeners
 
 SLOTS = 4
@@ -175,6 +175,30 @@ def test_consumers_taking_one_at_a_time_get_each_message_once(
             stop.set()
             for c in consumers:
                 c.join(10)
+        assert set(got) == set(ids) and max(got.values()) == 1
+    finally:
+        app.extensions["duetime"].close()
+
+
+def test_a_shard_written_past_what_the_broker_holds_is_drained_one_at_a_time(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """More messages due now than the broker holds of a lane (HELD_PER_LANE), written one
+    by one into one shard while its releaser walks it and nobody takes: those that land
+    once the lane is full are read when consumers make room, and every one is handed out."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth, shards=1)
+        count = HELD_PER_LANE * 2
+        got: Counter[str] = Counter()
+        with releaser(config, "b-full", **ring) as r:
+            wait_owned(r)
+            ids = [topic.enqueue().get_json()["id"] for _ in range(count)]
+            time.sleep(1.5)  # the walk reads what landed; its lane is full
+            deadline = time.monotonic() + 60
+            while sum(got.values()) < count and time.monotonic() < deadline:
+                for m in topic.lease(max_messages=1, wait_ms=500):
+                    assert topic.ack(m) == 204
+                    got[m["id"]] += 1
         assert set(got) == set(ids) and max(got.values()) == 1
     finally:
         app.extensions["duetime"].close()
