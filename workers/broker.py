@@ -11,8 +11,9 @@ within the prepare lead, as a push is prepared: leased (its lease running from i
 for the wants that still wait then, and sent at its due time. A round first has the walk
 read the topic (`read_now`) where a write count moved, unless a read of it began after its
 newest want came; a want that finds nothing then waits, parked, until the walk holds
-more of the topic, a pull wake-up names it (a write due soon), the prepare lead before the
-earliest message held, the idle period (DUETIME_PULL_IDLE_MS) passes or its wait ends.
+more of the topic, a pull wake-up names it (a write due soon), a message held may next be
+taken (the prepare lead before its due time, that time, the end of a consumer's lease), the
+idle period (DUETIME_PULL_IDLE_MS) passes or its wait ends; one check a topic at a time.
 """
 
 from __future__ import annotations
@@ -100,12 +101,16 @@ class Broker:
         # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
         self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
         self._serving: set[uuid.UUID] = set()
+        self.rounds = 0  # rounds served since start, for stats and tests (approximate)
         self._again: set[uuid.UUID] = set()
         self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
         # (monotonic s, seq, what to do then): parked topics' next checks, prepared sends
         self._checks: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._checks_changed = threading.Condition()
+        # per topic, the time (monotonic s) of its parked wants' next check: one at a time,
+        # or every round would start a chain of checks of its own
+        self._check_due: dict[uuid.UUID, float] = {}
         self._stopping = threading.Event()
         self._clock = threading.Thread(target=self._clock_loop, name="broker-clock", daemon=True)
         self._server: _Server | None = None
@@ -273,6 +278,7 @@ class Broker:
         if not shards:  # not ours (any more): the API process asks the owners it reads next
             self._answer(topic, topic_uid, parked, {}, None, 0.0, final=True)
             return
+        self.rounds += 1
         answers, next_ms, capped = self._lease(topic, shards, parked)
         self._answer(topic, topic_uid, parked, answers, next_ms, self.recheck_s)
         if capped:  # more was wanted than a round takes: the wants left are served next
@@ -295,8 +301,8 @@ class Broker:
         """Send the answers of the wants that got messages (a prepared share at the latest
         due time in it), whose wait is over, or all (`final`); what was leased for a want
         withdrawn or closed meanwhile is given back. The others wait for their next check:
-        within recheck_s, their earliest deadline, or the prepare lead before the next
-        pointer seen ahead (next_ms, epoch ms)."""
+        within recheck_s, their earliest deadline, or the next moment a message held may be
+        taken (next_ms, epoch ms: _next_moment)."""
         now_s = time.monotonic()
         now_ms = self.services.clock()
         answering = [p for p in parked
@@ -317,9 +323,8 @@ class Broker:
         if not left:
             return
         when = min([p.deadline for p in left] + [now_s + recheck_s])
-        hand_s = None if next_ms is None else now_s + (next_ms - now_ms) / 1000
-        if hand_s is not None and any(p.deadline > hand_s for p in left):
-            when = min(when, hand_s - self.lead_ms / 1000)
+        if next_ms is not None:
+            when = min(when, now_s + (next_ms - now_ms) / 1000)
         self._check_at(when, topic_uid)
 
     def _prepare(self, parked: _Parked, topic: Topic, taken: list[Taken], line: bytes,
@@ -362,8 +367,8 @@ class Broker:
         """Lease held messages of these shards for the wants, in fair order, in arrival
         order of the wants, at most ROUND_MAX in all; with none due now, those due within
         the prepare lead, for the wants that still wait then. Returns {id(want): taken}; the
-        earliest message held past those (epoch ms); and whether the cap cut the round
-        short."""
+        next moment one held may be taken (epoch ms, _next_moment); and whether the cap cut
+        the round short."""
         services = self.services
         wants = [p.want for p in parked]
         wanted = sum(w.n for w in wants)
@@ -404,10 +409,9 @@ class Broker:
             if payload is not None:  # else it comes due again when its lease runs out
                 answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
                                                    d.row.due_at_ms))
-        # the wants left look again at the prepare lead before what comes next
-        ahead = [d.row.due_at_ms for d in self._held_of(topic.uid, shards)
-                 if d.row.due_at_ms > now]
-        return answers, min(ahead, default=None), len(chunk) == total < wanted
+        # the wants left look again when a message held may next be taken
+        return (answers, _next_moment(self._held_of(topic.uid, shards), now, self.lead_ms),
+                len(chunk) == total < wanted)
 
     def _held_of(self, topic_uid: uuid.UUID, shards: set[int]) -> list[Due]:
         """The messages held of the topic's shards in `shards`; those of others (their
@@ -445,13 +449,25 @@ class Broker:
             self.held.pop(topic_uid, None)
             self.lane_counts.pop(topic_uid, None)
             self._woken_at.pop(topic_uid, None)
+            self._check_due.pop(topic_uid, None)
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
-        """Serve the topic's parked wants at when_s (monotonic s), if any wait then."""
-        self._at(when_s, lambda: self._kick_waiting(topic_uid))
-
-    def _kick_waiting(self, topic_uid: uuid.UUID) -> None:
+        """Serve the topic's parked wants at when_s (monotonic s), if any wait then, unless
+        a check of the topic comes before (its round sets the next one)."""
         with self._lock:
+            due = self._check_due.get(topic_uid)
+            if due is not None and time.monotonic() <= due <= when_s:
+                return
+            self._check_due[topic_uid] = when_s
+        self._at(when_s, lambda: self._kick_waiting(topic_uid, when_s))
+
+    def _kick_waiting(self, topic_uid: uuid.UUID, when_s: float) -> None:
+        """A check at when_s: serve the topic's parked wants, unless an earlier check
+        replaced this one."""
+        with self._lock:
+            if self._check_due.get(topic_uid) != when_s:
+                return
+            del self._check_due[topic_uid]
             waiting = bool(self._wants.get(topic_uid))
         if waiting:
             self._kick(topic_uid)
@@ -533,6 +549,21 @@ def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms:
             owners += [which] * len(share)
             at += len(share)  # else left for a want that waits long enough
     return chunk, owners
+
+
+def _next_moment(held: list[Due], now_ms: int, lead_ms: int) -> int | None:
+    """The first moment after now_ms (epoch ms) when a round may take a message held that
+    it cannot take now: the prepare lead before a scheduled one's due time, or that due
+    time itself (for wants that do not wait past it); the end of a consumer's lease
+    (never taken over before). None when there is none."""
+    moments = []
+    for d in held:
+        row = d.row
+        if row.state == "leased":
+            moments.append(max(row.lease_expires_at_ms or 0, row.due_at_ms - lead_ms))
+        else:
+            moments += [row.due_at_ms - lead_ms, row.due_at_ms]
+    return min((at for at in moments if at > now_ms), default=None)
 
 
 def _send(parked: _Parked, line: bytes) -> None:

@@ -204,6 +204,28 @@ def test_a_shard_written_past_what_the_broker_holds_is_drained_one_at_a_time(
         app.extensions["duetime"].close()
 
 
+def test_a_want_waiting_for_a_lease_to_end_is_served_when_it_ends_not_round_after_round(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A message held whose consumer's lease runs out in a second: a want that waits for it
+    is checked again when the lease ends (and the prepare lead before), not in a loop of
+    empty rounds through the lead; it gets the message then, once."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        with releaser(config, "b-lease-end", **ring) as r:
+            wait_owned(r)
+            topic.enqueue()
+            first = topic.lease(max_messages=1, wait_ms=5000, lease_seconds=1)
+            assert len(first) == 1
+            before = r.broker.rounds
+            again = topic.lease(max_messages=1, wait_ms=5000)
+            assert [m["id"] for m in again] == [first[0]["id"]]
+            assert again[0]["attempt"] == 2
+            assert r.broker.rounds - before <= 10
+    finally:
+        app.extensions["duetime"].close()
+
+
 def test_what_a_second_owner_leased_after_the_call_left_is_given_back(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """Two owners each lease for the call; what the call cannot take is given back at once
