@@ -280,7 +280,7 @@ def test_a_read_of_more_partitions_than_merge_goes_run_by_run_in_due_order() -> 
         reader = _LaneReader(list(range(count)), [7] * count, pages)
         scanner: Any = SimpleNamespace(spent=SpentPointers())
         topic: Any = SimpleNamespace(uid=uuid.uuid4())
-        reads = _Reads(scanner, topic, quota, lambda key: False, None)
+        reads = _Reads(scanner, topic, quota, lambda key: False)
         reads.run(reader, quota)
         return reads
 

@@ -44,10 +44,6 @@ from app.store.campaigns import Campaign
 
 log = logging.getLogger("duetime.leasing")
 
-# Leases write a cursor only when it moves this far: the in-process resume points
-# (app.delivery.scan.ResumePoints) already skip what was spent, and a cursor left behind costs
-# re-reading, never a message. Writing it on every lease cost each lease a round trip.
-CURSOR_STEP_MS = 1000
 BROKER_RETRY_S = 0.05  # an owner's early empty answer: its slots moved, asked again after this
 
 

@@ -20,7 +20,7 @@ from app.config import Config
 from app.core.timeline import LANE_STRIDE, MS_PER_DAY, bucket_of, bucket_start_ms
 from app.models import MessageState, Pointer, Topic
 from app.store.messages import MessageStore
-from app.store.timeline import READ_AHEAD, PointerPosition, TimelineStore
+from app.store.timeline import READ_AHEAD, TimelineStore
 
 PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
 WAITING = ("scheduled", "leased")
@@ -33,7 +33,6 @@ MAX_BUCKETS_PER_SCAN = 1440
 # progress.
 MAX_ROWS_PER_SCAN = 50_000
 SCAN_SLACK = 2  # rows examined per row wanted: some are not due or lost to a racer
-RESUME_CACHE_SIZE = 100_000
 # Up to this many buckets a scan reads their bucket_slots rows directly (a bucket without one
 # holds no pointer) instead of first asking active_buckets which ones to read.
 DIRECT_BUCKETS = 4
@@ -93,13 +92,11 @@ def _waiting_at(p: Pointer, row: MessageState) -> bool:
 
 @dataclasses.dataclass
 class _Partition:
-    """How far a scan read one plan entry: the due time of the last pointer read, whether it
-    was read to its end, and the spent prefix seen so far (for its resume point)."""
+    """How far a scan read one plan entry: the due time of the last pointer read, and
+    whether it was read to its end."""
 
     last: int | None = None
     whole: bool = False
-    in_prefix: bool = True
-    spent_prefix: PointerPosition | None = None
 
 
 class _LaneReader:
@@ -156,12 +153,11 @@ class _Reads:
     """The pointers one scan collects across its lanes, within its caps."""
 
     def __init__(self, scanner: DueScanner, topic: Topic, quota: int,
-                 skip: Callable[[PointerKey], bool], settled_ms: int | None) -> None:
+                 skip: Callable[[PointerKey], bool]) -> None:
         self.spent = scanner.spent
         self.topic_uid = topic.uid
         self.quota = quota
         self.skip = skip
-        self.settled_ms = settled_ms
         self.unknown: list[Pointer] = []
         self.read = 0
         self.progress: dict[int, _Partition] = {}
@@ -177,20 +173,14 @@ class _Reads:
             if step is None:
                 return
             index, p = step
-            state = self.progress.setdefault(
-                index, _Partition(in_prefix=self.settled_ms is not None))
+            state = self.progress.setdefault(index, _Partition())
             if p is None:
                 state.whole = True
                 continue
             self.read += 1
             state.last = p.due_at_ms
             key = (self.topic_uid, p.id, p.version)
-            known = key in self.spent
-            if state.in_prefix and known and p.due_at_ms < (self.settled_ms or 0):
-                state.spent_prefix = (p.due_at_ms, p.id, p.version)
-            else:
-                state.in_prefix = False
-            if known or self.skip(key):
+            if key in self.spent or self.skip(key):
                 continue
             self.unknown.append(p)
 
@@ -221,37 +211,6 @@ class SpentPointers:
             return key in self._keys
 
 
-class ResumePoints:
-    """Per timeline partition, the last pointer of a prefix this process found all spent, due
-    before the safety lag: the next read of the partition starts after it. A cursor is a time
-    only, so without this a minute's pile-up at one millisecond (a campaign at 09:00:00.000)
-    would be re-read from its first pointer by every scan until all of it is taken.
-
-    Safe as the cursor is: nothing new lands before now - safety lag but a late write, which
-    its writer places again at now (app.messages.placement). Thread-safe; bounded LRU."""
-
-    def __init__(self, capacity: int = RESUME_CACHE_SIZE) -> None:
-        self.capacity = capacity
-        self._points: OrderedDict[tuple[uuid.UUID, int, int, int], PointerPosition] = (
-            OrderedDict())
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[uuid.UUID, int, int, int], from_ms: int) -> PointerPosition | None:
-        """Where to resume reading this partition, when that is beyond from_ms."""
-        with self._lock:
-            point = self._points.get(key)
-        return point if point is not None and point[0] >= from_ms else None
-
-    def advance(self, key: tuple[uuid.UUID, int, int, int], point: PointerPosition) -> None:
-        with self._lock:
-            known = self._points.get(key)
-            if known is None or point > known:
-                self._points[key] = point
-                self._points.move_to_end(key)
-                while len(self._points) > self.capacity:
-                    self._points.popitem(last=False)
-
-
 def _below(ms: int, limit_ms: int | None) -> int:
     return ms if limit_ms is None else min(ms, limit_ms)
 
@@ -262,7 +221,6 @@ class DueScanner:
         self.messages = messages
         self.config = config
         self.spent = SpentPointers()
-        self.resume = ResumePoints()
         self.pointers_read = 0  # since start, for stats and tests (approximate across threads)
 
     def _partitions(self, topic: Topic, cursors: dict[int, int], horizon_ms: int,
@@ -320,7 +278,7 @@ class DueScanner:
         plan, limit_ms = self._partitions(topic, starts, to_ms, lanes, closed)
         frontier = dict.fromkeys(starts, _below(to_ms, limit_ms))
         lanes_ms: dict[Lane, int] = {}
-        fresh, whole = self._read(topic, plan, want, {}, pending, lanes_ms=lanes_ms)
+        fresh, whole = self._read(topic, plan, want, pending, lanes_ms)
         due, unsettled = self._settle(topic, fresh, _waiting_at)
         partly = {(e[0], e[1]) for i, e in enumerate(plan) if i not in whole}
         return ScanResult(due, frontier, partly | unsettled, lanes_ms)
@@ -343,68 +301,46 @@ class DueScanner:
         return due, unsettled
 
     def _read(self, topic: Topic, plan: list[tuple[int, int, int, int, int]], want: int,
-              frontier: dict[int, int], skip: Callable[[PointerKey], bool],
-              settled_ms: int | None = None, lanes_ms: dict[Lane, int] | None = None
+              skip: Callable[[PointerKey], bool], lanes_ms: dict[Lane, int]
               ) -> tuple[list[Pointer], set[int]]:
         """Pointers of the plan not known to be spent nor skipped, up to the scan's caps; and
-        the plan entries read whole. Lowers `frontier` so that no shard's cursor may pass
-        what was not read. With settled_ms, each partition is read from its resume point, and
-        a spent prefix due before settled_ms moves that point. With lanes_ms, the same per
-        (shard, lane) of the partitions not read whole.
+        the plan entries read whole. Lowers each (shard, lane)'s entry of lanes_ms to what
+        its partitions not read whole left unread.
 
         Each fair-delivery lane (app.core.timeline.lane_of) is read on its own, in due order
-        (_LaneReader):
-        first every lane up to its share of the scan's quota, then the lanes with more, in
-        turn, up to the quota; so a lane with a backlog cannot keep the others' due messages
-        out of the scan."""
-        keys = [(topic.uid, b, s, part) for b, s, part, _, _ in plan]
-        after = ([self.resume.get(k, e[3]) for k, e in zip(keys, plan, strict=True)]
-                 if settled_ms is not None else None)
+        (_LaneReader): first every lane up to its share of the scan's quota, then the lanes
+        with more, in turn, up to the quota; so a lane with a backlog cannot keep the
+        others' due messages out of the scan."""
         quota = min(SCAN_SLACK * want, MAX_ROWS_PER_SCAN)
         lanes: dict[int, list[int]] = defaultdict(list)
         for index, entry in enumerate(plan):
             lanes[entry[2] // LANE_STRIDE].append(index)
-        reads = _Reads(self, topic, quota, skip, settled_ms)
+        reads = _Reads(self, topic, quota, skip)
         # pages of about the plan's share of what the scan wants; the first page of every
         # partition of a lane (up to READ_AHEAD of them) is requested at once
         page = -(-quota // max(1, len(plan)))
         readers = []
         for indexes in lanes.values():
-            lane_after = [after[i] for i in indexes] if after is not None else None
-            pages = self.timeline.pointers_of(topic.uid, [plan[i] for i in indexes],
-                                              lane_after, page)
+            pages = self.timeline.pointers_of(topic.uid, [plan[i] for i in indexes], page)
             readers.append(_LaneReader(indexes, [plan[i][0] for i in indexes], pages))
         share = -(-quota // len(readers)) if readers else 0
         for reader in readers:
             reads.run(reader, share)
         for reader in readers:
             reads.run(reader, quota)
-        for index, state in reads.progress.items():
-            if state.spent_prefix:
-                self.resume.advance(keys[index], state.spent_prefix)
         self.pointers_read += reads.read
         whole = {i for i, state in reads.progress.items() if state.whole}
-        self._lower(plan, whole, reads.progress, frontier, lanes_ms)
-        return reads.unknown, whole
-
-    def _lower(self, plan: list[tuple[int, int, int, int, int]], whole: set[int],
-               progress: dict[int, _Partition], frontier: dict[int, int],
-               lanes_ms: dict[Lane, int] | None) -> None:
-        """Lower each shard's frontier (and each lane's, into lanes_ms) to what its
-        partitions not read whole left unread."""
         for index, (bucket, shard, part, _, _) in enumerate(plan):
             if index in whole:
                 continue
-            partly = progress.get(index)
+            partly = reads.progress.get(index)
             # a partition not read at all holds nothing before its bucket; one read in part,
             # nothing unread before the last pointer read
             limit = bucket_start_ms(bucket, self.config.bucket_ms) \
                 if partly is None or partly.last is None else partly.last
-            if shard in frontier:
-                frontier[shard] = min(frontier[shard], limit)
-            if lanes_ms is not None:
-                lane = (shard, part // LANE_STRIDE)
-                lanes_ms[lane] = min(lanes_ms.get(lane, limit), limit)
+            lane = (shard, part // LANE_STRIDE)
+            lanes_ms[lane] = min(lanes_ms.get(lane, limit), limit)
+        return reads.unknown, whole
 
     def forget(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Make pointers examinable again (an outcome could not be recorded: look again)."""

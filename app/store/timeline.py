@@ -193,11 +193,9 @@ class TimelineStore:
         return item_errors(chunks, outcomes, len(placed))
 
     def pointers_of(self, topic_uid: uuid.UUID, plan: Sequence[tuple[int, int, int, int, int]],
-                    after: Sequence[PointerPosition | None] | None = None,
                     page: int = FETCH_SIZE) -> Iterator[tuple[int, Iterator[Pointer]]]:
         """(index, pointers) of each (bucket, shard, part, from_ms, to_ms) of plan, in plan
-        order; where after[index] is a (due_ms, id, version) position, only pointers beyond it
-        (and due by to_ms). First pages are requested READ_AHEAD partitions ahead of the
+        order. First pages are requested READ_AHEAD partitions ahead of the
         consumer, so a plan of many small partitions costs about one round trip, not one per
         partition. First pages hold `page` pointers (clamped to [MIN_PAGE, FETCH_SIZE]): a
         caller that stops after a few pointers should not make every partition read ahead
@@ -208,8 +206,7 @@ class TimelineStore:
         for index, entry in enumerate(plan):
             for ahead in range(index, min(len(plan), index + READ_AHEAD)):
                 if ahead not in futures:
-                    futures[ahead] = self._start_slice(topic_uid, plan[ahead],
-                                                       after[ahead] if after else None, page)
+                    futures[ahead] = self._start_slice(topic_uid, plan[ahead], None, page)
             yield index, self._slice(topic_uid, entry, futures.pop(index))
 
     def _slice(self, topic_uid: uuid.UUID, entry: tuple[int, int, int, int, int],
