@@ -330,10 +330,13 @@ def test_a_withdrawn_want_is_answered_at_once_and_takes_nothing(
         app.extensions["duetime"].close()
 
 
-def test_a_withdrawn_want_gives_back_what_was_prepared_for_it(
-        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+@pytest.mark.parametrize("walk_reads", [True, False], ids=["walk reading", "walk off"])
+def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again(
+        config: Config, auth: dict[str, str], ring: dict[str, Any], walk_reads: bool) -> None:
     """A want withdrawn after the owner leased a message ahead for it (not sent yet: it is
-    not due) is answered with nothing, and the message goes back, for the next call."""
+    not due) is answered with nothing, and the message goes back, for the next call. The
+    owner holds what it gave back itself: the next call gets it also when the walk reads
+    nothing once the message was prepared (its step and a round's read turned off)."""
     app = api(config, ring)
     try:
         topic = TopicClient(app.test_client(), auth)
@@ -347,42 +350,15 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it(
                 while topic.get("ahead").get_json()["state"] != "leased":
                     assert now_ms() < due, "not prepared for the want"
                     time.sleep(0.01)
+                if not walk_reads:
+                    r._walking._step = lambda: None
+                    r.broker.read_now = lambda topic, since: None
                 sock.sendall(broker_wire.encode_withdraw(8))
                 reader = sock.makefile("rb")
                 assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
                     == (8, [])
             [got] = topic.lease(max_messages=1, wait_ms=5000)
             assert got["id"] == "ahead" and got["attempt"] == 1 and got["received_at"] >= due
-    finally:
-        app.extensions["duetime"].close()
-
-
-def test_what_a_withdrawn_want_gives_back_is_held_again_without_the_walk(
-        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """What the owner gives back for a withdrawn want it holds again itself: the next call
-    gets it although the walk reads nothing once the message was prepared (its step and a
-    round's read are turned off then)."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        services = app.extensions["duetime"]
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
-        with releaser(config, "b-give-back-held", release_prepare_ms=1500, **ring) as r:
-            wait_owned(r)
-            with _wanting(r, uid, 9) as sock:
-                due = now_ms() + 3000
-                assert topic.enqueue(id="again", deliver_at=format_ms(due)).status_code == 201
-                while topic.get("again").get_json()["state"] != "leased":
-                    assert now_ms() < due, "not prepared for the want"
-                    time.sleep(0.01)
-                r._walking._step = lambda: None
-                r.broker.read_now = lambda topic, since: None
-                sock.sendall(broker_wire.encode_withdraw(9))
-                reader = sock.makefile("rb")
-                assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
-                    == (9, [])
-            [got] = topic.lease(max_messages=1, wait_ms=5000)
-            assert got["id"] == "again" and got["attempt"] == 1 and got["received_at"] >= due
     finally:
         app.extensions["duetime"].close()
 
