@@ -4,7 +4,6 @@ owns every step's idle run, so an idle releaser polls at one instant a tick)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -15,15 +14,13 @@ def _run(step: Step) -> bool | None:
     return step()
 
 
-def _recording(idle_ticks: int) -> tuple[PacedStep, list[float], threading.Event]:
+def _recording(idle_ticks: int) -> tuple[PacedStep, list[float]]:
     runs: list[float] = []
-    ran = threading.Event()
 
     def step() -> None:
         runs.append(time.monotonic())
-        ran.set()
 
-    return PacedStep("step", step, 10, idle_ticks, _run), runs, ran
+    return PacedStep("step", step, 10, idle_ticks, _run), runs
 
 
 def _until(check: Callable[[], bool], within_s: float = 5) -> bool:
@@ -36,7 +33,7 @@ def _until(check: Callable[[], bool], within_s: float = 5) -> bool:
 
 
 def test_an_idle_step_runs_at_the_tick_that_ends_its_idle_period_and_not_before() -> None:
-    paced, runs, _ = _recording(idle_ticks=3)
+    paced, runs = _recording(idle_ticks=3)
     paced.start()
     try:
         assert _until(lambda: len(runs) == 1)  # its first run, at start
@@ -53,7 +50,7 @@ def test_an_idle_step_runs_at_the_tick_that_ends_its_idle_period_and_not_before(
 
 
 def test_a_wake_up_runs_it_at_once_and_starts_its_idle_period_again() -> None:
-    paced, runs, _ = _recording(idle_ticks=2)
+    paced, runs = _recording(idle_ticks=2)
     paced.start()
     try:
         assert _until(lambda: len(runs) == 1)
@@ -71,7 +68,7 @@ def test_a_wake_up_runs_it_at_once_and_starts_its_idle_period_again() -> None:
 
 
 def test_a_stop_ends_a_step_that_waits_for_its_tick() -> None:
-    paced, runs, _ = _recording(idle_ticks=1000)
+    paced, runs = _recording(idle_ticks=1000)
     paced.start()
     assert _until(lambda: len(runs) == 1)
     began = time.monotonic()
