@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from workers.paced import PacedStep, Step
+from workers.releaser import whole_ticks
 
 
 def _run(step: Step) -> bool | None:
@@ -75,3 +76,11 @@ def test_a_stop_ends_a_step_that_waits_for_its_tick() -> None:
     paced.stop(5)
     assert time.monotonic() - began < 1
     assert not paced._thread.is_alive()
+
+
+def test_idle_periods_are_whole_ticks_of_a_third_of_the_lease() -> None:
+    assert whole_ticks(2000, 5000) == 1  # the walk's 2 s: one 1.67 s tick
+    assert whole_ticks(5000, 5000) == 3  # exactly three, not two by a float's rounding
+    assert whole_ticks(10_000, 5000) == 6
+    assert whole_ticks(500, 5000) == 1  # shorter than a tick: at the tick
+    assert whole_ticks(20_000, 2000) == 30

@@ -113,6 +113,13 @@ def running_releasers() -> list[Releaser]:
         return list(_running)
 
 
+def whole_ticks(period_ms: int, lease_ms: int) -> int:
+    """A period in whole ownership ticks (lease_ms / RENEW_FRACTION each), at least one: a
+    period shorter than the tick is served at the tick. Integer arithmetic: 5 s of a 5 s
+    lease is 3 ticks, which 5000 // (5000 / 3) in floats makes 2."""
+    return max(1, period_ms * RENEW_FRACTION // lease_ms)
+
+
 def all_done(futures: list[Future[Any]]) -> None:
     """Wait until every one has ended (or was cancelled by a stop), then raise the first
     one's failure (in their order), if any: a run does not end while work it started still
@@ -230,9 +237,7 @@ class Releaser:
         log.info("releaser %s started", self.member)
 
     def _ticks(self, idle_ms: int) -> int:
-        """An idle period in whole ownership ticks (at least one: a period shorter than the
-        tick is served at the tick)."""
-        return max(1, int(idle_ms // self.tick_ms))
+        return whole_ticks(idle_ms, self.services.config.release_lease_ms)
 
     def tick(self) -> None:
         """The ownership tick (workers/ownership.py), then the idle work it owns, right after
