@@ -14,13 +14,14 @@ the node about 5 ms of CPU however few requests it holds.
   once and deleted ones stop;
 - walk (woken by "due": release_rescan_ms; idle: release_idle_ms): per owned shard of each
   topic a position in memory (workers/walk.py), started at the shard's durable cursor;
-  pointers due up to now + lookahead go into the timer heap (webhook topics) or to the
-  broker, which hands them to lease calls (pull topics: workers/broker.py). Only topics listed in
-  active_topics for the window's buckets are read, and of those only where a write count
-  (bucket_writes) moved since the last read, or the position nears the window's end; all
-  counts are read in one round trip (workers/count_reads.py). A write that lands behind a
-  position is placed again by its writer (app.messages.placement), so nothing searches
-  behind the positions. It writes the durable cursors, never past a timer it holds;
+  pointers due up to the reach (now + COUNTED_AHEAD_MS less the safety lag) go into the
+  timer heap (webhook topics) or to the broker, which hands them to lease calls (pull
+  topics: workers/broker.py). Only topics listed in active_topics for the window's buckets
+  are read, and of those only where a write count (bucket_writes) moved since the last
+  read, or the position nears now + look-ahead; all counts are read in one round trip
+  (workers/count_reads.py). A write that lands behind a position is placed again by its
+  writer (app.messages.placement), so nothing searches behind the positions. It writes the
+  durable cursors, never past a timer it holds;
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py; their listings are read again when "schedules" wakes it);
 - operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
@@ -52,7 +53,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import start_http_server
 
 from app.config import Config
-from app.core.timeline import bucket_of, release_slot_of
+from app.core.timeline import COUNTED_AHEAD_MS, bucket_of, release_slot_of
 from app.delivery import wakeups
 from app.errors import StoreUnavailable
 from app.models import Pointer, Topic
@@ -175,8 +176,8 @@ class Releaser:
         # when the walk last looked at every topic (epoch ms), and whether it must at once
         self._passed_at = 0
         self._everyone = True
-        # a shard is read on once its position is this near the window's end: half what the
-        # window leaves after an idle period, so a pointer already there is read at least
+        # a shard is read on once its position is this near now + look-ahead: half what the
+        # look-ahead leaves after an idle period, so a pointer already there is read at least
         # that long before it is due (1.5 s of 5, with the defaults)
         self._refill_ms = max(cfg.release_rescan_ms,
                               (cfg.release_lookahead_ms - cfg.release_idle_ms) // 2)
@@ -387,18 +388,14 @@ class Releaser:
 
     def walk(self) -> None:
         """One step of the walk (workers.walk) over the owned shards of every topic: what
-        waits by now + look-ahead goes into the timer heap (webhook topics) or to the broker
+        waits by the reach (_span) goes into the timer heap (webhook topics) or to the broker
         (pull topics, at most broker.HELD_MAX a topic). One read lists the topics with
         pointers in the window's buckets (active_topics) and one round trip their write
-        counts; a topic is read only where its counts moved, its position nears the window's
-        end, or its walk is new (from its durable cursors: a claimed slot, a new topic, a
+        counts; a topic is read only where its counts moved, its position nears now +
+        look-ahead, or its walk is new (from its durable cursors: a claimed slot, a new topic, a
         start), new walks first. Every CURSOR_STEP_MS it writes the cursors it may move."""
-        cfg = self.services.config
         now = self.services.clock()
-        horizon = now + cfg.release_lookahead_ms
-        window_start = now - WINDOW_BACK_MS
-        window = list(range(bucket_of(window_start, cfg.bucket_ms),
-                            bucket_of(horizon, cfg.bucket_ms) + 1))
+        horizon, reach, window = self._span(now)
         active = self.services.timeline.active_topics(window)
         unknown = active.difference(self._topics, self._asked)
         if unknown:  # a topic whose "topics" wake-up was lost: follow the changes once
@@ -420,20 +417,21 @@ class Releaser:
         # before any pointer is read, so a pointer written after them moves its count again
         counts = read_counts(self.services.timeline,
                              {t.uid: window for t, _ in owned if t.uid in active})
-        reads = self._reads_of(owned, walks, active, counts, now, horizon)
+        reads = self._reads_of(owned, walks, active, counts, now, horizon, reach)
         futures = []
         if now - self._cursors_at >= CURSOR_STEP_MS:  # from the positions the last step left
             self._cursors_at = now
             futures = self._write_cursors([(t, walks[t.uid]) for t, _ in owned
                                            if t.uid in active], now)
         futures += [self._readers.submit(self._read_walk, topic, mine, walk, starts, now,
-                                         horizon, window, found)
+                                         reach, window, found)
                     for topic, mine, walk, starts, found in reads]
         all_done(futures)  # a failed read fails the step; the next one repeats it
 
     def _reads_of(self, owned: list[tuple[Topic, dict[int, int]]], walks: dict[uuid.UUID, Walk],
                   active: set[uuid.UUID], counts: dict[uuid.UUID, Counts], now: int,
-                  horizon: int) -> list[tuple[Topic, dict[int, int], Walk, dict[int, int], Counts]]:
+                  horizon: int, reach: int
+                  ) -> list[tuple[Topic, dict[int, int], Walk, dict[int, int], Counts]]:
         """The reads a walk step makes: (topic, owned shards, walk, starts, counts), those it
         never read first (one made a moment ago may have a message due in 200 ms, and waited
         its turn among the hundred a retry storm keeps changing)."""
@@ -441,7 +439,7 @@ class Releaser:
         reads = []
         for topic, mine in owned:
             walk = walks[topic.uid]
-            if topic.uid not in active and walk.passed_empty(now, horizon, now - WINDOW_BACK_MS):
+            if topic.uid not in active and walk.passed_empty(now, reach, now - WINDOW_BACK_MS):
                 continue
             if not topic.pushed and self.broker.room(topic.uid) <= 0:
                 continue  # a backlog nobody takes: read on once the broker hands some out
@@ -463,16 +461,26 @@ class Releaser:
         walk = self._walks_of([(topic, mine)])[topic.uid]
         if walk.read_at is not None and walk.read_at >= since_ms:
             return
-        cfg = self.services.config
         now = self.services.clock()
-        horizon = now + cfg.release_lookahead_ms
-        window = list(range(bucket_of(now - WINDOW_BACK_MS, cfg.bucket_ms),
-                            bucket_of(horizon, cfg.bucket_ms) + 1))
+        horizon, reach, window = self._span(now)
         counts = read_counts(self.services.timeline, {topic.uid: window}).get(topic.uid, {})
-        starts = walk.starts(counts, horizon, self._refill_ms, cfg.safety_lag_ms,
+        starts = walk.starts(counts, horizon, self._refill_ms, self.services.config.safety_lag_ms,
                              self._closed_lanes(topic))
         if starts and self.broker.room(topic.uid) > 0:
-            self._read_walk(topic, mine, walk, starts, now, horizon, window, counts)
+            self._read_walk(topic, mine, walk, starts, now, reach, window, counts)
+
+    def _span(self, now: int) -> tuple[int, int, list[int]]:
+        """(horizon, reach, window) of a walk step at `now` (epoch ms): a shard whose counts
+        stand is read on once its position comes within the refill distance of the horizon
+        (now + look-ahead); every read goes on to the reach (now + COUNTED_AHEAD_MS less the
+        safety lag: any pointer written after the read began and due by then moves a count),
+        so a quiet shard is read once every few ticks, not every one; the window's buckets
+        are those from WINDOW_BACK_MS before now to the reach's."""
+        cfg = self.services.config
+        reach = now + COUNTED_AHEAD_MS - cfg.safety_lag_ms
+        window = list(range(bucket_of(now - WINDOW_BACK_MS, cfg.bucket_ms),
+                            bucket_of(reach, cfg.bucket_ms) + 1))
+        return now + cfg.release_lookahead_ms, reach, window
 
     def _pull_woken(self, topic_uid: uuid.UUID) -> None:
         """A pull wake-up: the broker's waiting wants look again, and the walk reads."""
@@ -497,23 +505,23 @@ class Releaser:
         return {topic.uid: self._walks[topic.uid] for topic, _ in owned}
 
     def _read_walk(self, topic: Topic, mine: dict[int, int], walk: Walk, starts: dict[int, int],
-                   began: int, horizon: int, window: list[int], counts: Counts) -> None:
-        """Read the shards from `starts` to the horizon: what waits there goes into the timer
+                   began: int, reach: int, window: list[int], counts: Counts) -> None:
+        """Read the shards from `starts` to the reach: what waits there goes into the timer
         heap (a webhook topic) or to the broker (a pull topic, at most its room). One read
         of a topic at a time: the walk's and the broker's (read_now) take turns."""
         with walk.lock:
             closed = self._closed_lanes(topic)
             if topic.pushed:
-                result = self.services.scanner.upcoming(topic, starts, horizon,
+                result = self.services.scanner.upcoming(topic, starts, reach,
                                                         MAX_TIMERS_PER_SCAN // 4, self.timers.holds,
                                                         walk.lanes)
                 self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
             else:
                 want = max(1, min(self.broker.room(topic.uid), HELD_PER_LANE))
-                result = self.services.scanner.upcoming(topic, starts, horizon, want,
+                result = self.services.scanner.upcoming(topic, starts, reach, want,
                                                         self.broker.holds, walk.lanes, closed)
                 self.broker.hold(topic.uid, result.due)
-            walk.record(began, starts, result.frontier_ms, horizon, window, counts,
+            walk.record(began, starts, result.frontier_ms, reach, window, counts,
                         result.incomplete, result.lanes_ms, closed)
 
     def _closed_lanes(self, topic: Topic) -> frozenset[tuple[int, int]]:

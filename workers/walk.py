@@ -9,8 +9,9 @@ next step reads that shard again from the safety lag before the previous read be
 writer's clock may trail the releaser's half that much, and its write take the other half;
 a write that finished later places its pointer again: app.messages.placement). A shard
 whose counts stand is read on from its position once the position comes within
-`refill_ms` of the look-ahead's end, so each pointer is read about once. `cursor[shard]`: the
-durable cursor as the walk started from it or last wrote it.
+`refill_ms` of the look-ahead's end; each read goes on to the reach (app.core.timeline.
+COUNTED_AHEAD_MS less the safety lag ahead of now), so each pointer is read about once.
+`cursor[shard]`: the durable cursor as the walk started from it or last wrote it.
 """
 
 from __future__ import annotations

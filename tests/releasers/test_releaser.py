@@ -550,6 +550,31 @@ def test_the_walk_reads_only_the_webhook_topics_written_to_since_it_last_read_th
         assert a.received_ms >= parse_instant(a.headers["Duetime-Deliver-At"]), a
 
 
+def test_a_drained_topic_is_read_once_every_few_steps_not_at_every_one(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    """A drained topic stays listed active while its buckets are in the window, its counts
+    standing: its shards are read on only as their positions near the horizon (now +
+    look-ahead), and each read goes on to the reach (now + COUNTED_AHEAD_MS less the safety
+    lag): a quiet shard is read every 5.5 s with the defaults, so once or twice in 8 s of
+    steps (several times, were reads to stop at the horizon)."""
+    with receiving(Receiver()) as target:
+        topic, _ = webhook_topic(client, auth, target.url)
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        with releaser(config, "r-drained") as r:
+            reads = walk_reads(r)
+            assert topic.enqueue(id="drained").status_code == 201
+            assert target.wait_for(lambda got: len(got) == 1, 10)
+            wake_walk_until(r, lambda: uid in reads)
+            time.sleep(2)  # what the delivery's writes moved is read again by now
+            reads.clear()
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                r._walking.wake()
+                time.sleep(0.05)
+            assert uid in services.timeline.active_topics(r._span(now_ms())[2])
+    assert 1 <= reads.count(uid) <= 2, reads.count(uid)
+
+
 def test_the_walk_reads_a_topic_it_never_read_before_those_it_reads_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Of the topics a step of the walk must read, the ones it never read come first: a topic
