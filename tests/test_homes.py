@@ -9,7 +9,10 @@ import dataclasses
 import threading
 import time
 import uuid
+from typing import Any
 
+import pytest
+from cassandra import OperationTimedOut
 from flask.testing import FlaskClient
 
 from app.core.ids import home_of, homes_for_request, new_message_id
@@ -54,6 +57,33 @@ def test_a_stale_row_in_a_batch_loses_alone(services: Services) -> None:
                                                     for n in range(len(rows))]
     assert all(stored[r.id].lease_token == c[0].lease_token
                for r, c, ok in zip(rows, changes, outcomes, strict=True) if ok)
+
+
+def test_a_batch_whose_answer_timed_out_in_the_driver_is_resolved_by_serial_reads(
+        services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver gave up waiting (OperationTimedOut) for a batch: each row is read at SERIAL,
+    never assumed. A change the node applied is won (its taker hands the message out), one
+    another change beat is lost, and one the node never applied, its row still at the
+    expected version, stays undecided (its taker tries again; called lost, its pointer
+    would be spent and the message stranded)."""
+    _, rows = _one_home(services, 4)
+    cas_many = services.messages.cas_many
+    run_batches = services.messages.db.run_batches
+
+    def answers_lost(batches: Any, *args: Any, **kwargs: Any) -> Any:
+        return [(False, OperationTimedOut()) for _ in run_batches(batches, *args, **kwargs)]
+
+    def never_sent(batches: Any, *args: Any, **kwargs: Any) -> Any:
+        return [(False, OperationTimedOut()) for _ in batches]
+
+    monkeypatch.setattr(services.messages.db, "run_batches", answers_lost)
+    assert cas_many([(_leased(r), 1, TTL_S) for r in rows[:2]]) == [True, True]
+    assert cas_many([(_leased(rows[0]), 1, TTL_S)]) == [False]  # version 2 now
+    monkeypatch.setattr(services.messages.db, "run_batches", never_sent)
+    [undecided] = cas_many([(_leased(rows[2]), 1, TTL_S)])
+    assert isinstance(undecided, OperationTimedOut)
+    stored = services.messages.get_many(rows[0].topic_uid, [r.id for r in rows])
+    assert [stored[r.id].version for r in rows] == [2, 2, 1, 1]
 
 
 def test_two_changes_of_one_row_in_one_call_apply_once(services: Services) -> None:

@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from cassandra import WriteTimeout
+from cassandra import OperationTimedOut, WriteTimeout
 from cassandra.cluster import ResponseFuture
 from cassandra.query import UNSET_VALUE
 
@@ -71,6 +71,9 @@ IN_CHUNK = 100
 CONDITIONAL_BATCH = 100  # rows per Paxos round: bounds the round's read and mutation
 PLAIN_BATCH = 100
 PAYLOAD_BATCH_BYTES = 1 << 20  # well under a commit-log segment's mutation limit
+# a conditional write that timed out, on the node or in the driver waiting for its answer,
+# may have applied
+UNKNOWN_OUTCOME = (WriteTimeout, OperationTimedOut)
 
 Home = tuple[uuid.UUID, int]
 Ack = tuple[str, uuid.UUID, int, int, str | None]  # id, token, version, expiry ms, campaign
@@ -269,7 +272,7 @@ class MessageStore:
                 answers.append((True, None))
             elif isinstance(outcome, dict):
                 answers.append((False, _row_to_state(outcome)))
-            elif isinstance(outcome, WriteTimeout) or outcome is None:
+            elif isinstance(outcome, UNKNOWN_OUTCOME) or outcome is None:
                 answers.append(self._resolve_insert(m))
             else:
                 answers.append(outcome)
@@ -332,12 +335,12 @@ class MessageStore:
             return found is not None and found["version"] == changes[index][1]
 
         outcomes: list[bool | Exception] = []
-        for (m, _, _), outcome in zip(changes, self._conditional(_CAS, entries, holds),
-                                      strict=True):
+        for (m, expected, _), outcome in zip(changes, self._conditional(_CAS, entries, holds),
+                                             strict=True):
             if outcome is True:
                 outcomes.append(True)
-            elif isinstance(outcome, WriteTimeout):
-                outcomes.append(self._resolve_cas(m))
+            elif isinstance(outcome, UNKNOWN_OUTCOME):
+                outcomes.append(self._resolve_cas(m, expected, outcome))
             elif isinstance(outcome, Exception):
                 outcomes.append(outcome)
             else:
@@ -382,7 +385,7 @@ class MessageStore:
         answers = []
         for (i, token, v, _, _), outcome in zip(acks, self._conditional(_DELIVER, entries, holds),
                                              strict=True):
-            if isinstance(outcome, WriteTimeout):
+            if isinstance(outcome, UNKNOWN_OUTCOME):
                 try:
                     found = self.get(topic_uid, i, serial=True)
                 except StoreUnavailable:
@@ -399,12 +402,18 @@ class MessageStore:
             raise StoreUnavailable(f"Cassandra unavailable: {type(outcome).__name__}")
         return outcome
 
-    def _resolve_cas(self, intended: MessageState) -> bool | Exception:
+    def _resolve_cas(self, intended: MessageState, expected: int, timeout: Exception
+                     ) -> bool | Exception:
+        """A timed-out change read at SERIAL: True when the row shows it, the timeout when
+        the row is still at the expected version (not applied, not lost either: the caller
+        may try again), False when another change won."""
         try:
             found = self.get(intended.topic_uid, intended.id, serial=True)
         except StoreUnavailable as exc:
             return exc
-        return found is not None and same_transition(found, intended)
+        if found is not None and same_transition(found, intended):
+            return True
+        return timeout if found is not None and found.version == expected else False
 
     def stage(self, topic_uid: uuid.UUID, payloads: Sequence[PayloadRow],
               members: Sequence[tuple[str, str, int]],
