@@ -320,7 +320,7 @@ class Broker:
             if hand_at_ms > now_ms and topic is not None:  # floored ms: never early
                 self._prepare(p, topic, taken, line, now_s + (hand_at_ms - now_ms) / 1000)
             else:
-                _send(p, line)
+                self._hand(p, line, topic, taken)
         if not left:
             return
         when = min([p.deadline for p in left] + [now_s + recheck_s])
@@ -340,9 +340,22 @@ class Broker:
             with self._lock:
                 withdrawn = self._prepared.pop(key, None) is None
             if not withdrawn:
-                _send(parked, line)
+                self._hand(parked, line, topic, taken)
 
         self._at(when_s, send)
+
+    def _hand(self, parked: _Parked, line: bytes, topic: Topic | None,
+              taken: list[Taken]) -> None:
+        """Send a want's answer; what it carried goes back at once when its connection is
+        gone (the API process closed it or died), not when those leases run out."""
+        try:
+            parked.reply(line)
+        except OSError:
+            if taken and topic is not None:
+                log.warning("broker: the connection of a want closed; %d messages leased "
+                            "for it go back", len(taken))
+                with contextlib.suppress(RuntimeError):  # stopping: their leases run out
+                    self._pool.submit(self._give_back, topic, taken)
 
     def _take_out(self, topic_uid: uuid.UUID, answering: list[_Parked]
                   ) -> tuple[list[_Parked], list[_Parked]]:
@@ -411,9 +424,12 @@ class Broker:
         answers: dict[int, list[Taken]] = defaultdict(list)
         for row, payload in taken:
             d, o = by_id[row.id]
-            if payload is not None:  # else it comes due again when its lease runs out
-                answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
-                                                   d.row.due_at_ms))
+            if payload is None:  # it comes due again when its lease runs out
+                log.warning("broker: message %s of topic %s leased without its payload",
+                            row.id, topic.uid)
+                continue
+            answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
+                                               d.row.due_at_ms))
         # the wants left look again when a message held may next be taken
         return (answers, _next_moment(self._held_of(topic.uid, shards), now, self.lead_ms),
                 len(chunk) == total < wanted)

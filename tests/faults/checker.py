@@ -13,7 +13,12 @@
 - duplicates: ids handed out more than once (at least once allows them: lease expiry, nacks,
   500 answers, a crash mid-POST), counted; webhook POSTs after a 200 answer are counted apart;
 - lag of first handouts (ms after deliver_at, or after the enqueue's answer when that came
-  later): p50 / p99 / max.
+  later): p50 / p99 / max, of all and of each mode; for pull also the wait duetime alone
+  made (from that moment, or from when the lease call was sent if later: a consumer busy
+  acking is not asking);
+- first seen on a later attempt: ids whose first handout seen carries attempt 2 or more,
+  their first lease or POST having reached nobody (a killed process may do that; with no
+  nemesis it is a lease taken for a call that never got it).
 """
 
 from __future__ import annotations
@@ -59,22 +64,28 @@ def check(history: History, allowed_early_ms: int = 0,
     result: dict[str, Any] = dict.fromkeys(
         ("accepted", "maybe", "cancelled", "delivered", "lost", "unexpected", "early",
          "after_cancel", "handed_out_after_ack", "duplicates", "webhook_repeats_after_200"), 0)
-    lags: list[int] = []
+    result["first_seen_later"] = 0
+    lags: dict[str, list[int]] = {"pull": [], "webhook": [], "pull_wait": []}
     examples: list[str] = []
     for message_id, events in by_id.items():
         for broken in _judge(events, allowed_early_ms, result, lags,
                              (states or {}).get(message_id)):
             examples.append(f"{broken} {message_id}")
-    result["lag_ms"] = {"p50": _percentile(lags, 0.5), "p99": _percentile(lags, 0.99),
-                        "max": max(lags, default=0)}
+    result["lag_ms"] = _spread(lags["pull"] + lags["webhook"])
+    result["lag_ms_by"] = {name: _spread(values) for name, values in lags.items()}
     result["ok"] = all(result[k] == 0 for k in MUST_BE_ZERO)
     result["all_lost"] = [e.split()[-1] for e in examples if e.startswith("lost ")]
     result["examples"] = examples[:10]
     return result
 
 
+def _spread(values: list[int]) -> dict[str, int]:
+    return {"p50": _percentile(values, 0.5), "p99": _percentile(values, 0.99),
+            "max": max(values, default=0)}
+
+
 def _judge(events: dict[str, list[Event]], allowed_early_ms: int, result: dict[str, Any],
-           lags: list[int], state: str | None) -> list[str]:
+           lags: dict[str, list[int]], state: str | None) -> list[str]:
     """Add one message's counts to result and its first handout's lag to lags; returns what
     it broke (for examples)."""
     broken = []
@@ -112,8 +123,22 @@ def _judge(events: dict[str, list[Event]], allowed_early_ms: int, result: dict[s
     if hook_acks:
         result["webhook_repeats_after_200"] += sum(h.done_ms > min(hook_acks) for h in handouts)
     result["duplicates"] += len(handouts) > 1
-    if handouts and accepted:  # from when it was due, or accepted if that came later
-        since = max(_due_at(events, handouts[0].sent_ms),
-                    min(e.done_ms for e in enqueues if e.status in ANSWERED))
-        lags.append(handouts[0].done_ms - since)
+    if handouts and accepted:
+        broken.extend(_first_handout(events, handouts[0], result, lags))
     return broken
+
+
+def _first_handout(events: dict[str, list[Event]], first: Event, result: dict[str, Any],
+                   lags: dict[str, list[int]]) -> list[str]:
+    """Add an accepted message's first handout's lags (from when it was due, or accepted if
+    that came later) and whether it was its first attempt; returns what it broke."""
+    since = max(_due_at(events, first.sent_ms),
+                min(e.done_ms for e in events["enqueue"] if e.status in ANSWERED))
+    pull = first.topic.endswith("-pull")
+    lags["pull" if pull else "webhook"].append(first.done_ms - since)
+    if pull:
+        lags["pull_wait"].append(first.done_ms - max(since, first.sent_ms))
+    if first.detail.endswith(" attempt 1"):
+        return []
+    result["first_seen_later"] += 1
+    return [f"first seen on a later attempt ({first.detail})"]

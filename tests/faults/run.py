@@ -179,16 +179,22 @@ def _settled(workload: Workload, history: History) -> bool:
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| nemesis | accepted | cancelled | delivered | lost | unexpected | early | "
             "after cancel | handed out after ack | duplicates | webhook repeats after 200 | "
-            "lag p50 / p99 / max ms |")
+            "first seen on a later attempt | lag p50 / p99 / max ms: all; pull; "
+            "pull, duetime's wait; webhook |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        lag = r["lag_ms"]
+        lags = "; ".join(_spread(lag) for lag in (r["lag_ms"], *(
+            r["lag_ms_by"][mode] for mode in ("pull", "pull_wait", "webhook"))))
         lines.append(
             f"| {r['nemesis']} | {r['accepted']} | {r['cancelled']} | {r['delivered']} | "
             f"{r['lost']} | {r['unexpected']} | {r['early']} | {r['after_cancel']} | "
             f"{r['handed_out_after_ack']} | {r['duplicates']} | "
-            f"{r['webhook_repeats_after_200']} | {lag['p50']} / {lag['p99']} / {lag['max']} |")
+            f"{r['webhook_repeats_after_200']} | {r['first_seen_later']} | {lags} |")
     return "\n".join(lines)
+
+
+def _spread(lag: dict[str, int]) -> str:
+    return f"{lag['p50']} / {lag['p99']} / {lag['max']}"
 
 
 def run(names: list[str], messages: int, window_s: float) -> list[dict[str, Any]]:

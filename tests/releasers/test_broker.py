@@ -363,6 +363,37 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again
         app.extensions["duetime"].close()
 
 
+def test_an_answer_whose_connection_fails_gives_back_what_it_carried(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A prepared answer that cannot be sent (its API process's connection failed before
+    the broker noticed it closed) gives its message back at once, its attempt not counted:
+    the next call gets it within seconds, not when the 30 s lease taken for the want ends."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        services = app.extensions["duetime"]
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        with releaser(config, "b-send-fails", release_prepare_ms=1500, **ring) as r:
+            wait_owned(r)
+            with _wanting(r, uid, 9):
+                due = now_ms() + 3000
+                assert topic.enqueue(id="unsent", deliver_at=format_ms(due)).status_code == 201
+                while topic.get("unsent").get_json()["state"] != "leased":
+                    assert now_ms() < due, "not prepared for the want"
+                    time.sleep(0.01)
+
+                def broken(line: bytes) -> None:
+                    raise BrokenPipeError("the API process's end closed")
+
+                with r.broker._lock:
+                    [(parked, _, _)] = r.broker._prepared.values()
+                    parked.reply = broken
+                [got] = topic.lease(max_messages=1, wait_ms=8000)
+            assert got["id"] == "unsent" and got["attempt"] == 1 and got["received_at"] >= due
+    finally:
+        app.extensions["duetime"].close()
+
+
 def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
         config: Config, services: Services) -> None:
     """Wants (TCP) and wake-ups (UDP) share the one published port number. With any free

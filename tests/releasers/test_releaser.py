@@ -707,12 +707,31 @@ def test_new_walks_read_their_cursors_together_and_once() -> None:
             assert topic.enqueue(id="waiting").status_code == 201
         together: list[set[uuid.UUID]] = []
         with releaser(config, "r-cursors", clock=now_ms) as r:  # made after: knows all three
+            # until its walks of the three began (a slow node may fail its start's claim or
+            # topic read: a later tick does them); then they are started again, counted
+            deadline = time.monotonic() + 20
+            while not uids <= set(r._walks) and time.monotonic() < deadline:
+                r._walking.wake()
+                time.sleep(0.05)
             reads = cursor_reads(r, together)
-            r._everyone = True  # as at its start, had the reads been counted from then
-            for uid in uids:
-                r._walks.pop(uid, None)
-            runs = r._walking.runs
+            active_topics = r.services.timeline.active_topics
+            forgot = threading.Event()
+
+            def forgetting(window: list[int]) -> set[uuid.UUID]:
+                # at a step's start, on its thread: no step sees some walks gone, not all
+                if not forgot.is_set():
+                    for uid in uids:
+                        r._walks.pop(uid, None)
+                    r._everyone = True  # as at its start, had the reads been counted then
+                    forgot.set()
+                return active_topics(window)
+
+            r.services.timeline.active_topics = forgetting  # type: ignore[method-assign]
             deadline = time.monotonic() + 10
+            while not forgot.is_set() and time.monotonic() < deadline:
+                r._walking.wake()
+                time.sleep(0.05)
+            runs = r._walking.runs
             while r._walking.runs < runs + 5 and time.monotonic() < deadline:
                 r._walking.wake()
                 time.sleep(0.05)
