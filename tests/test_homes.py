@@ -17,6 +17,7 @@ from flask.testing import FlaskClient
 
 from app.core.ids import home_of, homes_for_request, new_message_id
 from app.core.timeline import shard_of
+from app.errors import StoreUnavailable
 from app.models import MessageState
 from app.services import Services
 from tests.consumers import TopicClient
@@ -84,6 +85,39 @@ def test_a_batch_whose_answer_timed_out_in_the_driver_is_resolved_by_serial_read
     assert isinstance(undecided, OperationTimedOut)
     stored = services.messages.get_many(rows[0].topic_uid, [r.id for r in rows])
     assert [stored[r.id].version for r in rows] == [2, 2, 1, 1]
+
+
+def test_a_change_left_undecided_that_applied_after_all_is_found_at_the_next_try(
+        services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A take whose batch timed out, and whose SERIAL read failed too, is undecided; the node
+    had applied it. The taker's next try of the same rows (new leases, the same expected
+    version) loses its LWTs, and earlier_changes finds the row as the first try wrote it, so
+    the taker hands that out instead of leaving it leased to nobody until its lease runs
+    out. A row changed again meanwhile is not claimed, and nothing is found twice."""
+    _, rows = _one_home(services, 2)
+    store = services.messages
+    run_batches = store.db.run_batches
+
+    def answers_lost(batches: Any, *args: Any, **kwargs: Any) -> Any:
+        return [(False, OperationTimedOut()) for _ in run_batches(batches, *args, **kwargs)]
+
+    def serial_read_fails(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("Cassandra unavailable: ReadTimeout")
+
+    first = [_leased(r) for r in rows]
+    with monkeypatch.context() as patched:
+        patched.setattr(store.db, "run_batches", answers_lost)
+        patched.setattr(store, "get", serial_read_fails)
+        undecided = store.cas_many([(f, 1, TTL_S) for f in first])
+    assert all(isinstance(o, StoreUnavailable) for o in undecided), undecided
+    assert store.cas_many([(_leased(first[1]), 2, TTL_S)]) == [True]  # row 1 moves on
+    again = [(_leased(r), 1, TTL_S) for r in rows]
+    outcomes = store.cas_many(again)
+    assert outcomes == [False, False]
+    found = store.earlier_changes(again, outcomes)
+    assert list(found) == [0]
+    assert (found[0].version, found[0].lease_token) == (2, first[0].lease_token)
+    assert store.earlier_changes(again, outcomes) == {}
 
 
 def test_two_changes_of_one_row_in_one_call_apply_once(services: Services) -> None:

@@ -178,13 +178,18 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     ahead = count_ahead(services, topic, [(rows[r.id].state, r.state, r.campaign)
                                           for r, _, _ in changes]) if wait_counts else None
     outcomes = services.messages.cas_many(changes)
+    # a change this process left undecided before may have applied after all: its row
+    # is handed out as stored, not left leased to nobody until its lease runs out
+    earlier = services.messages.earlier_changes(changes, outcomes)
     # a pointer is spent once its row's move was decided (won, or lost to another writer);
     # one whose next pointer or LWT failed stays unspent, or no pass would look at it again
     undecided = {r.id for r in leasing + moving} - {r.id for r in placed} | unrecorded
     undecided |= {r.id for (r, _, _), ok in zip(changes, outcomes, strict=True)
                   if isinstance(ok, Exception)}
     services.scanner.spend(topic, [d.pointer for d, _ in terms if d.row.id not in undecided])
-    won = [r for (r, _, _), ok in zip(changes, outcomes, strict=True) if ok is True]
+    won = [earlier.get(n, r)
+           for n, ((r, _, _), ok) in enumerate(zip(changes, outcomes, strict=True))
+           if ok is True or n in earlier]
     finished(services, topic, won)
     moves = [(rows[r.id].state, r.state, r.campaign) for r in won]
     if ahead is None:

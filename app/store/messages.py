@@ -13,8 +13,9 @@ row with its own condition. Per row the guarantees are those of a single-row LWT
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -74,6 +75,8 @@ PAYLOAD_BATCH_BYTES = 1 << 20  # well under a commit-log segment's mutation limi
 # a conditional write that timed out, on the node or in the driver waiting for its answer,
 # may have applied
 UNKNOWN_OUTCOME = (WriteTimeout, OperationTimedOut)
+# changes left undecided, kept for their taker's next try of the same row (earlier_changes)
+UNDECIDED_KEPT = 4096
 
 Home = tuple[uuid.UUID, int]
 Ack = tuple[str, uuid.UUID, int, int, str | None]  # id, token, version, expiry ms, campaign
@@ -199,6 +202,9 @@ class Staging:
 class MessageStore:
     def __init__(self, db: CassandraSession) -> None:
         self.db = db
+        # (topic_uid, id, expected version) -> the change this process left undecided
+        self._undecided: OrderedDict[tuple[uuid.UUID, str, int], MessageState] = OrderedDict()
+        self._undecided_lock = threading.Lock()
 
     def _params(self, m: MessageState, ttl: int) -> tuple[Any, ...]:
         # unset, not null: a null in an insert writes a tombstone cell for nothing
@@ -345,6 +351,8 @@ class MessageStore:
                 outcomes.append(outcome)
             else:
                 outcomes.append(False)
+            if isinstance(outcomes[-1], Exception):
+                self._remember_undecided(m, expected)
         lost = outcomes.count(False)
         if lost:
             metrics.CONDITIONAL_NOT_APPLIED.labels("message_states").inc(lost)
@@ -401,6 +409,36 @@ class MessageStore:
         if isinstance(outcome, Exception):
             raise StoreUnavailable(f"Cassandra unavailable: {type(outcome).__name__}")
         return outcome
+
+    def _remember_undecided(self, intended: MessageState, expected: int) -> None:
+        with self._undecided_lock:
+            self._undecided[(intended.topic_uid, intended.id, expected)] = intended
+            while len(self._undecided) > UNDECIDED_KEPT:
+                self._undecided.popitem(last=False)
+
+    def earlier_changes(self, changes: Sequence[tuple[MessageState, int, int]],
+                        outcomes: Sequence[bool | Exception]) -> dict[int, MessageState]:
+        """Of the changes cas_many answered False whose row, at the same expected version,
+        this process changed before with an undecided outcome: those where a SERIAL read
+        shows that earlier change applied after all (the node finished its Paxos round after
+        the timeout, or the read that would have told failed). Index -> the row as stored,
+        which the caller hands out instead of leaving it leased to nobody until its lease
+        runs out."""
+        found: dict[int, MessageState] = {}
+        for n, ((m, expected, _), ok) in enumerate(zip(changes, outcomes, strict=True)):
+            if ok is not False:
+                continue
+            with self._undecided_lock:
+                earlier = self._undecided.pop((m.topic_uid, m.id, expected), None)
+            if earlier is None:
+                continue
+            try:
+                row = self.get(m.topic_uid, m.id, serial=True)
+            except StoreUnavailable:
+                continue  # its lease pointer brings it back when the lease runs out
+            if row is not None and same_transition(row, earlier):
+                found[n] = row
+        return found
 
     def _resolve_cas(self, intended: MessageState, expected: int, timeout: Exception
                      ) -> bool | Exception:
