@@ -373,10 +373,10 @@ def test_an_answer_whose_connection_fails_gives_back_what_it_carried(
         topic = TopicClient(app.test_client(), auth)
         services = app.extensions["duetime"]
         uid = services.topics.get(tenant_of(services, auth), topic.name).uid
-        with releaser(config, "b-send-fails", release_prepare_ms=1500, **ring) as r:
+        with releaser(config, "b-send-fails", release_prepare_ms=5000, **ring) as r:
             wait_owned(r)
             with _wanting(r, uid, 9):
-                due = now_ms() + 3000
+                due = now_ms() + 8000  # prepared 5 s ahead: seconds to spare on a slow machine
                 assert topic.enqueue(id="unsent", deliver_at=format_ms(due)).status_code == 201
                 while topic.get("unsent").get_json()["state"] != "leased":
                     assert now_ms() < due, "not prepared for the want"
