@@ -210,10 +210,10 @@ class Broker:
                     break
             prepared = self._prepared.pop((link, want_id), None)
         if found is not None:
-            _send(found, broker_wire.encode_got(want_id, []))
+            self._hand(found, broker_wire.encode_got(want_id, []), None, [])
         if prepared is not None:
             parked, topic, taken = prepared
-            _send(parked, broker_wire.encode_got(want_id, []))
+            self._hand(parked, broker_wire.encode_got(want_id, []), None, [])
             with contextlib.suppress(RuntimeError):  # stopping: their leases run out
                 self._pool.submit(self._give_back, topic, taken)
 
@@ -585,11 +585,6 @@ def _next_moment(held: list[Due], now_ms: int, lead_ms: int) -> int | None:
         else:
             moments += [row.due_at_ms - lead_ms, row.due_at_ms]
     return min((at for at in moments if at > now_ms), default=None)
-
-
-def _send(parked: _Parked, line: bytes) -> None:
-    with contextlib.suppress(OSError):  # the caller went away: its leases run out
-        parked.reply(line)
 
 
 class _Handler(socketserver.StreamRequestHandler):
