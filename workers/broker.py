@@ -41,7 +41,8 @@ from app.delivery.scan import Due, PointerKey, is_live
 from app.models import Topic
 from app.services import Services
 
-# A round takes at most this many messages, and the next round starts at once. Its take must
+# A round leases at most this many messages (and makes at most as many more dead, their
+# attempts used up), and the next round starts at once. Its take must
 # end within its callers' waits: the desk gives back what comes after a want's wait plus
 # ANSWER_GRACE_S, and rounds of thousands of LWTs on a loaded host came back too late, round
 # after round, so calls asking for hundreds got nothing while their messages went back and
@@ -384,7 +385,8 @@ class Broker:
                ) -> tuple[dict[int, list[Taken]], int | None, bool]:
         """Lease held messages of these shards for the wants, in fair order, in arrival
         order of the wants, at most ROUND_MAX in all; with none due now, those due within
-        the prepare lead, for the wants that still wait then. Returns {id(want): taken}; the
+        the prepare lead, for the wants that still wait then. Besides, up to ROUND_MAX due
+        whose attempts are used up are made dead. Returns {id(want): taken}; the
         next moment one held may be taken (epoch ms, _next_moment); and whether the cap cut
         the round short."""
         services = self.services
@@ -406,21 +408,29 @@ class Broker:
             services.scanner.spend(topic, [d.pointer for d in gone])
             self._drop(topic.uid, gone)
             held = [d for d in held if d.row.id not in paused]
-        due_now = fair_order([d for d in held if is_live(d.pointer, d.row, now)])
+        live = [d for d in held if is_live(d.pointer, d.row, now)]
+        # a message whose attempts are used up is made dead by the take, never handed out:
+        # it takes no want's room, or expired last attempts ahead of it in fair order would
+        # be ended only n per round while the messages behind them wait
+        used_up = topic.settings.max_attempts
+        ending = [d for d in live if d.row.attempts >= used_up][:ROUND_MAX]
+        due_now = fair_order([d for d in live if d.row.attempts < used_up])
         if due_now:
             chunk, owners = _share(due_now, [w.n for w in wants], total)
         else:  # a consumer's lease still running is never taken over, however soon it ends
             chunk, owners = _prepared_share(
-                [d for d in held if is_live(d.pointer, d.row, now, self.lead_ms)], parked,
-                total, now)
+                [d for d in held if is_live(d.pointer, d.row, now, self.lead_ms)
+                 and d.row.attempts < used_up], parked, total, now)
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
+        by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
+        chunk = chunk + ending
+        holds += [Hold(0, None)] * len(ending)
         taken = take_with_payloads(services, topic, chunk, now, holds,
                                    ahead_ms=0 if due_now else self.lead_ms) if chunk else []
         # a pointer whose take was decided (leased, lost to another writer, made dead) is
         # spent; one undecided (a write failed) or not due yet stays held for the next round
         self._drop(topic.uid, [d for d in chunk if (topic.uid, d.pointer.id, d.pointer.version)
                                in services.scanner.spent])
-        by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         answers: dict[int, list[Taken]] = defaultdict(list)
         for row, payload in taken:
             d, o = by_id[row.id]
@@ -432,7 +442,7 @@ class Broker:
                                                d.row.due_at_ms))
         # the wants left look again when a message held may next be taken
         return (answers, _next_moment(self._held_of(topic.uid, shards), now, self.lead_ms),
-                len(chunk) == total < wanted)
+                len(owners) == total < wanted or len(ending) == ROUND_MAX)
 
     def _held_of(self, topic_uid: uuid.UUID, shards: set[int]) -> list[Due]:
         """The messages held of the topic's shards in `shards`; those of others (their

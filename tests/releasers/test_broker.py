@@ -226,6 +226,48 @@ def test_a_want_waiting_for_a_lease_to_end_is_served_when_it_ends_not_round_afte
         app.extensions["duetime"].close()
 
 
+def test_expired_last_attempts_are_made_dead_beside_what_a_round_hands_out(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A thousand last attempts whose leases ran out are made dead by the rounds, up to
+    ROUND_MAX of them besides what each round hands out: a consumer asking for one message
+    at a time gets the one due behind them within a few rounds, not one round per dead
+    message; none of them is handed out again."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth, max_attempts=1, shards=1)
+        count = 1000
+        with releaser(config, "b-ending", **ring) as r:
+            wait_owned(r)
+            sent = topic.batch([{"id": f"once{n}"} for n in range(count)])
+            assert {s["status"] for s in sent} == {201}
+            leased = 0
+            deadline = time.monotonic() + 90
+            while leased < count and time.monotonic() < deadline:
+                leased += len(topic.lease(max_messages=count - leased, wait_ms=1000,
+                                          lease_seconds=1))
+            assert leased == count
+            time.sleep(1.5)  # every lease has run out: each may only be made dead
+            assert topic.enqueue(id="behind").status_code == 201
+            before = r.broker.rounds
+            got: list[dict[str, Any]] = []
+            while not got and time.monotonic() < deadline:
+                got = topic.lease(max_messages=1, wait_ms=1000)
+            assert [m["id"] for m in got] == ["behind"]
+            assert r.broker.rounds - before < count // 4
+            while _counts(topic)["dead"] < count and time.monotonic() < deadline:
+                assert topic.lease(max_messages=1, wait_ms=500) == []
+            assert _counts(topic)["dead"] == count
+    finally:
+        app.extensions["duetime"].close()
+
+
+def _counts(topic: TopicClient) -> dict[str, int]:
+    answer = topic.client.get(topic.url("/stats"), headers=topic.headers)
+    assert answer.status_code == 200
+    counts: dict[str, int] = answer.get_json()["counts"]
+    return counts
+
+
 def test_what_a_second_owner_leased_after_the_call_left_is_given_back(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """Two owners each lease for the call; what the call cannot take is given back at once
