@@ -36,7 +36,7 @@ from app.core.timeline import pointer_of
 from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
 from app.delivery.fairness import fair_order
-from app.delivery.leasing import Hold, give_back, passed_over, take_with_payloads
+from app.delivery.leasing import Hold, attempts_used_up, give_back, passed_over, take_with_payloads
 from app.delivery.scan import Due, PointerKey, is_live
 from app.models import Topic
 from app.services import Services
@@ -412,15 +412,14 @@ class Broker:
         # a message whose attempts are used up is made dead by the take, never handed out:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
         # be ended only n per round while the messages behind them wait
-        used_up = topic.settings.max_attempts
-        ending = [d for d in live if d.row.attempts >= used_up][:ROUND_MAX]
-        due_now = fair_order([d for d in live if d.row.attempts < used_up])
+        ending = [d for d in live if attempts_used_up(topic, d.row)][:ROUND_MAX]
+        due_now = fair_order([d for d in live if not attempts_used_up(topic, d.row)])
         if due_now:
             chunk, owners = _share(due_now, [w.n for w in wants], total)
         else:  # a consumer's lease still running is never taken over, however soon it ends
             chunk, owners = _prepared_share(
                 [d for d in held if is_live(d.pointer, d.row, now, self.lead_ms)
-                 and d.row.attempts < used_up], parked, total, now)
+                 and not attempts_used_up(topic, d.row)], parked, total, now)
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         chunk = chunk + ending

@@ -160,7 +160,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
                 lease_expires_at_ms=None, updated_at_ms=now, last_op=c.op_id or d.row.last_op))
         elif c is not None and c.paused:
             continue  # passed over; resuming brings it back (app.campaigns.operations)
-        elif d.row.attempts >= topic.settings.max_attempts:
+        elif attempts_used_up(topic, d.row):
             ending.append(dead(d.row, now, "max_attempts reached"))
         elif c is not None and c.max_per_second and not d.row.paced:
             pacing.setdefault(c.name, []).append((d, hold))
@@ -276,6 +276,12 @@ def passed_over(services: Services, topic: Topic, due: Sequence[Due]) -> set[str
     return {d.row.id for d in due
             if (c := rules.get(d.row.campaign or "")) is not None and c.paused
             and not c.cancelled}
+
+
+def attempts_used_up(topic: Topic, row: MessageState) -> bool:
+    """Whether the message has had the topic's max_attempts: it is made dead, never leased
+    or posted again."""
+    return row.attempts >= topic.settings.max_attempts
 
 
 def dead(row: MessageState, now: int, reason: str) -> MessageState:
@@ -427,7 +433,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
     it has had max_attempts leases."""
     row = _held(services, topic, message_id, token)
     now = services.clock()
-    if row.attempts >= topic.settings.max_attempts:
+    if attempts_used_up(topic, row):
         gone = dead(dataclasses.replace(row, last_error=error), now, "max_attempts reached")
         if dead_letters.record(services, topic, [gone]):
             raise StoreUnavailable("Could not record the message as dead; retry.")

@@ -63,7 +63,7 @@ def _next_row(topic: Topic, o: PushOutcome, now: int, rng: random.Random) -> Mes
         return dataclasses.replace(row, state="delivered", version=row.version + 1,
                                    due_at_ms=now, lease_expires_at_ms=None, updated_at_ms=now)
     error = o.error[:MAX_ERROR_CHARS]
-    if row.attempts >= topic.settings.max_attempts:
+    if leasing.attempts_used_up(topic, row):
         return leasing.dead(dataclasses.replace(row, last_error=error), now, error)
     return dataclasses.replace(
         row, state="scheduled", version=row.version + 1, lease_token=None,
