@@ -38,7 +38,7 @@ from app.delivery.broker_wire import Taken, Want
 from app.delivery.fairness import fair_order
 from app.delivery.leasing import Hold, attempts_used_up, give_back, passed_over, take_with_payloads
 from app.delivery.scan import Due, PointerKey, is_live
-from app.models import Topic
+from app.models import Pointer, Topic
 from app.services import Services
 
 # A round leases at most this many messages (and makes at most as many more dead, their
@@ -78,19 +78,22 @@ class Broker:
     """Serves wants for the shards the releaser owns. Thread-safe; one per releaser.
     `shards_of(topic)` gives the topic's shards this releaser owns now; `on_unknown(uid)`
     is told of a want for a topic `topic_of` does not know (yet); `read_now(topic, since)`
-    has the walk read the topic unless a read of it began at or after `since` (epoch ms)."""
+    has the walk read the topic unless a read of it began at or after `since` (epoch ms);
+    `read_again(uid, pointers)` has the walk read pointers again that it passed."""
 
     def __init__(self, services: Services, token: str,
                  topic_of: Callable[[uuid.UUID], Topic | None],
                  shards_of: Callable[[Topic], set[int]],
                  on_unknown: Callable[[uuid.UUID], None],
-                 read_now: Callable[[Topic, int], None]) -> None:
+                 read_now: Callable[[Topic, int], None],
+                 read_again: Callable[[uuid.UUID, list[Pointer]], None]) -> None:
         self.services = services
         self.token = token
         self.topic_of = topic_of
         self.shards_of = shards_of
         self.on_unknown = on_unknown
         self.read_now = read_now
+        self.read_again = read_again
         self.recheck_s = services.config.pull_idle_ms / 1000
         self.lead_ms = services.config.release_prepare_ms
         self._lock = threading.Lock()
@@ -445,13 +448,18 @@ class Broker:
 
     def _held_of(self, topic_uid: uuid.UUID, shards: set[int]) -> list[Due]:
         """The messages held of the topic's shards in `shards`; those of others (their
-        slots moved) are dropped: their new owner's walk reads them from the cursors, which
-        never passed a message held here."""
+        slots moved, or their validity lapsed a moment) are let go, and the walk reads them
+        again: a new owner's walk from the cursors, which never passed a message held here,
+        and this releaser's own when the slots stay (or come back) before its walk saw
+        them go, as it does not while a node restarts."""
         with self._lock:
             held = self.held.get(topic_uid)
             if not held:
                 return []
-            for key in [k for k, d in held.items() if d.pointer.shard not in shards]:
+            gone = [k for k, d in held.items() if d.pointer.shard not in shards]
+            if gone:
+                self.read_again(topic_uid, [held[k].pointer for k in gone])
+            for key in gone:
                 self._unhold(topic_uid, held, key)
             return list(held.values())
 

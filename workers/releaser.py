@@ -161,7 +161,8 @@ class Releaser:
         self._topics: dict[uuid.UUID, Topic] = self._known.by_uid  # read by the jobs below
         broker_token = secrets.token_urlsafe(24)  # new at every start: a restart revokes it
         self.broker = Broker(services, broker_token, self._topics.get, self._shards_owned,
-                             lambda uid: self._following.wake(), self.read_now)
+                             lambda uid: self._following.wake(), self.read_now,
+                             self._read_again)
         self.wakes = bind_listeners(cfg, self.broker)
         self.tick_ms = cfg.release_lease_ms / RENEW_FRACTION
         self._tick_count = 0

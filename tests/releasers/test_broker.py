@@ -405,6 +405,42 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again
         app.extensions["duetime"].close()
 
 
+def test_what_a_round_lets_go_of_for_shards_it_saw_unowned_is_read_again(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A round that sees fewer of a topic's shards owned than its walk reads (a slot's
+    validity lapsed for a moment, its renewal late while a node restarts) lets go of what it
+    held of the others. The walk reads those again: when the slots stay this releaser's,
+    every message is still handed out once due, not left behind the walk's position."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        services = app.extensions["duetime"]
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        with releaser(config, "b-lapse", **ring) as r:
+            wait_owned(r)
+            due = now_ms() + 2500
+            ids = {f"lapse{n}" for n in range(20)}
+            sent = topic.batch([{"id": i, "deliver_at": format_ms(due)} for i in ids])
+            assert {s["status"] for s in sent} == {201}
+            while len(r.broker.held.get(uid, {})) < len(ids):
+                assert now_ms() < due, "the walk did not read the messages ahead"
+                time.sleep(0.01)
+            owned = r.broker.shards_of
+            r.broker.shards_of = lambda t: set(sorted(owned(t))[:1])
+            assert topic.lease(max_messages=1, wait_ms=0) == []
+            assert len(r.broker.held.get(uid, {})) < len(ids)  # it did let go of some
+            r.broker.shards_of = owned
+            got: set[str] = set()
+            deadline = due + 10_000
+            while got != ids and now_ms() < deadline:
+                for m in topic.lease(max_messages=10, wait_ms=1000):
+                    assert topic.ack(m) == 204
+                    got.add(m["id"])
+            assert got == ids, sorted(ids - got)
+    finally:
+        app.extensions["duetime"].close()
+
+
 def test_an_answer_whose_connection_fails_gives_back_what_it_carried(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A prepared answer that cannot be sent (its API process's connection failed before
@@ -444,7 +480,8 @@ def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
         taken.bind(("0.0.0.0", 0))
         busy = taken.getsockname()[1]
         broker = Broker(services, "token", lambda uid: None, lambda topic: set(),
-                        lambda uid: None, lambda topic, since: None)
+                        lambda uid: None, lambda topic, since: None,
+                        lambda uid, pointers: None)
         first_bind = broker.bind
         tried: list[int] = []
 
