@@ -458,6 +458,8 @@ class Broker:
                 return []
             gone = [k for k, d in held.items() if d.pointer.shard not in shards]
             if gone:
+                log.info("broker: %d messages held of topic %s are of shards not owned now; "
+                         "the walk reads them again", len(gone), topic_uid)
                 self.read_again(topic_uid, [held[k].pointer for k in gone])
             for key in gone:
                 self._unhold(topic_uid, held, key)
