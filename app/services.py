@@ -85,7 +85,8 @@ class Services:
 
     def _pull_written(self, topic_uid: uuid.UUID) -> None:
         """Pointers of a pull topic due soon were written: tell the releasers serving its
-        long polls (workers.broker)."""
+        long polls (workers.broker), and this process's next wants of it (app.delivery.desk)."""
+        self.desk.written(topic_uid)
         self.waker.wake(pull_kind(topic_uid))
 
     def close(self) -> None:

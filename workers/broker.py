@@ -10,7 +10,8 @@ home across the wants) and sends them back. With nothing due now, it prepares wh
 within the prepare lead, as a push is prepared: leased (its lease running from its due time)
 for the wants that still wait then, and sent at its due time. A round first has the walk
 read the topic (`read_now`) where a write count moved, unless a read of it began after its
-newest want came; a want that finds nothing then waits, parked, until the walk holds
+newest want came or, while what is held and due covers the wants, after the last write it
+was told of (_read_since); a want that finds nothing then waits, parked, until the walk holds
 more of the topic, a pull wake-up names it (a write due soon), a message held may next be
 taken (the prepare lead before its due time, that time, the end of a consumer's lease), the
 idle period (DUETIME_PULL_IDLE_MS) passes or its wait ends; one check a topic at a time.
@@ -397,12 +398,7 @@ class Broker:
         wanted = sum(w.n for w in wants)
         total = min(wanted, ROUND_MAX)
         now = services.clock()
-        # what was written before the newest want came (or the last pull wake-up) is read
-        # first, where its write counts moved: a round hands out in fair order what is due,
-        # not only what the walk had read by then
-        with self._lock:
-            since = max([p.arrived_ms for p in parked] + [self._woken_at.get(topic.uid, 0)])
-        self.read_now(topic, since)
+        self.read_now(topic, self._read_since(topic, shards, parked, min(wanted, ROUND_MAX), now))
         now = services.clock()
         held = self._held_of(topic.uid, shards)
         paused = passed_over(services, topic, held)
@@ -445,6 +441,22 @@ class Broker:
         # the wants left look again when a message held may next be taken
         return (answers, _next_moment(self._held_of(topic.uid, shards), now, self.lead_ms),
                 len(owners) == total < wanted or len(ending) == ROUND_MAX)
+
+    def _read_since(self, topic: Topic, shards: set[int], parked: list[_Parked], wanted: int,
+                    now: int) -> int:
+        """Since when (epoch ms) a round's writes must have been read before it hands out:
+        while what is held and due covers what the wants ask, only the writes it may not
+        have read (a want's own process wrote the topic, or a pull wake-up came, after its
+        read began); otherwise everything written before the newest want came, so that a
+        round hands out in fair order what is due, not only what the walk had read. A read
+        on every round cost each one-message lease a count read."""
+        live = sum(1 for d in self._held_of(topic.uid, shards)
+                   if is_live(d.pointer, d.row, now) and not attempts_used_up(topic, d.row))
+        with self._lock:
+            woken = self._woken_at.get(topic.uid, 0)
+        if live >= wanted:
+            return max([p.want.written_ms for p in parked] + [woken])
+        return max([p.arrived_ms for p in parked] + [woken])
 
     def _held_of(self, topic_uid: uuid.UUID, shards: set[int]) -> list[Due]:
         """The messages held of the topic's shards in `shards`; those of others (their

@@ -38,6 +38,10 @@ class Want:
     wait_ms: int
     tenant: str = ""
     name: str = ""
+    # when the caller's process last wrote pointers of the topic due soon (epoch ms, 0: not
+    # since it started): a round reads the topic again before handing out what it holds only
+    # for a write it may not have read (workers.broker)
+    written_ms: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,14 +70,15 @@ def decode_hello(message: dict[str, Any]) -> str:
 def encode_want(want: Want) -> bytes:
     return _line({"want": want.id, "topic": str(want.topic_uid), "n": want.n,
                   "lease_s": want.lease_s, "consumer": want.consumer, "wait_ms": want.wait_ms,
-                  "tenant": want.tenant, "name": want.name})
+                  "tenant": want.tenant, "name": want.name, "written_ms": want.written_ms})
 
 
 def decode_want(message: dict[str, Any]) -> Want:
     """A want from its decoded line; ValueError or KeyError for a malformed one."""
     return Want(int(message["want"]), uuid.UUID(message["topic"]), int(message["n"]),
                 int(message["lease_s"]), message.get("consumer"), int(message["wait_ms"]),
-                str(message.get("tenant", "")), str(message.get("name", "")))
+                str(message.get("tenant", "")), str(message.get("name", "")),
+                int(message.get("written_ms", 0)))
 
 
 def encode_got(want_id: int, taken: list[Taken]) -> bytes:

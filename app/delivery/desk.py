@@ -18,6 +18,7 @@ import logging
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +34,7 @@ UNSERVED_EVERY_S = 0.05  # a shard with no reachable owner: its owner read again
 CONNECT_TIMEOUT_S = 1.0
 RETRY_AFTER_S = 2.0  # an address that refused a connection is not tried again before this
 ANSWER_GRACE_S = 2.0  # an owner answers a want by its wait; past this more, the call leaves
+MAX_WRITTEN = 100_000  # topics whose last write a process remembers
 log = logging.getLogger(__name__)
 
 Answer = Callable[[list[Taken] | None], None]
@@ -163,6 +165,15 @@ class Desk:
         # slot -> when (monotonic s) it last had a reachable owner; the desk's start for all
         self._served_s: dict[int, float] = {}
         self._started_s = time.monotonic()
+        self._written: dict[uuid.UUID, int] = {}  # topic -> last write due soon (epoch ms)
+
+    def written(self, topic_uid: uuid.UUID) -> None:
+        """This process wrote pointers of the pull topic due soon: its next wants say when,
+        so that the owner reads the topic before handing out what it holds."""
+        with self._lock:
+            if len(self._written) > MAX_WRITTEN:
+                self._written.clear()
+            self._written[topic_uid] = self.clock()
 
     def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int, consumer: str | None,
              give_back: Callable[[list[Taken]], object]) -> list[Taken] | None:
@@ -182,7 +193,7 @@ class Desk:
         asked = []
         for link in links:
             want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms,
-                        topic.tenant, topic.name)
+                        topic.tenant, topic.name, self._written.get(topic.uid, 0))
             if link.send(want, call.answer):
                 asked.append((link, want.id))
             else:

@@ -226,6 +226,41 @@ def test_a_want_waiting_for_a_lease_to_end_is_served_when_it_ends_not_round_afte
         app.extensions["duetime"].close()
 
 
+def test_one_message_rounds_on_a_held_backlog_read_again_only_for_a_write_since(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """Consumers taking one message at a time from a backlog the broker holds: a round
+    hands out what is held without reading the topic's write counts first; a message this
+    process writes just before its next call (another group, first by priority) is read
+    first and handed out at once, not after the walk's next step."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth, shards=1)
+        with releaser(config, "b-held", **ring) as r:
+            wait_owned(r)
+            sent = topic.batch([{"id": f"b{n}"} for n in range(300)])
+            assert {s["status"] for s in sent} == {201}
+            assert len(topic.lease(max_messages=1, wait_ms=2000)) == 1
+            timeline = r.services.timeline
+            reads = Counter[str]()
+            original = timeline.write_counts_in
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                reads[threading.current_thread().name.split("_")[0]] += 1
+                return original(*args, **kwargs)
+
+            timeline.write_counts_in = counted  # type: ignore[method-assign]
+            for _ in range(40):
+                [m] = topic.lease(max_messages=1, wait_ms=2000)
+                assert m["id"].startswith("b") and topic.ack(m) == 204
+            assert reads["broker"] <= 2, reads
+            assert topic.enqueue(id="urgent", priority=1, group="vip").status_code == 201
+            [first] = topic.lease(max_messages=1, wait_ms=2000)
+            assert first["id"] == "urgent"
+            assert reads["broker"] <= 3, reads
+    finally:
+        app.extensions["duetime"].close()
+
+
 def test_expired_last_attempts_are_made_dead_beside_what_a_round_hands_out(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A thousand last attempts whose leases ran out are made dead by the rounds, up to
