@@ -21,10 +21,11 @@ from app.core.ids import (
 )
 from app.core.timeline import fair_share, release_slot_of
 from app.core.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
-from app.delivery.fairness import FairQueue
+from app.delivery.fairness import FairQueue, fair_first, fair_order
+from app.delivery.scan import Due
 from app.errors import StoreUnavailable
 from app.messages.enqueue import NewMessage, home_by_due_time, nesting
-from app.models import Payload
+from app.models import MessageState, Payload, Pointer
 from app.ops.cluster_clock import ClusterClock
 from workers import count_reads
 from workers.count_reads import count_groups
@@ -489,3 +490,21 @@ def test_the_cluster_clock_corrects_an_offset_past_its_tolerance_and_keeps_it_in
     assert clock.now() == local[0]  # a failed measurement is tried again after 5 s only
     local[0] += 4_000
     assert clock.now() == local[0] - 4_000 and clock.skew_ms() == 4_000
+
+
+def test_the_first_n_in_fair_order_are_found_without_ordering_the_rest() -> None:
+    """fair_first(due, n) is fair_order(due)[:n] for any mix of priorities, groups (one with
+    a backlog), campaigns and ties of due time, for n from 1 to past the whole."""
+    rng = __import__("random").Random(7)
+    uid = uuid.uuid4()
+    for trial in range(60):
+        due = []
+        for i in range(rng.randint(0, 300)):
+            at = 1_000_000 + rng.randint(0, 50) * 10
+            group = rng.choice([None, "big", "big", "big", "a", "b", f"g{i % 7}"])
+            row = MessageState(uid, f"m{trial}-{i}", "scheduled", 1, at, at, rng.choice([0, 0, 1]),
+                               rng.choice([None, "c1"]), i % 4, 0, "h", None, None, None, None,
+                               at, at, group=group)
+            due.append(Due(Pointer(at, row.id, 1, row.priority, row.shard), row))
+        for n in (1, 2, 8, 50, len(due), len(due) + 5):
+            assert fair_first(due, n) == fair_order(due)[:n], (trial, n)

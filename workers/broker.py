@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from app.core.timeline import pointer_of
 from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
-from app.delivery.fairness import fair_order
+from app.delivery.fairness import fair_first
 from app.delivery.leasing import Hold, attempts_used_up, give_back, passed_over, take_with_payloads
 from app.delivery.scan import Due, PointerKey, is_live
 from app.models import Pointer, Topic
@@ -412,7 +412,7 @@ class Broker:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
         # be ended only n per round while the messages behind them wait
         ending = [d for d in live if attempts_used_up(topic, d.row)][:ROUND_MAX]
-        due_now = fair_order([d for d in live if not attempts_used_up(topic, d.row)])
+        due_now = fair_first([d for d in live if not attempts_used_up(topic, d.row)], total)
         if due_now:
             chunk, owners = _share(due_now, [w.n for w in wants], total)
         else:  # a consumer's lease still running is never taken over, however soon it ends

@@ -44,6 +44,26 @@ def fair_order(due: Sequence[Due]) -> list[Due]:
     return [d for *_, d in sorted(ranked, key=lambda r: r[:3])]
 
 
+def fair_first(due: Sequence[Due], n: int) -> list[Due]:
+    """The first n of fair_order(due), without ordering the rest: a message's place is
+    first its group's turn, so only each group's first n (in the group's own order) can be
+    among them. A round handing out a few of thousands held sorts those few groups' heads."""
+    if n >= len(due):
+        return fair_order(due)
+    groups: dict[tuple[int, str | None], list[Due]] = defaultdict(list)
+    for d in due:
+        groups[_turn_group(d)].append(d)
+    heads: list[Due] = []
+    for members in groups.values():
+        heads += members if len(members) <= n else heapq.nsmallest(n, members, key=_in_group)
+    return fair_order(heads)[:n]
+
+
+def _in_group(d: Due) -> tuple[int, int, str]:
+    """A message's place within its group (fair_order's order, less the group's priority)."""
+    return d.row.deliver_at_ms, d.pointer.due_at_ms, d.pointer.id
+
+
 class FairQueue(Generic[T]):
     """A queue that hands out the lowest priority value first, then takes turns across
     groups (one item of each group with items, then the next of each, ...), each group in
