@@ -398,7 +398,7 @@ class Broker:
         wanted = sum(w.n for w in wants)
         total = min(wanted, ROUND_MAX)
         now = services.clock()
-        self.read_now(topic, self._read_since(topic, shards, parked, min(wanted, ROUND_MAX), now))
+        self.read_now(topic, self._read_since(topic, shards, parked, total, now))
         now = services.clock()
         held = self._held_of(topic.uid, shards)
         paused = passed_over(services, topic, held)
@@ -461,9 +461,10 @@ class Broker:
     def _held_of(self, topic_uid: uuid.UUID, shards: set[int]) -> list[Due]:
         """The messages held of the topic's shards in `shards`; those of others (their
         slots moved, or their validity lapsed a moment) are let go, and the walk reads them
-        again: a new owner's walk from the cursors, which never passed a message held here,
-        and this releaser's own when the slots stay (or come back) before its walk saw
-        them go, as it does not while a node restarts."""
+        again: a new owner's walk from the cursors, which never passed a message held here;
+        this releaser's own walk from its position otherwise, which has passed them when
+        the slots stay or come back before one of its steps saw them go (its steps fail
+        while a node restarts, and a round needs no read first)."""
         with self._lock:
             held = self.held.get(topic_uid)
             if not held:
