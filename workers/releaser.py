@@ -455,7 +455,9 @@ class Releaser:
     def read_now(self, topic: Topic, since_ms: int) -> None:
         """On a broker thread, for wants that found nothing due held: read the topic's owned
         shards at once, where its write counts moved (or its walk is new), unless a read of
-        it began at or after since_ms (epoch ms), which saw every write before then."""
+        it began at or after since_ms (epoch ms), which saw every write before then. Counts
+        that stand count as such a read, begun when they were read: every pointer written
+        before then that a read would find moved one of them."""
         mine = dict(next(self._owned_shards([topic]), (topic, {}))[1])
         if not mine:
             return
@@ -467,7 +469,10 @@ class Releaser:
         counts = read_counts(self.services.timeline, {topic.uid: window}).get(topic.uid, {})
         starts = walk.starts(counts, horizon, self._refill_ms, self.services.config.safety_lag_ms,
                              self._closed_lanes(topic))
-        if starts and self.broker.room(topic.uid) > 0:
+        if not starts:
+            with walk.lock:
+                walk.read_at = max(walk.read_at or now, now)
+        elif self.broker.room(topic.uid) > 0:
             self._read_walk(topic, mine, walk, starts, now, reach, window, counts)
 
     def _span(self, now: int) -> tuple[int, int, list[int]]:
