@@ -508,3 +508,12 @@ def test_the_first_n_in_fair_order_are_found_without_ordering_the_rest() -> None
             due.append(Due(Pointer(at, row.id, 1, row.priority, row.shard), row))
         for n in (1, 2, 8, 50, len(due), len(due) + 5):
             assert fair_first(due, n) == fair_order(due)[:n], (trial, n)
+
+
+def test_counts_that_stand_move_a_walks_read_forward_never_back() -> None:
+    walk = Walk.starting_at({0: 100})
+    walk.read_at = 500
+    walk.counts_stood(400)
+    assert walk.read_at == 500
+    walk.counts_stood(900)
+    assert walk.read_at == 900 and walk.position == {0: 100}

@@ -453,11 +453,10 @@ class Releaser:
         return reads
 
     def read_now(self, topic: Topic, since_ms: int) -> None:
-        """On a broker thread, for wants that found nothing due held: read the topic's owned
-        shards at once, where its write counts moved (or its walk is new), unless a read of
-        it began at or after since_ms (epoch ms), which saw every write before then. Counts
-        that stand count as such a read, begun when they were read: every pointer written
-        before then that a read would find moved one of them."""
+        """On a broker thread, before a round hands out: read the topic's owned shards at
+        once, where its write counts moved (or its walk is new), unless a read of it began
+        at or after since_ms (epoch ms), which saw every write before then. Counts that
+        stand count as such a read (Walk.counts_stood)."""
         mine = dict(next(self._owned_shards([topic]), (topic, {}))[1])
         if not mine:
             return
@@ -471,7 +470,7 @@ class Releaser:
                              self._closed_lanes(topic))
         if not starts:
             with walk.lock:
-                walk.read_at = max(walk.read_at or now, now)
+                walk.counts_stood(now)
         elif self.broker.room(topic.uid) > 0:
             self._read_walk(topic, mine, walk, starts, now, reach, window, counts)
 

@@ -109,6 +109,12 @@ class Walk:
                 else:
                     self.cells.pop((b, s), None)
 
+    def counts_stood(self, read_ms: int) -> None:
+        """The counts read at read_ms (epoch ms) showed no shard to read: that stands for a
+        read begun then, since every pointer written before then that a read would find
+        moved one of them. Never moves read_at back."""
+        self.read_at = max(self.read_at or read_ms, read_ms)
+
     def read_again(self, shard: int, due_ms: int) -> None:
         """A pointer the walk passed must be read again (its take failed): the shard's
         position goes back to its due time (epoch ms), so the cursor stays behind it too."""

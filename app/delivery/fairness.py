@@ -33,8 +33,7 @@ def _turn_group(d: Due) -> tuple[int, str | None]:
 
 def fair_order(due: Sequence[Due]) -> list[Due]:
     """due ordered by (priority, turn within its group, deliver_at, due time, id)."""
-    ordered = sorted(due, key=lambda d: (d.row.priority, d.row.deliver_at_ms,
-                                         d.pointer.due_at_ms, d.pointer.id))
+    ordered = sorted(due, key=lambda d: (d.row.priority, *_in_group(d)))
     turns: dict[tuple[int, str | None], int] = defaultdict(int)
     ranked = []
     for position, d in enumerate(ordered):
@@ -60,7 +59,7 @@ def fair_first(due: Sequence[Due], n: int) -> list[Due]:
 
 
 def _in_group(d: Due) -> tuple[int, int, str]:
-    """A message's place within its group (fair_order's order, less the group's priority)."""
+    """A message's place within its group: (deliver_at, due time, id)."""
     return d.row.deliver_at_ms, d.pointer.due_at_ms, d.pointer.id
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,12 @@ def api(config: Config, settings: dict[str, Any]) -> Flask:
     from app import create_app
 
     return create_app(config.replace(**settings))
+
+
+def topic_uid(app: Flask, auth: dict[str, str], topic: TopicClient) -> uuid.UUID:
+    """The uid of a topic the test made through the app."""
+    services = app.extensions["duetime"]
+    return services.topics.get(tenant_of(services, auth), topic.name).uid
 
 
 def wait_owned(*releasers: Releaser, within_s: float = 10) -> None:
@@ -238,8 +245,7 @@ def test_one_message_rounds_on_a_held_backlog_read_again_only_for_a_write_since(
     app = api(config, ring)
     try:
         topic = TopicClient(app.test_client(), auth, shards=1)
-        services = app.extensions["duetime"]
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = topic_uid(app, auth, topic)
         with releaser(config, "b-held", **ring) as r:
             wait_owned(r)
             sent = topic.batch([{"id": f"b{n}"} for n in range(300)])
@@ -373,8 +379,7 @@ def test_a_connection_without_the_releasers_token_is_closed_unanswered(
     try:
         topic = TopicClient(app.test_client(), auth)
         assert topic.enqueue(id="kept").status_code == 201
-        services = app.extensions["duetime"]
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = topic_uid(app, auth, topic)
         with releaser(config, "b-token", **ring) as r:
             wait_owned(r)
             port = int(r.wakes.address.rpartition(":")[2])
@@ -397,8 +402,7 @@ def test_a_withdrawn_want_is_answered_at_once_and_takes_nothing(
     app = api(config, ring)
     try:
         topic = TopicClient(app.test_client(), auth)
-        services = app.extensions["duetime"]
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = topic_uid(app, auth, topic)
         with releaser(config, "b-withdraw", **ring) as r:
             wait_owned(r)
             with _wanting(r, uid, 7) as sock:
@@ -426,8 +430,7 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again
     app = api(config, ring)
     try:
         topic = TopicClient(app.test_client(), auth)
-        services = app.extensions["duetime"]
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = topic_uid(app, auth, topic)
         with releaser(config, "b-withdraw-prepared", release_prepare_ms=1500, **ring) as r:
             wait_owned(r)
             with _wanting(r, uid, 8) as sock:
@@ -458,8 +461,7 @@ def test_what_a_round_lets_go_of_for_shards_it_saw_unowned_is_read_again(
     app = api(config, ring)
     try:
         topic = TopicClient(app.test_client(), auth)
-        services = app.extensions["duetime"]
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = topic_uid(app, auth, topic)
         with releaser(config, "b-lapse", **ring) as r:
             wait_owned(r)
             due = now_ms() + 2500
@@ -493,8 +495,7 @@ def test_an_answer_whose_connection_fails_gives_back_what_it_carried(
     app = api(config, ring)
     try:
         topic = TopicClient(app.test_client(), auth)
-        services = app.extensions["duetime"]
-        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
+        uid = topic_uid(app, auth, topic)
         with releaser(config, "b-send-fails", release_prepare_ms=5000, **ring) as r:
             wait_owned(r)
             with _wanting(r, uid, 9):
