@@ -361,7 +361,7 @@ def test_a_lease_whose_write_failed_is_found_by_the_next_call(
     assert topic.enqueue(id="failing").status_code == 201
     services = suite_releaser.services
     place = services.placer.place
-    monkeypatch.setattr(services.placer, "place", lambda topic_uid, pointers, now_ms, pushed: [
+    monkeypatch.setattr(services.placer, "place", lambda topic_uid, pointers, *args, **kwargs: [
         ConnectionError("node down")] * len(pointers))
     first = topic.lease(1, wait_ms=0)
     assert first == []  # its move could not be written: nothing handed out

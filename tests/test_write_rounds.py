@@ -3,16 +3,19 @@ beside the conditional writes that make them, each settled by what applied."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
 from flask import Flask
 
+from app.core.timeparse import format_ms
 from app.delivery import leasing
+from app.messages import transitions
 from app.services import Services
 from tests.campaign_helpers import topic_of
-from tests.consumers import TopicClient
+from tests.consumers import TopicClient, now_ms
 
 
 def _stats(topic: TopicClient) -> dict[str, Any]:
@@ -117,3 +120,33 @@ def test_acks_that_do_not_apply_leave_the_counts_as_they_were(
     assert topic.ack(again) == 204
     counts = _stats(topic)["counts"]
     assert (counts["delivered"], counts["leased"], counts["scheduled"]) == (2, 0, 0), counts
+
+
+def test_a_move_wakes_its_readers_once_its_row_is_written_not_at_its_pointer(
+        app: Flask, auth: dict[str, str], monkeypatch: Any) -> None:
+    """A move (a nack, a give-back, a new due time) writes its pointer, then its row's LWT. A
+    walk woken at the pointer finds it in flight and reads it again only at its next step,
+    up to its idle period later: the readers are woken once the row is written."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    found = topic_of(services, auth, topic.name)
+    answer = topic.enqueue(deliver_at=format_ms(now_ms() + 3_600_000))
+    assert answer.status_code == 201
+    message_id = answer.get_json()["id"]
+    row = services.messages.get(found.uid, message_id)
+    assert row is not None
+    woken: list[tuple[str, int]] = []
+
+    def version_now() -> int:
+        now = services.messages.get(found.uid, message_id)
+        assert now is not None
+        return now.version
+
+    monkeypatch.setattr(services.placer, "_wake", lambda kind: woken.append((kind, version_now())))
+    monkeypatch.setattr(services.placer, "_pull_written",
+                        lambda uid: woken.append(("pull", version_now())))
+    now = services.clock()
+    moved = dataclasses.replace(row, version=row.version + 1, due_at_ms=now, updated_at_ms=now)
+    assert transitions.move_many(services, found, [moved], now) == [moved]
+    assert {kind for kind, _ in woken} == {"due", "pull"}
+    assert {version for _, version in woken} == {moved.version}  # never before the row

@@ -57,6 +57,11 @@ HELD_PER_LANE = 128
 # A prepared round takes only what comes due within this of its earliest message: a want's
 # share is handed out at its latest due time, so this is the most its first waits.
 SHARE_SPREAD_MS = 10
+# A want sent to several owners is taken for ahead of time only by its first owner (its
+# call's answer withdraws it at the others); another serves it with messages due now once
+# it has waited there this long (ms), so that one answer does not take what the other
+# owners give back a moment later.
+SPILL_MS = 20
 UNKNOWN_RECHECK_S = 0.1
 BROKER_THREADS = 4
 log = logging.getLogger("duetime.broker")
@@ -285,7 +290,12 @@ class Broker:
             self._answer(topic, topic_uid, parked, {}, None, 0.0, final=True)
             return
         self.rounds += 1
-        answers, next_ms, capped = self._lease(topic, shards, parked)
+        now = self.services.clock()
+        serving = [p for p in parked if p.want.first or p.arrived_ms + SPILL_MS <= now]
+        answers, next_ms, capped = (self._lease(topic, shards, serving) if serving
+                                    else ({}, None, False))
+        spill_ms = [p.arrived_ms + SPILL_MS for p in parked if not any(p is s for s in serving)]
+        next_ms = min([m for m in [next_ms, *spill_ms] if m is not None], default=None)
         self._answer(topic, topic_uid, parked, answers, next_ms, self.recheck_s)
         if capped:  # more was wanted than a round takes: the wants left are served next
             with self._lock:
@@ -340,6 +350,9 @@ class Broker:
         key = (parked.link, parked.want.id)
         with self._lock:
             self._prepared[key] = (parked, topic, taken)
+        if parked.want.several:  # its call withdraws it at the other owners
+            with contextlib.suppress(OSError):  # closed: forget_link gives the share back
+                parked.reply(broker_wire.encode_prepared(parked.want.id))
 
         def send() -> None:
             with self._lock:
@@ -584,15 +597,18 @@ def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due
 def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms: int
                     ) -> tuple[list[Due], list[int]]:
     """Of messages not due yet (within the prepare lead), earliest first, what each want
-    takes, at most `total` in all, each with the index of its want: the wants in arrival
-    order, each up to n messages at most SHARE_SPREAD_MS later than its first (its share
-    is handed out at its latest due time), and only while its wait lasts past that."""
+    of which this releaser is the first owner takes, at most `total` in all, each with the
+    index of its want: the wants in arrival order, each up to n messages at most
+    SHARE_SPREAD_MS later than its first (its share is handed out at its latest due time),
+    and only while its wait lasts past that."""
     order = sorted(ahead, key=lambda d: d.row.due_at_ms)
     now_s = time.monotonic()
     chunk: list[Due] = []
     owners: list[int] = []
     at = 0
     for which, p in enumerate(parked):
+        if not p.want.first:  # its first owner prepares for it
+            continue
         share = order[at:at + min(p.want.n, total - len(chunk))]
         if not share:
             break

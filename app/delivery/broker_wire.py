@@ -4,7 +4,9 @@
 A connection opens with a *hello* carrying the token the releaser published with its
 membership row (`releaser_members.broker_token`); the releaser closes one that does not.
 A *want* asks the releaser owning some of a topic's shards for up to `n` of its due messages,
-leased on the caller's terms, waiting up to `wait_ms` for the first. Its answer, *got*, names
+leased on the caller's terms, waiting up to `wait_ms` for the first; of the owners a call
+asks, one is its *first*, which tells the call (*prepared*) when it took messages for it
+ahead of their due time, so that the call withdraws it at the others. Its answer, *got*, names
 the want and carries the messages leased for it: each row as leased, the attempt count and
 consumer it had before (to give it back unchanged) and its payload. A *withdraw* tells a
 releaser that a want's call has its answer (from another owner) or has gone: a want still
@@ -42,6 +44,13 @@ class Want:
     # since it started): a round reads the topic again before handing out what it holds only
     # for a write it may not have read (workers.broker)
     written_ms: int = 0
+    # whether this releaser is the want's first owner, of those it was sent to: only the
+    # first takes messages for it ahead of their due time, and the others serve it with
+    # what is due only once it has waited there a moment (workers.broker.SPILL_MS)
+    first: bool = True
+    # whether the call asked other owners too: the first owner then tells it (*prepared*) as
+    # soon as it took messages for it ahead of their due time, so that the others leave it
+    several: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +79,8 @@ def decode_hello(message: dict[str, Any]) -> str:
 def encode_want(want: Want) -> bytes:
     return _line({"want": want.id, "topic": str(want.topic_uid), "n": want.n,
                   "lease_s": want.lease_s, "consumer": want.consumer, "wait_ms": want.wait_ms,
-                  "tenant": want.tenant, "name": want.name, "written_ms": want.written_ms})
+                  "tenant": want.tenant, "name": want.name, "written_ms": want.written_ms,
+                  "first": want.first, "several": want.several})
 
 
 def decode_want(message: dict[str, Any]) -> Want:
@@ -78,11 +88,21 @@ def decode_want(message: dict[str, Any]) -> Want:
     return Want(int(message["want"]), uuid.UUID(message["topic"]), int(message["n"]),
                 int(message["lease_s"]), message.get("consumer"), int(message["wait_ms"]),
                 str(message.get("tenant", "")), str(message.get("name", "")),
-                int(message.get("written_ms", 0)))
+                int(message.get("written_ms", 0)), bool(message.get("first", True)),
+                bool(message.get("several", False)))
 
 
 def encode_got(want_id: int, taken: list[Taken]) -> bytes:
     return _line({"got": want_id, "messages": [_taken(t) for t in taken]})
+
+
+def encode_prepared(want_id: int) -> bytes:
+    return _line({"prepared": want_id})
+
+
+def decode_prepared(message: dict[str, Any]) -> int | None:
+    """The want id a prepared notice names; None when the line is not one."""
+    return int(message["prepared"]) if "prepared" in message else None
 
 
 def encode_withdraw(want_id: int) -> bytes:

@@ -1,18 +1,21 @@
-"""The API process's end of the brokers (workers/broker.py; docs/design.md, "How a due
-message is found"): a lease call's want goes to the releasers owning the topic's shards,
-over one TCP connection per releaser, and what they leased for it comes back.
+"""The API process's end of the brokers (workers/broker.py; docs/design.md, "How a due message
+is found"): a lease call's want goes to the releasers owning the topic's shards, over one
+TCP connection per releaser, and what they leased for it comes back.
 
 The owners are read from the release slots' leases and the releasers' membership rows at
-most every OWNERS_EVERY_S. A want asks each owner for the call's n; what comes back beyond
-the n, or after the call left, is given back at once (scheduled again, its attempt not
-counted). A topic none of whose shards has had a reachable owner for handover_s (slots
-moving between releasers, a dead one's running out) is answered nothing, as a poll with
-nothing due; past that, want() answers None (no releaser).
+most every OWNERS_EVERY_S. A want asks each owner for the call's n, one of them, in turns,
+its first: only the first takes messages for it ahead of their due time, and once it has,
+the call withdraws the others (workers.broker.SPILL_MS). What comes back beyond the n, or
+after the call left, is given back at once (scheduled again, its attempt not counted). A
+topic none of whose shards has had a reachable owner for handover_s (slots moving between
+releasers, a dead one's running out) is answered nothing, as a poll with nothing due; past
+that, want() answers None (no releaser).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import socket
@@ -57,15 +60,16 @@ class _Link:
             raise
         self._on_close = on_close
         self._lock = threading.Lock()
-        self._pending: dict[int, Answer] = {}
+        # want id -> where its answer goes, and what to do when its messages are prepared
+        self._pending: dict[int, tuple[Answer, Callable[[], None]]] = {}
         self._closed = False
         threading.Thread(target=self._read_loop, name="desk-link", daemon=True).start()
 
-    def send(self, want: Want, answer: Answer) -> bool:
+    def send(self, want: Want, answer: Answer, prepared: Callable[[], None]) -> bool:
         with self._lock:
             if self._closed:
                 return False
-            self._pending[want.id] = answer
+            self._pending[want.id] = (answer, prepared)
             try:
                 self._sock.sendall(broker_wire.encode_want(want))
             except OSError:
@@ -86,11 +90,19 @@ class _Link:
         try:
             with self._sock.makefile("rb") as lines:
                 for line in lines:
-                    want_id, taken = broker_wire.decode_got(broker_wire.decode_line(line))
+                    message = broker_wire.decode_line(line)
+                    notice = broker_wire.decode_prepared(message)
+                    if notice is not None:
+                        with self._lock:
+                            waiting = self._pending.get(notice)
+                        if waiting is not None:
+                            waiting[1]()
+                        continue
+                    want_id, taken = broker_wire.decode_got(message)
                     with self._lock:
-                        answer = self._pending.pop(want_id, None)
-                    if answer is not None:
-                        answer(taken)
+                        answered = self._pending.pop(want_id, None)
+                    if answered is not None:
+                        answered[0](taken)
         except OSError as exc:
             log.debug("broker link closed: %r", exc)
         except (ValueError, KeyError, TypeError) as exc:
@@ -109,13 +121,15 @@ class _Link:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._on_close(self)
-        for answer in pending.values():
+        for answer, _ in pending.values():
             answer(None)
 
 
 class _Call:
     """One lease call's wait for its owners' answers: done once one brought messages or all
-    answered; what arrives after it left goes to `late`."""
+    answered; what arrives after it left goes to `late`. Once an owner prepared messages
+    for it (took them ahead of their due time), its wants at the other owners are withdrawn,
+    so that they take nothing for it that would only go back."""
 
     def __init__(self, expected: int, late: Callable[[list[Taken]], None]) -> None:
         self._expected = expected
@@ -124,6 +138,22 @@ class _Call:
         self._got: list[Taken] = []
         self._answered = 0
         self._open = True
+        self.asked: list[tuple[_Link, int]] = []  # (owner, want id) of the wants sent
+        self._prepared_by: _Link | None = None
+
+    def sent(self, link: _Link, want_id: int) -> None:
+        with self._cond:
+            self.asked.append((link, want_id))
+            prepared_by = self._prepared_by
+        if prepared_by is not None and prepared_by is not link:  # came before this was sent
+            link.withdraw(want_id)
+
+    def prepared(self, by: _Link) -> None:
+        with self._cond:
+            self._prepared_by = by
+            others = [(link, want_id) for link, want_id in self.asked if link is not by]
+        for link, want_id in others:
+            link.withdraw(want_id)
 
     def answer(self, taken: list[Taken] | None) -> None:
         with self._cond:
@@ -162,6 +192,7 @@ class Desk:
         self._links: dict[tuple[str, int], _Link] = {}
         self._refused: dict[tuple[str, int], float] = {}
         self._ids = itertools.count(1)
+        self._turns = itertools.count()  # which owner is a call's first
         # slot -> when (monotonic s) it last had a reachable owner; the desk's start for all
         self._served_s: dict[int, float] = {}
         self._started_s = time.monotonic()
@@ -190,19 +221,20 @@ class Desk:
                 self._giving_back.submit(give_back, taken)
 
         call = _Call(len(links), late)
-        asked = []
-        for link in links:
+        first = next(self._turns) % len(links)  # calls take turns
+        for index, link in enumerate(links):
             want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms,
-                        topic.tenant, topic.name, self._written.get(topic.uid, 0))
-            if link.send(want, call.answer):
-                asked.append((link, want.id))
+                        topic.tenant, topic.name, self._written.get(topic.uid, 0),
+                        index == first, len(links) > 1)
+            if link.send(want, call.answer, functools.partial(call.prepared, link)):
+                call.sent(link, want.id)
             else:
                 call.answer(None)
-        if not asked:
+        if not call.asked:
             return None
         got = call.wait(wait_ms / 1000 + ANSWER_GRACE_S)
-        if len(asked) > 1:  # the other owners' wants would take messages nobody waits for
-            for link, want_id in asked:
+        if len(call.asked) > 1:  # the other owners' wants would take messages nobody waits for
+            for link, want_id in call.asked:
                 link.withdraw(want_id)
         if len(got) > n:
             late(got[n:])

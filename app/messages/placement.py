@@ -92,16 +92,16 @@ class PointerPlacer:
         return {key: err for key, err in zip(new, errors, strict=True) if err is not None}
 
     def place(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer], now_ms: int,
-              pushed: bool = False, landed: Callable[[], object] | None = None
-              ) -> list[Exception | None]:
+              pushed: bool = False, landed: Callable[[], object] | None = None,
+              wake: bool = True) -> list[Exception | None]:
         """Write the pointers (due times already clamped by the caller); per pointer None when
         written, else the exception. TTL: until due plus the retention window. Written
-        pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. Written
-        pointers due within the releasers' look-ahead wake them (app.delivery.wakeups) once
-        all is written; those of a pull topic (not `pushed`) due soon its long polls too.
-        `landed`, when given, is called once the pointers are written and before anyone is
-        told of them: an enqueue that writes its rows beside its pointers waits there for
-        the rows, so what a reader is woken for is there to read."""
+        pointers due within COUNTED_AHEAD_MS of now_ms are counted in bucket_writes. With
+        `wake`, the readers are told of them once all is written (tell_landed). `landed`,
+        when given, is called once the pointers are written and before anyone is told of
+        them: an enqueue that writes its rows beside its pointers waits there for the rows,
+        so what a reader is woken for is there to read. A move whose row's LWT comes after
+        its pointer passes wake=False and tells the readers once that LWT applied."""
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, p in enumerate(pointers):
             groups[(bucket_of(p.due_at_ms, self.config.bucket_ms), p.shard)].append(index)
@@ -120,20 +120,19 @@ class PointerPlacer:
                     for (b, s, part, _, _), err in zip(placed, outcomes, strict=True)]
         if landed is not None:
             landed()
-        uncounted = self._tell(topic_uid, placed, outcomes, now_ms, pushed)
+        written = [(bucket, shard, p) for (bucket, shard, _, p, _), err
+                   in zip(placed, outcomes, strict=True) if err is None]
+        uncounted = self._count(topic_uid, written, now_ms)
+        if wake:
+            self.tell_landed(topic_uid, [p for _, _, p in written], now_ms, pushed)
         return [uncounted.get((b, s), err)
                 for (b, s, _, _, _), err in zip(placed, outcomes, strict=True)]
 
-    def _tell(self, topic_uid: uuid.UUID, placed: list[tuple[int, int, int, Pointer, int]],
-              outcomes: list[Exception | None], now_ms: int, pushed: bool
-              ) -> dict[tuple[int, int], Exception]:
-        """Let readers know of pointers just written: bucket_writes counts, and wake-ups: the
-        releasers' walk when one is due within their look-ahead, and for a pull topic its
-        long polls' when one is due within pull_wake_ms. Returns the (bucket, shard)s whose
+    def _count(self, topic_uid: uuid.UUID, written: list[tuple[int, int, Pointer]],
+               now_ms: int) -> dict[tuple[int, int], Exception]:
+        """Count pointers just written in bucket_writes. Returns the (bucket, shard)s whose
         count failed: their pointers count as not written (a walk past them would not read
         them again), so the write is answered 503 and retried."""
-        written = [(bucket, shard, p) for (bucket, shard, _, p, _), err
-                   in zip(placed, outcomes, strict=True) if err is None]
         counts: dict[tuple[int, int], int] = defaultdict(int)
         # by the time the pointers landed, not their placement: a slow write's pointer
         # uncounted is one no walk could have read past yet
@@ -141,13 +140,19 @@ class PointerPlacer:
         for bucket, shard, p in written:
             if p.due_at_ms <= counted_until:
                 counts[(bucket, shard)] += 1
-        uncounted = self.store.count_writes(topic_uid, counts)
-        if any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms for _, _, p in written):
+        return self.store.count_writes(topic_uid, counts)
+
+    def tell_landed(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer], now_ms: int,
+                    pushed: bool) -> None:
+        """Wake the readers of pointers whose writes (pointer and row) have landed: the
+        releasers' walk when one is due within their look-ahead, and for a pull topic its
+        long polls' when one is due within pull_wake_ms. A walk woken before the row landed
+        finds the pointer in flight and reads it again only at its next step."""
+        if any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms for p in pointers):
             self._wake("due")  # the walk reads it (and holds it for the broker, pull)
         if not pushed and self._pull_written is not None and any(
-                p.due_at_ms <= now_ms + pull_wake_ms(self.config) for _, _, p in written):
+                p.due_at_ms <= now_ms + pull_wake_ms(self.config) for p in pointers):
             self._pull_written(topic_uid)
-        return uncounted
 
 
     def again_if_late(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer],

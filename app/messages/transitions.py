@@ -21,19 +21,22 @@ from app.store.session import Pending
 
 def place_then(services: Services, topic: Topic, rows: list[MessageState],
                 now: int) -> list[MessageState]:
-    """Write each row's next pointer; returns the rows whose pointer is durable."""
+    """Write each row's next pointer; returns the rows whose pointer is durable. Its readers
+    are told of it by finished(), once the row's LWT applied."""
     pointers = [pointer_of(r) for r in rows]
-    errors = services.placer.place(topic.uid, pointers, now, topic.pushed)
+    errors = services.placer.place(topic.uid, pointers, now, topic.pushed, wake=False)
     return [r for r, err in zip(rows, errors, strict=True) if err is None]
 
 
 def finished(services: Services, topic: Topic, rows: Sequence[MessageState]) -> None:
-    """Rows whose next pointer and LWT have both landed: a waiting one whose write finished
-    late has its pointer placed again (PointerPlacer.again_if_late), where the walk reads.
-    One that could not be is logged: it waits for a releaser that reads its shard anew."""
+    """Rows whose next pointer and LWT have both landed: their readers are woken
+    (PointerPlacer.tell_landed); a waiting one whose write finished late has its pointer
+    placed again (PointerPlacer.again_if_late), where the walk reads. One that could not be
+    is logged: it waits for a releaser that reads its shard anew."""
     waiting = [pointer_of(r) for r in rows if r.state in ("scheduled", "leased")]
     if not waiting:
         return
+    services.placer.tell_landed(topic.uid, waiting, services.clock(), topic.pushed)
     stuck = services.placer.again_if_late(topic.uid, waiting, topic.pushed)
     if stuck:
         logging.getLogger(__name__).error(

@@ -452,6 +452,71 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again
         app.extensions["duetime"].close()
 
 
+def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """Of the owners a call asks, only its first takes messages for it ahead of their due
+    time, and tells the call so at once (a *prepared* line before the answer), so that the
+    call withdraws its other wants; another owner serves it only with what is due."""
+    app = api(config, ring)
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        uid = topic_uid(app, auth, topic)
+        with releaser(config, "b-first-owner", release_prepare_ms=1500, **ring) as r:
+            wait_owned(r)
+            with _wanting(r, uid, 9, first=False, several=True) as sock:
+                due = now_ms() + 2500
+                assert topic.enqueue(id="other", deliver_at=format_ms(due)).status_code == 201
+                while now_ms() < due - 300:
+                    assert topic.get("other").get_json()["state"] == "scheduled"
+                    time.sleep(0.05)
+                want_id, taken = broker_wire.decode_got(
+                    broker_wire.decode_line(sock.makefile("rb").readline()))
+                assert want_id == 9 and [t.leased.id for t in taken] == ["other"]
+                assert now_ms() >= due
+            with _wanting(r, uid, 10, several=True) as sock:
+                due = now_ms() + 2500
+                assert topic.enqueue(id="first", deliver_at=format_ms(due)).status_code == 201
+                reader = sock.makefile("rb")
+                notice = broker_wire.decode_line(reader.readline())
+                assert broker_wire.decode_prepared(notice) == 10 and now_ms() < due
+                assert topic.get("first").get_json()["state"] == "leased"
+                want_id, taken = broker_wire.decode_got(broker_wire.decode_line(reader.readline()))
+                assert want_id == 10 and [t.leased.id for t in taken] == ["first"]
+                assert now_ms() >= due
+    finally:
+        app.extensions["duetime"].close()
+
+
+def test_a_call_asking_two_owners_takes_nothing_at_the_other_that_goes_back(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """Two owners, messages due at one moment on the shards of both: a long poll gets its
+    first owner's share at the due time, and nothing of the other owner's was taken for it
+    and given back (those rows are still at their first version); the next calls get them."""
+    app = api(config, ring)
+    services: Services = app.extensions["duetime"]
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        uid = topic_uid(app, auth, topic)
+        with releaser(config, "b-two-a", release_prepare_ms=1000, **ring) as a, \
+                releaser(config, "b-two-b", release_prepare_ms=1000, **ring) as b:
+            wait_owned(a, b, within_s=20)
+            due = now_ms() + 3000
+            ids = {m["id"] for m in topic.batch([{"deliver_at": format_ms(due)}
+                                                 for _ in range(16)])}
+            got = topic.lease(max_messages=100, wait_ms=6000)
+            assert got and all(parse_instant(m["deliver_at"]) == due for m in got)
+            time.sleep(0.5)  # what a second owner would have taken comes back by then
+            rest = ids - {m["id"] for m in got}
+            assert rest  # 16 shards over both owners: each has some
+            rows = services.messages.get_many(uid, sorted(rest))
+            assert {(r.state, r.version) for r in rows.values()} <= {("scheduled", 1)}
+            for m in got:
+                assert topic.ack(m) == 204
+            assert topic.drain(len(rest), within_s=20) == rest
+    finally:
+        services.close()
+
+
 def test_what_a_round_lets_go_of_for_shards_it_saw_unowned_is_read_again(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A round that sees fewer of a topic's shards owned than its walk reads (a slot's
@@ -564,13 +629,15 @@ def test_a_releaser_whose_fixed_port_is_taken_does_not_start(
 
 
 @contextmanager
-def _wanting(r: Releaser, topic_uid: Any, want_id: int) -> Iterator[socket.socket]:
+def _wanting(r: Releaser, topic_uid: Any, want_id: int, first: bool = True,
+             several: bool = False) -> Iterator[socket.socket]:
     """A connection to the releaser's broker, as an API process opens it (hello with its
     token), that has sent one want of 1 message waiting up to 10 s."""
     port = int(r.wakes.address.rpartition(":")[2])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
-            broker_wire.Want(want_id, topic_uid, 1, 30, None, 10_000)))
+            broker_wire.Want(want_id, topic_uid, 1, 30, None, 10_000, first=first,
+                             several=several)))
         yield sock
 
 
