@@ -29,6 +29,7 @@ from app.models import MessageState, Payload, Pointer
 from app.ops.cluster_clock import ClusterClock
 from workers import count_reads
 from workers.count_reads import count_groups
+from workers.held import HeldMessages, moments
 from workers.timers import TimerHeap
 from workers.walk import Walk
 
@@ -517,3 +518,43 @@ def test_counts_that_stand_move_a_walks_read_forward_never_back() -> None:
     assert walk.read_at == 500
     walk.counts_stood(900)
     assert walk.read_at == 900 and walk.position == {0: 100}
+
+
+def test_held_messages_give_what_is_ready_in_order_and_the_next_moment_as_a_full_pass_would(
+        ) -> None:
+    """HeldMessages.ready_by and next_moment, which pass over what is held only up to what
+    they need, agree with a pass over everything held, through adds, removes and re-adds of
+    scheduled messages and leased ones (their lease running or over)."""
+    rng = __import__("random").Random(11)
+    uid = uuid.uuid4()
+    lead = 200
+    for trial in range(40):
+        held = HeldMessages()
+        kept: dict[tuple[uuid.UUID, str, int], Due] = {}
+        for step in range(rng.randint(1, 400)):
+            if kept and rng.random() < 0.3:
+                key = rng.choice(list(kept))
+                held.remove(key)
+                del kept[key]
+                continue
+            at = 1_000_000 + rng.randint(0, 3000)
+            leased = rng.random() < 0.2
+            row = MessageState(uid, f"m{trial}-{rng.randint(0, 300)}",
+                               "leased" if leased else "scheduled", 1, at, at, 0, None,
+                               step % 4, 0, "h", None, at if leased else None, None, None,
+                               at, at)
+            d = Due(Pointer(at, row.id, 1, 0, row.shard), row)
+            key = (uid, row.id, 1)
+            held.add(key, d)
+            kept.setdefault(key, d)
+        for now in (999_000, 1_000_000, 1_001_500, 1_003_000, 1_004_000):
+            for until in (now, now + lead):
+                expected = [d for d in kept.values()
+                            if max(d.row.due_at_ms, d.row.lease_expires_at_ms or 0) <= until]
+                found = held.ready_by(until)
+                assert sorted(id(d) for d in found) == sorted(id(d) for d in expected)
+                readies = [max(d.row.due_at_ms, d.row.lease_expires_at_ms or 0) for d in found]
+                assert readies == sorted(readies)
+            after = [at for d in kept.values() for at in moments(d.row, lead) if at > now]
+            assert held.next_moment(now, lead) == min(after, default=None), (trial, now)
+        assert len(held) == len(kept)

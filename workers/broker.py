@@ -29,7 +29,7 @@ import socketserver
 import threading
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,6 +41,7 @@ from app.delivery.leasing import Hold, attempts_used_up, give_back, passed_over,
 from app.delivery.scan import Due, PointerKey, is_live
 from app.models import Pointer, Topic
 from app.services import Services
+from workers.held import HeldMessages
 
 # A round leases at most this many messages (and makes at most as many more dead, their
 # attempts used up), and the next round starts at once. Its take must
@@ -105,9 +106,7 @@ class Broker:
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         # per topic, the waiting messages the walk read (workers.releaser.Releaser.walk)
-        self.held: dict[uuid.UUID, dict[PointerKey, Due]] = {}
-        # per topic, how many are held of each (shard, lane)
-        self.lane_counts: dict[uuid.UUID, Counter[tuple[int, int]]] = {}
+        self.held: dict[uuid.UUID, HeldMessages] = {}
         self._woken_at: dict[uuid.UUID, int] = {}  # topic -> its last pull wake-up (epoch ms)
         # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
         self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
@@ -169,13 +168,9 @@ class Broker:
         if not found:
             return
         with self._lock:
-            held = self.held.setdefault(topic_uid, {})
-            lanes = self.lane_counts.setdefault(topic_uid, Counter())
+            held = self.held.setdefault(topic_uid, HeldMessages())
             for d in found:
-                key = (topic_uid, d.pointer.id, d.pointer.version)
-                if key not in held:
-                    held[key] = d
-                    lanes[(d.pointer.shard, d.pointer.lane)] += 1
+                held.add((topic_uid, d.pointer.id, d.pointer.version), d)
             waiting = bool(self._wants.get(topic_uid))
         if waiting:
             self._kick(topic_uid)
@@ -192,16 +187,16 @@ class Broker:
     def full_lanes(self, topic_uid: uuid.UUID) -> frozenset[tuple[int, int]]:
         """The (shard, lane)s of the topic of which HELD_PER_LANE or more are held."""
         with self._lock:
-            lanes = self.lane_counts.get(topic_uid)
-            if not lanes:
+            held = self.held.get(topic_uid)
+            if held is None:
                 return frozenset()
-            return frozenset(lane for lane, n in lanes.items() if n >= HELD_PER_LANE)
+            return frozenset(lane for lane, n in held.lanes.items() if n >= HELD_PER_LANE)
 
     def held_pointers(self) -> list[tuple[uuid.UUID, int, int]]:
         """(topic uid, shard, due ms) of every message held: no cursor may pass one."""
         with self._lock:
             return [(uid, d.pointer.shard, d.pointer.due_at_ms)
-                    for uid, held in self.held.items() for d in held.values()]
+                    for uid, held in self.held.items() for d in held.by_key.values()]
 
     def withdraw(self, link: int, want_id: int) -> None:
         """The want's call got its answer elsewhere or left: if it still waits here, it is
@@ -318,7 +313,7 @@ class Broker:
         due time in it), whose wait is over, or all (`final`); what was leased for a want
         withdrawn or closed meanwhile is given back. The others wait for their next check:
         within recheck_s, their earliest deadline, or the next moment a message held may be
-        taken (next_ms, epoch ms: _next_moment)."""
+        taken (next_ms, epoch ms: HeldMessages.next_moment)."""
         now_s = time.monotonic()
         now_ms = self.services.clock()
         answering = [p for p in parked
@@ -403,9 +398,9 @@ class Broker:
         """Lease held messages of these shards for the wants, in fair order, in arrival
         order of the wants, at most ROUND_MAX in all; with none due now, those due within
         the prepare lead, for the wants that still wait then. Besides, up to ROUND_MAX due
-        whose attempts are used up are made dead. Returns {id(want): taken}; the
-        next moment one held may be taken (epoch ms, _next_moment); and whether the cap cut
-        the round short."""
+        whose attempts are used up are made dead. Returns {id(want): taken}; the next
+        moment one held may be taken (epoch ms, HeldMessages.next_moment); and whether the
+        cap cut the round short."""
         services = self.services
         wants = [p.want for p in parked]
         wanted = sum(w.n for w in wants)
@@ -413,7 +408,7 @@ class Broker:
         now = services.clock()
         self.read_now(topic, self._read_since(topic, shards, parked, total, now))
         now = services.clock()
-        held = self._held_of(topic.uid, shards)
+        held = self._held_of(topic.uid, shards, now + self.lead_ms)
         paused = passed_over(services, topic, held)
         if paused:  # resuming brings them back (app.campaigns.operations)
             gone = [d for d in held if d.row.id in paused]
@@ -452,8 +447,10 @@ class Broker:
             answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
                                                d.row.due_at_ms))
         # the wants left look again when a message held may next be taken
-        return (answers, _next_moment(self._held_of(topic.uid, shards), now, self.lead_ms),
-                len(owners) == total < wanted or len(ending) == ROUND_MAX)
+        with self._lock:
+            held_now = self.held.get(topic.uid)
+            next_ms = held_now.next_moment(now, self.lead_ms) if held_now is not None else None
+        return answers, next_ms, len(owners) == total < wanted or len(ending) == ROUND_MAX
 
     def _read_since(self, topic: Topic, shards: set[int], parked: list[_Parked], wanted: int,
                     now: int) -> int:
@@ -463,7 +460,7 @@ class Broker:
         read began); otherwise everything written before the newest want came, so that a
         round hands out in fair order what is due, not only what the walk had read. A read
         on every round cost each one-message lease a count read."""
-        live = sum(1 for d in self._held_of(topic.uid, shards)
+        live = sum(1 for d in self._held_of(topic.uid, shards, now)
                    if is_live(d.pointer, d.row, now) and not attempts_used_up(topic, d.row))
         with self._lock:
             woken = self._woken_at.get(topic.uid, 0)
@@ -471,8 +468,9 @@ class Broker:
             return max([p.want.written_ms for p in parked] + [woken])
         return max([p.arrived_ms for p in parked] + [woken])
 
-    def _held_of(self, topic_uid: uuid.UUID, shards: set[int]) -> list[Due]:
-        """The messages held of the topic's shards in `shards`; those of others (their
+    def _held_of(self, topic_uid: uuid.UUID, shards: set[int], until_ms: int) -> list[Due]:
+        """The messages held of the topic's shards in `shards` that may be handed out by
+        until_ms (epoch ms), earliest first; those of other shards (their
         slots moved, or their validity lapsed a moment) are let go, and the walk reads them
         again: a new owner's walk from the cursors, which never passed a message held here;
         this releaser's own walk from its position otherwise, which has passed them when
@@ -482,21 +480,14 @@ class Broker:
             held = self.held.get(topic_uid)
             if not held:
                 return []
-            gone = [k for k, d in held.items() if d.pointer.shard not in shards]
-            if gone:
+            if not held.shards() <= shards:
+                gone = [k for k, d in held.by_key.items() if d.pointer.shard not in shards]
                 log.info("broker: %d messages held of topic %s are of shards not owned now; "
                          "the walk reads them again", len(gone), topic_uid)
-                self.read_again(topic_uid, [held[k].pointer for k in gone])
-            for key in gone:
-                self._unhold(topic_uid, held, key)
-            return list(held.values())
-
-    def _unhold(self, topic_uid: uuid.UUID, held: dict[PointerKey, Due], key: PointerKey) -> None:
-        """Under the lock: the message is no longer held."""
-        d = held.pop(key, None)
-        lanes = self.lane_counts.get(topic_uid)
-        if d is not None and lanes is not None:
-            lanes[(d.pointer.shard, d.pointer.lane)] -= 1
+                self.read_again(topic_uid, [held.by_key[k].pointer for k in gone])
+                for key in gone:
+                    held.remove(key)
+            return held.ready_by(until_ms)
 
     def _drop(self, topic_uid: uuid.UUID, done: list[Due]) -> None:
         with self._lock:
@@ -504,16 +495,14 @@ class Broker:
             if held is None:
                 return
             for d in done:
-                self._unhold(topic_uid, held, (topic_uid, d.pointer.id, d.pointer.version))
+                held.remove((topic_uid, d.pointer.id, d.pointer.version))
             if not held:
                 del self.held[topic_uid]
-                self.lane_counts.pop(topic_uid, None)
 
     def forget(self, topic_uid: uuid.UUID) -> None:
         """A deleted topic: what is held of it goes."""
         with self._lock:
             self.held.pop(topic_uid, None)
-            self.lane_counts.pop(topic_uid, None)
             self._woken_at.pop(topic_uid, None)
             self._check_due.pop(topic_uid, None)
 
@@ -618,21 +607,6 @@ def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms:
             owners += [which] * len(share)
             at += len(share)  # else left for a want that waits long enough
     return chunk, owners
-
-
-def _next_moment(held: list[Due], now_ms: int, lead_ms: int) -> int | None:
-    """The first moment after now_ms (epoch ms) when a round may take a message held that
-    it cannot take now: the prepare lead before a scheduled one's due time, or that due
-    time itself (for wants that do not wait past it); the end of a consumer's lease
-    (never taken over before). None when there is none."""
-    moments = []
-    for d in held:
-        row = d.row
-        if row.state == "leased":
-            moments.append(max(row.lease_expires_at_ms or 0, row.due_at_ms - lead_ms))
-        else:
-            moments += [row.due_at_ms - lead_ms, row.due_at_ms]
-    return min((at for at in moments if at > now_ms), default=None)
 
 
 class _Handler(socketserver.StreamRequestHandler):

@@ -558,7 +558,7 @@ class Releaser:
 
     def _per_topic_records(self) -> tuple[dict[uuid.UUID, Any], ...]:
         """What the steps record of each topic, keyed by its uid: a deleted topic's go."""
-        return (self._walks, self.broker.held, self.broker.lane_counts)
+        return (self._walks, self.broker.held)
 
     def _forget_gone(self) -> None:
         """Drop what the steps recorded of topics no longer known. follow_topics drops a

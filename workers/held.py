@@ -1,0 +1,101 @@
+"""The messages of one pull topic that the walk read and the broker holds for its lease calls
+(workers/broker.py): by pointer, and in the order in which they may be handed out, so that a
+round looks only at those it may take now or within the prepare lead, not at all it holds
+(up to 9 s of a busy topic's messages ahead). Times are epoch ms.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+
+from app.delivery.scan import Due, PointerKey
+from app.models import MessageState
+
+
+def ready_ms(row: MessageState) -> int:
+    """The earliest moment the message may be handed out: its due time, and for a leased one
+    not before its lease ends."""
+    return max(row.due_at_ms, row.lease_expires_at_ms or 0)
+
+
+def moments(row: MessageState, lead_ms: int) -> list[int]:
+    """When a round may next take it: the prepare lead before a scheduled message's due time,
+    or that due time itself (for calls that do not wait past it); a leased one once its lease
+    ends (never taken over before)."""
+    if row.state == "leased":
+        return [max(row.lease_expires_at_ms or 0, row.due_at_ms - lead_ms)]
+    return [row.due_at_ms - lead_ms, row.due_at_ms]
+
+
+class HeldMessages:
+    """Not thread-safe: the broker's lock guards it."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[PointerKey, Due] = {}
+        self.lanes: Counter[tuple[int, int]] = Counter()  # held per (shard, lane)
+        # (ready ms, key), sorted; a key no longer held leaves its entry until it is passed
+        self._order: list[tuple[int, PointerKey]] = []
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    def __contains__(self, key: PointerKey) -> bool:
+        return key in self.by_key
+
+    def add(self, key: PointerKey, d: Due) -> None:
+        if key in self.by_key:
+            return
+        self.by_key[key] = d
+        self.lanes[(d.pointer.shard, d.pointer.lane)] += 1
+        bisect.insort(self._order, (ready_ms(d.row), key))
+
+    def remove(self, key: PointerKey) -> None:
+        d = self.by_key.pop(key, None)
+        if d is None:
+            return
+        lane = (d.pointer.shard, d.pointer.lane)
+        self.lanes[lane] -= 1
+        if self.lanes[lane] <= 0:
+            del self.lanes[lane]
+        if len(self._order) > 2 * len(self.by_key) + 64:  # entries of keys gone: rebuild
+            self._order = sorted((ready_ms(d.row), k) for k, d in self.by_key.items())
+
+    def shards(self) -> set[int]:
+        return {shard for shard, _ in self.lanes}
+
+    def ready_by(self, until_ms: int) -> list[Due]:
+        """Those that may be handed out by until_ms, earliest first."""
+        passed = 0
+        while passed < len(self._order) and self._order[passed][1] not in self.by_key:
+            passed += 1
+        del self._order[:passed]
+        found: dict[PointerKey, Due] = {}
+        for ready, key in self._order:
+            if ready > until_ms:
+                break
+            d = self._entry(ready, key)
+            if d is not None:
+                found.setdefault(key, d)
+        return list(found.values())
+
+    def next_moment(self, now_ms: int, lead_ms: int) -> int | None:
+        """The first moment after now_ms when a round may take one it could not take at
+        now_ms (moments()); None when there is none."""
+        best: int | None = None
+        for ready, key in self._order:
+            if best is not None and ready - lead_ms >= best:
+                break  # this one's moments and all after it come later
+            d = self._entry(ready, key)
+            if d is None:
+                continue
+            for at in moments(d.row, lead_ms):
+                if at > now_ms and (best is None or at < best):
+                    best = at
+        return best
+
+    def _entry(self, ready: int, key: PointerKey) -> Due | None:
+        """The message an entry of the order stands for; None for an entry left behind (its
+        key no longer held, or held again since with another ready time)."""
+        d = self.by_key.get(key)
+        return d if d is not None and ready_ms(d.row) == ready else None
