@@ -7,6 +7,7 @@ round looks only at those it may take now or within the prepare lead, not at all
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter
 
 from app.delivery.scan import Due, PointerKey
@@ -83,7 +84,9 @@ class HeldMessages:
         """The first moment after now_ms when a round may take one it could not take at
         now_ms (moments()); None when there is none."""
         best: int | None = None
-        for ready, key in self._order:
+        # one ready by now_ms has no moment after it (a lease over, a due time passed)
+        start = bisect.bisect_right(self._order, now_ms, key=lambda entry: entry[0])
+        for ready, key in itertools.islice(self._order, start, None):
             if best is not None and ready - lead_ms >= best:
                 break  # this one's moments and all after it come later
             d = self._entry(ready, key)
