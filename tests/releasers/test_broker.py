@@ -59,37 +59,48 @@ def wait_owned(*releasers: Releaser, within_s: float = 10) -> None:
     raise AssertionError([sorted(r.ownership.owned()) for r in releasers])
 
 
-def test_a_lease_is_served_by_the_owner_of_the_shards_never_early(
-        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+@contextmanager
+def _one_owner(config: Config, auth: dict[str, str], ring: dict[str, Any], member: str,
+               topic_options: dict[str, Any] | None = None, **settings: Any
+               ) -> Iterator[tuple[TopicClient, uuid.UUID, Releaser]]:
+    """A new topic of an app on the test's ring, and one releaser, `member`, owning every
+    slot of it (FAST, then `settings`): (topic, its uid, the releaser)."""
     app = api(config, ring)
     try:
-        topic = TopicClient(app.test_client(), auth)
-        with releaser(config, "b-owner", **ring) as r:
+        topic = TopicClient(app.test_client(), auth, **(topic_options or {}))
+        uid = topic_uid(app, auth, topic)
+        with releaser(config, member, **settings, **ring) as r:
             wait_owned(r)
-            sent = topic.batch([{"id": f"now{n}"} for n in range(5)])
-            assert {s["status"] for s in sent} == {201}
-            got = topic.lease(max_messages=10, wait_ms=2000)  # checks: never before due
-            ids = {m["id"] for m in got}
-            while len(ids) < 5:
-                ids |= {m["id"] for m in topic.lease(max_messages=10, wait_ms=2000)}
-            assert ids == {f"now{n}" for n in range(5)}
-            # a long poll gets a message due later at its due time, never before
-            due = now_ms() + 1500
-            assert topic.enqueue(id="later", deliver_at=due).status_code == 201
-            [later] = topic.lease(max_messages=1, wait_ms=5000)
-            assert later["id"] == "later" and now_ms() >= due
-            assert topic.ack(later) == 204
-            # and one enqueued while it waits, at once
-            waiting: dict[str, Any] = {}
-            caller = threading.Thread(target=lambda: waiting.update(
-                got=topic.lease(max_messages=1, wait_ms=10_000)))
-            caller.start()
-            time.sleep(0.5)
-            assert topic.enqueue(id="meanwhile").status_code == 201
-            caller.join(15)
-            assert [m["id"] for m in waiting["got"]] == ["meanwhile"]
+            yield topic, uid, r
     finally:
         app.extensions["duetime"].close()
+
+
+def test_a_lease_is_served_by_the_owner_of_the_shards_never_early(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    with _one_owner(config, auth, ring, "b-owner") as (topic, _uid, _r):
+        sent = topic.batch([{"id": f"now{n}"} for n in range(5)])
+        assert {s["status"] for s in sent} == {201}
+        got = topic.lease(max_messages=10, wait_ms=2000)  # checks: never before due
+        ids = {m["id"] for m in got}
+        while len(ids) < 5:
+            ids |= {m["id"] for m in topic.lease(max_messages=10, wait_ms=2000)}
+        assert ids == {f"now{n}" for n in range(5)}
+        # a long poll gets a message due later at its due time, never before
+        due = now_ms() + 1500
+        assert topic.enqueue(id="later", deliver_at=due).status_code == 201
+        [later] = topic.lease(max_messages=1, wait_ms=5000)
+        assert later["id"] == "later" and now_ms() >= due
+        assert topic.ack(later) == 204
+        # and one enqueued while it waits, at once
+        waiting: dict[str, Any] = {}
+        caller = threading.Thread(target=lambda: waiting.update(
+            got=topic.lease(max_messages=1, wait_ms=10_000)))
+        caller.start()
+        time.sleep(0.5)
+        assert topic.enqueue(id="meanwhile").status_code == 201
+        caller.join(15)
+        assert [m["id"] for m in waiting["got"]] == ["meanwhile"]
 
 
 def test_a_call_finds_a_releaser_started_a_moment_after_it_read_the_owners(
@@ -123,34 +134,28 @@ def test_a_long_polls_message_is_taken_ahead_and_handed_out_at_its_due_time(
     due time (a prepare lead of 1.5 s here), its lease running from the due time, and hands it
     out at the due time, never before; meanwhile a cancel answers 409 and the message is
     delivered. A call whose wait ends before the due time is not given it."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        with releaser(config, "b-prepare", release_prepare_ms=1500, **ring) as r:
-            wait_owned(r)
-            due = now_ms() + 3000
-            assert topic.enqueue(id="soon", deliver_at=format_ms(due)).status_code == 201
-            # its wait ends within the lead, before the due time: nothing is prepared for it
-            assert topic.lease(max_messages=1, wait_ms=2000) == []
-            waiting: dict[str, Any] = {}
-            caller = threading.Thread(target=lambda: waiting.update(
-                got=topic.lease(max_messages=1, wait_ms=8000, lease_seconds=30)))
-            caller.start()
-            leased_at = None
-            while leased_at is None and now_ms() < due:
-                if topic.get("soon").get_json()["state"] == "leased":
-                    leased_at = now_ms()
-                time.sleep(0.01)
-            assert leased_at is not None and leased_at < due, "not taken ahead of its due time"
-            cancel = topic.client.delete(topic.url("/messages/soon"), headers=topic.headers)
-            assert cancel.status_code == 409, cancel.get_json()
-            caller.join(15)
-            [got] = waiting["got"]  # TopicClient.lease checks it came at or after deliver_at
-            assert got["id"] == "soon" and got["received_at"] >= due
-            assert parse_instant(got["lease"]["expires_at"]) == due + 30_000
-            assert topic.ack(got) == 204
-    finally:
-        app.extensions["duetime"].close()
+    with _one_owner(config, auth, ring, "b-prepare", release_prepare_ms=1500) as (topic, _uid, _r):
+        due = now_ms() + 3000
+        assert topic.enqueue(id="soon", deliver_at=format_ms(due)).status_code == 201
+        # its wait ends within the lead, before the due time: nothing is prepared for it
+        assert topic.lease(max_messages=1, wait_ms=2000) == []
+        waiting: dict[str, Any] = {}
+        caller = threading.Thread(target=lambda: waiting.update(
+            got=topic.lease(max_messages=1, wait_ms=8000, lease_seconds=30)))
+        caller.start()
+        leased_at = None
+        while leased_at is None and now_ms() < due:
+            if topic.get("soon").get_json()["state"] == "leased":
+                leased_at = now_ms()
+            time.sleep(0.01)
+        assert leased_at is not None and leased_at < due, "not taken ahead of its due time"
+        cancel = topic.client.delete(topic.url("/messages/soon"), headers=topic.headers)
+        assert cancel.status_code == 409, cancel.get_json()
+        caller.join(15)
+        [got] = waiting["got"]  # TopicClient.lease checks it came at or after deliver_at
+        assert got["id"] == "soon" and got["received_at"] >= due
+        assert parse_instant(got["lease"]["expires_at"]) == due + 30_000
+        assert topic.ack(got) == 204
 
 
 def test_consumers_taking_one_at_a_time_get_each_message_once(
@@ -216,21 +221,15 @@ def test_a_want_waiting_for_a_lease_to_end_is_served_when_it_ends_not_round_afte
     """A message held whose consumer's lease runs out in a second: a want that waits for it
     is checked again when the lease ends (and the prepare lead before), not in a loop of
     empty rounds through the lead; it gets the message then, once."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        with releaser(config, "b-lease-end", **ring) as r:
-            wait_owned(r)
-            topic.enqueue()
-            first = topic.lease(max_messages=1, wait_ms=5000, lease_seconds=1)
-            assert len(first) == 1
-            before = r.broker.rounds
-            again = topic.lease(max_messages=1, wait_ms=5000)
-            assert [m["id"] for m in again] == [first[0]["id"]]
-            assert again[0]["attempt"] == 2
-            assert r.broker.rounds - before <= 10
-    finally:
-        app.extensions["duetime"].close()
+    with _one_owner(config, auth, ring, "b-lease-end") as (topic, _uid, r):
+        topic.enqueue()
+        first = topic.lease(max_messages=1, wait_ms=5000, lease_seconds=1)
+        assert len(first) == 1
+        before = r.broker.rounds
+        again = topic.lease(max_messages=1, wait_ms=5000)
+        assert [m["id"] for m in again] == [first[0]["id"]]
+        assert again[0]["attempt"] == 2
+        assert r.broker.rounds - before <= 10
 
 
 def test_one_message_rounds_on_a_held_backlog_read_again_only_for_a_write_since(
@@ -242,38 +241,31 @@ def test_one_message_rounds_on_a_held_backlog_read_again_only_for_a_write_since(
     backlog is made to have begun before this process noted its write (the due wake-up can
     outrun that note on a busy machine): the first round's counts, standing, stand for a
     read, and the rounds after it read none."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth, shards=1)
-        uid = topic_uid(app, auth, topic)
-        with releaser(config, "b-held", **ring) as r:
-            wait_owned(r)
-            sent = topic.batch([{"id": f"b{n}"} for n in range(300)])
-            assert {s["status"] for s in sent} == {201}
-            assert len(topic.lease(max_messages=1, wait_ms=2000)) == 1
-            walk = r._walks[uid]
-            with walk.lock:
-                assert walk.read_at is not None
-                walk.read_at -= 60_000
-            timeline = r.services.timeline
-            reads = Counter[str]()
-            original = timeline.write_counts_in
+    with _one_owner(config, auth, ring, "b-held", topic_options={"shards": 1}) as (topic, uid, r):
+        sent = topic.batch([{"id": f"b{n}"} for n in range(300)])
+        assert {s["status"] for s in sent} == {201}
+        assert len(topic.lease(max_messages=1, wait_ms=2000)) == 1
+        walk = r._walks[uid]
+        with walk.lock:
+            assert walk.read_at is not None
+            walk.read_at -= 60_000
+        timeline = r.services.timeline
+        reads = Counter[str]()
+        original = timeline.write_counts_in
 
-            def counted(*args: Any, **kwargs: Any) -> Any:
-                reads[threading.current_thread().name.split("_")[0]] += 1
-                return original(*args, **kwargs)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            reads[threading.current_thread().name.split("_")[0]] += 1
+            return original(*args, **kwargs)
 
-            timeline.write_counts_in = counted  # type: ignore[method-assign]
-            for _ in range(40):
-                [m] = topic.lease(max_messages=1, wait_ms=2000)
-                assert m["id"].startswith("b") and topic.ack(m) == 204
-            assert reads["broker"] <= 2, reads
-            assert topic.enqueue(id="urgent", priority=1, group="vip").status_code == 201
-            [first] = topic.lease(max_messages=1, wait_ms=2000)
-            assert first["id"] == "urgent"
-            assert reads["broker"] <= 3, reads
-    finally:
-        app.extensions["duetime"].close()
+        timeline.write_counts_in = counted  # type: ignore[method-assign]
+        for _ in range(40):
+            [m] = topic.lease(max_messages=1, wait_ms=2000)
+            assert m["id"].startswith("b") and topic.ack(m) == 204
+        assert reads["broker"] <= 2, reads
+        assert topic.enqueue(id="urgent", priority=1, group="vip").status_code == 201
+        [first] = topic.lease(max_messages=1, wait_ms=2000)
+        assert first["id"] == "urgent"
+        assert reads["broker"] <= 3, reads
 
 
 def test_expired_last_attempts_are_made_dead_beside_what_a_round_hands_out(
@@ -399,25 +391,18 @@ def test_a_withdrawn_want_is_answered_at_once_and_takes_nothing(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A call answered by one owner withdraws its wants at the others: a withdrawn want is
     answered with nothing at once, and a message enqueued after is not leased for it."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        uid = topic_uid(app, auth, topic)
-        with releaser(config, "b-withdraw", **ring) as r:
-            wait_owned(r)
-            with _wanting(r, uid, 7) as sock:
-                time.sleep(0.5)  # parked: nothing is due
-                asked = time.monotonic()
-                sock.sendall(broker_wire.encode_withdraw(7))
-                reader = sock.makefile("rb")
-                assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
-                    == (7, [])
-                assert time.monotonic() - asked < 5  # at once, not at the want's 10 s
-            assert topic.enqueue(id="after").status_code == 201
-            [got] = topic.lease(max_messages=1, wait_ms=2000)
-            assert got["id"] == "after" and got["attempt"] == 1
-    finally:
-        app.extensions["duetime"].close()
+    with _one_owner(config, auth, ring, "b-withdraw") as (topic, uid, r):
+        with _wanting(r, uid, 7) as sock:
+            time.sleep(0.5)  # parked: nothing is due
+            asked = time.monotonic()
+            sock.sendall(broker_wire.encode_withdraw(7))
+            reader = sock.makefile("rb")
+            assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
+                == (7, [])
+            assert time.monotonic() - asked < 5  # at once, not at the want's 10 s
+        assert topic.enqueue(id="after").status_code == 201
+        [got] = topic.lease(max_messages=1, wait_ms=2000)
+        assert got["id"] == "after" and got["attempt"] == 1
 
 
 @pytest.mark.parametrize("walk_reads", [True, False], ids=["walk reading", "walk off"])
@@ -427,29 +412,23 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again
     not due) is answered with nothing, and the message goes back, for the next call. The
     owner holds what it gave back itself: the next call gets it also when the walk reads
     nothing once the message was prepared (its step and a round's read turned off)."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        uid = topic_uid(app, auth, topic)
-        with releaser(config, "b-withdraw-prepared", release_prepare_ms=1500, **ring) as r:
-            wait_owned(r)
-            with _wanting(r, uid, 8) as sock:
-                due = now_ms() + 3000
-                assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
-                while topic.get("ahead").get_json()["state"] != "leased":
-                    assert now_ms() < due, "not prepared for the want"
-                    time.sleep(0.01)
-                if not walk_reads:
-                    r._walking._step = lambda: None
-                    r.broker.read_now = lambda topic, since: None
-                sock.sendall(broker_wire.encode_withdraw(8))
-                reader = sock.makefile("rb")
-                assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
-                    == (8, [])
-            [got] = topic.lease(max_messages=1, wait_ms=5000)
-            assert got["id"] == "ahead" and got["attempt"] == 1 and got["received_at"] >= due
-    finally:
-        app.extensions["duetime"].close()
+    with _one_owner(config, auth, ring, "b-withdraw-prepared", release_prepare_ms=1500
+                    ) as (topic, uid, r):
+        with _wanting(r, uid, 8) as sock:
+            due = now_ms() + 3000
+            assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
+            while topic.get("ahead").get_json()["state"] != "leased":
+                assert now_ms() < due, "not prepared for the want"
+                time.sleep(0.01)
+            if not walk_reads:
+                r._walking._step = lambda: None
+                r.broker.read_now = lambda topic, since: None
+            sock.sendall(broker_wire.encode_withdraw(8))
+            reader = sock.makefile("rb")
+            assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
+                == (8, [])
+        [got] = topic.lease(max_messages=1, wait_ms=5000)
+        assert got["id"] == "ahead" and got["attempt"] == 1 and got["received_at"] >= due
 
 
 def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
@@ -457,34 +436,28 @@ def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
     """Of the owners a call asks, only its first takes messages for it ahead of their due
     time, and tells the call so at once (a *prepared* line before the answer), so that the
     call withdraws its other wants; another owner serves it only with what is due."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        uid = topic_uid(app, auth, topic)
-        with releaser(config, "b-first-owner", release_prepare_ms=1500, **ring) as r:
-            wait_owned(r)
-            with _wanting(r, uid, 9, first=False, several=True) as sock:
-                due = now_ms() + 2500
-                assert topic.enqueue(id="other", deliver_at=format_ms(due)).status_code == 201
-                while now_ms() < due - 300:
-                    assert topic.get("other").get_json()["state"] == "scheduled"
-                    time.sleep(0.05)
-                want_id, taken = broker_wire.decode_got(
-                    broker_wire.decode_line(sock.makefile("rb").readline()))
-                assert want_id == 9 and [t.leased.id for t in taken] == ["other"]
-                assert now_ms() >= due
-            with _wanting(r, uid, 10, several=True) as sock:
-                due = now_ms() + 2500
-                assert topic.enqueue(id="first", deliver_at=format_ms(due)).status_code == 201
-                reader = sock.makefile("rb")
-                notice = broker_wire.decode_line(reader.readline())
-                assert broker_wire.decode_prepared(notice) == 10 and now_ms() < due
-                assert topic.get("first").get_json()["state"] == "leased"
-                want_id, taken = broker_wire.decode_got(broker_wire.decode_line(reader.readline()))
-                assert want_id == 10 and [t.leased.id for t in taken] == ["first"]
-                assert now_ms() >= due
-    finally:
-        app.extensions["duetime"].close()
+    with _one_owner(config, auth, ring, "b-first-owner", release_prepare_ms=1500
+                    ) as (topic, uid, r):
+        with _wanting(r, uid, 9, first=False, several=True) as sock:
+            due = now_ms() + 2500
+            assert topic.enqueue(id="other", deliver_at=format_ms(due)).status_code == 201
+            while now_ms() < due - 300:
+                assert topic.get("other").get_json()["state"] == "scheduled"
+                time.sleep(0.05)
+            want_id, taken = broker_wire.decode_got(
+                broker_wire.decode_line(sock.makefile("rb").readline()))
+            assert want_id == 9 and [t.leased.id for t in taken] == ["other"]
+            assert now_ms() >= due
+        with _wanting(r, uid, 10, several=True) as sock:
+            due = now_ms() + 2500
+            assert topic.enqueue(id="first", deliver_at=format_ms(due)).status_code == 201
+            reader = sock.makefile("rb")
+            notice = broker_wire.decode_line(reader.readline())
+            assert broker_wire.decode_prepared(notice) == 10 and now_ms() < due
+            assert topic.get("first").get_json()["state"] == "leased"
+            want_id, taken = broker_wire.decode_got(broker_wire.decode_line(reader.readline()))
+            assert want_id == 10 and [t.leased.id for t in taken] == ["first"]
+            assert now_ms() >= due
 
 
 def test_a_call_asking_two_owners_takes_nothing_at_the_other_that_goes_back(
@@ -523,33 +496,26 @@ def test_what_a_round_lets_go_of_for_shards_it_saw_unowned_is_read_again(
     validity lapsed for a moment, its renewal late while a node restarts) lets go of what it
     held of the others. The walk reads those again: when the slots stay this releaser's,
     every message is still handed out once due, not left behind the walk's position."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        uid = topic_uid(app, auth, topic)
-        with releaser(config, "b-lapse", **ring) as r:
-            wait_owned(r)
-            due = now_ms() + 2500
-            ids = {f"lapse{n}" for n in range(20)}
-            sent = topic.batch([{"id": i, "deliver_at": format_ms(due)} for i in ids])
-            assert {s["status"] for s in sent} == {201}
-            while len(r.broker.held.get(uid, {})) < len(ids):
-                assert now_ms() < due, "the walk did not read the messages ahead"
-                time.sleep(0.01)
-            owned = r.broker.shards_of
-            r.broker.shards_of = lambda t: set(sorted(owned(t))[:1])
-            assert topic.lease(max_messages=1, wait_ms=0) == []
-            assert len(r.broker.held.get(uid, {})) < len(ids)  # it did let go of some
-            r.broker.shards_of = owned
-            got: set[str] = set()
-            deadline = due + 10_000
-            while got != ids and now_ms() < deadline:
-                for m in topic.lease(max_messages=10, wait_ms=1000):
-                    assert topic.ack(m) == 204
-                    got.add(m["id"])
-            assert got == ids, sorted(ids - got)
-    finally:
-        app.extensions["duetime"].close()
+    with _one_owner(config, auth, ring, "b-lapse") as (topic, uid, r):
+        due = now_ms() + 2500
+        ids = {f"lapse{n}" for n in range(20)}
+        sent = topic.batch([{"id": i, "deliver_at": format_ms(due)} for i in ids])
+        assert {s["status"] for s in sent} == {201}
+        while len(r.broker.held.get(uid, {})) < len(ids):
+            assert now_ms() < due, "the walk did not read the messages ahead"
+            time.sleep(0.01)
+        owned = r.broker.shards_of
+        r.broker.shards_of = lambda t: set(sorted(owned(t))[:1])
+        assert topic.lease(max_messages=1, wait_ms=0) == []
+        assert len(r.broker.held.get(uid, {})) < len(ids)  # it did let go of some
+        r.broker.shards_of = owned
+        got: set[str] = set()
+        deadline = due + 10_000
+        while got != ids and now_ms() < deadline:
+            for m in topic.lease(max_messages=10, wait_ms=1000):
+                assert topic.ack(m) == 204
+                got.add(m["id"])
+        assert got == ids, sorted(ids - got)
 
 
 def test_an_answer_whose_connection_fails_gives_back_what_it_carried(
@@ -557,29 +523,22 @@ def test_an_answer_whose_connection_fails_gives_back_what_it_carried(
     """A prepared answer that cannot be sent (its API process's connection failed before
     the broker noticed it closed) gives its message back at once, its attempt not counted:
     the next call gets it within seconds, not when the 30 s lease taken for the want ends."""
-    app = api(config, ring)
-    try:
-        topic = TopicClient(app.test_client(), auth)
-        uid = topic_uid(app, auth, topic)
-        with releaser(config, "b-send-fails", release_prepare_ms=5000, **ring) as r:
-            wait_owned(r)
-            with _wanting(r, uid, 9):
-                due = now_ms() + 8000  # prepared 5 s ahead: seconds to spare on a slow machine
-                assert topic.enqueue(id="unsent", deliver_at=format_ms(due)).status_code == 201
-                while topic.get("unsent").get_json()["state"] != "leased":
-                    assert now_ms() < due, "not prepared for the want"
-                    time.sleep(0.01)
+    with _one_owner(config, auth, ring, "b-send-fails", release_prepare_ms=5000) as (topic, uid, r):
+        with _wanting(r, uid, 9):
+            due = now_ms() + 8000  # prepared 5 s ahead: seconds to spare on a slow machine
+            assert topic.enqueue(id="unsent", deliver_at=format_ms(due)).status_code == 201
+            while topic.get("unsent").get_json()["state"] != "leased":
+                assert now_ms() < due, "not prepared for the want"
+                time.sleep(0.01)
 
-                def broken(line: bytes) -> None:
-                    raise BrokenPipeError("the API process's end closed")
+            def broken(line: bytes) -> None:
+                raise BrokenPipeError("the API process's end closed")
 
-                with r.broker._lock:
-                    [(parked, _, _)] = r.broker._prepared.values()
-                    parked.reply = broken
-                [got] = topic.lease(max_messages=1, wait_ms=8000)
-            assert got["id"] == "unsent" and got["attempt"] == 1 and got["received_at"] >= due
-    finally:
-        app.extensions["duetime"].close()
+            with r.broker._lock:
+                [(parked, _, _)] = r.broker._prepared.values()
+                parked.reply = broken
+            [got] = topic.lease(max_messages=1, wait_ms=8000)
+        assert got["id"] == "unsent" and got["attempt"] == 1 and got["received_at"] >= due
 
 
 def test_a_number_taken_for_udp_is_passed_over_for_one_free_for_both(
