@@ -37,7 +37,7 @@ from app.core.timeline import pointer_of
 from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
 from app.delivery.fairness import fair_first
-from app.delivery.leasing import Hold, attempts_used_up, give_back, passed_over, take_with_payloads
+from app.delivery.leasing import Hold, attempts_used_up, give_back, pauses, take_with_payloads
 from app.delivery.scan import Due, PointerKey, is_live
 from app.models import Pointer, Topic
 from app.services import Services
@@ -408,25 +408,27 @@ class Broker:
         now = services.clock()
         self.read_now(topic, self._read_since(topic, shards, parked, total, now))
         now = services.clock()
-        held = self._held_of(topic.uid, shards, now + self.lead_ms)
-        paused = passed_over(services, topic, held)
-        if paused:  # resuming brings them back (app.campaigns.operations)
-            gone = [d for d in held if d.row.id in paused]
-            services.scanner.spend(topic, [d.pointer for d in gone])
-            self._drop(topic.uid, gone)
-            held = [d for d in held if d.row.id not in paused]
-        live = [d for d in held if is_live(d.pointer, d.row, now)]
+        sort = _sorter(services, topic)
+        found = self._firsts(topic, shards, now, total, sort)
         # a message whose attempts are used up is made dead by the take, never handed out:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
         # be ended only n per round while the messages behind them wait
-        ending = [d for d in live if attempts_used_up(topic, d.row)][:ROUND_MAX]
-        due_now = fair_first([d for d in live if not attempts_used_up(topic, d.row)], total)
+        ending = found["end"][:ROUND_MAX]
+        due_now = fair_first(found["hand"], total)
+        passed = found["pass"]
         if due_now:
             chunk, owners = _share(due_now, [w.n for w in wants], total)
         else:  # a consumer's lease still running is never taken over, however soon it ends
-            chunk, owners = _prepared_share(
-                [d for d in held if is_live(d.pointer, d.row, now, self.lead_ms)
-                 and not attempts_used_up(topic, d.row)], parked, total, now)
+            ahead = [d for d in self._ready_by(topic.uid, shards, now + self.lead_ms)
+                     if is_live(d.pointer, d.row, now, self.lead_ms)]
+            by_kind: dict[str, list[Due]] = defaultdict(list)
+            for d in ahead:
+                by_kind[sort(d)].append(d)
+            passed += by_kind["pass"]
+            chunk, owners = _prepared_share(by_kind["hand"], parked, total, now)
+        if passed:  # resuming brings them back (app.campaigns.operations)
+            services.scanner.spend(topic, [d.pointer for d in passed])
+            self._drop(topic.uid, passed)
         holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         chunk = chunk + ending
@@ -460,34 +462,44 @@ class Broker:
         read began); otherwise everything written before the newest want came, so that a
         round hands out in fair order what is due, not only what the walk had read. A read
         on every round cost each one-message lease a count read."""
-        live = sum(1 for d in self._held_of(topic.uid, shards, now)
-                   if is_live(d.pointer, d.row, now) and not attempts_used_up(topic, d.row))
+        live = len(self._firsts(topic, shards, now, wanted, _sorter(self.services, topic))["hand"])
         with self._lock:
             woken = self._woken_at.get(topic.uid, 0)
         if live >= wanted:
             return max([p.want.written_ms for p in parked] + [woken])
         return max([p.arrived_ms for p in parked] + [woken])
 
-    def _held_of(self, topic_uid: uuid.UUID, shards: set[int], until_ms: int) -> list[Due]:
-        """The messages held of the topic's shards in `shards` that may be handed out by
-        until_ms (epoch ms), earliest first; those of other shards (their
-        slots moved, or their validity lapsed a moment) are let go, and the walk reads them
-        again: a new owner's walk from the cursors, which never passed a message held here;
-        this releaser's own walk from its position otherwise, which has passed them when
-        the slots stay or come back before one of its steps saw them go (its steps fail
-        while a node restarts, and a round needs no read first)."""
+    def _firsts(self, topic: Topic, shards: set[int], now_ms: int, n: int,
+                sort: Callable[[Due], str]) -> dict[str, list[Due]]:
+        """HeldMessages.firsts of the topic's messages held of the shards in `shards`."""
         with self._lock:
-            held = self.held.get(topic_uid)
-            if not held:
-                return []
-            if not held.shards() <= shards:
-                gone = [k for k, d in held.by_key.items() if d.pointer.shard not in shards]
-                log.info("broker: %d messages held of topic %s are of shards not owned now; "
-                         "the walk reads them again", len(gone), topic_uid)
-                self.read_again(topic_uid, [held.by_key[k].pointer for k in gone])
-                for key in gone:
-                    held.remove(key)
-            return held.ready_by(until_ms)
+            held = self._owned(topic.uid, shards)
+            return held.firsts(now_ms, n, sort) if held else defaultdict(list)
+
+    def _ready_by(self, topic_uid: uuid.UUID, shards: set[int], until_ms: int) -> list[Due]:
+        """HeldMessages.ready_by of the topic's messages held of the shards in `shards`."""
+        with self._lock:
+            held = self._owned(topic_uid, shards)
+            return held.ready_by(until_ms) if held else []
+
+    def _owned(self, topic_uid: uuid.UUID, shards: set[int]) -> HeldMessages | None:
+        """The messages held of the topic, once those of other shards (their slots moved, or
+        their validity lapsed a moment) are let go, and the walk reads them again: a new
+        owner's walk from the cursors, which never passed a message held here; this
+        releaser's own walk from its position otherwise, which has passed them when the
+        slots stay or come back before one of its steps saw them go (its steps fail while a
+        node restarts, and a round needs no read first). The caller holds the lock."""
+        held = self.held.get(topic_uid)
+        if not held:
+            return None
+        if not held.shards() <= shards:
+            gone = [k for k, d in held.by_key.items() if d.pointer.shard not in shards]
+            log.info("broker: %d messages held of topic %s are of shards not owned now; "
+                     "the walk reads them again", len(gone), topic_uid)
+            self.read_again(topic_uid, [held.by_key[k].pointer for k in gone])
+            for key in gone:
+                held.remove(key)
+        return held
 
     def _drop(self, topic_uid: uuid.UUID, done: list[Due]) -> None:
         with self._lock:
@@ -581,6 +593,20 @@ def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due
         owners.append(which)
         room[which] -= 1
     return chunk, owners
+
+
+def _sorter(services: Services, topic: Topic) -> Callable[[Due], str]:
+    """What a round does with a message it may take (HeldMessages.firsts): "pass" when its
+    campaign is paused (let go: resuming brings it back), "end" when its attempts are used
+    up (made dead), else "hand"."""
+    paused = pauses(services, topic)
+
+    def sort(d: Due) -> str:
+        if paused(d.row):
+            return "pass"
+        return "end" if attempts_used_up(topic, d.row) else "hand"
+
+    return sort
 
 
 def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms: int

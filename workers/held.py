@@ -1,16 +1,19 @@
 """The messages of one pull topic that the walk read and the broker holds for its lease calls
-(workers/broker.py): by pointer, and in the order in which they may be handed out, so that a
-round looks only at those it may take now or within the prepare lead, not at all it holds
-(up to 9 s of a busy topic's messages ahead). Times are epoch ms.
+(workers/broker.py): by pointer, in the order in which they become ready, and per turn group
+in the group's own order (app.delivery.fairness), so that a round reads only the messages it
+may take, each group's first ones, not all it holds (up to 9 s of a busy topic's messages
+ahead). Times are epoch ms.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Callable
 
-from app.delivery.scan import Due, PointerKey
+from app.delivery.fairness import GroupPlace, TurnGroup, group_place, turn_group
+from app.delivery.scan import Due, PointerKey, is_live
 from app.models import MessageState
 
 
@@ -37,6 +40,8 @@ class HeldMessages:
         self.lanes: Counter[tuple[int, int]] = Counter()  # held per (shard, lane)
         # (ready ms, key), sorted; a key no longer held leaves its entry until it is passed
         self._order: list[tuple[int, PointerKey]] = []
+        # per turn group, (place in the group, key) of each held, sorted
+        self._by_turn: dict[TurnGroup, list[tuple[GroupPlace, PointerKey]]] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -50,11 +55,17 @@ class HeldMessages:
         self.by_key[key] = d
         self.lanes[(d.pointer.shard, d.pointer.lane)] += 1
         bisect.insort(self._order, (ready_ms(d.row), key))
+        bisect.insort(self._by_turn.setdefault(turn_group(d), []), (group_place(d), key))
 
     def remove(self, key: PointerKey) -> None:
         d = self.by_key.pop(key, None)
         if d is None:
             return
+        group = turn_group(d)
+        entries = self._by_turn[group]
+        del entries[bisect.bisect_left(entries, (group_place(d), key))]
+        if not entries:
+            del self._by_turn[group]
         lane = (d.pointer.shard, d.pointer.lane)
         self.lanes[lane] -= 1
         if self.lanes[lane] <= 0:
@@ -79,6 +90,30 @@ class HeldMessages:
             if d is not None:
                 found.setdefault(key, d)
         return list(found.values())
+
+    def firsts(self, now_ms: int, n: int, sort: Callable[[Due], str]) -> dict[str, list[Due]]:
+        """The messages that may be handed out at now_ms (app.delivery.scan.is_live), by what
+        sort(d) calls each: of each turn group its first n called "hand" in the group's own
+        order, and all it called otherwise before them (made dead or passed over, say). A
+        group is read only up to there, or up to its first message to be delivered after
+        now_ms: none after it is due yet, as no row is due before its deliver_at
+        (app.core.timeline.placement_ms)."""
+        found: dict[str, list[Due]] = defaultdict(list)
+        for entries in self._by_turn.values():
+            handed = 0
+            for (deliver_at_ms, _, _), key in entries:
+                if deliver_at_ms > now_ms:
+                    break
+                d = self.by_key[key]
+                if not is_live(d.pointer, d.row, now_ms):
+                    continue
+                kind = sort(d)
+                found[kind].append(d)
+                if kind == "hand":
+                    handed += 1
+                    if handed == n:
+                        break
+        return found
 
     def next_moment(self, now_ms: int, lead_ms: int) -> int | None:
         """The first moment after now_ms when a round may take one it could not take at

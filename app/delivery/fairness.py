@@ -26,18 +26,22 @@ T = TypeVar("T")
 MAX_TRACKED_GROUPS = 10_000  # then the groups with no turn ahead are forgotten
 
 
-def _turn_group(d: Due) -> tuple[int, str | None]:
+TurnGroup = tuple[int, str | None]
+GroupPlace = tuple[int, int, str]
+
+
+def turn_group(d: Due) -> TurnGroup:
     """What takes turns: a group within one priority value."""
     return d.row.priority, d.row.fair_group
 
 
 def fair_order(due: Sequence[Due]) -> list[Due]:
     """due ordered by (priority, turn within its group, deliver_at, due time, id)."""
-    ordered = sorted(due, key=lambda d: (d.row.priority, *_in_group(d)))
-    turns: dict[tuple[int, str | None], int] = defaultdict(int)
+    ordered = sorted(due, key=lambda d: (d.row.priority, *group_place(d)))
+    turns: dict[TurnGroup, int] = defaultdict(int)
     ranked = []
     for position, d in enumerate(ordered):
-        group = _turn_group(d)
+        group = turn_group(d)
         ranked.append((d.row.priority, turns[group], position, d))
         turns[group] += 1
     return [d for *_, d in sorted(ranked, key=lambda r: r[:3])]
@@ -49,16 +53,16 @@ def fair_first(due: Sequence[Due], n: int) -> list[Due]:
     among them. A round handing out a few of thousands held sorts those few groups' heads."""
     if n >= len(due):
         return fair_order(due)
-    groups: dict[tuple[int, str | None], list[Due]] = defaultdict(list)
+    groups: dict[TurnGroup, list[Due]] = defaultdict(list)
     for d in due:
-        groups[_turn_group(d)].append(d)
+        groups[turn_group(d)].append(d)
     heads: list[Due] = []
     for members in groups.values():
-        heads += members if len(members) <= n else heapq.nsmallest(n, members, key=_in_group)
+        heads += members if len(members) <= n else heapq.nsmallest(n, members, key=group_place)
     return fair_order(heads)[:n]
 
 
-def _in_group(d: Due) -> tuple[int, int, str]:
+def group_place(d: Due) -> GroupPlace:
     """A message's place within its group: (deliver_at, due time, id)."""
     return d.row.deliver_at_ms, d.pointer.due_at_ms, d.pointer.id
 

@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.delivery.broker_wire import Taken
@@ -270,12 +270,21 @@ def _rules(services: Services, topic: Topic, due: Sequence[Due]) -> dict[str, Ca
     return services.campaign_rules.of(topic.uid)
 
 
-def passed_over(services: Services, topic: Topic, due: Sequence[Due]) -> set[str]:
-    """Ids of the messages a take would pass over now: those of paused campaigns."""
-    rules = _rules(services, topic, due)
-    return {d.row.id for d in due
-            if (c := rules.get(d.row.campaign or "")) is not None and c.paused
-            and not c.cancelled}
+def pauses(services: Services, topic: Topic) -> Callable[[MessageState], bool]:
+    """Whether a take would pass the message over now: its campaign is paused. The
+    campaigns' controls are read at the first message with a campaign."""
+    rules: dict[str, Campaign] | None = None
+
+    def paused(row: MessageState) -> bool:
+        nonlocal rules
+        if not row.campaign:
+            return False
+        if rules is None:
+            rules = services.campaign_rules.of(topic.uid)
+        found = rules.get(row.campaign)
+        return found is not None and found.paused and not found.cancelled
+
+    return paused
 
 
 def attempts_used_up(topic: Topic, row: MessageState) -> bool:
