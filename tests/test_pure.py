@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 import uuid
 from collections import Counter
@@ -22,7 +23,7 @@ from app.core.ids import (
 from app.core.timeline import fair_share, release_slot_of
 from app.core.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
 from app.delivery.fairness import FairQueue, fair_first, fair_order, group_place, turn_group
-from app.delivery.scan import Due, is_live
+from app.delivery.scan import Due, PointerKey, is_live
 from app.errors import StoreUnavailable
 from app.messages.enqueue import NewMessage, home_by_due_time, nesting
 from app.models import MessageState, Payload, Pointer
@@ -520,40 +521,61 @@ def test_counts_that_stand_move_a_walks_read_forward_never_back() -> None:
     assert walk.read_at == 900 and walk.position == {0: 100}
 
 
+def _held_at_random(rng: random.Random, trial: int) -> tuple[HeldMessages, dict[PointerKey, Due]]:
+    """HeldMessages after random adds, removes and re-adds of scheduled messages and leased
+    ones (their lease running or over), of several priorities, groups and shards, delivered
+    at or before their due time; and what a plain dict of the same steps holds."""
+    uid = uuid.uuid4()
+    held = HeldMessages()
+    kept: dict[PointerKey, Due] = {}
+    for step in range(rng.randint(1, 400)):
+        if kept and rng.random() < 0.3:
+            key = rng.choice(list(kept))
+            held.remove(key)
+            del kept[key]
+            continue
+        at = 1_000_000 + rng.randint(0, 3000)
+        leased = rng.random() < 0.2
+        row = MessageState(uid, f"m{trial}-{rng.randint(0, 300)}",
+                           "leased" if leased else "scheduled", 1, at,
+                           at - rng.choice([0, 0, rng.randint(0, 2000)]), rng.randint(0, 1),
+                           None, step % 4, rng.randint(0, 3), "h", None,
+                           at if leased else None, None, None, at, at,
+                           group=rng.choice([None, "a", "b"]))
+        d = Due(Pointer(at, row.id, 1, 0, row.shard), row)
+        key = (uid, row.id, 1)
+        held.add(key, d)
+        kept.setdefault(key, d)
+    return held, kept
+
+
+def _round_kind(d: Due) -> str:
+    """What a round does with a message (as the broker's _sorter says), by its attempts."""
+    return ("hand", "hand", "end", "pass")[d.row.attempts]
+
+
+def _check_firsts(held: HeldMessages, kept: dict[PointerKey, Due], now: int) -> None:
+    """HeldMessages.firsts against each turn group's live messages in the group's order."""
+    for n in (1, 3, 50):
+        found = held.firsts(now, n, _round_kind)
+        for group in {turn_group(d) for d in kept.values()}:
+            live = sorted((d for d in kept.values() if turn_group(d) == group
+                           and is_live(d.pointer, d.row, now)), key=group_place)
+            hand = [d for d in live if _round_kind(d) == "hand"][:n]
+            before = live[:live.index(hand[-1]) + 1] if len(hand) == n else live
+            for kind in ("hand", "end", "pass"):
+                assert ([id(d) for d in found[kind] if turn_group(d) == group]
+                        == [id(d) for d in before if _round_kind(d) == kind])
+
+
 def test_held_messages_give_what_is_ready_in_order_and_the_next_moment_as_a_full_pass_would(
         ) -> None:
-    """HeldMessages.ready_by, firsts and next_moment, which pass over what is held only up to
-    what they need, agree with a pass over everything held, through adds, removes and re-adds
-    of scheduled messages and leased ones (their lease running or over), of several
-    priorities and groups, delivered at or before their due time."""
-    rng = __import__("random").Random(11)
-    uid = uuid.uuid4()
+    """HeldMessages.ready_by, firsts, next_moment and earliest, which pass over what is held
+    only up to what they need, agree with a pass over everything held (_held_at_random)."""
+    rng = random.Random(11)
     lead = 200
-
-    def sort(d: Due) -> str:  # what a round does with each, as the broker's _sorter says
-        return ("hand", "hand", "end", "pass")[d.row.attempts]
-
     for trial in range(40):
-        held = HeldMessages()
-        kept: dict[tuple[uuid.UUID, str, int], Due] = {}
-        for step in range(rng.randint(1, 400)):
-            if kept and rng.random() < 0.3:
-                key = rng.choice(list(kept))
-                held.remove(key)
-                del kept[key]
-                continue
-            at = 1_000_000 + rng.randint(0, 3000)
-            leased = rng.random() < 0.2
-            row = MessageState(uid, f"m{trial}-{rng.randint(0, 300)}",
-                               "leased" if leased else "scheduled", 1, at,
-                               at - rng.choice([0, 0, rng.randint(0, 2000)]), rng.randint(0, 1),
-                               None, step % 4, rng.randint(0, 3), "h", None,
-                               at if leased else None, None, None, at, at,
-                               group=rng.choice([None, "a", "b"]))
-            d = Due(Pointer(at, row.id, 1, 0, row.shard), row)
-            key = (uid, row.id, 1)
-            held.add(key, d)
-            kept.setdefault(key, d)
+        held, kept = _held_at_random(rng, trial)
         for now in (999_000, 1_000_000, 1_001_500, 1_003_000, 1_004_000):
             for until in (now, now + lead):
                 expected = [d for d in kept.values()
@@ -562,16 +584,12 @@ def test_held_messages_give_what_is_ready_in_order_and_the_next_moment_as_a_full
                 assert sorted(id(d) for d in found) == sorted(id(d) for d in expected)
                 readies = [max(d.row.due_at_ms, d.row.lease_expires_at_ms or 0) for d in found]
                 assert readies == sorted(readies)
-            for n in (1, 3, 50):
-                found = held.firsts(now, n, sort)
-                for group in {turn_group(d) for d in kept.values()}:
-                    live = sorted((d for d in kept.values() if turn_group(d) == group
-                                   and is_live(d.pointer, d.row, now)), key=group_place)
-                    hand = [d for d in live if sort(d) == "hand"][:n]
-                    before = live[:live.index(hand[-1]) + 1] if len(hand) == n else live
-                    for kind in ("hand", "end", "pass"):
-                        assert ([id(d) for d in found[kind] if turn_group(d) == group]
-                                == [id(d) for d in before if sort(d) == kind])
+            _check_firsts(held, kept, now)
             after = [at for d in kept.values() for at in moments(d.row, lead) if at > now]
             assert held.next_moment(now, lead) == min(after, default=None), (trial, now)
         assert len(held) == len(kept)
+        earliest: dict[int, int] = {}
+        for d in kept.values():
+            earliest[d.pointer.shard] = min(earliest.get(d.pointer.shard, d.pointer.due_at_ms),
+                                            d.pointer.due_at_ms)
+        assert held.earliest() == earliest and held.shards() == set(earliest)

@@ -193,10 +193,11 @@ class Broker:
             return frozenset(lane for lane, n in held.lanes.items() if n >= HELD_PER_LANE)
 
     def held_pointers(self) -> list[tuple[uuid.UUID, int, int]]:
-        """(topic uid, shard, due ms) of every message held: no cursor may pass one."""
+        """(topic uid, shard, due ms) of the earliest message held of each shard: no cursor
+        may pass one."""
         with self._lock:
-            return [(uid, d.pointer.shard, d.pointer.due_at_ms)
-                    for uid, held in self.held.items() for d in held.by_key.values()]
+            return [(uid, shard, due) for uid, held in self.held.items()
+                    for shard, due in held.earliest().items()]
 
     def withdraw(self, link: int, want_id: int) -> None:
         """The want's call got its answer elsewhere or left: if it still waits here, it is

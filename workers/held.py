@@ -11,6 +11,7 @@ import bisect
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from app.delivery.fairness import GroupPlace, TurnGroup, group_place, turn_group
 from app.delivery.scan import Due, PointerKey, is_live
@@ -42,6 +43,8 @@ class HeldMessages:
         self._order: list[tuple[int, PointerKey]] = []
         # per turn group, (place in the group, key) of each held, sorted
         self._by_turn: dict[TurnGroup, list[tuple[GroupPlace, PointerKey]]] = {}
+        # per shard, (pointer's due ms, key) of each held, sorted
+        self._by_shard: dict[int, list[tuple[int, PointerKey]]] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -56,16 +59,14 @@ class HeldMessages:
         self.lanes[(d.pointer.shard, d.pointer.lane)] += 1
         bisect.insort(self._order, (ready_ms(d.row), key))
         bisect.insort(self._by_turn.setdefault(turn_group(d), []), (group_place(d), key))
+        bisect.insort(self._by_shard.setdefault(d.pointer.shard, []), (d.pointer.due_at_ms, key))
 
     def remove(self, key: PointerKey) -> None:
         d = self.by_key.pop(key, None)
         if d is None:
             return
-        group = turn_group(d)
-        entries = self._by_turn[group]
-        del entries[bisect.bisect_left(entries, (group_place(d), key))]
-        if not entries:
-            del self._by_turn[group]
+        _take_out(self._by_turn, turn_group(d), (group_place(d), key))
+        _take_out(self._by_shard, d.pointer.shard, (d.pointer.due_at_ms, key))
         lane = (d.pointer.shard, d.pointer.lane)
         self.lanes[lane] -= 1
         if self.lanes[lane] <= 0:
@@ -74,7 +75,11 @@ class HeldMessages:
             self._order = sorted((ready_ms(d.row), k) for k, d in self.by_key.items())
 
     def shards(self) -> set[int]:
-        return {shard for shard, _ in self.lanes}
+        return set(self._by_shard)
+
+    def earliest(self) -> dict[int, int]:
+        """{shard: the earliest due time (epoch ms) of a pointer held of it}."""
+        return {shard: entries[0][0] for shard, entries in self._by_shard.items()}
 
     def ready_by(self, until_ms: int) -> list[Due]:
         """Those that may be handed out by until_ms, earliest first."""
@@ -137,3 +142,11 @@ class HeldMessages:
         key no longer held, or held again since with another ready time)."""
         d = self.by_key.get(key)
         return d if d is not None and ready_ms(d.row) == ready else None
+
+
+def _take_out(index: dict[Any, list[Any]], name: Any, entry: Any) -> None:
+    """Remove entry from the sorted list index[name], and the list once empty."""
+    entries = index[name]
+    del entries[bisect.bisect_left(entries, entry)]
+    if not entries:
+        del index[name]
