@@ -39,7 +39,7 @@ class HeldMessages:
     def __init__(self) -> None:
         self.by_key: dict[PointerKey, Due] = {}
         self.lanes: Counter[tuple[int, int]] = Counter()  # held per (shard, lane)
-        # (ready ms, key), sorted; a key no longer held leaves its entry until it is passed
+        # (ready ms, key) of each held, sorted
         self._order: list[tuple[int, PointerKey]] = []
         # per turn group, (place in the group, key) of each held, sorted
         self._by_turn: dict[TurnGroup, list[tuple[GroupPlace, PointerKey]]] = {}
@@ -67,12 +67,11 @@ class HeldMessages:
             return
         _take_out(self._by_turn, turn_group(d), (group_place(d), key))
         _take_out(self._by_shard, d.pointer.shard, (d.pointer.due_at_ms, key))
+        del self._order[bisect.bisect_left(self._order, (ready_ms(d.row), key))]
         lane = (d.pointer.shard, d.pointer.lane)
         self.lanes[lane] -= 1
         if self.lanes[lane] <= 0:
             del self.lanes[lane]
-        if len(self._order) > 2 * len(self.by_key) + 64:  # entries of keys gone: rebuild
-            self._order = sorted((ready_ms(d.row), k) for k, d in self.by_key.items())
 
     def shards(self) -> set[int]:
         return set(self._by_shard)
@@ -83,18 +82,12 @@ class HeldMessages:
 
     def ready_by(self, until_ms: int) -> list[Due]:
         """Those that may be handed out by until_ms, earliest first."""
-        passed = 0
-        while passed < len(self._order) and self._order[passed][1] not in self.by_key:
-            passed += 1
-        del self._order[:passed]
-        found: dict[PointerKey, Due] = {}
+        found = []
         for ready, key in self._order:
             if ready > until_ms:
                 break
-            d = self._entry(ready, key)
-            if d is not None:
-                found.setdefault(key, d)
-        return list(found.values())
+            found.append(self.by_key[key])
+        return found
 
     def firsts(self, now_ms: int, n: int, sort: Callable[[Due], str]) -> dict[str, list[Due]]:
         """The messages that may be handed out at now_ms (app.delivery.scan.is_live), by what
@@ -129,19 +122,11 @@ class HeldMessages:
         for ready, key in itertools.islice(self._order, start, None):
             if best is not None and ready - lead_ms >= best:
                 break  # this one's moments and all after it come later
-            d = self._entry(ready, key)
-            if d is None:
-                continue
-            for at in moments(d.row, lead_ms):
+            for at in moments(self.by_key[key].row, lead_ms):
                 if at > now_ms and (best is None or at < best):
                     best = at
         return best
 
-    def _entry(self, ready: int, key: PointerKey) -> Due | None:
-        """The message an entry of the order stands for; None for an entry left behind (its
-        key no longer held, or held again since with another ready time)."""
-        d = self.by_key.get(key)
-        return d if d is not None and ready_ms(d.row) == ready else None
 
 
 def _take_out(index: dict[Any, list[Any]], name: Any, entry: Any) -> None:
