@@ -407,9 +407,9 @@ class Broker:
         wanted = sum(w.n for w in wants)
         total = min(wanted, ROUND_MAX)
         now = services.clock()
-        self.read_now(topic, self._read_since(topic, shards, parked, total, now))
-        now = services.clock()
         sort = _sorter(services, topic)
+        self.read_now(topic, self._read_since(topic, shards, parked, total, now, sort))
+        now = services.clock()
         found = self._firsts(topic, shards, now, total, sort)
         # a message whose attempts are used up is made dead by the take, never handed out:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
@@ -456,14 +456,14 @@ class Broker:
         return answers, next_ms, len(owners) == total < wanted or len(ending) == ROUND_MAX
 
     def _read_since(self, topic: Topic, shards: set[int], parked: list[_Parked], wanted: int,
-                    now: int) -> int:
+                    now: int, sort: Callable[[Due], str]) -> int:
         """Since when (epoch ms) a round's writes must have been read before it hands out:
         while what is held and due covers what the wants ask, only the writes it may not
         have read (a want's own process wrote the topic, or a pull wake-up came, after its
         read began); otherwise everything written before the newest want came, so that a
         round hands out in fair order what is due, not only what the walk had read. A read
         on every round cost each one-message lease a count read."""
-        live = len(self._firsts(topic, shards, now, wanted, _sorter(self.services, topic))["hand"])
+        live = len(self._firsts(topic, shards, now, wanted, sort)["hand"])
         with self._lock:
             woken = self._woken_at.get(topic.uid, 0)
         if live >= wanted:
