@@ -95,4 +95,5 @@ class Services:
         self.quotas.close()
         self.lag.close()
         self.topic_cache.close()
+        self.counts.close()
         self.db.shutdown()

@@ -1,5 +1,5 @@
 """Writes sent together (real Cassandra): an enqueue's pointer beside its row, and counters
-beside the conditional writes that make them, each settled by what applied."""
+moved by what applied, written by the process's ledger."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def test_a_pass_that_finds_a_pointer_before_its_row_leaves_it_for_the_next(
 
 def test_an_enqueue_whose_row_was_not_written_answers_503_and_counts_nothing(
         app: Flask, auth: dict[str, str], monkeypatch: Any) -> None:
-    """Its pointer and counters went out beside its row: when the row's write fails the
-    answer is 503, the counters are taken back and the pointer alone never delivers."""
+    """Its pointer went out beside its row: when the row's write fails the answer is 503,
+    nothing is counted and the pointer alone never delivers."""
     services: Services = app.extensions["duetime"]
     topic = TopicClient(app.test_client(), auth)
 
@@ -102,8 +102,8 @@ def test_an_enqueue_whose_row_was_not_written_answers_503_and_counts_nothing(
 
 def test_acks_that_do_not_apply_leave_the_counts_as_they_were(
         app: Flask, auth: dict[str, str]) -> None:
-    """An ack's counters go out beside its conditional write; a repeated ack and an ack of
-    a lost lease must take them back."""
+    """An ack's counters move by what its conditional write applied: a repeated ack and an
+    ack of a lost lease move none."""
     topic = TopicClient(app.test_client(), auth, lease_seconds=1)
     topic.enqueue(id="once")
     topic.enqueue(id="lost")

@@ -82,7 +82,8 @@ class OperationRunner:
         return 0
 
     def run(self, topic: Topic, op: Operation) -> bool:
-        """Run a claimed operation from its checkpoint to its end (False: stopped early)."""
+        """Run a claimed operation from its checkpoint to its end (False: stopped early); its
+        counter moves are written before it ends as succeeded."""
         wait_ms = op.not_before - self.services.clock()
         if wait_ms > 0:  # every process has seen the campaign's mark by then
             time.sleep(wait_ms / 1000)
@@ -90,6 +91,7 @@ class OperationRunner:
             if self.stopping():
                 return False
             op = self._page(topic, op)
+        self.services.counts.flush()  # its counts are written before it is seen to succeed
         now = self.services.clock()
         self.services.campaigns.end_op(topic.uid, op.campaign, op.id, op.new_gen, now)
         self.services.campaign_rules.forget(topic.uid)

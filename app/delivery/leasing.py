@@ -30,8 +30,6 @@ from app.errors import (
 from app.messages import dead_letters
 from app.messages.transitions import (
     apply_transition,
-    count_ahead,
-    count_applied,
     count_moves,
     finished,
     move_many,
@@ -125,19 +123,19 @@ def _give_back(services: Services, topic: Topic, items: list[Taken]) -> list[Mes
 
 
 def take_with_payloads(services: Services, topic: Topic, chunk: list[Due], now: int,
-                       holds: Sequence[Hold], wait_counts: bool = True,
-                       ahead_ms: int = 0) -> list[tuple[MessageState, Payload | None]]:
+                       holds: Sequence[Hold], ahead_ms: int = 0
+                       ) -> list[tuple[MessageState, Payload | None]]:
     """take(), with each leased row's payload (None when it is missing). Payloads are
     immutable, so they are read while the take's round trips run, not after them."""
     reading = services.messages.start_payloads(
         topic.uid, [(d.row.id, d.row.content_hash) for d in chunk])
-    rows = take(services, topic, chunk, now, holds, wait_counts, ahead_ms)
+    rows = take(services, topic, chunk, now, holds, ahead_ms)
     payloads = services.messages.collect_payloads(reading)
     return [(r, payloads.get((r.id, r.content_hash))) for r in rows]
 
 
 def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Sequence[Hold],
-         wait_counts: bool = True, ahead_ms: int = 0) -> list[MessageState]:
+         ahead_ms: int = 0) -> list[MessageState]:
     """Try to lease each due message on the terms of its hold (or make it dead past
     max_attempts); returns the leased. Used by pull leases and by the releasers' webhook push
     alike. Rows not due by now + ahead_ms (this server's clock) are never taken, whatever
@@ -174,9 +172,6 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + ending]
     rows = {d.row.id: d.row for d in chunk}
-    # a waiting caller's counters go out beside the LWTs, not after them (count_ahead)
-    ahead = count_ahead(services, topic, [(rows[r.id].state, r.state, r.campaign)
-                                          for r, _, _ in changes]) if wait_counts else None
     outcomes = services.messages.cas_many(changes)
     # a change this process left undecided before may have applied after all: its row
     # is handed out as stored, not left leased to nobody until its lease runs out
@@ -191,11 +186,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
            for n, ((r, _, _), ok) in enumerate(zip(changes, outcomes, strict=True))
            if ok is True or n in earlier]
     finished(services, topic, won)
-    moves = [(rows[r.id].state, r.state, r.campaign) for r in won]
-    if ahead is None:
-        count_moves(services, topic, moves, wait=False)
-    else:
-        count_applied(services, topic, ahead, moves)
+    count_moves(services, topic, [(rows[r.id].state, r.state, r.campaign) for r in won])
     _count_slots(services, topic, [(rows[r.id], r) for r in won
                                    if r.paced and r.state == "scheduled"])
     leased = [r for r in won if r.state == "leased"]
@@ -379,8 +370,6 @@ def ack_many(services: Services, topic: Topic,
         except DuetimeError as err:
             answers[index] = err
     blind = [(index, i, lease, held) for index, i, (lease, held) in presented if held]
-    ahead = count_ahead(services, topic, [("leased", "delivered", h.campaign)
-                                          for _, _, _, h in blind])
     applied = services.messages.deliver_many(
         topic.uid, [(i, lease, h.version, h.expires_ms, h.campaign) for _, i, lease, h in blind],
         now, services.config.retention_days)
@@ -392,7 +381,7 @@ def ack_many(services: Services, topic: Topic,
                          answers, now)
     # their lease pointers (_spend_lease_pointers)
     services.scanner.spend_versions(topic, [(i, v) for i, v, _ in done])
-    count_applied(services, topic, ahead, [("leased", "delivered", c) for _, _, c in done])
+    count_moves(services, topic, [("leased", "delivered", c) for _, _, c in done])
     return answers
 
 

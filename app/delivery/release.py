@@ -46,7 +46,7 @@ def take_for_push(services: Services, topic: Topic, due: list[Due], consumer: st
     missing: the POST is then a failure)."""
     hold = leasing.Hold(push_lease_s(topic), consumer)
     return leasing.take_with_payloads(services, topic, due, services.clock(),
-                                      [hold] * len(due), wait_counts=False, ahead_ms=ahead_ms)
+                                      [hold] * len(due), ahead_ms=ahead_ms)
 
 
 def jittered_backoff_ms(attempt: int, topic: Topic, rng: random.Random) -> int:
@@ -93,5 +93,5 @@ def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome
         results[i] = ok
     finished(services, topic, [rows[i] for i in todo if results[i] is True])
     count_moves(services, topic, [("leased", rows[i].state, rows[i].campaign) for i in todo
-                                  if results[i] is True], wait=False)
+                                  if results[i] is True])
     return results

@@ -17,7 +17,6 @@ retrying the same request re-writes the pointer (the state row is found with the
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -33,8 +32,6 @@ from app.core.timeparse import TimeFormatError, parse_local_time, zone
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.messages.transitions import (
     apply_transition,
-    count_ahead,
-    count_applied,
     count_moves,
     count_replace,
 )
@@ -42,7 +39,6 @@ from app.models import MessageState, Payload, Pointer, Topic
 from app.schedules.quiet_hours import QuietHours
 from app.services import Services
 from app.store.messages import PayloadRow, Staging
-from app.store.session import Pending
 
 log = logging.getLogger(__name__)
 RETRIES_ON_RACE = 3
@@ -251,31 +247,29 @@ def _write(services: Services, topic: Topic, items: Sequence[NewMessage],
     _cover(services, topic, rows, [i for i, _ in replacing if _fresh(results[i])], results)
     if not pointers:
         return
-    counting = _start_counts(services, topic, [rows[i] for i in created])
+    count_moves(services, topic, [(None, "scheduled", rows[i].campaign) for i in created],
+                also=services.counts.upcoming_updates_at(
+                    topic.uid, [rows[i].due_at_ms for i in created]))
     errors = services.placer.place(topic.uid, pointers, now, topic.pushed)
     errors = _placed_in_time(services, topic, pointers, errors)
     for i, err in zip(placed_for, errors, strict=True):
         if err is not None:
             results[i] = EnqueueResult(rows[i].id, 503, error=_unavailable(err))
-    _finish_counts(services, counting)
     _cover(services, topic, rows, [i for i in placed_for if _fresh(results[i])], results)
 
 
 def _write_fresh(services: Services, topic: Topic, rows: list[MessageState], fresh: list[int],
                  staging: Staging, results: list[EnqueueResult | None], now: int) -> None:
-    """Messages with a server-made id and no campaign: their pointers and counters are sent
-    while their payload-and-row batches (`staging`) are written, so the whole enqueue is one
-    round trip. A reader that finds such a pointer before its row leaves it unspent, as it
-    does a transition's pointer written before its LWT (app.delivery.scan.is_spent), and no reader
+    """Messages with a server-made id and no campaign: their pointers are sent while their
+    payload-and-row batches (`staging`) are written, so the whole enqueue is one round trip.
+    A reader that finds such a pointer before its row leaves it unspent, as it does a
+    transition's pointer written before its LWT (app.delivery.scan.is_spent), and no reader
     is woken for the pointers before the rows are written (PointerPlacer.place's `landed`).
-    Each answers 201 when both were written, else 503; its counters are taken back when its
-    row was not written (one whose pointer alone failed stays counted: its row exists)."""
+    Each answers 201 when both were written, else 503; one whose row was written is counted
+    (one whose pointer alone failed too: its row exists)."""
     if not fresh:
         return
     made = [rows[i] for i in fresh]
-    ahead = count_ahead(services, topic, [(None, "scheduled", None)] * len(made),
-                        also=services.counts.upcoming_updates_at(
-                            topic.uid, [r.due_at_ms for r in made]))
     try:
         pointer_errors: list[Exception | None] = services.placer.place(
             topic.uid, [pointer_of(r, version=1) for r in made], now, topic.pushed,
@@ -291,12 +285,9 @@ def _write_fresh(services: Services, topic: Topic, rows: list[MessageState], fre
         err = row_error or pointer_error
         results[i] = (EnqueueResult(rows[i].id, 201, rows[i].deliver_at_ms, "scheduled")
                       if err is None else EnqueueResult(rows[i].id, 503, error=_unavailable(err)))
-    unwritten = [r for r, err in zip(made, row_errors, strict=True) if err is not None]
-    with contextlib.suppress(StoreUnavailable):  # accepted messages never turn into errors
-        count_applied(services, topic, ahead,
-                      [(None, "scheduled", None)] * (len(made) - len(unwritten)),
-                      also=services.counts.upcoming_updates_at(
-                          topic.uid, [r.due_at_ms for r in unwritten], sign=-1))
+    written = [r for r, err in zip(made, row_errors, strict=True) if err is None]
+    count_moves(services, topic, [(None, "scheduled", None)] * len(written),
+                also=services.counts.upcoming_updates_at(topic.uid, [r.due_at_ms for r in written]))
 
 
 def _placed_in_time(services: Services, topic: Topic, pointers: list[Pointer],
@@ -464,31 +455,7 @@ def _replace(services: Services, topic: Topic, found: MessageState,
             continue
         except StoreUnavailable as exc:
             return EnqueueResult(row.id, 503, error=_unavailable(exc))
-        with contextlib.suppress(StoreUnavailable):  # the replace is done; stats may lag
-            count_replace(services, topic, found, new)
+        count_replace(services, topic, found, new)
         return EnqueueResult(new.id, 200, new.deliver_at_ms, new.state)
     return EnqueueResult(row.id, 409, error=Conflict(
         f"Message {row.id!r} is changing concurrently; retry."))
-
-
-def _start_counts(services: Services, topic: Topic,
-                  created: list[MessageState]) -> list[Pending]:
-    """Send the counter writes of the topic and of the campaigns for new rows; they run while
-    the pointers are written (a stats counter has no order to keep with them)."""
-    if not created:
-        return []
-    try:
-        return count_moves(services, topic, [(None, "scheduled", r.campaign) for r in created],
-                           wait=False, also=services.counts.upcoming_updates_at(
-                               topic.uid, [r.due_at_ms for r in created]))
-    except StoreUnavailable as exc:
-        log.warning("stats not updated for %d messages: %s", len(created), exc)
-        return []
-
-
-def _finish_counts(services: Services, counting: list[Pending]) -> None:
-    """Wait for the counter writes, so stats read after the answer include them. The messages
-    are already accepted: a failure (logged where the write was sent; stats may under-count)
-    never turns an accepted message into an error."""
-    with contextlib.suppress(Exception):
-        services.db.results(counting)

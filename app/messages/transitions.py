@@ -6,17 +6,15 @@ that makes it current, so a crash between the two leaves at worst a stale pointe
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from app.core.timeline import pointer_of, ttl_s
-from app.errors import LeaseLost, StoreUnavailable
+from app.errors import LeaseLost
 from app.models import MessageState, Topic
 from app.ops import metrics
 from app.services import Services
-from app.store.session import Pending
 
 
 def place_then(services: Services, topic: Topic, rows: list[MessageState],
@@ -69,7 +67,6 @@ def apply_transition(services: Services, topic: Topic, new: MessageState, moved:
         finished(services, topic, [new])
 
 
-log = logging.getLogger("duetime.counts")
 Move = tuple[str | None, str, str | None]  # (state before or None if new, after, campaign)
 
 
@@ -90,90 +87,38 @@ def _deltas(moves: Sequence[Move]) -> Deltas:
     return deltas, per_campaign
 
 
-def _send(services: Services, topic: Topic, deltas: Deltas, wait: bool,
-          also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[Pending]:
-    """Send the counter updates of deltas (zeros left out) and `also`; wait for them, or
-    return their futures with failures logged."""
+def _count(services: Services, topic: Topic, deltas: Deltas,
+           also: Sequence[tuple[str, Sequence[Any]]] = ()) -> None:
+    """Add the counter updates of deltas (zeros left out) and `also` to the process's ledger
+    (app.store.counts.CounterLedger), which writes them within its flush period."""
     topic_deltas, per_campaign = deltas
-    updates = [*services.counts.state_updates(topic.uid, topic_deltas),
-               *services.campaigns.count_updates(topic.uid, per_campaign), *also]
-    sent = services.db.counter_batches(updates)
-    if wait:
-        services.db.results(sent)
-        return []
-    for f in sent:
-        f.add_errback(lambda exc: log.warning("counter write failed: %r", exc))
-    return sent
+    services.counts.add([*services.counts.state_updates(topic.uid, topic_deltas),
+                         *services.campaigns.count_updates(topic.uid, per_campaign), *also])
 
 
-def count_moves(services: Services, topic: Topic, moves: Sequence[Move], wait: bool = True,
-                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[Pending]:
+def count_moves(services: Services, topic: Topic, moves: Sequence[Move],
+                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> None:
     """Move the per-state counters of the topic and of each move's campaign by (before,
-    after, campaign) moves, and this process's message metrics; `also` are more counter
-    updates to send in the same batches. wait=False: the writes are only sent, their futures
-    returned (failures logged)."""
+    after, campaign) moves of applied transitions, and this process's message metrics;
+    `also` are more counter updates to count with them. Never fails and never waits: the
+    counters are written by the ledger."""
     metrics.count_transitions(topic.tenant, topic.name, [(b, a) for b, a, _ in moves])
-    return _send(services, topic, _deltas(moves), wait, also)
+    _count(services, topic, _deltas(moves), also)
 
 
 def count_replace(services: Services, topic: Topic, before: MessageState,
                   after: MessageState) -> None:
     """A scheduled message replaced (if_exists replace): its upcoming load moves from the
     old due minute to the new one, and its campaigns' scheduled counts from the old
-    campaign to the new one, in one round of counter batches."""
+    campaign to the new one."""
     per_campaign: dict[str, dict[str, int]] = {}
     if before.campaign != after.campaign:
         for campaign, sign in ((before.campaign, -1), (after.campaign, 1)):
             if campaign:
                 per_campaign[campaign] = {before.state: sign}
     counts = services.counts
-    _send(services, topic, ({}, per_campaign), True,
-          also=[*counts.upcoming_updates_at(topic.uid, [before.due_at_ms], sign=-1),
-                *counts.upcoming_updates_at(topic.uid, [after.due_at_ms])])
+    _count(services, topic, ({}, per_campaign),
+           also=[*counts.upcoming_updates_at(topic.uid, [before.due_at_ms], sign=-1),
+                 *counts.upcoming_updates_at(topic.uid, [after.due_at_ms])])
 
 
-@dataclasses.dataclass(frozen=True)
-class CountedAhead:
-    """Counter moves sent alongside the conditional writes that are to make them
-    (count_ahead), so an answer waits for one round trip, not two."""
-
-    moves: Sequence[Move]
-    sent: list[Pending]
-    unsent: Sequence[tuple[str, Sequence[Any]]] = ()  # `also` updates that failed to go
-
-
-def count_ahead(services: Services, topic: Topic, moves: Sequence[Move],
-                also: Sequence[tuple[str, Sequence[Any]]] = ()) -> CountedAhead:
-    """Send the counter moves of transitions about to be tried (and `also`, more counter
-    updates), before knowing which apply; count_applied then takes back those that did not.
-    A failure to send is logged, not raised: counters never fail a transition (what was not
-    sent is sent with the settlement; one that failed after part of its batches went may
-    leave a count off, as a counter write that times out does)."""
-    try:
-        return CountedAhead(moves, _send(services, topic, _deltas(moves), False, also))
-    except StoreUnavailable as exc:
-        log.warning("counters not sent ahead: %s", exc)
-        return CountedAhead((), [], also)
-
-
-def count_applied(services: Services, topic: Topic, ahead: CountedAhead,
-                  applied: Sequence[Move], also: Sequence[tuple[str, Sequence[Any]]] = ()
-                  ) -> None:
-    """Settle counters sent ahead: `applied` are the moves that happened (counted in this
-    process's metrics). The counters move by applied less what was sent ahead, so a move that
-    did not apply is taken back and one not sent ahead is counted; when all applied as sent
-    (and `also`, more counter updates, is empty), no request is made. Waits for every
-    counter write, so stats read after the answer include them (a failure raises
-    StoreUnavailable, as count_moves does)."""
-    metrics.count_transitions(topic.tenant, topic.name, [(b, a) for b, a, _ in applied])
-    sent_topic, sent_campaigns = _deltas(ahead.moves)
-    topic_deltas, per_campaign = _deltas(applied)
-    for state, n in sent_topic.items():
-        topic_deltas[state] = topic_deltas.get(state, 0) - n
-    for name, per_state in sent_campaigns.items():
-        mine = per_campaign.setdefault(name, {})
-        for state, n in per_state.items():
-            mine[state] = mine.get(state, 0) - n
-    sent = ahead.sent + _send(services, topic, (topic_deltas, per_campaign), False,
-                              [*ahead.unsent, *also])
-    services.db.results(sent)

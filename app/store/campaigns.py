@@ -20,6 +20,7 @@ from typing import Any
 from app.core.timeline import CAMPAIGN_SPREAD
 from app.core.timeparse import cql_ms
 from app.errors import StoreUnavailable
+from app.store.counts import flush_counters
 from app.store.session import CassandraSession
 
 # Bounds cells are written USING TIMESTAMP = ms (latest wins) or BOUNDS_BASE - ms (earliest
@@ -195,7 +196,9 @@ class CampaignStore:
                 for name, per_state in deltas.items() for state, d in per_state.items() if d]
 
     def counts(self, topic_uid: uuid.UUID, names: list[str]) -> dict[str, dict[str, int]]:
-        """{campaign: {state: n}} for these campaigns (one read each, concurrently)."""
+        """{campaign: {state: n}} for these campaigns (one read each, concurrently), read
+        after this process's counter moves are written (app.store.counts.flush_counters)."""
+        flush_counters()
         futures = [self.db.execute_async(
             "SELECT state, n FROM {ks}.campaign_counts WHERE topic_uid = ? AND campaign = ?",
             (topic_uid, name)) for name in names]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ from app.delivery.webhook_targets import Network, parse_allow, url_refusal
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
 from app.services import Services
+from app.store.counts import FLUSH_S
 from app.store.lag import LagMinute
 
 RETRIES_ON_RACE = 3
@@ -93,6 +95,9 @@ def rotate_signing_secret(services: Services, tenant: str, name: str,
 
 
 def _live_messages(services: Services, topic: Topic) -> int:
+    """Scheduled and leased messages of the topic, counted once every process has written
+    the moves it made before this call (each writes its own within counts.FLUSH_S)."""
+    time.sleep(2 * FLUSH_S)
     counts = services.counts.states(topic.uid)
     return counts.get("scheduled", 0) + counts.get("leased", 0)
 

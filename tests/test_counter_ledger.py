@@ -1,0 +1,127 @@
+"""The counter ledger on the real node: a process's counter moves are summed and written
+within its flush period, by a read of counts in the process at once, at close what is
+left, and a flush the node refused keeps its moves for the next one."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from app.config import Config
+from app.errors import StoreUnavailable
+from app.store.counts import CounterLedger, CountStore, flush_counters
+from app.store.session import CassandraSession
+from tests.waiting import wait_until
+
+_READ = "SELECT state, n FROM {ks}.state_counts WHERE topic_uid = ?"
+
+
+def _stored(db: CassandraSession, topic_uid: uuid.UUID) -> dict[str, int]:
+    """The counts as stored, read without writing any ledger first."""
+    return {r["state"]: r["n"] for r in db.execute(_READ, (topic_uid,))}
+
+
+class _Writes:
+    """Counts the counter requests a session sends (the node still does the work)."""
+
+    def __init__(self, db: CassandraSession) -> None:
+        self.requests = 0
+        self._send = db.counter_batches
+        db.counter_batches = self._counted  # type: ignore[method-assign]
+
+    def _counted(self, updates, per_batch=32):  # type: ignore[no-untyped-def]
+        self.requests += 1
+        return self._send(updates, per_batch)
+
+
+def test_many_moves_of_a_counter_are_written_once_summed(config: Config) -> None:
+    db = CassandraSession(config)
+    ledger = CounterLedger(db, flush_s=3600)
+    writes = _Writes(db)
+    topic_uid = uuid.uuid4()
+    try:
+        for _ in range(200):
+            ledger.add(CountStore.state_updates(topic_uid, {"scheduled": 1}))
+        ledger.add(CountStore.state_updates(topic_uid, {"scheduled": -50, "leased": 50}))
+        assert _stored(db, topic_uid) == {}  # nothing written by the moves themselves
+        ledger.flush()
+        assert _stored(db, topic_uid) == {"scheduled": 150, "leased": 50}
+        assert writes.requests == 1
+        ledger.flush()  # nothing left: no request
+        assert writes.requests == 1
+    finally:
+        ledger.close()
+        db.shutdown()
+
+
+def test_the_ledger_writes_its_moves_by_itself_within_its_period(config: Config) -> None:
+    db = CassandraSession(config)
+    counts = CountStore(db)
+    topic_uid = uuid.uuid4()
+    try:
+        counts.add_states(topic_uid, {"scheduled": 2})
+        assert wait_until(lambda: _stored(db, topic_uid) == {"scheduled": 2}, 10)
+    finally:
+        counts.close()
+        db.shutdown()
+
+
+def test_a_read_of_counts_in_the_process_writes_its_moves_first(config: Config) -> None:
+    db = CassandraSession(config)
+    slow = CounterLedger(db, flush_s=3600)  # its thread would not write for an hour
+    counts = CountStore(db)
+    topic_uid = uuid.uuid4()
+    try:
+        slow.add(counts.state_updates(topic_uid, {"dead": 3}))
+        assert counts.states(topic_uid) == {"dead": 3}
+        slow.add(counts.state_updates(topic_uid, {"dead": -1}))
+        flush_counters()
+        assert _stored(db, topic_uid) == {"dead": 2}
+    finally:
+        slow.close()
+        counts.close()
+        db.shutdown()
+
+
+def test_close_writes_what_is_left_and_ends_the_thread(config: Config) -> None:
+    db = CassandraSession(config)
+    ledger = CounterLedger(db, flush_s=3600)
+    topic_uid = uuid.uuid4()
+    try:
+        ledger.add(CountStore.state_updates(topic_uid, {"cancelled": 7}))
+        thread = ledger._thread
+        assert thread is not None and thread.is_alive()
+        started = time.monotonic()
+        ledger.close()
+        assert time.monotonic() - started < 5 and not thread.is_alive()
+        assert _stored(db, topic_uid) == {"cancelled": 7}
+    finally:
+        db.shutdown()
+
+
+def test_a_flush_the_node_refused_keeps_its_moves_for_the_next(config: Config) -> None:
+    """A flush refused before anything applied (no node to take it) keeps its moves: they
+    are written once, neither lost nor doubled."""
+    db = CassandraSession(config)
+    ledger = CounterLedger(db, flush_s=3600)
+    topic_uid = uuid.uuid4()
+    send = db.counter_batches
+    refused: list[int] = []
+
+    def refuse_once(updates, per_batch=32):  # type: ignore[no-untyped-def]
+        if not refused:
+            refused.append(len(updates))
+            raise StoreUnavailable("Cassandra unavailable: NoHostAvailable")
+        return send(updates, per_batch)
+
+    try:
+        ledger.add(CountStore.state_updates(topic_uid, {"delivered": 4}))
+        db.counter_batches = refuse_once  # type: ignore[method-assign]
+        ledger.flush()
+        assert refused and _stored(db, topic_uid) == {}
+        ledger.flush()
+        ledger.flush()
+        assert _stored(db, topic_uid) == {"delivered": 4}
+    finally:
+        ledger.close()
+        db.shutdown()
