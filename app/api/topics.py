@@ -124,7 +124,11 @@ class TopicStats(MethodView):
     @blp.response(200, TopicStatsSchema)
     def get(self, query: dict[str, Any], topic: str) -> dict[str, Any]:
         """Counts per state and the scheduled load ahead: per minute for the next hour, or
-        with window=hour per hour for the next 7 days."""
+        with window=hour per hour for the next 7 days.
+
+        Counts are approximate, as a queue's message counts are: each server process writes
+        its moves within 0.2 s, so a change shows within about that time (at once when the
+        same process made it), and a server process killed loses its last 0.2 s of moves."""
         found = usecases.get_topic(services(), tenant(), topic)
         return usecases.topic_stats(services(), found, query["window"])
 
