@@ -120,5 +120,3 @@ def count_replace(services: Services, topic: Topic, before: MessageState,
     _count(services, topic, ({}, per_campaign),
            also=[*counts.upcoming_updates_at(topic.uid, [before.due_at_ms], sign=-1),
                  *counts.upcoming_updates_at(topic.uid, [after.due_at_ms])])
-
-
