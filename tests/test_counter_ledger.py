@@ -117,10 +117,10 @@ def test_a_flush_the_node_refused_keeps_its_moves_for_the_next(config: Config) -
     try:
         ledger.add(CountStore.state_updates(topic_uid, {"delivered": 4}))
         db.counter_batches = refuse_once  # type: ignore[method-assign]
-        ledger.flush()
+        assert ledger.flush() is False  # refused: kept
         assert refused and _stored(db, topic_uid) == {}
-        ledger.flush()
-        ledger.flush()
+        assert ledger.flush() is True
+        assert ledger.flush() is True  # nothing left
         assert _stored(db, topic_uid) == {"delivered": 4}
     finally:
         ledger.close()

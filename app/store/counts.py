@@ -30,6 +30,7 @@ from app.errors import StoreUnavailable
 from app.store.session import COUNTER_BATCH, CassandraSession
 
 FLUSH_S = 0.2  # how long a counter move waits in its process before it is written
+REFUSED_RETRY_S = 2.0  # after a flush the node refused, before the next try
 CounterUpdate = tuple[str, Sequence[Any]]  # (CQL adding its first parameter, parameters)
 log = logging.getLogger("duetime.counts")
 _LEDGERS: weakref.WeakSet[CounterLedger] = weakref.WeakSet()
@@ -66,8 +67,10 @@ class CounterLedger:
                                                 daemon=True)
                 self._thread.start()
 
-    def flush(self) -> None:
-        """Write every move counted so far (waits for the writes; a failure is logged)."""
+    def flush(self) -> bool:
+        """Write every move counted so far (waits for the writes; a failure is logged).
+        False when some were refused before they applied and are kept for the next flush."""
+        kept = False
         with self._flushing:
             with self._lock:
                 moves, self._moves = self._moves, Counter()
@@ -80,14 +83,17 @@ class CounterLedger:
                 except StoreUnavailable as exc:  # not sent: kept for the next flush
                     log.warning("counters not written, kept for the next flush: %s", exc)
                     self.add(chunk)
+                    kept = True
             for chunk, future in sent:
                 try:
                     future.result()
                 except (Unavailable, NoHostAvailable) as exc:  # refused before it applied
                     log.warning("counters not written, kept for the next flush: %r", exc)
                     self.add(chunk)
+                    kept = True
                 except Exception as exc:  # may have applied: counters are never sent twice
                     log.warning("counters not written (counts may be off): %r", exc)
+        return not kept
 
     def close(self) -> None:
         """Stop the thread and write what is left."""
@@ -104,7 +110,8 @@ class CounterLedger:
             if self._closed.wait(self.flush_s):
                 return
             try:
-                self.flush()
+                if not self.flush():  # the node refused: not again for a while
+                    self._closed.wait(REFUSED_RETRY_S)
             except Exception as exc:  # never let the thread die
                 log.warning("counter flush failed: %r", exc)
 
@@ -114,6 +121,7 @@ def flush_counters() -> None:
     follows sees every move this process made."""
     for ledger in list(_LEDGERS):
         ledger.flush()
+
 
 _STATE = "UPDATE {ks}.state_counts SET n = n + ? WHERE topic_uid = ? AND state = ?"
 _UPCOMING = ("UPDATE {ks}.upcoming_counts SET n = n + ? "
