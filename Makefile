@@ -34,11 +34,12 @@ lint:
 openapi: setup  ## regenerate openapi.yaml from the marshmallow schemas
 	$(VENV)/bin/duetime openapi --output openapi.yaml
 
-bench: up       ## pull (batched and one message per request), push, push in a crowded keyspace, campaign, schedule, many-topic, idle-stack, new-topic, overload and command-line start benchmarks against the running stack; results in bench-results/
+bench: up       ## pull (batched and one message per request), push, push in a crowded keyspace, pull beside idle backlogs, campaign, schedule, many-topic, idle-stack, new-topic, overload and command-line start benchmarks against the running stack; results in bench-results/
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
 	$(PY) -m tests.bench.single $(BENCH_SINGLE_ARGS)
 	$(PY) -m tests.bench.push
 	$(PY) -m tests.bench.crowded $(BENCH_CROWDED_ARGS)
+	$(PY) -m tests.bench.backlogs $(BENCH_BACKLOG_ARGS)
 	$(PY) -m tests.bench.campaigns $(BENCH_CAMPAIGN_ARGS)
 	$(PY) -m tests.bench.schedules $(BENCH_SCHEDULE_ARGS)
 	$(PY) -m tests.bench.topics $(BENCH_TOPIC_ARGS)

@@ -101,6 +101,7 @@ def _limit_unsized_bodies(app: Flask) -> None:
 def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> Flask:
     """The WSGI application for config (default: from the DUETIME_* environment)."""
     config = config or load_config()
+    metrics.time_collections()
     app = Flask(__name__)
     _smorest_settings(app, config)
     services = Services(config, clock)

@@ -4,6 +4,7 @@ The app is loaded in each worker after fork (no preload), so every worker makes 
 Cassandra session on first use: the driver's connections must never cross a fork.
 """
 
+import gc
 import math
 import os
 import pathlib
@@ -123,6 +124,13 @@ def on_starting(server: Any) -> None:
     _metrics_dir.mkdir(parents=True, exist_ok=True)
     for stale in _metrics_dir.glob("*.db"):
         stale.unlink()
+
+
+def post_worker_init(worker: Any) -> None:
+    """The app is loaded: what the worker made so far (modules, the app, its schemas) lives
+    as long as it does, and is kept out of every later garbage collection, which then walks
+    only what came since (the full ones stop every thread of the worker)."""
+    gc.freeze()
 
 
 def worker_exit(server: Any, worker: Any) -> None:

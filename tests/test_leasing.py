@@ -18,6 +18,7 @@ from app.config import Config
 from app.core.ids import home_of
 from app.core.timeline import COUNTED_AHEAD_MS
 from app.core.timeparse import format_ms, parse_instant
+from app.delivery.scan import pointer_key
 from app.models import Pointer
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
@@ -388,7 +389,7 @@ def test_a_give_back_whose_write_failed_leaves_the_lease_to_run_out(
     row = services.messages.get(found.uid, "gone")
     assert row is not None and row.state == "leased"
     taken = Taken(0, None, row, b"{}", row.updated_at_ms)  # type: ignore[arg-type]
-    key = (found.uid, row.id, row.version)
+    key = pointer_key(found.uid, row.id, row.version)
     cas_many = services.messages.cas_many
     monkeypatch.setattr(services.messages, "cas_many",
                         lambda changes: [RuntimeError("WriteTimeout")] * len(changes))
@@ -402,5 +403,5 @@ def test_a_give_back_whose_write_failed_leaves_the_lease_to_run_out(
     row = services.messages.get(found.uid, "gone")
     assert row is not None and row.state == "leased"
     give_back(services, found, [Taken(1, None, row, b"{}", row.updated_at_ms)])  # type: ignore[arg-type]
-    assert (found.uid, row.id, row.version) in services.scanner.spent
+    assert pointer_key(found.uid, row.id, row.version) in services.scanner.spent
     assert services.messages.get(found.uid, "gone").state == "scheduled"  # type: ignore[union-attr]

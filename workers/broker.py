@@ -38,7 +38,7 @@ from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
 from app.delivery.fairness import fair_first
 from app.delivery.leasing import Hold, attempts_used_up, give_back, pauses, take_with_payloads
-from app.delivery.scan import Due, PointerKey, is_live
+from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.models import Pointer, Topic
 from app.services import Services
 from workers.held import HeldMessages
@@ -164,21 +164,23 @@ class Broker:
 
     def hold(self, topic_uid: uuid.UUID, found: list[Due]) -> None:
         """What the walk read of the topic: waiting messages, handed out from here (those
-        held already are not read again: holds)."""
+        held already are not read again: holding)."""
         if not found:
             return
         with self._lock:
-            held = self.held.setdefault(topic_uid, HeldMessages())
+            held = self.held.setdefault(topic_uid, HeldMessages(topic_uid))
             for d in found:
-                held.add((topic_uid, d.pointer.id, d.pointer.version), d)
+                held.add(pointer_key(topic_uid, d.pointer.id, d.pointer.version), d)
             waiting = bool(self._wants.get(topic_uid))
         if waiting:
             self._kick(topic_uid)
 
-    def holds(self, key: PointerKey) -> bool:
-        """Whether the pointer (topic uid, message id, version) is held here."""
-        held = self.held.get(key[0])
-        return held is not None and key in held
+    def holding(self, topic_uid: uuid.UUID) -> Callable[[PointerKey], bool]:
+        """Whether a pointer of the topic (by its pointer_key) is held here."""
+        def holds(key: PointerKey) -> bool:
+            held = self.held.get(topic_uid)
+            return held is not None and key in held
+        return holds
 
     def room(self, topic_uid: uuid.UUID) -> int:
         """How many more messages of the topic the walk may hold here."""
@@ -438,8 +440,9 @@ class Broker:
                                    ahead_ms=0 if due_now else self.lead_ms) if chunk else []
         # a pointer whose take was decided (leased, lost to another writer, made dead) is
         # spent; one undecided (a write failed) or not due yet stays held for the next round
-        self._drop(topic.uid, [d for d in chunk if (topic.uid, d.pointer.id, d.pointer.version)
-                               in services.scanner.spent])
+        spent = services.scanner.spent
+        self._drop(topic.uid, [d for d in chunk
+                               if pointer_key(topic.uid, d.pointer.id, d.pointer.version) in spent])
         answers: dict[int, list[Taken]] = defaultdict(list)
         for row, payload in taken:
             d, o = by_id[row.id]
@@ -494,11 +497,11 @@ class Broker:
         if not held:
             return None
         if not held.shards() <= shards:
-            gone = [k for k, d in held.by_key.items() if d.pointer.shard not in shards]
+            gone = [(k, d) for k, d in held.items() if d.pointer.shard not in shards]
             log.info("broker: %d messages held of topic %s are of shards not owned now; "
                      "the walk reads them again", len(gone), topic_uid)
-            self.read_again(topic_uid, [held.by_key[k].pointer for k in gone])
-            for key in gone:
+            self.read_again(topic_uid, [d.pointer for _, d in gone])
+            for key, _ in gone:
                 held.remove(key)
         return held
 
@@ -508,7 +511,7 @@ class Broker:
             if held is None:
                 return
             for d in done:
-                held.remove((topic_uid, d.pointer.id, d.pointer.version))
+                held.remove(pointer_key(topic_uid, d.pointer.id, d.pointer.version))
             if not held:
                 del self.held[topic_uid]
 

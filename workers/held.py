@@ -3,19 +3,52 @@
 in the group's own order (app.delivery.fairness), so that a round reads only the messages it
 may take, each group's first ones, not all it holds (up to 9 s of a busy topic's messages
 ahead). Times are epoch ms.
+
+Each message is kept as one tuple of plain values (UUIDs as ints), rebuilt as a Due when a
+round reads it: Python's collector leaves such tuples untracked, and a full collection,
+which stops every thread of the releaser, takes time in proportion to the objects it
+tracks; a releaser may hold a hundred thousand messages of backlogs nobody leases.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
 from app.delivery.fairness import GroupPlace, TurnGroup, group_place, turn_group
 from app.delivery.scan import Due, PointerKey, is_live
-from app.models import MessageState
+from app.models import MessageState, Pointer
+
+Packed = tuple[Any, ...]  # _pack: the pointer's fields, then the row's but its topic_uid
+_ROW_FIELDS = [f.name for f in dataclasses.fields(MessageState)][1:]
+_POINTER_FIELDS = len(dataclasses.fields(Pointer))
+# the row's UUID fields, by index in Packed
+_UUIDS = [_POINTER_FIELDS + i for i, name in enumerate(_ROW_FIELDS)
+          if name in ("lease_token", "last_op")]
+
+
+def _pack(d: Due) -> Packed:
+    p, row = d.pointer, d.row
+    values = [p.due_at_ms, p.id, p.version, p.priority, p.shard, p.lane,
+              *(getattr(row, name) for name in _ROW_FIELDS)]
+    for i in _UUIDS:
+        if values[i] is not None:
+            values[i] = values[i].int
+    return tuple(values)
+
+
+def _unpack(packed: Packed, topic_uid: uuid.UUID) -> Due:
+    values = list(packed)
+    for i in _UUIDS:
+        if values[i] is not None:
+            values[i] = uuid.UUID(int=values[i])
+    return Due(Pointer(*values[:_POINTER_FIELDS]),
+               MessageState(topic_uid, *values[_POINTER_FIELDS:]))
 
 
 def ready_ms(row: MessageState) -> int:
@@ -36,8 +69,9 @@ def moments(row: MessageState, lead_ms: int) -> list[int]:
 class HeldMessages:
     """Not thread-safe: the broker's lock guards it."""
 
-    def __init__(self) -> None:
-        self.by_key: dict[PointerKey, Due] = {}
+    def __init__(self, topic_uid: uuid.UUID) -> None:
+        self.topic_uid = topic_uid
+        self._by_key: dict[PointerKey, Packed] = {}
         self.lanes: Counter[tuple[int, int]] = Counter()  # held per (shard, lane)
         # (ready ms, key) of each held, sorted
         self._order: list[tuple[int, PointerKey]] = []
@@ -47,24 +81,33 @@ class HeldMessages:
         self._by_shard: dict[int, list[tuple[int, PointerKey]]] = {}
 
     def __len__(self) -> int:
-        return len(self.by_key)
+        return len(self._by_key)
 
     def __contains__(self, key: PointerKey) -> bool:
-        return key in self.by_key
+        return key in self._by_key
+
+    def get(self, key: PointerKey) -> Due:
+        """The message held under key (KeyError when none is)."""
+        return _unpack(self._by_key[key], self.topic_uid)
+
+    def items(self) -> list[tuple[PointerKey, Due]]:
+        """Every message held, with its key."""
+        return [(key, _unpack(packed, self.topic_uid)) for key, packed in self._by_key.items()]
 
     def add(self, key: PointerKey, d: Due) -> None:
-        if key in self.by_key:
+        if key in self._by_key:
             return
-        self.by_key[key] = d
+        self._by_key[key] = _pack(d)
         self.lanes[(d.pointer.shard, d.pointer.lane)] += 1
         bisect.insort(self._order, (ready_ms(d.row), key))
         bisect.insort(self._by_turn.setdefault(turn_group(d), []), (group_place(d), key))
         bisect.insort(self._by_shard.setdefault(d.pointer.shard, []), (d.pointer.due_at_ms, key))
 
     def remove(self, key: PointerKey) -> None:
-        d = self.by_key.pop(key, None)
-        if d is None:
+        packed = self._by_key.pop(key, None)
+        if packed is None:
             return
+        d = _unpack(packed, self.topic_uid)
         _take_out(self._by_turn, turn_group(d), (group_place(d), key))
         _take_out(self._by_shard, d.pointer.shard, (d.pointer.due_at_ms, key))
         del self._order[bisect.bisect_left(self._order, (ready_ms(d.row), key))]
@@ -86,7 +129,7 @@ class HeldMessages:
         for ready, key in self._order:
             if ready > until_ms:
                 break
-            found.append(self.by_key[key])
+            found.append(self.get(key))
         return found
 
     def firsts(self, now_ms: int, n: int, sort: Callable[[Due], str]) -> dict[str, list[Due]]:
@@ -102,7 +145,7 @@ class HeldMessages:
             for (deliver_at_ms, _, _), key in entries:
                 if deliver_at_ms > now_ms:
                     break
-                d = self.by_key[key]
+                d = self.get(key)
                 if not is_live(d.pointer, d.row, now_ms):
                     continue
                 kind = sort(d)
@@ -122,7 +165,7 @@ class HeldMessages:
         for ready, key in itertools.islice(self._order, start, None):
             if best is not None and ready - lead_ms >= best:
                 break  # this one's moments and all after it come later
-            for at in moments(self.by_key[key].row, lead_ms):
+            for at in moments(self.get(key).row, lead_ms):
                 if at > now_ms and (best is None or at < best):
                     best = at
         return best

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from app.core.timeline import pointer_of
 from app.delivery.fairness import FairQueue
 from app.delivery.release import PushOutcome, record_outcomes, take_for_push
-from app.delivery.scan import PointerKey
+from app.delivery.scan import PointerKey, pointer_key
 from app.messages.by_id import RELEASER_PREFIX
 from app.models import MessageState, Payload, Pointer, Topic
 from app.ops import metrics
@@ -153,7 +153,8 @@ class PushDispatcher:
                 armed = self._take(stored, keep)
                 spent = self.services.scanner.spent
                 again += [t.due.pointer for t in keep
-                          if (topic_uid, t.due.pointer.id, t.due.pointer.version) not in spent]
+                          if pointer_key(topic_uid, t.due.pointer.id, t.due.pointer.version)
+                          not in spent]
         except Exception:  # log and continue
             log.exception("preparing %d messages failed", len(keep))
             if topic is not None:

@@ -35,6 +35,7 @@ PushDispatcher, which leases them and POSTs each at its due time (workers/push.p
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import secrets
@@ -524,7 +525,8 @@ class Releaser:
             else:
                 want = max(1, min(self.broker.room(topic.uid), HELD_PER_LANE))
                 result = self.services.scanner.upcoming(topic, starts, reach, want,
-                                                        self.broker.holds, walk.lanes, closed)
+                                                        self.broker.holding(topic.uid), walk.lanes,
+                                                        closed)
                 self.broker.hold(topic.uid, result.due)
             walk.record(began, starts, result.frontier_ms, reach, window, counts,
                         result.incomplete, result.lanes_ms, closed)
@@ -652,6 +654,7 @@ class Releaser:
 
 def run_forever(services: Services, member: str | None = None) -> None:
     """Start a releaser and run until SIGTERM or SIGINT, then stop gracefully."""
+    metrics.time_collections()
     releaser = Releaser(services, member)
     stopping = threading.Event()
 
@@ -662,6 +665,10 @@ def run_forever(services: Services, member: str | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)
     serve_metrics(releaser)
     releaser.start()
+    # what the process made up to here (modules, the driver, the releaser's parts) lives
+    # as long as it does: kept out of every later collection, which then walks only what
+    # came since (docs/design.md, "The releaser's memory")
+    gc.freeze()
     stopping.wait()
     releaser.stop()
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Hashable
 from typing import Generic, Protocol, TypeVar
 
-from app.delivery.scan import Due, PointerKey
+from app.delivery.scan import Due, PointerKey, pointer_key
 from app.services import Clock
 
 MAX_WAIT_S = 0.05
@@ -43,7 +43,7 @@ class Timer:
 
     @property
     def key(self) -> PointerKey:
-        return (self.topic_uid, self.due.pointer.id, self.due.pointer.version)
+        return pointer_key(self.topic_uid, self.due.pointer.id, self.due.pointer.version)
 
     @property
     def due_ms(self) -> int:

@@ -22,7 +22,7 @@ from app.models import MessageState, Pointer, Topic
 from app.store.messages import MessageStore
 from app.store.timeline import READ_AHEAD, TimelineStore
 
-PointerKey = tuple[uuid.UUID, str, int]  # (topic_uid, message id, version)
+PointerKey = tuple[int, str, int]  # (topic uid as an int, message id, version): pointer_key
 WAITING = ("scheduled", "leased")
 SPENT_CACHE_SIZE = 200_000
 # Active buckets one scan reads at most (a day of 1-minute buckets); a cursor behind a longer
@@ -39,6 +39,13 @@ DIRECT_BUCKETS = 4
 # A lane's partitions of one bucket are read merged by due time, this many at a time (the
 # first pages the timeline store requests ahead anyway); beyond it, in runs of this many.
 MERGE_WIDTH = READ_AHEAD
+
+
+def pointer_key(topic_uid: uuid.UUID, message_id: str, version: int) -> PointerKey:
+    """The key of a topic's pointer at a version, of plain values only: Python's collector
+    leaves such tuples untracked (a UUID in them would keep each one tracked), and the
+    releaser keeps a key for every message it holds and every pointer it spent."""
+    return topic_uid.int, message_id, version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,14 +186,14 @@ class _Reads:
                 continue
             self.read += 1
             state.last = p.due_at_ms
-            key = (self.topic_uid, p.id, p.version)
+            key = pointer_key(self.topic_uid, p.id, p.version)
             if key in self.spent or self.skip(key):
                 continue
             self.unknown.append(p)
 
 
 class SpentPointers:
-    """Process-local LRU of pointers known to be spent, keyed (topic_uid, id, version)."""
+    """Process-local LRU of pointers known to be spent, keyed by pointer_key."""
 
     def __init__(self, capacity: int = SPENT_CACHE_SIZE) -> None:
         self._keys: OrderedDict[PointerKey, None] = OrderedDict()
@@ -194,7 +201,7 @@ class SpentPointers:
         self._capacity = capacity
 
     def add(self, topic_uid: uuid.UUID, p: Pointer) -> None:
-        self.add_key((topic_uid, p.id, p.version))
+        self.add_key(pointer_key(topic_uid, p.id, p.version))
 
     def add_key(self, key: PointerKey) -> None:
         with self._lock:
@@ -345,13 +352,13 @@ class DueScanner:
     def forget(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Make pointers examinable again (an outcome could not be recorded: look again)."""
         for p in pointers:
-            self.spent.discard((topic.uid, p.id, p.version))
+            self.spent.discard(pointer_key(topic.uid, p.id, p.version))
 
     def spend_versions(self, topic: Topic, versions: list[tuple[str, int]]) -> None:
         """Remember the pointers of these (message id, version)s as spent (acted on
         elsewhere: an ack, nack or extend left the version behind)."""
         for message_id, version in versions:
-            self.spent.add_key((topic.uid, message_id, version))
+            self.spent.add_key(pointer_key(topic.uid, message_id, version))
 
     def spend(self, topic: Topic, pointers: list[Pointer]) -> None:
         """Remember pointers this process has acted on (leased, lost a race, made dead)."""

@@ -14,6 +14,7 @@ label `_other` too. Every other label takes a fixed, documented set of values.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -112,6 +113,12 @@ CLOCK_RELEASER_GAP = Gauge(
     "duetime_clock_releaser_gap_seconds",
     "This process's clock minus the live releaser's it is farthest from (each measured "
     "against Cassandra's); 0 when no other releaser reports.", multiprocess_mode="max")
+GC_PAUSE = Histogram(
+    "duetime_gc_pause_seconds",
+    "How long each of Python's cyclic garbage collections stopped this process, by "
+    "generation (0, 1, 2: a full one, whose length grows with the objects the process "
+    "keeps). Every thread waits for it: a releaser's hand-outs come that much late.",
+    ("generation",), buckets=LATENCY_BUCKETS_S)
 
 _series_lock = threading.Lock()
 _topic_series: set[tuple[str, str]] = set()
@@ -187,6 +194,22 @@ def on_cassandra_request(future: Any) -> None:
         CASSANDRA_ERRORS.labels(type(exc).__name__).inc()
 
     future.add_callbacks(done, failed)
+
+
+_gc_started: list[float] = []
+
+
+def _time_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_started[:] = [time.perf_counter()]
+    elif _gc_started:
+        GC_PAUSE.labels(str(info["generation"])).observe(time.perf_counter() - _gc_started[0])
+
+
+def time_collections() -> None:
+    """Observe every garbage collection of this process into GC_PAUSE (once a process)."""
+    if _time_collection not in gc.callbacks:
+        gc.callbacks.append(_time_collection)
 
 
 def exposition() -> bytes:

@@ -133,11 +133,14 @@ def _member_batches(topic_uid: uuid.UUID, members: Sequence[tuple[str, str, int]
                     for chunk in chunks]
 
 
-def _row_to_state(row: dict[str, Any]) -> MessageState:
+def _row_to_state(row: dict[str, Any], topic_uid: uuid.UUID | None = None) -> MessageState:
+    """The row as read; its topic_uid the one given, if any (the caller's object, shared by
+    all rows of the topic: a releaser holds tens of thousands of rows, and each UUID of
+    their own is one more object Python's collector tracks)."""
     values: dict[str, Any] = {
         c: (cql_ms(row[c]) if c in _TIMES and row[c] is not None else row[c]) for c in _COLUMNS}
     return MessageState(
-        topic_uid=row["topic_uid"], id=row["id"], state=values["state"],
+        topic_uid=topic_uid or row["topic_uid"], id=row["id"], state=values["state"],
         version=values["version"], due_at_ms=values["due_at"], deliver_at_ms=values["deliver_at"],
         priority=values["priority"], campaign=values["campaign"], shard=values["shard"],
         attempts=values["attempts"], content_hash=values["content_hash"],
@@ -324,8 +327,8 @@ class MessageStore:
                                   (topic_uid, home_of(unique[c[0]]), [unique[n] for n in c]))
             for c in chunks
         ]
-        return {r["id"]: _row_to_state(r) for rows in self.db.results(futures) for r in rows
-                if _whole(r)}
+        return {r["id"]: _row_to_state(r, topic_uid) for rows in self.db.results(futures)
+                for r in rows if _whole(r)}
 
     def cas_many(
         self, changes: Sequence[tuple[MessageState, int, int]],

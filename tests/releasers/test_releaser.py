@@ -775,7 +775,7 @@ def test_a_record_put_back_after_its_topic_was_deleted_is_dropped_by_the_next_to
         assert uid in r._topics
         gone = uuid.uuid4()
         r._walks[gone] = Walk.starting_at({0: 0})
-        r.broker.held[gone] = HeldMessages()
+        r.broker.held[gone] = HeldMessages(gone)
         assert client.delete(deleted.url(), headers=auth).status_code == 204
         while uid in r._topics and time.monotonic() < deadline + 5:
             time.sleep(0.05)
