@@ -114,10 +114,12 @@ def _give_back(services: Services, topic: Topic, items: list[Taken]) -> list[Mes
         attempts=i.before_attempts, consumer=i.before_consumer, updated_at_ms=now)
         for i in items]
     won = move_many(services, topic, again, now)
-    # only those given back: one whose write failed is still leased, and its lease pointer
-    # is what brings it back when the lease runs out
+    # the releaser's own give-backs (workers.broker) skip their lease pointers: only those
+    # given back, for one whose write failed is still leased, and its lease pointer is what
+    # brings it back when the lease runs out
     given = {r.id for r in won}
-    _spend_lease_pointers(services, topic, [i.leased for i in items if i.leased.id in given])
+    services.scanner.spend_versions(
+        topic, [(i.leased.id, i.leased.version) for i in items if i.leased.id in given])
     count_moves(services, topic, [("leased", "scheduled", r.campaign) for r in won])
     return won
 
@@ -379,8 +381,6 @@ def ack_many(services: Services, topic: Topic,
     done += _ack_on_read(services, topic, [(index, i, lease) for index, i, (lease, held)
                                            in presented if not held or index in unsure],
                          answers, now)
-    # their lease pointers (_spend_lease_pointers)
-    services.scanner.spend_versions(topic, [(i, v) for i, v, _ in done])
     count_moves(services, topic, [("leased", "delivered", c) for _, _, c in done])
     return answers
 
@@ -418,13 +418,6 @@ def _ack_on_read(services: Services, topic: Topic, presented: list[tuple[int, st
             if ok is True]
 
 
-def _spend_lease_pointers(services: Services, topic: Topic, held: list[MessageState]) -> None:
-    """Rows as they were leased, whose lease has just been acked, nacked or extended: their
-    lease pointer (at the lease's expiry, of that version) can never hand the message out
-    again, so this process skips it without a state read when it comes due."""
-    services.scanner.spend_versions(topic, [(r.id, r.version) for r in held])
-
-
 def nack(services: Services, topic: Topic, message_id: str, token: str,
          delay_ms: int | None, error: str | None) -> None:
     """Give the message back: due again after delay_ms (or the topic's backoff), or dead once
@@ -436,7 +429,6 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         if dead_letters.record(services, topic, [gone]):
             raise StoreUnavailable("Could not record the message as dead; retry.")
         apply_transition(services, topic, gone, moved=False)
-        _spend_lease_pointers(services, topic, [row])
         count_moves(services, topic, [("leased", "dead", row.campaign)])
         return
     s = topic.settings
@@ -447,7 +439,6 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         due_at_ms=placement_ms(now + delay, now), lease_token=None, lease_expires_at_ms=None,
         last_error=error if error is not None else row.last_error, updated_at_ms=now)
     apply_transition(services, topic, again, moved=True)
-    _spend_lease_pointers(services, topic, [row])
     count_moves(services, topic, [("leased", "scheduled", row.campaign)])
 
 
@@ -460,5 +451,4 @@ def extend(services: Services, topic: Topic, message_id: str, token: str,
     longer = dataclasses.replace(row, version=row.version + 1, due_at_ms=expires,
                                  lease_expires_at_ms=expires, updated_at_ms=now)
     apply_transition(services, topic, longer, moved=True)
-    _spend_lease_pointers(services, topic, [row])
     return longer

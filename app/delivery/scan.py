@@ -356,7 +356,7 @@ class DueScanner:
 
     def spend_versions(self, topic: Topic, versions: list[tuple[str, int]]) -> None:
         """Remember the pointers of these (message id, version)s as spent (acted on
-        elsewhere: an ack, nack or extend left the version behind)."""
+        elsewhere: a give-back left the version behind)."""
         for message_id, version in versions:
             self.spent.add_key(pointer_key(topic.uid, message_id, version))
 
