@@ -70,30 +70,29 @@ class CounterLedger:
     def flush(self) -> bool:
         """Write every move counted so far (waits for the writes; a failure is logged).
         False when some were refused before they applied and are kept for the next flush."""
-        kept = False
         with self._flushing:
             with self._lock:
                 moves, self._moves = self._moves, Counter()
                 self._pending.clear()
             updates = [(cql, (n, *key)) for (cql, key), n in moves.items() if n]
-            sent = []
+            sent: list[tuple[list[Any], Any]] = []
+            refused: list[tuple[list[Any], Exception]] = []
             for chunk in chunked(updates, COUNTER_BATCH):
                 try:
                     sent.append((chunk, self.db.counter_batches(chunk)[0]))
-                except StoreUnavailable as exc:  # not sent: kept for the next flush
-                    log.warning("counters not written, kept for the next flush: %s", exc)
-                    self.add(chunk)
-                    kept = True
+                except StoreUnavailable as exc:  # not sent
+                    refused.append((chunk, exc))
             for chunk, future in sent:
                 try:
                     future.result()
                 except (Unavailable, NoHostAvailable) as exc:  # refused before it applied
-                    log.warning("counters not written, kept for the next flush: %r", exc)
-                    self.add(chunk)
-                    kept = True
+                    refused.append((chunk, exc))
                 except Exception as exc:  # may have applied: counters are never sent twice
                     log.warning("counters not written (counts may be off): %r", exc)
-        return not kept
+            for chunk, why in refused:
+                log.warning("counters not written, kept for the next flush: %r", why)
+                self.add(chunk)
+        return not refused
 
     def close(self) -> None:
         """Stop the thread and write what is left."""
