@@ -69,6 +69,7 @@ def _observe_requests(app: Flask) -> None:
                 request.endpoint or "unknown", request.method,
                 f"{response.status_code // 100}xx").observe(latency_s)
             logs.log_request(response, latency_s)
+        metrics.flush_collections()
         return response
 
 

@@ -5,6 +5,7 @@ waits are observed, and `/readyz` reports this clock against Cassandra's."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import pytest
@@ -133,3 +134,20 @@ def test_every_full_garbage_collection_is_timed(app: Flask) -> None:
     assert moved(before, after, "duetime_gc_pause_seconds_count", generation="2") == 1
     paused = moved(before, after, "duetime_gc_pause_seconds_sum", generation="2")
     assert 0 < paused <= took
+
+
+def test_a_collection_while_its_thread_holds_a_metric_lock_does_not_wait_for_it() -> None:
+    """The collector's callback runs on whichever thread the collection interrupted, which
+    may be inside prometheus_client holding a lock (a new series' setup allocates): timing
+    the collection must not take a metric's lock, or that thread would wait for itself."""
+    metrics.time_collections()
+    done = threading.Event()
+
+    def collect_holding_the_lock() -> None:
+        with metrics.GC_PAUSE._lock:
+            gc.collect(2)
+        done.set()
+
+    threading.Thread(target=collect_holding_the_lock, daemon=True).start()
+    assert done.wait(10), "the collection waited for a metric lock its own thread held"
+    metrics.flush_collections()  # observed outside the collection

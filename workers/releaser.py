@@ -249,6 +249,7 @@ class Releaser:
         listings' marks every MARKS_EVERY_MS and the clocks are checked every
         CLOCK_EVERY_MS."""
         self._tick_count += 1
+        metrics.flush_collections()
         try:
             self.ownership.tick()
         finally:

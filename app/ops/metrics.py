@@ -18,6 +18,7 @@ import gc
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -196,25 +197,41 @@ def on_cassandra_request(future: Any) -> None:
     future.add_callbacks(done, failed)
 
 
-_gc_started: list[float] = []
+_gc_started = [0.0]
+# (generation, seconds) of collections not observed yet: at most this many are kept
+_gc_pauses: deque[tuple[int, float]] = deque(maxlen=10_000)
 
 
 def _time_collection(phase: str, info: dict[str, int]) -> None:
+    # Runs inside the collection, on whichever thread it interrupted: no metric here, since
+    # that thread may hold the metrics' own locks (a new series' setup allocates, which may
+    # start a collection), and taking them again would never return.
+    now = time.perf_counter()
     if phase == "start":
-        _gc_started[:] = [time.perf_counter()]
-    elif _gc_started:
-        GC_PAUSE.labels(str(info["generation"])).observe(time.perf_counter() - _gc_started[0])
+        _gc_started[0] = now
+    else:
+        _gc_pauses.append((info["generation"], now - _gc_started[0]))
 
 
 def time_collections() -> None:
-    """Observe every garbage collection of this process into GC_PAUSE (once a process)."""
+    """Time every garbage collection of this process (once a process); flush_collections
+    observes them into GC_PAUSE."""
     if _time_collection not in gc.callbacks:
         gc.callbacks.append(_time_collection)
+
+
+def flush_collections() -> None:
+    """Observe the collections timed since the last call into GC_PAUSE. Called where no
+    metric lock is held: after each API request, at each releaser tick, before a scrape."""
+    while _gc_pauses:
+        generation, seconds = _gc_pauses.popleft()
+        GC_PAUSE.labels(str(generation)).observe(seconds)
 
 
 def exposition() -> bytes:
     """The text exposition of this process's metrics, or of all gunicorn workers' when
     PROMETHEUS_MULTIPROC_DIR is set."""
+    flush_collections()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         prometheus_multiprocess.MultiProcessCollector(registry)
