@@ -26,7 +26,8 @@ from app.models import MessageState, Pointer
 
 Packed = tuple[Any, ...]  # _pack: the pointer's fields, then the row's but its topic_uid
 _ROW_FIELDS = [f.name for f in dataclasses.fields(MessageState)][1:]
-_POINTER_FIELDS = len(dataclasses.fields(Pointer))
+_POINTER_NAMES = [f.name for f in dataclasses.fields(Pointer)]
+_POINTER_FIELDS = len(_POINTER_NAMES)
 # the row's UUID fields, by index in Packed
 _UUIDS = [_POINTER_FIELDS + i for i, name in enumerate(_ROW_FIELDS)
           if name in ("lease_token", "last_op")]
@@ -34,7 +35,7 @@ _UUIDS = [_POINTER_FIELDS + i for i, name in enumerate(_ROW_FIELDS)
 
 def _pack(d: Due) -> Packed:
     p, row = d.pointer, d.row
-    values = [p.due_at_ms, p.id, p.version, p.priority, p.shard, p.lane,
+    values = [*(getattr(p, name) for name in _POINTER_NAMES),
               *(getattr(row, name) for name in _ROW_FIELDS)]
     for i in _UUIDS:
         if values[i] is not None:
