@@ -1,13 +1,12 @@
 """The API's topic cache on the real node: another process's change reaches it within about
-one follow period (or, in a process serving long polls, as soon as its wake-up), this
-process's at once, and an idle cache stops reading."""
+one follow period, this process's at once; lookups slower than the follower reads read
+through, and a cache no longer busy stops reading."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-import pytest
 from flask import Flask
 
 from app import create_app
@@ -19,6 +18,14 @@ from app.topics import cache as topic_cache
 from app.topics.cache import TopicCache
 from tests.conftest import new_tenant_key
 from tests.consumers import TopicClient
+
+
+def _keep_busy(cache: TopicCache, tenant: str, name: str, seconds: float) -> None:
+    """Look the topic up every 20 ms for `seconds`: often enough for the cache to follow."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        cache.get(tenant, name)
+        time.sleep(0.02)
 
 
 def _wait_for(check: Any, within_s: float) -> float:
@@ -46,8 +53,9 @@ def test_a_topic_recreated_by_another_process_is_used_at_once(
             return int(answer.status_code)
 
         assert enqueue_there(1) == 201
-        _wait_for(lambda: store.changes_read >= 2, 2)  # followed since: entries are kept,
-        time.sleep(topic_cache.CLOCK_MARGIN_MS / 1000 + 0.2)  # once past its creation's change
+        # busy: followed since, entries are kept once past the creation's change
+        _keep_busy(cache, tenant, topic.name, topic_cache.CLOCK_MARGIN_MS / 1000 + 0.2)
+        assert store.changes_read >= 2
         assert enqueue_there(2) == 201
         reads = store.topics_read
         assert enqueue_there(3) == 201
@@ -100,19 +108,26 @@ class CountingStore(TopicStore):
         return super().changes_since(since_ms)
 
 
-def test_an_idle_cache_stops_reading(services: Services,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(topic_cache, "IDLE_MS", 300)
+def test_slow_lookups_read_through_and_a_cache_no_longer_busy_stops_reading(
+        services: Services) -> None:
     store = CountingStore(services.db)
     cache = TopicCache(store)
     try:
-        assert cache.get("nobody", "nothing") is None
-        _wait_for(lambda: store.changes_read >= 3, 2)  # following while in use
-        time.sleep(0.6)  # idle past IDLE_MS: the follower parks
+        for _ in range(3):  # a long poll's lookup every few seconds: no follower for it
+            assert cache.get("nobody", "nothing") is None
+            time.sleep(0.3)
+        assert store.topics_read == 3
+        assert store.changes_read == 0
+        _keep_busy(cache, "nobody", "nothing", 0.5)  # 25 lookups: it follows
+        assert store.changes_read >= 2
+        read = store.topics_read
+        _keep_busy(cache, "nobody", "nothing", 0.3)
+        assert store.topics_read == read  # from the cache while followed
+        time.sleep(topic_cache.BUSY_SPAN_MS / 1000 + 0.3)  # idle: the follower parks
         parked = store.changes_read
         time.sleep(0.5)
         assert store.changes_read == parked
-        assert cache.get("nobody", "nothing") is None  # in use again: it follows again
-        _wait_for(lambda: store.changes_read > parked, 2)
+        assert cache.get("nobody", "nothing") is None  # read through again
+        assert store.topics_read == read + 1
     finally:
         cache.close()

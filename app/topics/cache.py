@@ -9,8 +9,10 @@ to topic_changes (the releasers follow the same table, workers.topics):
 - an entry is trusted only while the follower has read the changes in the last TRUST_MS and
   for at most MAX_AGE_MS (a change whose topic_changes row was never written, the writer
   dying in between, is picked up then); otherwise the topic is read as before;
-- with no cached lookup for IDLE_MS the follower stops reading and the cache empties: an idle
-  API costs nothing.
+- the follower reads only while lookups come at least as often as it reads (the last
+  FOLLOW_MIN within BUSY_SPAN_MS, the latest within that too); otherwise it stops, the cache
+  empties and every lookup reads the topic: a worker pool long-polling quiet topics looks a
+  topic up every few seconds, and following for it cost ten reads a second per process.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 
 from app.models import Topic
 from app.store.topics import TopicStore
@@ -25,7 +28,8 @@ from app.store.topics import TopicStore
 FOLLOW_EVERY_MS = 100
 TRUST_MS = 1000
 MAX_AGE_MS = 10_000
-IDLE_MS = 10_000
+BUSY_SPAN_MS = 1000
+FOLLOW_MIN = BUSY_SPAN_MS // FOLLOW_EVERY_MS  # lookups within the span worth following for
 # A change row is written after its topic row, its id timed by Cassandra's clock, so a
 # lookup that began after that time read the new topic: an entry is dropped by a change
 # up to CLOCK_MARGIN_MS older than the entry (this clock may be behind Cassandra's; /readyz
@@ -47,7 +51,7 @@ class TopicCache:
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str], tuple[Topic | None, int, int]] = {}
         self._followed_at = -TRUST_MS  # monotonic ms of the last successful changes read
-        self._used_at = 0
+        self._lookups: deque[int] = deque(maxlen=FOLLOW_MIN)  # monotonic ms of the latest
         self._wake = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -55,8 +59,11 @@ class TopicCache:
     def get(self, tenant: str, name: str) -> Topic | None:
         """The topic (None: there is none), from the cache while it can be trusted."""
         now = _monotonic_ms()
-        self._used_at = now
-        self._start()
+        with self._lock:
+            self._lookups.append(now)
+            busy = self._busy(now)
+        if busy:
+            self._start()
         key = (tenant, name)
         with self._lock:
             entry = self._entries.get(key)
@@ -79,6 +86,12 @@ class TopicCache:
         self._closed = True
         self._wake.set()
 
+    def _busy(self, now: int) -> bool:
+        """Whether lookups come often enough to follow for (the caller holds the lock)."""
+        lookups = self._lookups
+        return (len(lookups) == FOLLOW_MIN and lookups[-1] - lookups[0] <= BUSY_SPAN_MS
+                and now - lookups[-1] <= BUSY_SPAN_MS)
+
     def _start(self) -> None:
         if self._thread is not None and self._wake.is_set():
             return
@@ -91,11 +104,13 @@ class TopicCache:
 
     def _follow(self) -> None:
         while not self._closed:
-            if _monotonic_ms() - self._used_at > IDLE_MS:
-                with self._lock:
+            with self._lock:
+                idle = not self._busy(_monotonic_ms())
+                if idle:
                     self._entries.clear()
                     self._followed_at = -TRUST_MS
-                self._wake.clear()
+                    self._wake.clear()
+            if idle:
                 self._wake.wait()  # until the next lookup
                 continue
             started = _monotonic_ms()
