@@ -11,7 +11,7 @@ from typing import Any
 from flask import Flask
 
 from app.core.timeparse import format_ms
-from app.delivery import leasing
+from app.delivery import leasing, wakeups
 from app.messages import transitions
 from app.services import Services
 from tests.campaign_helpers import topic_of
@@ -142,7 +142,8 @@ def test_a_move_wakes_its_readers_once_its_row_is_written_not_at_its_pointer(
         assert now is not None
         return now.version
 
-    monkeypatch.setattr(services.placer, "_wake", lambda kind: woken.append((kind, version_now())))
+    monkeypatch.setattr(services.placer, "_wake",
+                        lambda kind: woken.append((wakeups.label_of(kind), version_now())))
     monkeypatch.setattr(services.placer, "_pull_written",
                         lambda uid: woken.append(("pull", version_now())))
     now = services.clock()

@@ -51,6 +51,10 @@ class PacedStep:
     def wake(self) -> None:
         self._woken.set()
 
+    def warming(self) -> bool:
+        """Whether the step is in its first warm_ms, when wake-ups may not reach it yet."""
+        return time.monotonic() < self._warm_until
+
     def tick(self) -> None:
         """The releaser's ownership tick: a step that has not run for idle_ticks of them
         runs now."""
@@ -80,5 +84,5 @@ class PacedStep:
             self.woken_runs += woken
             if self._stopping.wait(max(0.0, self.busy_ms / 1000 - ran)):
                 return
-            if not busy and time.monotonic() >= self._warm_until:
+            if not busy and not self.warming():
                 self._woken.wait()  # a wake-up, a tick or stop()

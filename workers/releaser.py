@@ -12,16 +12,18 @@ the node about 5 ms of CPU however few requests it holds.
 - topics (woken by "topics": FOLLOW_EVERY_MS; idle: IDLE_EVERY_MS): the changes of topics
   other processes wrote, and every topic_refresh_ms the whole list, so new topics start at
   once and deleted ones stop;
-- walk (woken by "due": release_rescan_ms; idle: release_idle_ms): per owned shard of each
-  topic a position in memory (workers/walk.py), started at the shard's durable cursor;
-  pointers due up to the reach (now + COUNTED_AHEAD_MS less the safety lag) go into the
-  timer heap (webhook topics) or to the broker, which hands them to lease calls (pull
-  topics: workers/broker.py). Only topics listed in active_topics for the window's buckets
-  are read, and of those only where a write count (bucket_writes) moved since the last
-  read, or the position nears now + look-ahead; all counts are read in one round trip
-  (workers/count_reads.py). A write that lands behind a position is placed again by its
-  writer (app.messages.placement), so nothing searches behind the positions. It writes the
-  durable cursors, never past a timer it holds;
+- walk (woken by "due:<topic>": release_rescan_ms; idle: release_idle_ms): per owned shard
+  of each topic a position in memory (workers/walk.py), started at the shard's durable
+  cursor; pointers due up to the reach (now + COUNTED_AHEAD_MS less the safety lag) go into
+  the timer heap (webhook topics) or to the broker, which hands them to lease calls (pull
+  topics: workers/broker.py). A step woken by wake-ups reads only the topics they named (and
+  those whose take failed); every PASS_EVERY_MS a step looks at every topic listed in
+  active_topics for the window's buckets, so a lost wake-up costs at most that. Of the
+  topics a step looks at, only those where a write count (bucket_writes) moved since the
+  last read, or whose position nears now + look-ahead, are read; all counts are read in
+  one round trip (workers/count_reads.py). A write that lands behind a position is placed
+  again by its writer (app.messages.placement), so nothing searches behind the positions.
+  It writes the durable cursors, never past a timer it holds;
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py; their listings are read again when "schedules" wakes it);
 - operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
@@ -73,8 +75,9 @@ from workers.topics import FOLLOW_EVERY_MS, KnownTopics
 from workers.wake_listener import WakeListener
 from workers.walk import Walk
 
-# the walk looks at the topics with nothing in its window this often (and after a claim or a
-# new topic), to start their walks and move their positions; otherwise only at active ones
+# the walk looks at every topic this often (and after a claim or a new topic): the active
+# ones' counts, and those with nothing in its window to start their walks and move their
+# positions; in between only at the topics wake-ups named
 PASS_EVERY_MS = 1000
 # the walk's window starts this far before now: the buckets whose write counts it compares,
 # and how far behind now a position may be and still pass an empty stretch without a read
@@ -191,6 +194,9 @@ class Releaser:
         self._asked: set[uuid.UUID] = set()  # active topics not known: followed once each
         # (topic, shard, due ms) of pointers whose take failed: the next walk step reads them
         self._again: deque[tuple[uuid.UUID, int, int]] = deque()
+        # topics a wake-up named since the walk's last step: its next step reads them
+        self._named: set[uuid.UUID] = set()
+        self._named_lock = threading.Lock()
         self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
                                    self.ownership.may_prepare, self._read_again)
         self._stop = threading.Event()
@@ -212,11 +218,12 @@ class Releaser:
                                     self._ticks(IDLE_EVERY_MS), self._safely, WARM_MS)
         self.paced = [self._following, self._walking, self._operating]
         self.wakes.on("topics", self._following.wake)
-        self.wakes.on("due", self._walking.wake)
+        self.wakes.on("due", self._walk_everyone)  # a Spark import's end
+        self.wakes.on_named(wakeups.DUE, self._due_woken)
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)
         self.wakes.on("slots", self._claim_share_now)
-        self.wakes.on_pull(self._pull_woken)  # a write of a pull topic due soon
+        self.wakes.on_named(wakeups.PULL, self._pull_woken)  # a pull topic's write due soon
 
     def start(self) -> None:
         with _running_lock:
@@ -390,33 +397,50 @@ class Releaser:
         return found
 
     def walk(self) -> None:
-        """One step of the walk (workers.walk) over the owned shards of every topic: what
-        waits by the reach (_span) goes into the timer heap (webhook topics) or to the broker
-        (pull topics, at most broker.HELD_MAX a topic). One read lists the topics with
-        pointers in the window's buckets (active_topics) and one round trip their write
-        counts; a topic is read only where its counts moved, its position nears now +
-        look-ahead, or its walk is new (from its durable cursors: a claimed slot, a new topic, a
-        start), new walks first. Every CURSOR_STEP_MS it writes the cursors it may move."""
+        """One step of the walk (workers.walk) over the owned shards of the topics it looks
+        at: what waits by the reach (_span) goes into the timer heap (webhook topics) or to
+        the broker (pull topics, at most broker.HELD_MAX a topic). Every PASS_EVERY_MS (and
+        after a claim or a new topic, and while it warms up) it looks at every topic: one
+        read lists those with pointers in the window's buckets (active_topics); in between
+        only at the topics wake-ups named and those whose take failed. One round trip reads
+        their write counts; a topic is read only where its counts moved, its position nears
+        now + look-ahead, or its walk is new (from its durable cursors: a claimed slot, a new
+        topic, a start), new walks first. Every CURSOR_STEP_MS it writes the cursors it may
+        move."""
         now = self.services.clock()
-        horizon, reach, window = self._span(now)
-        active = self.services.timeline.active_topics(window)
-        unknown = active.difference(self._topics, self._asked)
-        if unknown:  # a topic whose "topics" wake-up was lost: follow the changes once
-            if len(self._asked) > MAX_ASKED:
-                self._asked.clear()
-            self._asked |= unknown
-            self._following.wake()
-        if self._everyone or now - self._passed_at >= PASS_EVERY_MS:
-            self._everyone, self._passed_at = False, now
-            candidates = list(self._topics.values())
-        else:  # the others' walks wait: nothing of theirs lies in the window
-            candidates = [t for uid in active if (t := self._topics.get(uid)) is not None]
-        owned = list(self._owned_shards(candidates))
-        walks = self._walks_of(owned)
+        with self._named_lock:
+            named, self._named = self._named, set()
         while self._again:  # appended by the takers; drained here, between two reads
             uid, shard, due = self._again.popleft()
-            if (again := self._walks.get(uid)) is not None:
-                again.read_again(shard, due)
+            if (walk := self._walks.get(uid)) is not None:  # else a new walk from the cursor
+                with walk.lock:  # a broker's read_now records its position when it ends
+                    walk.read_again(shard, due)
+            named.add(uid)
+        try:
+            self._step(now, named)
+        except BaseException:
+            with self._named_lock:  # read by the next step
+                self._named |= named
+            raise
+
+    def _step(self, now: int, named: set[uuid.UUID]) -> None:
+        horizon, reach, window = self._span(now)
+        # while warming, other processes' wake-ups may not reach this releaser yet
+        if self._everyone or self._walking.warming() or now - self._passed_at >= PASS_EVERY_MS:
+            self._everyone, self._passed_at = False, now
+            active = self.services.timeline.active_topics(window)
+            unknown = active.difference(self._topics, self._asked)
+            if unknown:  # a topic whose "topics" wake-up was lost: follow the changes once
+                if len(self._asked) > MAX_ASKED:
+                    self._asked.clear()
+                self._asked |= unknown
+                self._following.wake()
+            candidates = list(self._topics.values())
+        else:  # between passes, only the topics written to (or handed back) since the last
+            active = named
+            candidates = [t for uid in named if (t := self._topics.get(uid)) is not None]
+        owned = list(self._owned_shards(candidates))
+        walks = self._walks_of(owned)
         # before any pointer is read, so a pointer written after them moves its count again
         counts = read_counts(self.services.timeline,
                              {t.uid: window for t, _ in owned if t.uid in active})
@@ -490,8 +514,19 @@ class Releaser:
         return now + cfg.release_lookahead_ms, reach, window
 
     def _pull_woken(self, topic_uid: uuid.UUID) -> None:
-        """A pull wake-up: the broker's waiting wants look again, and the walk reads."""
+        """A pull wake-up: the broker's waiting wants look again, and the walk reads it."""
         self.broker.woken(topic_uid)
+        self._due_woken(topic_uid)
+
+    def _due_woken(self, topic_uid: uuid.UUID) -> None:
+        """A due wake-up: the walk's next step reads the topic."""
+        with self._named_lock:
+            self._named.add(topic_uid)
+        self._walking.wake()
+
+    def _walk_everyone(self) -> None:
+        """A bare due wake-up: the walk's next step looks at every topic."""
+        self._everyone = True
         self._walking.wake()
 
     def _read_again(self, topic_uid: uuid.UUID, pointers: list[Pointer]) -> None:

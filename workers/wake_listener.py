@@ -19,16 +19,18 @@ class WakeListener:
     def __init__(self, config: Config, port: int | None = None) -> None:
         """Bind UDP `port` (default DUETIME_WAKE_PORT); OSError when it is taken."""
         self._callbacks: dict[str, list[Callable[[], None]]] = {k: [] for k in wakeups.KINDS}
-        self._on_pull: Callable[[uuid.UUID], None] = lambda _uid: None
+        self._on_named: dict[str, list[Callable[[uuid.UUID], None]]] = {
+            wakeups.PULL: [], wakeups.DUE: []}
         self._socket = wakeups.DatagramListener(config, self._wake, "wake-listener", port)
         self.address = self._socket.address
 
     def on(self, kind: str, callback: Callable[[], None]) -> None:
         self._callbacks[kind].append(callback)
 
-    def on_pull(self, callback: Callable[[uuid.UUID], None]) -> None:
-        """callback(topic uid) for each pull kind received (app.delivery.wakeups.pull_kind)."""
-        self._on_pull = callback
+    def on_named(self, prefix: str, callback: Callable[[uuid.UUID], None]) -> None:
+        """callback(topic uid) for each kind received that names a topic after this prefix
+        (app.delivery.wakeups: PULL, DUE)."""
+        self._on_named[prefix].append(callback)
 
     def start(self) -> None:
         self._socket.start()
@@ -37,9 +39,11 @@ class WakeListener:
     def _wake(self, datagram: bytes) -> None:
         for kind in wakeups.decode(datagram):
             metrics.WAKEUPS_RECEIVED.labels(wakeups.label_of(kind)).inc()
-            topic_uid = wakeups.pulled_topic(kind)
-            if topic_uid is not None:
-                self._on_pull(topic_uid)
+            for prefix, callbacks in self._on_named.items():
+                topic_uid = wakeups.named_topic(kind, prefix)
+                if topic_uid is not None:
+                    for named in callbacks:
+                        named(topic_uid)
             for callback in self._callbacks.get(kind, ()):
                 callback()
 

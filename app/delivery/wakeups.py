@@ -3,8 +3,10 @@ with one UDP datagram, so releasers need not poll Cassandra every few millisecon
 time, and an idle stack makes almost no requests.
 
 What wakes what (KINDS):
-- "due": pointers of a webhook topic due within the look-ahead were written; the releasers'
-  walk reads them at once (it otherwise runs every DUETIME_RELEASE_IDLE_MS).
+- "due:<topic uid>" (due_kind): pointers of that topic due within the look-ahead were
+  written; the releasers' walk reads that topic at once (it reads every topic at least every
+  second, and otherwise steps every DUETIME_RELEASE_IDLE_MS). A bare "due" (a Spark import's
+  end) has the walk read every topic at once.
 - "topics": a topic was created, changed or deleted; the releasers follow the change at once.
 - "schedules": a schedule's listing changed; the releasers read the listings' marks.
 - "operations": a campaign operation was enlisted; a releaser claims it at once.
@@ -39,6 +41,7 @@ from app.ops import metrics
 
 KINDS = frozenset({"due", "topics", "schedules", "operations", "slots"})
 PULL = "pull:"
+DUE = "due:"
 PREFIX = b"duetime-wake "
 COALESCE_MS = 2
 ADDRESSES_EVERY_MS = 2000
@@ -58,12 +61,17 @@ def pull_kind(topic_uid: uuid.UUID) -> str:
     return f"{PULL}{topic_uid}"
 
 
-def pulled_topic(kind: str) -> uuid.UUID | None:
-    """The topic a pull kind names; None for any other kind."""
-    if not kind.startswith(PULL):
+def due_kind(topic_uid: uuid.UUID) -> str:
+    """The kind that has the walk read a topic written to."""
+    return f"{DUE}{topic_uid}"
+
+
+def named_topic(kind: str, prefix: str) -> uuid.UUID | None:
+    """The topic a named kind of this prefix (PULL, DUE) names; None for any other kind."""
+    if not kind.startswith(prefix):
         return None
     try:
-        return uuid.UUID(kind[len(PULL):])
+        return uuid.UUID(kind[len(prefix):])
     except ValueError:
         return None
 
@@ -84,12 +92,13 @@ def encode(kinds: set[str], prefix: bytes = PREFIX) -> list[bytes]:
 
 def decode(datagram: bytes, prefix: bytes = PREFIX,
            known: frozenset[str] | None = KINDS) -> set[str]:
-    """The kinds a datagram asks for (with `known`, only those and pull kinds; foreign
-    datagrams: none)."""
+    """The kinds a datagram asks for (with `known`, only those and the kinds naming a
+    topic; foreign datagrams: none)."""
     if not datagram.startswith(prefix):
         return set()
     return {k for k in datagram[len(prefix):].decode("ascii", "replace").split(",")
-            if k and (known is None or k in known or pulled_topic(k) is not None)}
+            if k and (known is None or k in known or named_topic(k, PULL) is not None
+                      or named_topic(k, DUE) is not None)}
 
 
 def parse_address(address: str) -> tuple[str, int] | None:
@@ -190,8 +199,9 @@ class Waker:
 
 
 def label_of(kind: str) -> str:
-    """The metrics label of a kind: "pull" for every topic's pull kind (bounded series)."""
-    return "pull" if kind.startswith(PULL) else kind
+    """The metrics label of a kind: "pull" and "due" for the kinds naming a topic (bounded
+    series)."""
+    return kind.split(":", 1)[0]
 
 
 class DatagramListener:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from app.config import Config
 from app.core.timeline import COUNTED_AHEAD_MS, bucket_of, lane_part, ttl_s
-from app.delivery.wakeups import Wake, no_wake
+from app.delivery.wakeups import Wake, due_kind, no_wake
 from app.errors import StoreUnavailable
 from app.models import Pointer
 from app.store.timeline import TimelineStore
@@ -149,7 +149,7 @@ class PointerPlacer:
         long polls' when one is due within pull_wake_ms. A walk woken before the row landed
         finds the pointer in flight and reads it again only at its next step."""
         if any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms for p in pointers):
-            self._wake("due")  # the walk reads it (and holds it for the broker, pull)
+            self._wake(due_kind(topic_uid))  # the walk reads it (and holds it for the broker, pull)
         if not pushed and self._pull_written is not None and any(
                 p.due_at_ms <= now_ms + pull_wake_ms(self.config) for p in pointers):
             self._pull_written(topic_uid)

@@ -543,12 +543,55 @@ def test_the_walk_reads_only_the_webhook_topics_written_to_since_it_last_read_th
             run_walk(r, 5)
             assert not set(uids) & set(reads)  # nothing written since
             assert topics[0].enqueue(id="more", delay_ms=6000).status_code == 201
+            # due beyond the writer's look-ahead: no wake-up names it, the next pass over
+            # every topic finds its count moved
+            time.sleep(releaser_module.PASS_EVERY_MS / 1000)
             run_walk(r, 3)
             assert uids[0] in reads and not {uids[1], uids[2]} & set(reads)
             assert target.wait_for(lambda got: len(got) >= 4, 15)
     assert sorted(target.ids()) == ["ahead0", "ahead1", "ahead2", "more"]
     for a in target.arrivals:
         assert a.received_ms >= parse_instant(a.headers["Duetime-Deliver-At"]), a
+
+
+def walk_count_reads(r: Releaser) -> list[set[uuid.UUID]]:
+    """The topics each of the walk's write-count reads asks for, from now on."""
+    asked: list[set[uuid.UUID]] = []
+    write_counts_in = r.services.timeline.write_counts_in
+
+    def counting(groups: Any) -> Any:
+        if threading.current_thread().name.startswith("walk"):  # not a broker's read_now
+            asked.append({uid for uids, _ in groups for uid in uids})
+        return write_counts_in(groups)
+
+    r.services.timeline.write_counts_in = counting  # type: ignore[method-assign]
+    return asked
+
+
+def test_a_step_woken_for_a_topic_reads_the_counts_of_that_topic_alone(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A due wake-up names the topic written: the walk's woken steps read that topic's
+    counts, not those of every active topic (a crowded keyspace's hundreds, every 50 ms).
+    The passes over every topic are put off here, so only the wake-up explains the reads."""
+    monkeypatch.setattr(releaser_module, "PASS_EVERY_MS", 3_600_000)
+    with receiving(Receiver()) as target:
+        topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
+        uids = [services.topics.get(tenant_of(services, auth), t.name).uid for t in topics]
+        for n, topic in enumerate(topics):
+            assert topic.enqueue(id=f"ahead{n}", delay_ms=30_000).status_code == 201
+        with releaser(config, "r-named") as r:  # its first steps look at every topic
+            reads = walk_reads(r)
+            wake_walk_until(r, lambda: set(uids) <= set(reads))
+            assert wait_until(lambda: not r._walking.warming(), releaser_module.WARM_MS / 1000)
+            asked = walk_count_reads(r)
+            assert topics[0].enqueue(id="soon", delay_ms=1000).status_code == 201
+            assert target.wait_for(lambda got: "soon" in [a.message_id for a in got], 10)
+    # a pass over every topic (a slot claimed late) would ask for all three
+    times = [sum(uid in topics_asked for topics_asked in asked) for uid in uids]
+    assert times[0] > max(times[1], times[2]), times
+    soon = next(a for a in target.arrivals if a.message_id == "soon")
+    assert soon.received_ms >= parse_instant(soon.headers["Duetime-Deliver-At"])
 
 
 def test_a_drained_topic_is_read_once_every_few_steps_not_at_every_one(

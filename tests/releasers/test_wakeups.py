@@ -112,16 +112,18 @@ def test_a_foreign_or_unknown_datagram_wakes_nothing() -> None:
 
 
 def test_many_kinds_go_in_datagrams_that_each_fit_and_decode_back() -> None:
-    """A process that wrote pointers of many pull topics in one moment sends their pull
-    kinds in as many datagrams as they need, none over DATAGRAM_MAX bytes."""
+    """A process that wrote pointers of many topics in one moment sends their named kinds
+    in as many datagrams as they need, none over DATAGRAM_MAX bytes."""
     uids = [uuid.UUID(int=n) for n in range(100)]
-    kinds = {wakeups.pull_kind(u) for u in uids} | {"due"}
+    kinds = {wakeups.pull_kind(u) for u in uids} | {wakeups.due_kind(u) for u in uids} | {"due"}
     datagrams = wakeups.encode(kinds)
     assert len(datagrams) > 1 and all(len(d) <= wakeups.DATAGRAM_MAX for d in datagrams)
     got = set().union(*(wakeups.decode(d) for d in datagrams))
     assert got == kinds
-    assert {wakeups.pulled_topic(k) for k in got} == {*uids, None}
-    assert wakeups.decode(b"duetime-wake pull:not-a-uuid,due") == {"due"}
+    assert {wakeups.named_topic(k, wakeups.PULL) for k in got} == {*uids, None}
+    assert {wakeups.named_topic(k, wakeups.DUE) for k in got} == {*uids, None}
+    assert {wakeups.label_of(k) for k in got} == {"pull", "due"}
+    assert wakeups.decode(b"duetime-wake pull:not-a-uuid,due:nor-this,due") == {"due"}
     assert wakeups.encode({"due"}) == [b"duetime-wake due"]
 
 
@@ -132,7 +134,8 @@ def woken(config: Config, services: Services) -> Iterator[queue.Queue[str]]:
     got: queue.Queue[str] = queue.Queue()
     for kind in wakeups.KINDS:
         listener.on(kind, lambda k=kind: got.put(k))  # type: ignore[misc]
-    listener.on_pull(lambda _uid: got.put("pull"))
+    listener.on_named(wakeups.PULL, lambda _uid: got.put("pull"))
+    listener.on_named(wakeups.DUE, lambda _uid: got.put("due"))
     listener.start()
     members = OwnershipStore(services.db, config.release_ring)
     members.heartbeat("wake-test", now_ms(), 30, listener.address)
@@ -204,8 +207,8 @@ def test_an_idle_releaser_reads_seldom_and_a_new_topic_is_still_on_time(
         def hearing(kind: str) -> Callable[[], None]:
             return lambda: heard.append((kind, now_ms()))
 
-        for kind in ("topics", "due"):
-            r.wakes.on(kind, hearing(kind))
+        r.wakes.on("topics", hearing("topics"))
+        r.wakes.on_named(wakeups.DUE, lambda _uid: hearing("due")())
         created_at = now_ms()
         topic, _ = webhook_topic(client, auth, target.url)  # "topics", then "due"
         assert topic.enqueue(id="first", delay_ms=200).status_code == 201
