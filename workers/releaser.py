@@ -75,9 +75,9 @@ from workers.topics import FOLLOW_EVERY_MS, KnownTopics
 from workers.wake_listener import WakeListener
 from workers.walk import Walk
 
-# the walk looks at every topic this often (and after a claim or a new topic): the active
-# ones' counts, and those with nothing in its window to start their walks and move their
-# positions; in between only at the topics wake-ups named
+# the walk looks at every topic this often (and after a claim): the active ones' counts, and
+# those with nothing in its window to start their walks and move their positions; in
+# between only at the topics wake-ups named, new ones and those whose take failed
 PASS_EVERY_MS = 1000
 # the walk's window starts this far before now: the buckets whose write counts it compares,
 # and how far behind now a position may be and still pass an empty stretch without a read
@@ -350,9 +350,10 @@ class Releaser:
 
     def follow_topics(self) -> None:
         """New, changed and deleted topics (workers.topics.KnownTopics); an outage is logged
-        by _safely, as for every step. New topics wake the walk: a message of a topic
-        created a moment ago may already be due. For FORGET_AFTER_GONE_S after a deletion
-        it also drops what a step under way then recorded of the deleted topic."""
+        by _safely, as for every step. New topics wake the walk, which reads them at its next
+        step: a message of a topic created a moment ago may already be due. For
+        FORGET_AFTER_GONE_S after a deletion it also drops what a step under way then
+        recorded of the deleted topic."""
         before = set(self._topics)
         gone = self._known.step()
         if gone:
@@ -361,8 +362,10 @@ class Releaser:
             for records in self._per_topic_records():
                 records.pop(uid, None)
             self.broker.forget(uid)
-        if any(uid not in before for uid in self._topics):
-            self._everyone = True
+        new = [uid for uid in self._topics if uid not in before]
+        if new:  # the walk's next step starts their walks
+            with self._named_lock:
+                self._named.update(new)
             self._walking.wake()
         if time.monotonic() - self._last_gone < FORGET_AFTER_GONE_S:
             self._forget_gone()
@@ -400,9 +403,9 @@ class Releaser:
         """One step of the walk (workers.walk) over the owned shards of the topics it looks
         at: what waits by the reach (_span) goes into the timer heap (webhook topics) or to
         the broker (pull topics, at most broker.HELD_MAX a topic). Every PASS_EVERY_MS (and
-        after a claim or a new topic, and while it warms up) it looks at every topic: one
-        read lists those with pointers in the window's buckets (active_topics); in between
-        only at the topics wake-ups named and those whose take failed. One round trip reads
+        after a claim, and while it warms up) it looks at every topic: one read lists those
+        with pointers in the window's buckets (active_topics); in between only at the topics
+        wake-ups named, new topics and those whose take failed. One round trip reads
         their write counts; a topic is read only where its counts moved, its position nears
         now + look-ahead, or its walk is new (from its durable cursors: a claimed slot, a new
         topic, a start), new walks first. Every CURSOR_STEP_MS it writes the cursors it may

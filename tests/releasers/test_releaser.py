@@ -663,6 +663,7 @@ def test_the_walk_reads_a_topic_it_never_read_before_those_it_reads_again(
             assert new_uid in r._topics
             for n, topic in enumerate(old):  # every old topic's count moves
                 assert topic.enqueue(id=f"again{n}", delay_ms=8000).status_code == 201
+            r._everyone = True  # the next run looks at every topic (a pass over them all)
             go.set()  # the next run reads the new topic and the 8 old ones again
             wake_walk_until(r, lambda: new_uid in read())
             [run] = [k for k, uid in reads if uid == new_uid]
