@@ -32,6 +32,7 @@ from pyspark.sql import types as T
 from app.campaigns import manage as campaigns
 from app.config import Config
 from app.core.timeline import LANE_STRIDE, LANES, MS_PER_MINUTE
+from app.delivery.wakeups import due_kind
 from app.errors import StoreUnavailable
 from app.models import Pointer, Topic
 from app.services import Services
@@ -248,7 +249,7 @@ def count(services: Services, topic: Topic, placed: DataFrame,
     if uncounted:  # the walk would not read them behind its positions: the job fails, a rerun
         raise next(iter(uncounted.values()))  # of it counts them again
     if topic.pushed:  # and their walk of what is due soon (sent at services.close())
-        services.waker.wake("due")
+        services.waker.wake(due_kind(topic.uid))
     carrying = every.filter(F.col("campaign").isNotNull())
     added = {r["campaign"]: (r["n"], r["first"], r["last"]) for r in carrying.groupBy(
         "campaign").agg(F.count("*").alias("n"), F.min("deliver_at").alias("first"),

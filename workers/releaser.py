@@ -218,7 +218,7 @@ class Releaser:
                                     self._ticks(IDLE_EVERY_MS), self._safely, WARM_MS)
         self.paced = [self._following, self._walking, self._operating]
         self.wakes.on("topics", self._following.wake)
-        self.wakes.on("due", self._walk_everyone)  # a Spark import's end
+        self.wakes.on("due", self._walk_everyone)  # from a process older than due:<topic>
         self.wakes.on_named(wakeups.DUE, self._due_woken)
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)

@@ -5,8 +5,8 @@ time, and an idle stack makes almost no requests.
 What wakes what (KINDS):
 - "due:<topic uid>" (due_kind): pointers of that topic due within the look-ahead were
   written; the releasers' walk reads that topic at once (it reads every topic at least every
-  second, and otherwise steps every DUETIME_RELEASE_IDLE_MS). A bare "due" (a Spark import's
-  end) has the walk read every topic at once.
+  second, and otherwise steps every DUETIME_RELEASE_IDLE_MS). A bare "due" (from a process
+  older than the named kind) has the walk look at every topic at once.
 - "topics": a topic was created, changed or deleted; the releasers follow the change at once.
 - "schedules": a schedule's listing changed; the releasers read the listings' marks.
 - "operations": a campaign operation was enlisted; a releaser claims it at once.
