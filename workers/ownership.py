@@ -115,12 +115,17 @@ class SlotOwnership:
         if not leases:
             return
         sent_at = time.monotonic()
+        lapsed = [lease.slot for lease in leases if lease.slot not in self.owned()]
         renewed = self.store.renew_all(leases, self.clock() + self.lease_ms)
         for lease, new in zip(leases, renewed, strict=True):
             if new is not None:
                 self._keep(new, sent_at)
             else:
                 self._drop(lease.slot, "renewal refused or unknown")
+        # a slot whose validity had lapsed (renewals late: a busy host) is acted on again:
+        # what its steps passed by meanwhile is looked at now, as after a claim
+        if any(slot in self._held for slot in lapsed):
+            self.on_gained()
 
     def _claim(self, wanted: int) -> None:
         rows = self.store.slots(self.slots)

@@ -429,7 +429,9 @@ class Releaser:
     def _step(self, now: int, named: set[uuid.UUID]) -> None:
         horizon, reach, window = self._span(now)
         # while warming, other processes' wake-ups may not reach this releaser yet
-        if self._everyone or self._walking.warming() or now - self._passed_at >= PASS_EVERY_MS:
+        passing = (self._everyone or self._walking.warming()
+                   or now - self._passed_at >= PASS_EVERY_MS)
+        if passing:
             self._everyone, self._passed_at = False, now
             active = self.services.timeline.active_topics(window)
             unknown = active.difference(self._topics, self._asked)
@@ -449,7 +451,8 @@ class Releaser:
                              {t.uid: window for t, _ in owned if t.uid in active})
         reads = self._reads_of(owned, walks, active, counts, now, horizon, reach)
         futures = []
-        if now - self._cursors_at >= CURSOR_STEP_MS:  # from the positions the last step left
+        # from the positions the last step left; on a pass, which writes every topic's
+        if passing and now - self._cursors_at >= CURSOR_STEP_MS:
             self._cursors_at = now
             futures = self._write_cursors([(t, walks[t.uid]) for t, _ in owned
                                            if t.uid in active], now)

@@ -27,7 +27,7 @@ from tests.consumers import now_ms
 from tests.receiver import Receiver, receiving
 from tests.releasing import assert_on_time_and_signed, releaser, webhook_topic
 from tests.waiting import wait_until
-from workers.ownership import RENEW_FRACTION, SlotOwnership
+from workers.ownership import RENEW_FRACTION, VALID_FRACTION, SlotOwnership
 from workers.releaser import STOP_RUNS_S
 
 LEASE_MS = 2000
@@ -129,6 +129,25 @@ def test_a_stale_owner_stops_acting_before_anyone_may_claim(services: Services) 
     assert first.owned() == frozenset()
     assert {lease.owner for lease in store.slots(8).values()} == {"second"}
     assert {lease.epoch for lease in store.slots(8).values()} == {2}
+
+
+def test_slots_whose_validity_lapsed_and_came_back_are_looked_at_as_after_a_claim(
+        services: Services) -> None:
+    """Renewals late (a busy host) let a held slot's validity lapse: the steps pass its
+    shards by meanwhile. The renewal that brings it back wakes them as a claim does."""
+    store = OwnershipStore(services.db, next(_rings))
+    gained: list[int] = []
+    owner = SlotOwnership(store, "late", 4, 1500, system_clock_ms,
+                          on_gained=lambda: gained.append(1))
+    owner.tick()
+    assert owner.owned() == frozenset(range(4)) and len(gained) == 1
+    owner.tick()  # renewed in time: nothing regained
+    assert len(gained) == 1
+    time.sleep(1.5 * VALID_FRACTION + 0.1)  # no renewal within the validity
+    assert owner.owned() == frozenset()
+    owner.tick()  # nobody claimed meanwhile: the renewal keeps them
+    assert owner.owned() == frozenset(range(4))
+    assert len(gained) == 2
 
 
 def test_one_conditional_batch_renews_every_slot_held_and_a_lost_one_is_told_apart(
