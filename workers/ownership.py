@@ -115,7 +115,8 @@ class SlotOwnership:
         if not leases:
             return
         sent_at = time.monotonic()
-        lapsed = [lease.slot for lease in leases if lease.slot not in self.owned()]
+        valid = self.owned()
+        lapsed = [lease.slot for lease in leases if lease.slot not in valid]
         renewed = self.store.renew_all(leases, self.clock() + self.lease_ms)
         for lease, new in zip(leases, renewed, strict=True):
             if new is not None:
