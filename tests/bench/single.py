@@ -7,8 +7,11 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
 2. enqueue, one message per request, PRODUCERS threads: msgs/s; the same with `if_exists:
    replace` moving a scheduled message (each id enqueued before); and in the same run
    batches of 1,000 from the same threads: the ratios;
-3. lease `max: 1` + ack, CONSUMERS threads on a backlog: msgs/s; and lease 100 + one batch
-   ack on the same backlog size: the ratio;
+3. lease `max: 1` + ack, CONSUMERS threads on a backlog: msgs/s; one consumer alone on a
+   backlog of half the size: msgs/s, and what the CONSUMERS gain over it (the pool's rate
+   divided by the one's), each with the share of the machine's cores busy meanwhile (one
+   consumer keeping a share b busy, no pool can gain more than 1 / b on that machine);
+   and lease 100 + one batch ack on the same backlog size: the ratio;
 4. the raw-Cassandra ceiling of the same run (tests.bench.run.raw_ceiling);
 5. the HTTP floor of the same run: requests that touch no Cassandra from PRODUCERS threads
    (`GET /healthz`; an authenticated enqueue answered 400 by validation) and one client's
@@ -46,7 +49,9 @@ from duetime_client.client import ApiError, Client
 from tests.bench.run import (
     OUT,
     URL,
+    busy_share,
     consume,
+    cpu_ticks,
     dev_headers,
     enqueue,
     make_topic,
@@ -126,8 +131,8 @@ def replace_singly(api: Client, topic: str, count: int) -> float:
                                   for k in range(PRODUCERS)])
 
 
-def lease_singly(api: Client, topic: str, count: int) -> float:
-    """msgs/s of lease `max: 1` + ack from CONSUMERS threads until count are acked (an ack
+def lease_singly(api: Client, topic: str, count: int, consumers: int = CONSUMERS) -> float:
+    """msgs/s of lease `max: 1` + ack from `consumers` threads until count are acked (an ack
     refused because the lease was lost is not counted)."""
     acked = 0
     lock = threading.Lock()
@@ -148,7 +153,7 @@ def lease_singly(api: Client, topic: str, count: int) -> float:
                 with lock:
                     acked += 1
 
-    return count / timed_threads([work] * CONSUMERS)
+    return count / timed_threads([work] * consumers)
 
 
 def _one_at_a_time(call: Callable[[], None]) -> list[float]:
@@ -259,7 +264,14 @@ def main(argv: list[str]) -> int:
     replace_rate = replace_singly(api, replace_topic, count)
     batch_topic = make_topic(headers)
     batch_rate, _ = enqueue(headers, batch_topic, count * 5, now_ms(), 0, PRODUCERS)
+    busy_before = cpu_ticks()
     lease_one = lease_singly(api, single_topic, count)
+    busy_pool = busy_share(busy_before, cpu_ticks())
+    alone_topic = make_topic(headers)
+    enqueue(headers, alone_topic, count // 2, now_ms(), 0, PRODUCERS)
+    busy_before = cpu_ticks()
+    lease_alone = lease_singly(api, alone_topic, count // 2, consumers=1)
+    busy_alone = busy_share(busy_before, cpu_ticks())
     received, seconds = consume(headers, batch_topic, count * 5, CONSUMERS, 300)
     lease_batch = len(received) / seconds
     ceiling = raw_ceiling(5000)
@@ -273,6 +285,10 @@ def main(argv: list[str]) -> int:
         "enqueue_replace_one_per_request_msgs_per_s": round(replace_rate, 1),
         "enqueue_replace_vs_enqueue_one": round(replace_rate / single_rate, 3),
         "lease1_ack_msgs_per_s": round(lease_one, 1),
+        "lease1_ack_one_consumer_msgs_per_s": round(lease_alone, 1),
+        f"lease1_ack_{CONSUMERS}_consumers_vs_one": round(lease_one / lease_alone, 2),
+        "lease1_ack_machine_busy": {"consumers": round(busy_pool, 3),
+                                    "one_consumer": round(busy_alone, 3)},
         "lease100_batch_ack_msgs_per_s": round(lease_batch, 1),
         "lease1_vs_batches": round(lease_one / lease_batch, 3),
         **{k: round(v) for k, v in ceiling.items()},
@@ -296,7 +312,7 @@ def main(argv: list[str]) -> int:
     (OUT / "single.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
         print(f"{name:36} {json.dumps(value) if isinstance(value, dict) else value}")
-    for topic in (single_topic, replace_topic, batch_topic):
+    for topic in (single_topic, replace_topic, batch_topic, alone_topic):
         api.delete_topic(topic)
     return 0
 
