@@ -4,7 +4,7 @@
 Standard library only: it runs before the project's virtualenv exists.
 
 Nodes:
-  dev        one node on 127.0.0.1:9042 (storage 7000, JMX 7199), heap 1 GiB
+  dev        one node on 127.0.0.1:9042 (storage 7000, JMX 7199), heap 3 GiB
   c1, c2, c3 a 3-node cluster on 127.0.0.1/.2/.3, CQL port 9043, storage 7010,
              JMX 7201/7202/7203, heap 512 MiB each (ccm's layout: a folder per node)
   solo       one node on 127.0.0.1:9044 (storage 7020, JMX 7210), heap 512 MiB: the tests
