@@ -7,11 +7,12 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
 2. enqueue, one message per request, PRODUCERS threads: msgs/s; the same with `if_exists:
    replace` moving a scheduled message (each id enqueued before); and in the same run
    batches of 1,000 from the same threads: the ratios;
-3. lease `max: 1` + ack, CONSUMERS threads on a backlog: msgs/s; one consumer alone on a
-   backlog of half the size: msgs/s, and what the CONSUMERS gain over it (the pool's rate
-   divided by the one's), each with the share of the machine's cores busy meanwhile (one
-   consumer keeping a share b busy, no pool can gain more than 1 / b on that machine);
-   and lease 100 + one batch ack on the same backlog size: the ratio;
+3. lease `max: 1` + ack, CONSUMERS threads on the backlog phase 2 enqueued: msgs/s; one
+   consumer alone on a backlog of half the size, enqueued the same way: msgs/s, and what
+   the CONSUMERS gain over it (the pool's rate divided by the one's), each with the share
+   of the machine's cores busy meanwhile (one consumer keeping a share b busy, no pool can
+   gain more than 1 / b on that machine); and lease 100 + one batch ack on the same
+   backlog size: the ratio;
 4. the raw-Cassandra ceiling of the same run (tests.bench.run.raw_ceiling);
 5. the HTTP floor of the same run: requests that touch no Cassandra from PRODUCERS threads
    (`GET /healthz`; an authenticated enqueue answered 400 by validation) and one client's
@@ -268,7 +269,7 @@ def main(argv: list[str]) -> int:
     lease_one = lease_singly(api, single_topic, count)
     busy_pool = busy_share(busy_before, cpu_ticks())
     alone_topic = make_topic(headers)
-    enqueue(headers, alone_topic, count // 2, now_ms(), 0, PRODUCERS)
+    enqueue_singly(api, alone_topic, count // 2)
     busy_before = cpu_ticks()
     lease_alone = lease_singly(api, alone_topic, count // 2, consumers=1)
     busy_alone = busy_share(busy_before, cpu_ticks())
