@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
+import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from cassandra import InvalidRequest
+from cassandra import InvalidRequest, ReadFailure, WriteFailure
 
 from app.store.session import CassandraSession
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
 DDL_RETRY_S = 60
+log = logging.getLogger(__name__)
 _FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.cql$")
 
 
@@ -50,20 +55,35 @@ def discover(schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
     return found
 
 
-def _ddl(db: CassandraSession, statement: str) -> None:
-    """Run one schema statement. On a cluster whose nodes have not all learnt the keyspace or
-    table the statement builds on (a new cluster's gossip, a node that was down), it is
-    refused as not existing: it is tried again, every second for up to DDL_RETRY_S (every
-    statement here is idempotent)."""
+T = TypeVar("T")
+
+
+def unsettled(exc: Exception) -> bool:
+    """Whether exc says the nodes do not all know the schema a statement uses yet (a new
+    cluster's gossip, a node that was down): refused as not existing, or failed on a
+    replica whose table is not the coordinator's (INCOMPATIBLE_SCHEMA)."""
+    if isinstance(exc, InvalidRequest):
+        return "exist" in str(exc)
+    return isinstance(exc, ReadFailure | WriteFailure) and "INCOMPATIBLE_SCHEMA" in str(exc)
+
+
+def _settled(call: Callable[[], T]) -> T:
+    """call(), tried again every second for up to DDL_RETRY_S while the schema it uses has
+    not reached every node (every statement here is idempotent)."""
     deadline = time.monotonic() + DDL_RETRY_S
     while True:
         try:
-            db.execute_raw(statement, timeout=120.0)
-            return
-        except InvalidRequest as exc:
-            if "exist" not in str(exc) or time.monotonic() > deadline:
+            return call()
+        except (InvalidRequest, ReadFailure, WriteFailure) as exc:
+            if not unsettled(exc) or time.monotonic() > deadline:
                 raise
+            log.info("the schema has not reached every node yet (%s); trying again", exc)
             time.sleep(1)
+
+
+def _ddl(db: CassandraSession, statement: str) -> None:
+    """Run one schema statement once the schema it builds on has reached every node."""
+    _settled(lambda: db.execute_raw(statement, timeout=120.0))
 
 
 def _ensure_keyspace(db: CassandraSession) -> None:
@@ -81,7 +101,8 @@ def applied_versions(db: CassandraSession) -> set[int]:
     )
     if not tables:
         return set()
-    return {row["version"] for row in db.execute_raw("SELECT version FROM {ks}.schema_migrations")}
+    rows = _settled(lambda: db.execute_raw("SELECT version FROM {ks}.schema_migrations"))
+    return {row["version"] for row in rows}
 
 
 def pending(db: CassandraSession, schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
@@ -97,12 +118,11 @@ def apply(db: CassandraSession, schema_dir: Path = SCHEMA_DIR) -> list[Migration
     for migration in todo:
         for statement in migration.statements():
             _ddl(db, _qualify(statement, db.keyspace))
-        db.execute(
-            "INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
-            "VALUES (?, ?, ?, ?)",
-            (migration.version, migration.name, migration.checksum,
-             dt.datetime.now(dt.UTC)),
-        )
+        record = (migration.version, migration.name, migration.checksum,
+                  dt.datetime.now(dt.UTC))
+        _settled(functools.partial(
+            db.execute, "INSERT INTO {ks}.schema_migrations (version, name, checksum, "
+            "applied_at) VALUES (?, ?, ?, ?)", record))
     return todo
 
 
