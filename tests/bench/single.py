@@ -10,9 +10,9 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
 3. lease `max: 1` + ack, CONSUMERS threads on the backlog phase 2 enqueued: msgs/s; one
    consumer alone on a backlog of half the size, enqueued the same way: msgs/s, and what
    the CONSUMERS gain over it (the pool's rate divided by the one's), each with the share
-   of the machine's cores busy meanwhile (one consumer keeping a share b busy, no pool can
-   gain more than 1 / b on that machine); and lease 100 + one batch ack on the same
-   backlog size: the ratio;
+   of the machine's cores busy meanwhile (one consumer keeping a share b busy, a pool
+   gains little more than 1 / b on that machine unless its calls share work); and lease
+   100 + one batch ack on the same backlog size: the ratio;
 4. the raw-Cassandra ceiling of the same run (tests.bench.run.raw_ceiling);
 5. the HTTP floor of the same run: requests that touch no Cassandra from PRODUCERS threads
    (`GET /healthz`; an authenticated enqueue answered 400 by validation) and one client's
