@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from cassandra import InvalidRequest, ReadFailure, WriteFailure
+from cassandra.protocol import SyntaxException
 from flask.testing import FlaskClient
 
 from app.services import Services
@@ -43,7 +44,7 @@ def test_migrations_wait_out_a_schema_not_yet_on_every_node(services: Services) 
     with pytest.raises(InvalidRequest) as unknown:
         services.db.execute_raw("SELECT version FROM {ks}.no_such_table")
     assert migrations.unsettled(unknown.value)
-    with pytest.raises(Exception) as malformed:
+    with pytest.raises(SyntaxException) as malformed:
         services.db.execute_raw("SELEKT version FROM {ks}.schema_migrations")
     assert not migrations.unsettled(malformed.value)
     seen = ('Error from server: code=1300 [Replica(s) failed to execute read] message="Operation '

@@ -451,7 +451,7 @@ class Releaser:
                              {t.uid: window for t, _ in owned if t.uid in active})
         reads = self._reads_of(owned, walks, active, counts, now, horizon, reach)
         futures = []
-        # from the positions the last step left; on a pass, which writes every topic's
+        # only on a pass (it looks at every topic), from the positions the last step left
         if passing and now - self._cursors_at >= CURSOR_STEP_MS:
             self._cursors_at = now
             futures = self._write_cursors([(t, walks[t.uid]) for t, _ in owned
