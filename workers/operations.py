@@ -10,6 +10,11 @@ runner dies, another claims the operation once the lease has passed and starts a
 checkpoint; the page it repeats is changed at most once per message (last_op), and its counts
 are those of the checkpoint plus the page's. A runner whose checkpoint fails has lost the
 operation and stops at once.
+
+A page's counter moves are written before its checkpoint, so the campaign counts cover every
+checkpointed page exactly. Counter writes cannot be repeated safely, so the heir moves no
+counter for a row the dead runner changed: the counts of a runner killed mid-page can be short
+by the changes of that one page (at most PER_SPREAD * CAMPAIGN_SPREAD messages).
 """
 
 from __future__ import annotations
@@ -91,7 +96,6 @@ class OperationRunner:
             if self.stopping():
                 return False
             op = self._page(topic, op)
-        self.services.counts.flush()  # its counts are written before it is seen to succeed
         now = self.services.clock()
         self.services.campaigns.end_op(topic.uid, op.campaign, op.id, op.new_gen, now)
         self.services.campaign_rules.forget(topic.uid)
@@ -113,6 +117,7 @@ class OperationRunner:
                 delivering=op.delivering + done.delivering, after_id=ids[-1])
         if finished:
             op = dataclasses.replace(op, walked=True)
+        self.services.counts.flush()  # the checkpoint must not claim moves not yet written
         if not self.services.operations.checkpoint(op, self.services.clock() + LEASE_MS):
             raise LostOperation(str(op.id))
         return op
