@@ -3,8 +3,10 @@ default) or plain text (`text`, what `make run` and `make up` use).
 
 Inside a request every event carries its request id (the client's X-Request-Id, else a new
 one; answered in X-Request-Id), the tenant, and the topic and message id of the route. Each
-request ends with one `request` event: method, path, status and latency_ms. API keys, payloads
-and headers are never logged.
+request ends with one `request` event: method, path, status and latency_ms; at level info for
+a 4xx answer, warning for a 5xx, debug for a success (shown with DUETIME_LOG_LEVEL=debug: a
+line per message is a busy data plane's largest log cost, and /metrics counts every request).
+API keys, payloads and headers are never logged.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import secrets
 from flask import Response, g, has_request_context, request
 
 FORMATS = ("json", "text")
+LEVELS = ("debug", "info", "warning", "error")
 CONTEXT_FIELDS = ("request_id", "tenant", "topic", "message_id")
 REQUEST_FIELDS = ("method", "path", "status", "latency_ms")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -72,18 +75,23 @@ class TextFormatter(logging.Formatter):
         return f"{line} {extra}" if extra else line
 
 
-def configure(fmt: str | None = None, level: int = logging.INFO) -> None:
-    """Send every logger's events to stderr, one a line, in fmt (default
-    DUETIME_LOG_FORMAT, else json)."""
+def configure(fmt: str | None = None, level: str | None = None) -> None:
+    """Send every logger's events at `level` and above (default DUETIME_LOG_LEVEL, else
+    info) to stderr, one a line, in fmt (default DUETIME_LOG_FORMAT, else json)."""
     fmt = fmt or os.environ.get("DUETIME_LOG_FORMAT") or "json"
     if fmt not in FORMATS:
         raise ValueError(f"DUETIME_LOG_FORMAT must be one of {', '.join(FORMATS)}")
+    level = (level or os.environ.get("DUETIME_LOG_LEVEL") or "info").lower()
+    if level not in LEVELS:
+        raise ValueError(f"DUETIME_LOG_LEVEL must be one of {', '.join(LEVELS)}")
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RequestContext())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    # debug is duetime's own: the driver's debug events would drown it
+    root.setLevel(max(logging.INFO, logging.getLevelName(level.upper())))
+    logging.getLogger("duetime").setLevel(level.upper())
     # skipped runs of a still-running releaser step are by design (max_instances=1)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
 
@@ -95,8 +103,13 @@ def assign_request_id() -> None:
 
 
 def log_request(response: Response, latency_s: float) -> None:
-    """At a request's end: its `request` event, and its id in the answer's X-Request-Id."""
+    """At a request's end: its `request` event (level by status, see above), and its id in the
+    answer's X-Request-Id."""
     response.headers["X-Request-Id"] = g.request_id
-    log.info("request", extra={
+    status = response.status_code
+    level = logging.WARNING if status >= 500 else logging.INFO if status >= 400 else logging.DEBUG
+    if not log.isEnabledFor(level):
+        return
+    log.log(level, "request", extra={
         "method": request.method, "path": request.path, "status": response.status_code,
         "latency_ms": round(latency_s * 1000, 2)})
