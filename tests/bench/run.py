@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -189,6 +190,40 @@ def raw_ceiling(count: int) -> dict[str, float]:
     return {"raw_insert_rows_per_s": inserts, "raw_lwt_per_s": lwts}
 
 
+def loop_ms(iterations: int = 1_000_000) -> float:
+    """CPU milliseconds of this thread for a fixed pure-Python loop, scaled to a million
+    iterations: the machine's speed at that moment (lower is faster)."""
+    began, total = time.thread_time(), 0
+    for i in range(iterations):
+        total += i * i
+    return (time.thread_time() - began) * 1000 * 1_000_000 / iterations
+
+
+class SpeedTrack:
+    """The machine's speed through a run: loop_ms of a short loop (about 1 % of a core) every
+    second on a thread of its own. A shared host's speed moves by several times within
+    minutes (docs/benchmarks.md), so the absolute rates of two runs compare only at like
+    speeds; ratios to a ceiling or floor of the same run move far less."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="speed-track", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.samples.append(loop_ms(100_000))
+
+    def result(self) -> dict[str, float]:
+        """Stop; {"p50", "min", "max"} ms per million iterations over the run."""
+        self._stop.set()
+        self._thread.join()
+        ordered = sorted(self.samples) or [math.nan]
+        return {"p50": round(statistics.median(ordered), 1), "min": round(ordered[0], 1),
+                "max": round(ordered[-1], 1)}
+
+
 def report(filename: str, result: dict[str, Any]) -> None:
     """Write a bench's result to bench-results/filename and print it, a line a figure."""
     OUT.mkdir(exist_ok=True)
@@ -279,6 +314,7 @@ def main(argv: list[str]) -> int:
     consumers = int(argv[1]) if len(argv) > 1 else 8
     rate = int(argv[2]) if len(argv) > 2 else 1000
     headers = dev_headers()
+    speed = SpeedTrack()
     result: dict[str, Any] = {"messages": count, "consumers": consumers,
                               "backlog": throughput(headers, count, consumers),
                               "steady": steady_lag(headers, count, consumers, rate),
@@ -291,6 +327,7 @@ def main(argv: list[str]) -> int:
         "raw_insert_rows_per_s"]
     result["lease_ack_vs_raw_lwt_pairs"] = backlog["lease_ack_msgs_per_s"] / (
         result["raw_lwt_per_s"] / 2)
+    result["machine_loop_ms"] = speed.result()
     OUT.mkdir(exist_ok=True)
     (OUT / "bench.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():

@@ -25,7 +25,10 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
    (tests/bench/bare_app.py), served by gunicorn with duetime's settings beside the stack,
    from the same PRODUCERS threads: what one request costs on the machine before any of
    duetime's code runs; the one-message enqueue rate and the lease `max: 1` + ack pair rate
-   are reported as ratios to it (pairs: half its request rate).
+   are reported as ratios to it (pairs: half its request rate);
+8. the machine's speed through the run (tests.bench.run.SpeedTrack): a shared host's moves
+   by several times within minutes, so absolute rates of two runs compare only at like
+   speeds.
 Every call goes through duetime's own client (duetime_client.Client, urllib3 keep-alive, no
 retries, so a 429 or 503 fails the run instead of hiding in it), the path the README shows
 Python producers and consumers.
@@ -50,6 +53,7 @@ from duetime_client.client import ApiError, Client
 from tests.bench.run import (
     OUT,
     URL,
+    SpeedTrack,
     busy_share,
     consume,
     cpu_ticks,
@@ -258,6 +262,7 @@ def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 2000
     headers = dev_headers()
     api = client_of(headers)
+    speed = SpeedTrack()
     idle = idle_latency(api, headers)
     single_topic = make_topic(headers)
     single_rate = enqueue_singly(api, single_topic, count)
@@ -308,7 +313,9 @@ def main(argv: list[str]) -> int:
         # the ratios that travel between machines: each one-message path against the bare
         # app's requests (one per enqueue; two, lease and ack, per leased message)
         "enqueue_one_vs_bare_floor": round(single_rate / bare["healthz_per_s"], 3),
-        "lease1_ack_vs_bare_floor_pairs": round(lease_one / (bare["healthz_per_s"] / 2), 3)}
+        "lease1_ack_vs_bare_floor_pairs": round(lease_one / (bare["healthz_per_s"] / 2), 3),
+        # the host's speed through the run (tests.bench.run.SpeedTrack: lower is faster)
+        "machine_loop_ms": speed.result()}
     OUT.mkdir(exist_ok=True)
     (OUT / "single.json").write_text(json.dumps(result, indent=2))
     for name, value in result.items():
