@@ -25,6 +25,7 @@ from typing import Any
 from app.models import MessageState, Payload
 
 _UUIDS = ("topic_uid", "lease_token", "last_op")
+_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(MessageState))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +132,9 @@ def _line(message: dict[str, Any]) -> bytes:
 
 
 def _taken(t: Taken) -> dict[str, Any]:
-    row = {k: (str(v) if k in _UUIDS and v is not None else v)
-           for k, v in dataclasses.asdict(t.leased).items()}
+    # field by field: dataclasses.asdict deep-copies every value, and this runs per message
+    row = {name: (str(v) if name in _UUIDS and v is not None else v)
+           for name, v in ((n, getattr(t.leased, n)) for n in _STATE_FIELDS)}
     return {"row": row, "before_attempts": t.before_attempts,
             "before_consumer": t.before_consumer, "due_ms": t.due_ms,
             "payload": base64.b64encode(t.payload.data).decode("ascii"),
