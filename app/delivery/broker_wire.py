@@ -133,8 +133,10 @@ def _line(message: dict[str, Any]) -> bytes:
 
 def _taken(t: Taken) -> dict[str, Any]:
     # field by field: dataclasses.asdict deep-copies every value, and this runs per message
-    row = {name: (str(v) if name in _UUIDS and v is not None else v)
-           for name, v in ((n, getattr(t.leased, n)) for n in _STATE_FIELDS)}
+    row = {name: getattr(t.leased, name) for name in _STATE_FIELDS}
+    for name in _UUIDS:
+        if row[name] is not None:
+            row[name] = str(row[name])
     return {"row": row, "before_attempts": t.before_attempts,
             "before_consumer": t.before_consumer, "due_ms": t.due_ms,
             "payload": base64.b64encode(t.payload.data).decode("ascii"),

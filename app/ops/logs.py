@@ -111,5 +111,5 @@ def log_request(response: Response, latency_s: float) -> None:
     if not log.isEnabledFor(level):
         return
     log.log(level, "request", extra={
-        "method": request.method, "path": request.path, "status": response.status_code,
+        "method": request.method, "path": request.path, "status": status,
         "latency_ms": round(latency_s * 1000, 2)})
