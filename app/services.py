@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from app.campaigns.rules import CampaignRules
 from app.config import Config
+from app.core.ids import SharedHomes
 from app.delivery.desk import Desk
 from app.delivery.scan import DueScanner
 from app.delivery.wakeups import Waker, pull_kind
@@ -66,6 +67,7 @@ class Services:
         self.operations = OperationStore(self.db)
         self.schedules = ScheduleStore(self.db)
         self.messages = MessageStore(self.db)
+        self.shared_homes = SharedHomes()
         self.timeline = TimelineStore(self.db)
         self.clocks = ClockStore(self.db)
         self.cluster_clock = ClusterClock(clock, self.clocks.cassandra_now_ms,

@@ -15,7 +15,14 @@ import pytest
 from cassandra import OperationTimedOut
 from flask.testing import FlaskClient
 
-from app.core.ids import home_of, homes_for_request, new_message_id
+from app.core.ids import (
+    SHARED_HOME_MS,
+    SHARED_HOME_ROWS,
+    SharedHomes,
+    home_of,
+    homes_for_request,
+    new_message_id,
+)
 from app.core.timeline import shard_of
 from app.errors import StoreUnavailable
 from app.models import MessageState
@@ -184,7 +191,7 @@ def test_one_request_puts_server_ids_in_one_home_per_shard(
     assert len(homes) == 16
     assert all(shards == {home % 16} for home, shards in homes.items())
     second = topic.batch([{"delay_ms": 60_000} for _ in range(10)])
-    assert not {home_of(r["id"]) for r in second} & set(homes)  # a fresh draw per request
+    assert not {home_of(r["id"]) for r in second} & set(homes)  # not one of the batch's homes
     sample = results[::97]
     for r in sample:
         body = client.get(topic.url(f"/messages/{r['id']}"), headers=auth).get_json()
@@ -201,3 +208,32 @@ def test_a_home_full_of_large_payloads_is_written_in_bounded_batches(
     for r, body in list(zip(results, bodies, strict=True))[::13]:
         got = client.get(topic.url(f"/messages/{r['id']}"), headers=auth).get_json()
         assert got["payload_base64"] == body
+
+
+def test_one_message_enqueues_of_a_process_share_a_home_of_their_shard(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth, shards=16)
+    answers = [topic.enqueue(delay_ms=60_000, payload={"n": n}) for n in range(6)]
+    assert [a.status_code for a in answers] == [201] * 6
+    ids = [a.get_json()["id"] for a in answers]
+    assert len({home_of(i) for i in ids}) == 1  # six requests, one partition
+    assert len({shard_of(i, 16) for i in ids}) == 1
+    small = topic.batch([{"delay_ms": 60_000} for _ in range(3)])  # fewer than the shards
+    assert {home_of(r["id"]) for r in small} == {home_of(ids[0])}
+    for n, message_id in enumerate(ids):
+        body = topic.get(message_id).get_json()
+        assert body["state"] == "scheduled" and body["payload"] == {"n": n}
+
+
+def test_a_shared_home_is_left_when_it_is_full_or_old_and_is_per_topic() -> None:
+    homes = SharedHomes()
+    topic, other = uuid.uuid4(), uuid.uuid4()
+    first = homes.home(topic, 1, 1_000)
+    assert all(homes.home(topic, 1, 1_000 + n) == first for n in range(SHARED_HOME_ROWS - 2))
+    assert homes.home(topic, 2, 1_200) != first  # 99 taken: two more do not fit
+    second = homes.home(topic, 1, 1_300)
+    assert homes.home(topic, 1, 1_200 + SHARED_HOME_MS - 1) == second
+    assert homes.home(topic, 1, 1_200 + SHARED_HOME_MS) != second  # its time is over
+    third = homes.home(topic, 1, 5_000)
+    assert homes.home(other, 1, 5_000) != third
+    assert homes.home(topic, 1, 4_000) != third  # a clock set back starts a fresh home

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
+import uuid
 import zlib
 
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -65,6 +67,43 @@ def homes_for_request(shards: int) -> list[int]:
     later transitions go in one conditional batch (one Paxos round)."""
     base = secrets.randbelow(EMBEDDED_HOMES // shards) * shards
     return [base + shard for shard in range(shards)]
+
+
+SHARED_HOME_ROWS = 100  # a conditional batch's rows (app.store.messages.CONDITIONAL_BATCH)
+SHARED_HOME_MS = 1_000
+SHARED_HOME_TOPICS = 1_000  # past this many topics, those whose home has run out are let go
+
+
+class SharedHomes:
+    """The homes of one process's small enqueue requests (fewer messages than the topic has
+    shards, which homes_for_request would give a home each): one home per topic at a time,
+    taking up to SHARED_HOME_ROWS messages within SHARED_HOME_MS of its first, then a fresh
+    one (so a random shard: home % shards). Messages a process enqueues one at a time then
+    share partitions as a batch's do: a group commit of them is one write, and the walk's
+    row reads, the takes and the acks of what comes due together are one request per home,
+    not one per message. Thread-safe; times are epoch ms."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: dict[uuid.UUID, tuple[int, int, int]] = {}  # topic: home, since, rows
+
+    def home(self, topic_uid: uuid.UUID, rows: int, now_ms: int) -> int:
+        """The home for `rows` more messages of the topic."""
+        with self._lock:
+            found = self._current.get(topic_uid)
+            if found is None or not self._fits(found, rows, now_ms):
+                if len(self._current) >= SHARED_HOME_TOPICS:
+                    self._current = {t: c for t, c in self._current.items()
+                                     if self._fits(c, 0, now_ms)}
+                found = (secrets.randbelow(EMBEDDED_HOMES), now_ms, 0)
+            home, since, used = found
+            self._current[topic_uid] = (home, since, used + rows)
+            return home
+
+    @staticmethod
+    def _fits(current: tuple[int, int, int], rows: int, now_ms: int) -> bool:
+        _, since, used = current
+        return used + rows <= SHARED_HOME_ROWS and 0 <= now_ms - since < SHARED_HOME_MS
 
 
 def import_id(campaign: str | None, recipient: str, time_spec: str) -> str:

@@ -10,6 +10,8 @@ it before the row is written (_write_fresh).
 The server-made ids of one request share one home per shard (app.core.ids.homes_for_request),
 each home taking a run of messages adjacent in due time, so each write and each later
 transition of those messages is one batch per shard, not one per message (home_by_due_time).
+A request of fewer messages than shards takes the process's current home of the topic
+(app.core.ids.SharedHomes), so one-message enqueues share homes as a batch's messages do.
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
 retrying the same request re-writes the pointer (the state row is found with the same content).
 """
@@ -179,7 +181,9 @@ def home_by_due_time(items: Sequence[NewMessage], shards: int) -> list[int]:
 def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage]) -> list[EnqueueResult]:
     """Enqueue items in order; one failed item never fails the others."""
     now = services.clock()
-    homes = home_by_due_time(items, topic.settings.shards)
+    shards = topic.settings.shards
+    homes = (home_by_due_time(items, shards) if len(items) >= shards
+             else [services.shared_homes.home(topic.uid, len(items), now)] * len(items))
     rows = [state_row(topic, m, m.id or new_message_id(now, homes[n]), now)
             for n, m in enumerate(items)]
     results: list[EnqueueResult | None] = [None] * len(items)
