@@ -9,6 +9,7 @@ import dataclasses
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -237,3 +238,6 @@ def test_a_shared_home_is_left_when_it_is_full_or_old_and_is_per_topic() -> None
     third = homes.home(topic, 1, 5_000)
     assert homes.home(other, 1, 5_000) != third
     assert homes.home(topic, 1, 4_000) != third  # a clock set back starts a fresh home
+    shards = Counter(homes.home(topic, SHARED_HOME_ROWS, 10_000) % 16 for _ in range(3200))
+    assert set(shards) == set(range(16))  # each home full at once: any shard, none favoured
+    assert max(shards.values()) < 2 * 200 and min(shards.values()) > 200 / 2
