@@ -164,10 +164,11 @@ def home_by_due_time(items: Sequence[NewMessage], shards: int) -> list[int]:
     (app.core.ids.homes_for_request), each given a run of items adjacent in due time. Messages
     that come due together then share a home, so a lease or an ack of what is due now is a
     few conditional batches, not one per shard. The first run goes to a random shard and the
-    next ones to the shards after it, so each shard takes as many as any other (one-message
-    requests all went to shard 0 when every request started there); lease passes merge the
-    shards by due time (app.delivery.scan), so where a run lands does not change the order messages
-    are handed out in."""
+    next ones to the shards after it, so each shard takes as many as any other (a request
+    that fills only some shards' runs would otherwise always favour the first shards); the
+    releasers hand out what is due across shards in fair order (workers/held.py), so where
+    a run lands does not change the order messages are handed out in. enqueue() calls it
+    for requests of at least as many messages as shards (smaller ones share a home)."""
     homes = homes_for_request(shards)
     run = max(1, -(-len(items) // shards))
     first = secrets.randbelow(shards)
