@@ -18,6 +18,7 @@ from flask.testing import FlaskClient
 
 from app.core import ids as id_module
 from app.core.ids import (
+    SHARED_BELOW,
     SHARED_HOME_MS,
     SHARED_HOME_ROWS,
     SharedHomes,
@@ -212,18 +213,22 @@ def test_a_home_full_of_large_payloads_is_written_in_bounded_batches(
         assert got["payload_base64"] == body
 
 
+@pytest.mark.parametrize("shards", [16, 1])
 def test_one_message_enqueues_of_a_process_share_a_home_of_their_shard(
-        client: FlaskClient, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        client: FlaskClient, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        shards: int) -> None:
     # a home's time (1 s) is the other test's: a slow machine must not split these requests
     monkeypatch.setattr(id_module, "SHARED_HOME_MS", 600_000)
-    topic = TopicClient(client, auth, shards=16)
+    topic = TopicClient(client, auth, shards=shards)
     answers = [topic.enqueue(delay_ms=60_000, payload={"n": n}) for n in range(6)]
     assert [a.status_code for a in answers] == [201] * 6
     ids = [a.get_json()["id"] for a in answers]
     assert len({home_of(i) for i in ids}) == 1  # six requests, one partition
-    assert len({shard_of(i, 16) for i in ids}) == 1
-    small = topic.batch([{"delay_ms": 60_000} for _ in range(3)])  # fewer than the shards
+    assert len({shard_of(i, shards) for i in ids}) == 1
+    small = topic.batch([{"delay_ms": 60_000} for _ in range(3)])  # fewer than SHARED_BELOW
     assert {home_of(r["id"]) for r in small} == {home_of(ids[0])}
+    large = topic.batch([{"delay_ms": 60_000} for _ in range(SHARED_BELOW)])
+    assert home_of(ids[0]) not in {home_of(r["id"]) for r in large}  # homes of its own
     for n, message_id in enumerate(ids):
         body = topic.get(message_id).get_json()
         assert body["state"] == "scheduled" and body["payload"] == {"n": n}

@@ -69,6 +69,9 @@ def homes_for_request(shards: int) -> list[int]:
     return [base + shard for shard in range(shards)]
 
 
+# Requests of fewer messages than this (or than the topic's shards) take a shared home: a
+# fresh home of their own would hold their few messages alone on a topic of few shards.
+SHARED_BELOW = 16
 SHARED_HOME_ROWS = 100  # a conditional batch's rows (app.store.messages.CONDITIONAL_BATCH)
 SHARED_HOME_MS = 1_000
 SHARED_HOME_TOPICS = 1_000  # past this many topics, those whose home has run out are let go
@@ -76,12 +79,13 @@ SHARED_HOME_TOPICS = 1_000  # past this many topics, those whose home has run ou
 
 class SharedHomes:
     """The homes of one process's small enqueue requests (fewer messages than the topic has
-    shards, which homes_for_request would give a home each): one home per topic at a time,
-    taking up to SHARED_HOME_ROWS messages within SHARED_HOME_MS of its first, then a fresh
-    one (so a random shard: home % shards). Messages a process enqueues one at a time then
-    share partitions as a batch's do: a group commit of them is one write, and the walk's
-    row reads, the takes and the acks of what comes due together are one request per home,
-    not one per message. Thread-safe; times are epoch ms."""
+    shards or SHARED_BELOW, to which homes_for_request would give a home or a few messages a
+    home): one home per topic at a time, taking up to SHARED_HOME_ROWS messages within
+    SHARED_HOME_MS of its first, then a fresh one (so a random shard: home % shards).
+    Messages a process enqueues one at a time then share partitions as a batch's do: a group
+    commit of them is one write, and the walk's row reads, the takes and the acks of what
+    comes due together are one request per home, not one per message. Thread-safe; times
+    are epoch ms."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

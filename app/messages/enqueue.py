@@ -10,8 +10,9 @@ it before the row is written (_write_fresh).
 The server-made ids of one request share one home per shard (app.core.ids.homes_for_request),
 each home taking a run of messages adjacent in due time, so each write and each later
 transition of those messages is one batch per shard, not one per message (home_by_due_time).
-A request of fewer messages than shards takes the process's current home of the topic
-(app.core.ids.SharedHomes), so one-message enqueues share homes as a batch's messages do.
+A request of fewer messages than shards (or than SHARED_BELOW, whatever the shards) takes
+the process's current home of the topic (app.core.ids.SharedHomes), so one-message enqueues
+share homes as a batch's messages do, on a topic of one shard too.
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
 retrying the same request re-writes the pointer (the state row is found with the same content).
 """
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.campaigns import manage as campaigns
-from app.core.ids import homes_for_request, new_message_id
+from app.core.ids import SHARED_BELOW, homes_for_request, new_message_id
 from app.core.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
 from app.core.timeparse import TimeFormatError, parse_local_time, zone
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
@@ -183,7 +184,7 @@ def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage]) -> li
     """Enqueue items in order; one failed item never fails the others."""
     now = services.clock()
     shards = topic.settings.shards
-    homes = (home_by_due_time(items, shards) if len(items) >= shards
+    homes = (home_by_due_time(items, shards) if len(items) >= max(shards, SHARED_BELOW)
              else [services.shared_homes.home(topic.uid, len(items), now)] * len(items))
     rows = [state_row(topic, m, m.id or new_message_id(now, homes[n]), now)
             for n, m in enumerate(items)]
