@@ -14,6 +14,8 @@ import pytest
 from cassandra.query import BoundStatement
 from flask import Flask
 
+from app.core import ids as id_module
+from app.core.ids import home_of
 from app.errors import StoreUnavailable
 from app.messages import group_commit
 from tests.consumers import TopicClient, now_ms
@@ -90,7 +92,8 @@ def _cached(app: Flask, topic: TopicClient, auth: dict[str, str]) -> None:
 
 
 def test_concurrent_enqueues_share_writes_and_each_gets_its_answer(
-        app: Flask, auth: dict[str, str]) -> None:
+        app: Flask, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(id_module, "SHARED_HOME_MS", 600_000)  # a slow machine's groups too
     topic = TopicClient(app.test_client(), auth)
     url = topic.url("/messages")
 
@@ -111,6 +114,8 @@ def test_concurrent_enqueues_share_writes_and_each_gets_its_answer(
     for n, message_id in enumerate(ids):  # each request's own message, under its own id
         assert topic.get(message_id).get_json()["payload"] == n
     assert together < alone / 2, (together, alone)
+    # groups of one-message requests share the process's home, however many join a group
+    assert len({home_of(i) for i in ids}) == 1
 
 
 def test_one_id_sent_by_many_at_once_is_created_once(app: Flask, auth: dict[str, str]) -> None:
@@ -171,12 +176,12 @@ def test_a_failed_shared_write_fails_each_member_and_the_next_runs(
     first_running, release_first = threading.Event(), threading.Event()
     calls: list[int] = []
 
-    def enqueue(services: Any, found: Any, items: list[Any]) -> Any:
+    def enqueue(services: Any, found: Any, items: list[Any], **options: Any) -> Any:
         calls.append(len(items))
         if len(calls) == 1:  # hold the first write while the others queue behind it
             first_running.set()
             assert release_first.wait(10)
-            return real(services, found, items)
+            return real(services, found, items, **options)
         raise StoreUnavailable("Cassandra unavailable: test")
 
     monkeypatch.setattr(group_commit, "enqueue", enqueue)

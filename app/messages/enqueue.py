@@ -12,7 +12,8 @@ each home taking a run of messages adjacent in due time, so each write and each 
 transition of those messages is one batch per shard, not one per message (home_by_due_time).
 A request of fewer messages than shards (or than SHARED_BELOW, whatever the shards) takes
 the process's current home of the topic (app.core.ids.SharedHomes), so one-message enqueues
-share homes as a batch's messages do, on a topic of one shard too.
+share homes as a batch's messages do, on a topic of one shard too; so do the one-message
+requests of a group commit, however many (app.messages.group_commit).
 A 201/200 answer means all three are durable. If the pointer write fails the item answers 503;
 retrying the same request re-writes the pointer (the state row is found with the same content).
 """
@@ -180,12 +181,16 @@ def home_by_due_time(items: Sequence[NewMessage], shards: int) -> list[int]:
     return chosen
 
 
-def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage]) -> list[EnqueueResult]:
-    """Enqueue items in order; one failed item never fails the others."""
+def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage],
+            small_requests: bool = False) -> list[EnqueueResult]:
+    """Enqueue items in order; one failed item never fails the others. `small_requests`:
+    the items are those of several small requests (a group commit), which share a home
+    however many they are, as each would alone."""
     now = services.clock()
     shards = topic.settings.shards
-    homes = (home_by_due_time(items, shards) if len(items) >= max(shards, SHARED_BELOW)
-             else [services.shared_homes.home(topic.uid, len(items), now)] * len(items))
+    small = small_requests or len(items) < max(shards, SHARED_BELOW)
+    homes = ([services.shared_homes.home(topic.uid, len(items), now)] * len(items) if small
+             else home_by_due_time(items, shards))
     rows = [state_row(topic, m, m.id or new_message_id(now, homes[n]), now)
             for n, m in enumerate(items)]
     results: list[EnqueueResult | None] = [None] * len(items)

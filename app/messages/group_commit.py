@@ -107,8 +107,9 @@ class GroupCommit(Generic[Item, Result]):
 
 def enqueue_groups(services: Services) -> GroupCommit[NewMessage, EnqueueResult]:
     """One-message enqueues, grouped: app.messages.enqueue.enqueue answers a repeated id inside a
-    batch from its first occurrence, 200 or 409, as two requests would be answered."""
-    return GroupCommit(lambda topic, items: enqueue(services, topic, items))
+    batch from its first occurrence, 200 or 409, as two requests would be answered, and puts
+    the group in its process's shared home of the topic, as each alone would be."""
+    return GroupCommit(lambda topic, items: enqueue(services, topic, items, small_requests=True))
 
 
 def ack_groups(services: Services
