@@ -245,8 +245,9 @@ class Desk:
         return bool(self._links_of(topic))
 
     def _slots_of(self, topic: Topic) -> list[int]:
-        return [release_slot_of(str(topic.uid), s, self.slots)
-                for s in range(topic.settings.shards)]
+        """The release slots of the topic's shards, each once (shards may share a slot)."""
+        return list(dict.fromkeys(release_slot_of(str(topic.uid), s, self.slots)
+                                  for s in range(topic.settings.shards)))
 
     def _handing_over(self, topic: Topic) -> bool:
         """Whether one of the topic's slots had a reachable owner (or the desk started)

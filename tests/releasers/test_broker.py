@@ -128,6 +128,26 @@ def test_a_call_finds_a_releaser_started_a_moment_after_it_read_the_owners(
         app.extensions["duetime"].close()
 
 
+def test_shards_sharing_a_slot_have_their_owners_read_once_a_second(
+        config: Config, auth: dict[str, str], ring: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every slot of the topic has its owner: calls read the owners once a second, not every
+    50 ms as for a shard without one. 8 shards on 4 slots: some share a slot."""
+    with _one_owner(config, auth, ring, "b-reads", topic_options={"shards": 8}) as (
+            topic, _uid, _r):
+        desk = topic.client.application.extensions["duetime"].desk
+        reads: list[int] = []
+        real = desk.ownership.slots
+        monkeypatch.setattr(desk.ownership, "slots",
+                            lambda count: reads.append(count) or real(count))
+        calls, until = 0, time.monotonic() + 0.8
+        while time.monotonic() < until:
+            assert topic.lease(max_messages=1, wait_ms=0) == []
+            calls += 1
+            time.sleep(0.02)
+        assert calls >= 10 and len(reads) <= 1, (calls, reads)
+
+
 def test_a_long_polls_message_is_taken_ahead_and_handed_out_at_its_due_time(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A pull is prepared like a push: the owner leases a waiting call's message before its
