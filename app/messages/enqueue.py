@@ -170,7 +170,8 @@ def home_by_due_time(items: Sequence[NewMessage], shards: int) -> list[int]:
     that fills only some shards' runs would otherwise always favour the first shards); the
     releasers hand out what is due across shards in fair order (workers/held.py), so where
     a run lands does not change the order messages are handed out in. enqueue() calls it
-    for requests of at least as many messages as shards (smaller ones share a home)."""
+    for requests of at least max(shards, SHARED_BELOW) messages; smaller ones and group
+    commits share a home (app.core.ids.SharedHomes)."""
     homes = homes_for_request(shards)
     run = max(1, -(-len(items) // shards))
     first = secrets.randbelow(shards)
