@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run up down test fuzz lint typecheck openapi bench bench-import faults setup cluster-up cluster-down clean
+.PHONY: run up down test long fuzz lint typecheck openapi bench bench-import faults setup cluster-up cluster-down clean
 
 run:            ## install what is missing, start everything, stay in the foreground
 	@devstack/stack.sh run
@@ -20,6 +20,9 @@ setup:          ## venv, Cassandra, schema
 test:           ## the whole suite against the real Cassandra node (and Chromium for the dashboard)
 	@devstack/stack.sh setup-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+long: setup     ## the suite's largest tests at full scale: 100,000-message restore, import and campaign cancel (10 to 20 min on 2 cores)
+	DUETIME_LONG=1 $(PY) -m pytest -m long_form $(PYTEST_ARGS)
 
 fuzz: setup     ## schemathesis over every route with 500 examples each (the suite runs 10)
 	DUETIME_FUZZ_EXAMPLES=$${DUETIME_FUZZ_EXAMPLES:-500} $(PY) -m pytest tests/test_fuzz.py $(PYTEST_ARGS)

@@ -25,9 +25,10 @@ from tests.consumers import TopicClient, now_ms
 from tests.import_files import write_csv
 from tests.receiver import Receiver, receiving
 from tests.releasing import assert_on_time_and_signed, wait_state, webhook_topic
+from tests.scale import scaled
 from tests.waiting import wait_until
 
-ROWS = 100_000
+ROWS = scaled(20_000, 100_000)
 
 
 def spark_job(config: Config, *args: str) -> dict[str, Any]:
@@ -61,6 +62,7 @@ def big_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     return path, expected
 
 
+@pytest.mark.long_form
 def test_import_counts_rejects_and_a_rerun_adds_nothing(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         big_file: tuple[Path, Any], tmp_path: Path) -> None:
