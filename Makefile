@@ -21,7 +21,7 @@ test:           ## the whole suite against the real Cassandra node (and Chromium
 	@devstack/stack.sh setup-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-long: setup     ## the suite's largest tests at full scale: 100,000-message restore, import and campaign cancel (10 to 20 min on 2 cores)
+long: setup     ## the suite's largest tests at full scale: 100,000-message restore, import and campaign cancel (about 20 min on 2 cores)
 	DUETIME_LONG=1 $(PY) -m pytest -m long_form $(PYTEST_ARGS)
 
 fuzz: setup     ## schemathesis over every route with 500 examples each (the suite runs 10)

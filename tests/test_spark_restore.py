@@ -50,7 +50,9 @@ def _source_topic(app: Flask, services: Services, auth: dict[str, str]) -> Topic
     """TOTAL messages: delivered, dead (attempts used up, with an error), leased (for 60 s),
     scheduled an hour ahead (half of them in a campaign, some with a group), and a cancelled
     campaign. Each kind due now is enqueued once the one before is leased, so each lease
-    takes the messages meant for it."""
+    takes the messages meant for it. The campaign is cancelled before anything is leased:
+    a 60 s lease must not run out (and its last attempt turn dead) while the cancel runs on
+    a slow machine."""
     client = app.test_client()
     topic = TopicClient(client, auth, max_attempts=1, lease_seconds=3600)
     later = now_ms() + 3_600_000
@@ -59,6 +61,10 @@ def _source_topic(app: Flask, services: Services, auth: dict[str, str]) -> Topic
                      for n in range(LATER)])
     _enqueue(topic, [{"id": f"gone-{n}", "deliver_at": later, "campaign": "gone",
                       "payload": {"gone": n}} for n in range(GONE)])
+    cancel = client.delete(topic.url("/campaigns/gone"), headers=auth)
+    assert cancel.status_code == 202
+    with running_operations(services):
+        assert wait_operation(topic, cancel.get_json()["operation"]["id"], 120)["changed"] == GONE
     _enqueue(topic, [{"id": f"del-{n}", "payload": {"n": n}} for n in range(DELIVERED)])
     for chunk in _chunks(_lease_all(topic, DELIVERED), 1000):
         answer = client.post(topic.url("/acks"), headers=auth, json={"acks": [
@@ -73,10 +79,6 @@ def _source_topic(app: Flask, services: Services, auth: dict[str, str]) -> Topic
     deadline = time.monotonic() + 50
     while stats(client, topic)["dead"] < DEAD and time.monotonic() < deadline:
         assert topic.lease(1000, wait_ms=500) == []
-    cancel = client.delete(topic.url("/campaigns/gone"), headers=auth)
-    assert cancel.status_code == 202
-    with running_operations(services):
-        assert wait_operation(topic, cancel.get_json()["operation"]["id"], 120)["changed"] == GONE
     assert stats(client, topic) == {"scheduled": LATER, "leased": LEASED,
                                     "delivered": DELIVERED, "cancelled": GONE, "dead": DEAD}
     return topic
