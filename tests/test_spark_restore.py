@@ -23,10 +23,9 @@ from tests.consumers import TopicClient, now_ms
 from tests.scale import scaled
 from tests.test_spark import spark_job, stats, tenant_of
 
-TOTAL = scaled(20_000, 100_000)
-DELIVERED, DEAD, LEASED, LATER, GONE = (TOTAL // 5, TOTAL // 10, TOTAL // 10, 2 * TOTAL // 5,
-                                        TOTAL // 5)
-assert DELIVERED + DEAD + LEASED + LATER + GONE == TOTAL
+UNIT = scaled(2_000, 10_000)
+DELIVERED, DEAD, LEASED, LATER, GONE = 2 * UNIT, UNIT, UNIT, 4 * UNIT, 2 * UNIT
+TOTAL = DELIVERED + DEAD + LEASED + LATER + GONE
 COMPARED = ("state", "deliver_at_ms", "priority", "campaign", "group", "attempts",
             "last_error", "content_hash", "created_at_ms")
 
