@@ -153,11 +153,12 @@ def test_shards_sharing_a_slot_have_their_owners_read_once_a_second(
 def test_a_long_polls_message_is_taken_ahead_and_handed_out_at_its_due_time(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A pull is prepared like a push: the owner leases a waiting call's message before its
-    due time (a prepare lead of 1.5 s here), its lease running from the due time, and hands it
-    out at the due time, never before; meanwhile a cancel answers 409 and the message is
-    delivered. A call whose wait ends before the due time is not given it."""
-    with _one_owner(config, auth, ring, "b-prepare", release_prepare_ms=1500) as (topic, _uid, _r):
-        due = now_ms() + 3000
+    due time (a prepare lead of 3 s here: on a slow host the take ahead needs most of a
+    second), its lease running from the due time, and hands it out at the due time, never
+    before; meanwhile a cancel answers 409 and the message is delivered. A call whose wait
+    ends before the due time is not given it."""
+    with _one_owner(config, auth, ring, "b-prepare", release_prepare_ms=3000) as (topic, _uid, _r):
+        due = now_ms() + 4500
         assert topic.enqueue(id="soon", deliver_at=format_ms(due)).status_code == 201
         # its wait ends within the lead, before the due time: nothing is prepared for it
         assert topic.lease(max_messages=1, wait_ms=2000) == []
@@ -492,13 +493,15 @@ def test_a_call_asking_two_owners_takes_nothing_at_the_other_that_goes_back(
     try:
         topic = TopicClient(app.test_client(), auth)
         uid = topic_uid(app, auth, topic)
-        with releaser(config, "b-two-a", release_prepare_ms=1000, **ring) as a, \
-                releaser(config, "b-two-b", release_prepare_ms=1000, **ring) as b:
+        # a lead of 3 s: the first owner's takes ahead and the call's withdrawal of its
+        # other want are done before the due time even on a slow host
+        with releaser(config, "b-two-a", release_prepare_ms=3000, **ring) as a, \
+                releaser(config, "b-two-b", release_prepare_ms=3000, **ring) as b:
             wait_owned(a, b, within_s=20)
-            due = now_ms() + 3000
+            due = now_ms() + 5000
             ids = {m["id"] for m in topic.batch([{"deliver_at": format_ms(due)}
                                                  for _ in range(16)])}
-            got = topic.lease(max_messages=100, wait_ms=6000)
+            got = topic.lease(max_messages=100, wait_ms=9000)
             assert got and all(parse_instant(m["deliver_at"]) == due for m in got)
             time.sleep(0.5)  # what a second owner would have taken comes back by then
             rest = ids - {m["id"] for m in got}
