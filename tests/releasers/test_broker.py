@@ -435,10 +435,10 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again
     not due) is answered with nothing, and the message goes back, for the next call. The
     owner holds what it gave back itself: the next call gets it also when the walk reads
     nothing once the message was prepared (its step and a round's read turned off)."""
-    with _one_owner(config, auth, ring, "b-withdraw-prepared", release_prepare_ms=1500
+    with _one_owner(config, auth, ring, "b-withdraw-prepared", release_prepare_ms=3000
                     ) as (topic, uid, r):
         with _wanting(r, uid, 8) as sock:
-            due = now_ms() + 3000
+            due = now_ms() + 4500
             assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
             while topic.get("ahead").get_json()["state"] != "leased":
                 assert now_ms() < due, "not prepared for the want"
@@ -459,10 +459,10 @@ def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
     """Of the owners a call asks, only its first takes messages for it ahead of their due
     time, and tells the call so at once (a *prepared* line before the answer), so that the
     call withdraws its other wants; another owner serves it only with what is due."""
-    with _one_owner(config, auth, ring, "b-first-owner", release_prepare_ms=1500
+    with _one_owner(config, auth, ring, "b-first-owner", release_prepare_ms=3000
                     ) as (topic, uid, r):
         with _wanting(r, uid, 9, first=False, several=True) as sock:
-            due = now_ms() + 2500
+            due = now_ms() + 4500
             assert topic.enqueue(id="other", deliver_at=format_ms(due)).status_code == 201
             while now_ms() < due - 300:
                 assert topic.get("other").get_json()["state"] == "scheduled"
@@ -472,7 +472,7 @@ def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
             assert want_id == 9 and [t.leased.id for t in taken] == ["other"]
             assert now_ms() >= due
         with _wanting(r, uid, 10, several=True) as sock:
-            due = now_ms() + 2500
+            due = now_ms() + 4500
             assert topic.enqueue(id="first", deliver_at=format_ms(due)).status_code == 201
             reader = sock.makefile("rb")
             notice = broker_wire.decode_line(reader.readline())
