@@ -530,8 +530,8 @@ def wake_walk_until(r: Releaser, done: Callable[[], bool], within_s: float = 5) 
 def test_the_walk_reads_only_the_webhook_topics_written_to_since_it_last_read_them() -> None:
     """Active webhook topics whose write counts have not moved cost the walk no read of their
     partitions while their positions are far from the window's end; a write to one makes it
-    read that one, and everything is delivered. A keyspace alone: the shared one's leftovers
-    keep the walk's steps busy and its slots' owners changing."""
+    read that one, and everything is delivered. A keyspace alone: in the shared one, what
+    earlier tests left due keeps the walk's steps reading dozens of other topics."""
     with keyspace_alone("written") as (config, services, client, auth), \
             receiving(Receiver()) as target:
         topics = [webhook_topic(client, auth, target.url)[0] for _ in range(3)]
@@ -603,8 +603,8 @@ def test_a_drained_topic_is_read_once_every_few_steps_not_at_every_one() -> None
     standing: its shards are read on only as their positions near the horizon (now +
     look-ahead), and each read goes on to the reach (now + COUNTED_AHEAD_MS less the safety
     lag): a quiet shard is read every 5.5 s with the defaults, so once or twice in 8 s of
-    steps (several times, were reads to stop at the horizon). A keyspace alone, so nothing
-    else moves the walk's slots or counts."""
+    steps (several times, were reads to stop at the horizon). A keyspace alone, so no other
+    topic keeps the walk's steps busy."""
     with keyspace_alone("drained") as (config, services, client, auth), \
             receiving(Receiver()) as target:
         topic, _ = webhook_topic(client, auth, target.url)
