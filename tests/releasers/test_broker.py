@@ -29,6 +29,9 @@ from workers.broker import HELD_PER_LANE, Broker
 from workers.releaser import Releaser, bind_listeners
 
 SLOTS = 4
+# The prepare tests' lead: time for the owner to take ahead, tell the call, and for the call
+# to withdraw its other wants before the due time, also on a slow host with a busy core.
+PREPARE_LEAD_MS = 3000
 
 
 @pytest.fixture()
@@ -153,12 +156,12 @@ def test_shards_sharing_a_slot_have_their_owners_read_once_a_second(
 def test_a_long_polls_message_is_taken_ahead_and_handed_out_at_its_due_time(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A pull is prepared like a push: the owner leases a waiting call's message before its
-    due time (a prepare lead of 3 s here: on a slow host the take ahead needs most of a
-    second), its lease running from the due time, and hands it out at the due time, never
-    before; meanwhile a cancel answers 409 and the message is delivered. A call whose wait
-    ends before the due time is not given it."""
-    with _one_owner(config, auth, ring, "b-prepare", release_prepare_ms=3000) as (topic, _uid, _r):
-        due = now_ms() + 4500
+    due time (PREPARE_LEAD_MS here), its lease running from the due time, and hands it out at
+    the due time, never before; meanwhile a cancel answers 409 and the message is delivered.
+    A call whose wait ends before the due time is not given it."""
+    with _one_owner(config, auth, ring, "b-prepare", release_prepare_ms=PREPARE_LEAD_MS
+                    ) as (topic, _uid, _r):
+        due = now_ms() + PREPARE_LEAD_MS + 1500
         assert topic.enqueue(id="soon", deliver_at=format_ms(due)).status_code == 201
         # its wait ends within the lead, before the due time: nothing is prepared for it
         assert topic.lease(max_messages=1, wait_ms=2000) == []
@@ -435,10 +438,10 @@ def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again
     not due) is answered with nothing, and the message goes back, for the next call. The
     owner holds what it gave back itself: the next call gets it also when the walk reads
     nothing once the message was prepared (its step and a round's read turned off)."""
-    with _one_owner(config, auth, ring, "b-withdraw-prepared", release_prepare_ms=3000
+    with _one_owner(config, auth, ring, "b-withdraw-prepared", release_prepare_ms=PREPARE_LEAD_MS
                     ) as (topic, uid, r):
         with _wanting(r, uid, 8) as sock:
-            due = now_ms() + 4500
+            due = now_ms() + PREPARE_LEAD_MS + 1500
             assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
             while topic.get("ahead").get_json()["state"] != "leased":
                 assert now_ms() < due, "not prepared for the want"
@@ -459,10 +462,10 @@ def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
     """Of the owners a call asks, only its first takes messages for it ahead of their due
     time, and tells the call so at once (a *prepared* line before the answer), so that the
     call withdraws its other wants; another owner serves it only with what is due."""
-    with _one_owner(config, auth, ring, "b-first-owner", release_prepare_ms=3000
+    with _one_owner(config, auth, ring, "b-first-owner", release_prepare_ms=PREPARE_LEAD_MS
                     ) as (topic, uid, r):
         with _wanting(r, uid, 9, first=False, several=True) as sock:
-            due = now_ms() + 4500
+            due = now_ms() + PREPARE_LEAD_MS + 1500
             assert topic.enqueue(id="other", deliver_at=format_ms(due)).status_code == 201
             while now_ms() < due - 300:
                 assert topic.get("other").get_json()["state"] == "scheduled"
@@ -472,7 +475,7 @@ def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
             assert want_id == 9 and [t.leased.id for t in taken] == ["other"]
             assert now_ms() >= due
         with _wanting(r, uid, 10, several=True) as sock:
-            due = now_ms() + 4500
+            due = now_ms() + PREPARE_LEAD_MS + 1500
             assert topic.enqueue(id="first", deliver_at=format_ms(due)).status_code == 201
             reader = sock.makefile("rb")
             notice = broker_wire.decode_line(reader.readline())
@@ -493,12 +496,10 @@ def test_a_call_asking_two_owners_takes_nothing_at_the_other_that_goes_back(
     try:
         topic = TopicClient(app.test_client(), auth)
         uid = topic_uid(app, auth, topic)
-        # a lead of 3 s: the first owner's takes ahead and the call's withdrawal of its
-        # other want are done before the due time even on a slow host
-        with releaser(config, "b-two-a", release_prepare_ms=3000, **ring) as a, \
-                releaser(config, "b-two-b", release_prepare_ms=3000, **ring) as b:
+        with releaser(config, "b-two-a", release_prepare_ms=PREPARE_LEAD_MS, **ring) as a, \
+                releaser(config, "b-two-b", release_prepare_ms=PREPARE_LEAD_MS, **ring) as b:
             wait_owned(a, b, within_s=20)
-            due = now_ms() + 5000
+            due = now_ms() + PREPARE_LEAD_MS + 2000
             ids = {m["id"] for m in topic.batch([{"deliver_at": format_ms(due)}
                                                  for _ in range(16)])}
             got = topic.lease(max_messages=100, wait_ms=9000)
