@@ -21,11 +21,14 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
 6. the client's own cost: one client's `GET /healthz` through duetime's client and through
    a `requests.Session`, p50 and client CPU per call (on a small machine the client shares
    the cores with the API and Cassandra);
-7. the framework's floor: a Flask app that only answers `GET /healthz`
-   (tests/bench/bare_app.py), served by gunicorn with duetime's settings beside the stack,
-   from the same PRODUCERS threads: what one request costs on the machine before any of
-   duetime's code runs; the one-message enqueue rate and the lease `max: 1` + ack pair rate
-   are reported as ratios to it (pairs: half its request rate);
+7. the floors (tests/bench/bare_app.py), each served by gunicorn with duetime's settings
+   beside the stack and called as duetime is: a Flask app that does nothing but answer
+   duetime's one-message routes (the no-op app: what a request costs on the machine before
+   any of duetime's code runs), and one that makes duetime's own Cassandra requests of each
+   call and nothing else (the storage floor). The one-message enqueue rate and the lease
+   `max: 1` + ack pair rate are reported as ratios to the no-op app's
+   and to the storage floor's; the storage floor's against the no-op app's is the most
+   those requests allow on the machine when calls share none;
 8. the machine's speed through the run (tests.bench.run.SpeedTrack): a shared host's moves
    by several times within minutes, so absolute rates of two runs compare only at like
    speeds.
@@ -50,6 +53,9 @@ from typing import Any
 import requests
 from duetime_client.client import ApiError, Client
 
+from app.config import load_config
+from app.store.session import CassandraSession
+from tests.bench import bare_app
 from tests.bench.run import (
     OUT,
     URL,
@@ -212,28 +218,53 @@ def _rate_and_p50(call: Callable[[], None], count: int) -> tuple[float, float]:
 BARE_PORT = 18099
 
 
-def bare_floor(headers: dict[str, str], count: int) -> dict[str, float]:
-    """Requests/s from PRODUCERS threads and one client's p50 (ms) of `GET /healthz` on a
-    bare Flask app under gunicorn with app/gunicorn_conf.py (same workers and threads)."""
+def bare_floor(headers: dict[str, str], count: int, app: str = "tests.bench.bare_app:app"
+               ) -> dict[str, float]:
+    """One of the floors of tests/bench/bare_app.py under gunicorn with app/gunicorn_conf.py
+    (same workers and threads), called through duetime's client as duetime is: `GET /healthz`
+    from PRODUCERS threads (requests/s, and one client's p50 in ms), count one-message
+    enqueues from PRODUCERS threads (msgs/s), count lease `max: 1` + ack pairs from
+    CONSUMERS threads and count / 2 from one (pairs/s)."""
     base = f"http://127.0.0.1:{BARE_PORT}"
     server = start_api({**os.environ, "DUETIME_HTTP_PORT": str(BARE_PORT),
-                        "DUETIME_HTTP_HOST": "127.0.0.1"}, app="tests.bench.bare_app:app")
+                        "DUETIME_HTTP_HOST": "127.0.0.1"}, app=app)
     bare = Client(base, headers["Authorization"].split()[1], timeout_s=60, retries=0,
-                  connections=PRODUCERS)
+                  connections=CONSUMERS)
     try:
         if not wait_ready(base, server, 30, path="/healthz"):
-            raise RuntimeError("the bare app did not start")
+            raise RuntimeError(f"{app} did not start")
 
         def healthz() -> None:
             if bare.request("GET", "/healthz") != {"status": "ok"}:
-                raise RuntimeError("the bare app did not answer its status")
+                raise RuntimeError(f"{app} did not answer its status")
 
         rate, p50 = _rate_and_p50(healthz, count)
-        return {"healthz_per_s": rate, "healthz_idle_p50_ms": p50}
+        return {"healthz_per_s": rate, "healthz_idle_p50_ms": p50,
+                "enqueue_one_per_s": round(enqueue_singly(bare, "floor", count), 1),
+                "lease1_ack_pairs_per_s": round(lease_singly(bare, "floor", count), 1),
+                "lease1_ack_one_consumer_pairs_per_s": round(
+                    lease_singly(bare, "floor", count // 2, consumers=1), 1)}
     finally:
         bare.close()
         server.terminate()
         server.wait(30)
+
+
+def storage_floor(headers: dict[str, str], count: int) -> dict[str, float]:
+    """bare_floor of the storage floor app, its tables made first in the stack's keyspace."""
+    db = CassandraSession(load_config())
+    try:
+        bare_app.create_tables(db)
+    finally:
+        db.shutdown()
+    return bare_floor(headers, count, "tests.bench.bare_app:storage_app")
+
+
+def _against(rates: dict[str, float], floor: dict[str, float]) -> dict[str, float]:
+    """Each one-message rate of `rates` divided by the same one of `floor`."""
+    names = ("enqueue_one_per_s", "lease1_ack_pairs_per_s",
+             "lease1_ack_one_consumer_pairs_per_s")
+    return {name.removesuffix("_per_s"): round(rates[name] / floor[name], 3) for name in names}
 
 
 def client_cost(api: Client) -> dict[str, dict[str, float]]:
@@ -283,6 +314,7 @@ def main(argv: list[str]) -> int:
     ceiling = raw_ceiling(5000)
     floor = http_floor(api, single_topic, count)
     bare = bare_floor(headers, count)
+    storage = storage_floor(headers, count)
     result: dict[str, Any] = {
         "idle_one_client_ms": idle,
         "enqueue_one_per_request_msgs_per_s": round(single_rate, 1),
@@ -314,6 +346,21 @@ def main(argv: list[str]) -> int:
         # app's requests (one per enqueue; two, lease and ack, per leased message)
         "enqueue_one_vs_bare_floor": round(single_rate / bare["healthz_per_s"], 3),
         "lease1_ack_vs_bare_floor_pairs": round(lease_one / (bare["healthz_per_s"] / 2), 3),
+        # the one-message ratios: against the no-op app's own enqueue route, and its lease +
+        # ack pairs from as many consumers
+        "enqueue_one_vs_noop_app": round(single_rate / bare["enqueue_one_per_s"], 3),
+        "lease1_ack_vs_noop_app_pairs": round(lease_one / bare["lease1_ack_pairs_per_s"], 3),
+        # the storage floor (tests/bench/bare_app.py): duetime's own requests of each call
+        # and nothing else; against the no-op app, the most those requests allow on this
+        # machine when calls share none; duetime against it, what its own work costs
+        "storage_floor": storage,
+        "storage_floor_vs_noop_app": _against(storage, bare),
+        "duetime_vs_storage_floor": _against(
+            {"enqueue_one_per_s": single_rate, "lease1_ack_pairs_per_s": lease_one,
+             "lease1_ack_one_consumer_pairs_per_s": lease_alone}, storage),
+        f"storage_floor_{CONSUMERS}_consumers_vs_one": round(
+            storage["lease1_ack_pairs_per_s"] / storage["lease1_ack_one_consumer_pairs_per_s"],
+            2),
         # the host's speed through the run (tests.bench.run.SpeedTrack: lower is faster)
         "machine_loop_ms": speed.result()}
     OUT.mkdir(exist_ok=True)
