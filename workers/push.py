@@ -24,7 +24,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from app.core.timeline import pointer_of
+from app.delivery.broker_wire import Taken
 from app.delivery.fairness import FairQueue
+from app.delivery.leasing import give_back
 from app.delivery.release import PushOutcome, record_outcomes, take_for_push
 from app.delivery.scan import PointerKey, pointer_key
 from app.messages.by_id import RELEASER_PREFIX
@@ -221,9 +223,33 @@ class PushDispatcher:
             self.services.lag.observe(topic_uid, "push", lags)
         self._count("posted", len(done) - len(skipped))
         if skipped:
-            log.warning("not posting %d messages: their leases were about to expire",
-                        len(skipped))
-            self._drop(skipped)
+            log.warning("not posting %d messages: their leases were about to expire; each is "
+                        "given back, due when its lease would have ended", len(skipped))
+            self._not_posted(skipped)
+
+    def _not_posted(self, armed: list[Armed]) -> None:
+        """POSTs never started (queued behind their topic's slots until their lease nearly
+        ran out): given back on a taker thread (_give_back); while stopping, their leases
+        run out instead."""
+        try:
+            self._takers.submit(self._give_back, armed)
+        except RuntimeError:  # the takers are shut down: the releaser stops
+            self._drop(armed)
+
+    def _give_back(self, armed: list[Armed]) -> None:
+        """Each message scheduled again, due when its lease would have ended, its attempt not
+        counted: nothing was sent, so a topic's queue behind a slow target never uses up a
+        message's max_attempts (app.delivery.leasing.give_back). One the give-back could not
+        move (changed meanwhile, or its write failed) stays leased and comes due at its
+        lease's end, as before."""
+        by_topic: dict[uuid.UUID, list[Armed]] = defaultdict(list)
+        for a in armed:
+            by_topic[a.topic.uid].append(a)
+        for items in by_topic.values():
+            given = {r.id for r in give_back(self.services, items[0].topic,
+                                             [_taken(a) for a in items])}
+            self._drop([a for a in items if a.row.id not in given])
+            self._forget([a for a in items if a.row.id in given])
 
     def _on_lost(self, refs: list[int]) -> None:
         """The POST process died holding these: their leases expire and they come due again."""
@@ -320,6 +346,15 @@ def post_job(ref: int, a: Armed, concurrency: int, now_ms: int) -> PostJob:
         headers=request_headers(a.topic, a.row, a.payload, max(now_ms, a.due_ms)),
         body=a.payload.data,
         timeout_s=settings.delivery_timeout_seconds)
+
+
+def _taken(a: Armed) -> Taken:
+    """An armed message as a give-back takes it: the row before and as leased; due again
+    when its lease ends."""
+    before = a.timer.due.row
+    assert a.payload is not None  # only a message with its payload is sent to be posted
+    return Taken(before.attempts, before.consumer, a.row, a.payload,
+                 a.row.lease_expires_at_ms or a.due_ms)
 
 
 def lease_pointer(row: MessageState) -> Pointer:

@@ -349,17 +349,17 @@ def test_a_write_that_lands_late_is_placed_again_and_delivered(
     assert_on_time_and_signed(target.arrivals, secret, topic.name)
 
 
-def test_a_push_not_posted_comes_due_again_when_its_lease_ends(
+def test_a_push_not_posted_is_given_back_due_at_its_leases_end_its_attempt_not_counted(
         config: Config, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A POST not sent (its lease was about to run out: a slow take during a node kill) is
-    dropped, and its lease pointer, which the walk passed while it counted as spent (the
-    lease pointer of a 6 s lease lies within a 9 s look-ahead), is read again, so the
-    message comes due again when its lease ends and is delivered."""
+    """A POST not sent (its lease was about to run out: queued behind a slow target, or a
+    slow take during a node kill) is given back: scheduled again, due when its lease would
+    have ended, its attempt not counted, since nothing was sent. On a topic of max_attempts
+    1 it is then delivered; counted, the take at its lease's end would make it dead."""
     with receiving(Receiver()) as target, releaser(config, "r-not-posted",
                                                    release_lookahead_ms=9000) as r:
         topic = TopicClient(client, auth, delivery={"mode": "webhook", "url": target.url,
-                                                    "timeout_seconds": 1})
+                                                    "timeout_seconds": 1}, max_attempts=1)
         send = r.push._send
         skipped: list[str] = []
 
@@ -368,13 +368,16 @@ def test_a_push_not_posted_comes_due_again_when_its_lease_ends(
             if skipped or [a.row.id for a in armed] != ["unposted"]:
                 return send(armed)
             skipped.extend(a.row.id for a in armed)
-            time.sleep(1)  # the walk reads the lease pointer meanwhile, spent
-            r.push._drop(armed)  # as the POST process's "not posted" answer does
+            time.sleep(1)  # the walk reads the lease pointer meanwhile
+            r.push._not_posted(armed)  # as the POST process's "not posted" answer does
 
         monkeypatch.setattr(r.push, "_send", skipping_first)
         dropped_at = now_ms()
         assert topic.enqueue(id="unposted", delay_ms=1000).status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 20), target.ids()
+        assert wait_until(lambda: topic.get("unposted").get_json()["state"] == "delivered",
+                          10, 0.1), topic.get("unposted").get_json()
+        assert topic.get("unposted").get_json()["attempts"] == 1
     assert skipped == ["unposted"] and target.ids() == ["unposted"]
     assert target.arrivals[0].received_ms >= dropped_at + 1000 + 6000  # at its lease's end
 
