@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import random
-import threading
 import uuid
 from collections import Counter
 
@@ -32,7 +31,6 @@ from app.ops.cluster_clock import ClusterClock
 from workers import count_reads
 from workers.count_reads import count_groups
 from workers.held import HeldMessages, moments
-from workers.timers import TimerHeap
 from workers.walk import Walk
 
 
@@ -443,30 +441,6 @@ def test_count_reads_group_topics_within_a_hundred_cells() -> None:
     assert all(len(uids) * len(buckets) <= count_reads.COUNT_CELLS
                for uids, buckets in groups if len(uids) > 1)
     assert [len(uids) for uids, _ in groups if len(uids) > 1] == [50, 50, 20]
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    key: str
-    due_ms: int
-    priority: int = 0
-
-
-def test_the_dispatchers_rest_ends_only_for_an_entry_that_would_be_late_at_its_end() -> None:
-    """Between two passes the releaser's dispatcher rests (TimerHeap.rest): an entry added
-    then that is due within the lead (found late: a topic made a moment ago) ends the rest
-    at once; one due further ahead waits for the next pass, as before."""
-    now = 1_000_000
-    heap: TimerHeap[Entry] = TimerHeap(lambda: now)
-    ended = threading.Event()
-    resting = threading.Thread(target=lambda: (heap.rest(30, 100), ended.set()))
-    resting.start()
-    heap.add([Entry("far", now + 500)])  # beyond the 100 ms lead: the next pass takes it
-    assert not ended.wait(0.3)
-    heap.add([Entry("late", now + 50)])
-    assert ended.wait(5)
-    resting.join()
-    assert [e.key for e in heap.pop_due(100)] == ["late"]
 
 
 def test_the_cluster_clock_corrects_an_offset_past_its_tolerance_and_keeps_it_in_an_outage(

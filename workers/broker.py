@@ -1,4 +1,12 @@
-"""The releaser's broker for pull topics (docs/design.md, "How a due message is found").
+"""The releaser's broker: what the walk read of the owned shards, held and taken in rounds for
+lease calls (pull topics) and for the releaser's POST pool (webhook topics; docs/design.md,
+"How a due message is found").
+
+A webhook topic's round takes what is ready within the push's prepare lead, in fair order, up
+to the room its POST pool has (workers.push.PushDispatcher), and arms it there. It runs when
+a message held comes within the lead (one the walk found late: at once), when room frees,
+and otherwise at most every PUSH_EVERY_MS, each round taking what comes within the lead by
+the next.
 
 API processes send their lease calls' *wants* (app.delivery.broker_wire) over TCP to the releasers
 owning the topic's shards, on the port number of the releaser's wake-ups, after a hello
@@ -41,7 +49,8 @@ from app.delivery.leasing import Hold, attempts_used_up, give_back, pauses, take
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.models import Pointer, Topic
 from app.services import Services
-from workers.held import HeldMessages
+from workers.held import HeldMessages, ready_ms
+from workers.push import PushDispatcher
 
 # A round leases at most this many messages (and makes at most as many more dead, their
 # attempts used up), and the next round starts at once. Its take must
@@ -63,6 +72,11 @@ SHARE_SPREAD_MS = 10
 # it has waited there this long (ms), so that one answer does not take what the other
 # owners give back a moment later.
 SPILL_MS = 20
+# A webhook topic's round takes at most this many messages (the POST pool's takes run several
+# at once), and its rounds come at most this often, each taking what comes within the
+# prepare lead by the next: one take per topic and period, not one per message.
+PUSH_ROUND_MAX = 4000
+PUSH_EVERY_MS = 100
 UNKNOWN_RECHECK_S = 0.1
 BROKER_THREADS = 4
 log = logging.getLogger("duetime.broker")
@@ -86,7 +100,8 @@ class Broker:
     `shards_of(topic)` gives the topic's shards this releaser owns now; `on_unknown(uid)`
     is told of a want for a topic `topic_of` does not know (yet); `read_now(topic, since)`
     has the walk read the topic unless a read of it began at or after `since` (epoch ms);
-    `read_again(uid, pointers)` has the walk read pointers again that it passed."""
+    `read_again(uid, pointers)` has the walk read pointers again that it passed; `push`,
+    set before start(), takes webhook topics' rounds."""
 
     def __init__(self, services: Services, token: str,
                  topic_of: Callable[[uuid.UUID], Topic | None],
@@ -103,6 +118,8 @@ class Broker:
         self.read_again = read_again
         self.recheck_s = services.config.pull_idle_ms / 1000
         self.lead_ms = services.config.release_prepare_ms
+        self.push: PushDispatcher | None = None
+        self._starved: set[uuid.UUID] = set()  # webhook topics whose POST pool had no room
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         # per topic, the waiting messages the walk read (workers.releaser.Releaser.walk)
@@ -162,18 +179,41 @@ class Broker:
         if waiting:
             self._kick(topic_uid)
 
-    def hold(self, topic_uid: uuid.UUID, found: list[Due]) -> None:
+    def hold(self, topic: Topic, found: list[Due]) -> None:
         """What the walk read of the topic: waiting messages, handed out from here (those
-        held already are not read again: holding)."""
+        held already are not read again: holding). A webhook topic's round comes when the
+        first of them comes within the prepare lead (at once for one found late)."""
         if not found:
             return
+        ahead = self._push_ahead_ms() if topic.pushed else 0
         with self._lock:
-            held = self.held.setdefault(topic_uid, HeldMessages(topic_uid))
+            held = self.held.setdefault(topic.uid, HeldMessages(topic.uid, topic.pushed))
             for d in found:
-                held.add(pointer_key(topic_uid, d.pointer.id, d.pointer.version), d)
-            waiting = bool(self._wants.get(topic_uid))
-        if waiting:
+                held.add(pointer_key(topic.uid, d.pointer.id, d.pointer.version), d)
+            waiting = bool(self._wants.get(topic.uid))
+        if topic.pushed:
+            first_ms = min(ready_ms(d.row) for d in found) - ahead - self.services.clock()
+            self._check_at(time.monotonic() + max(0, first_ms) / 1000, topic.uid)
+        elif waiting:
+            self._kick(topic.uid)
+
+    def _push_ahead_ms(self) -> int:
+        """How far ahead of now a webhook topic's round takes (ms): the POST pool's prepare
+        lead and the period to the next round."""
+        return (self.push.lead_ms() if self.push is not None else 0) + PUSH_EVERY_MS
+
+    def room_freed(self, topic_uid: uuid.UUID) -> None:
+        """The POST pool has room for the topic again: a round it stopped goes on."""
+        with self._lock:
+            starved = topic_uid in self._starved
+            self._starved.discard(topic_uid)
+        if starved:
             self._kick(topic_uid)
+
+    def pushed_held(self) -> int:
+        """How many messages of webhook topics are held (read, not taken yet)."""
+        with self._lock:
+            return sum(len(held) for held in self.held.values() if held.pushed)
 
     def holding(self, topic_uid: uuid.UUID) -> Callable[[PointerKey], bool]:
         """Whether a pointer of the topic (by its pointer_key) is held here."""
@@ -181,6 +221,12 @@ class Broker:
             held = self.held.get(topic_uid)
             return held is not None and key in held
         return holds
+
+    def held_of(self, topic_uid: uuid.UUID) -> list[Due]:
+        """The messages of the topic held now, a snapshot."""
+        with self._lock:
+            held = self.held.get(topic_uid)
+            return [d for _, d in held.items()] if held is not None else []
 
     def room(self, topic_uid: uuid.UUID) -> int:
         """How many more messages of the topic the walk may hold here."""
@@ -274,12 +320,16 @@ class Broker:
     def _serve(self, topic_uid: uuid.UUID) -> None:
         """One round for the topic's wants, in their arrival order: each is tried at least
         once (a want with no wait gets this round's answer), and answered once it got
-        messages or its wait is over."""
+        messages or its wait is over. A webhook topic's round is its POST pool's (_push)."""
+        topic = self.topic_of(topic_uid)
+        if topic is not None and topic.pushed:
+            self._push(topic)
+            return
         with self._lock:
             parked = list(self._wants.get(topic_uid, []))
         if not parked:
             return
-        topic = self.topic_of(topic_uid) or self._read_topic(topic_uid, parked[0].want)
+        topic = topic or self._read_topic(topic_uid, parked[0].want)
         if topic is None:  # made a moment ago: its wants wait while the releaser learns it
             self._answer(None, topic_uid, parked, {}, None, UNKNOWN_RECHECK_S)
             return
@@ -298,6 +348,61 @@ class Broker:
         if capped:  # more was wanted than a round takes: the wants left are served next
             with self._lock:
                 self._again.add(topic_uid)
+
+    def _push(self, topic: Topic) -> None:
+        """One round of a webhook topic: what is ready within the prepare lead and the period
+        to the next round, in fair order, up to the POST pool's room for the topic and
+        PUSH_ROUND_MAX, taken and armed there; due messages whose attempts are used up made
+        dead, a paused campaign's let go (resuming brings them back). What a take left
+        undecided stays held for the next round."""
+        pool = self.push
+        if pool is None:
+            return
+        self.rounds += 1
+        began_s = time.monotonic()
+        now = self.services.clock()
+        ahead = self._push_ahead_ms()
+        shards = self.shards_of(topic)
+        with self._lock:
+            held = self._owned(topic.uid, shards)
+            ready = held.ready_by(now + ahead) if held else []
+        sort = _sorter(self.services, topic)
+        found: dict[str, list[Due]] = defaultdict(list)
+        for d in ready:  # a lease still running is never taken over, however soon it ends
+            if is_live(d.pointer, d.row, now, ahead):
+                found[sort(d)].append(d)
+        room = pool.room(topic.uid)
+        hand = fair_first(found["hand"], min(room, PUSH_ROUND_MAX))
+        chunk = hand + found["end"][:PUSH_ROUND_MAX]
+        if found["pass"]:
+            self.services.scanner.spend(topic, [d.pointer for d in found["pass"]])
+            self._drop(topic.uid, found["pass"])
+        undecided = False
+        if chunk:
+            pool.take(topic, chunk)
+            spent = self.services.scanner.spent
+            decided = [d for d in chunk
+                       if pointer_key(topic.uid, d.pointer.id, d.pointer.version) in spent]
+            self._drop(topic.uid, decided)
+            undecided = len(decided) < len(chunk)  # tried again next round
+        left = len(found["hand"]) > len(hand)
+        starved = left and len(hand) >= room
+        if starved:  # room_freed starts the next round, or this one if it freed meanwhile
+            with self._lock:
+                self._starved.add(topic.uid)
+        more = len(found["end"]) > PUSH_ROUND_MAX or (left and not starved) or (
+            starved and pool.room(topic.uid) > 0)
+        with self._lock:
+            if more:
+                self._again.add(topic.uid)
+            held = self.held.get(topic.uid)
+            next_ms = held.next_moment(now, ahead) if held is not None else None
+        if undecided:
+            next_ms = now
+        if next_ms is not None and not more:
+            self._check_at(max(began_s + PUSH_EVERY_MS / 1000,
+                               time.monotonic() + (next_ms - self.services.clock()) / 1000),
+                           topic.uid)
 
     def _read_topic(self, topic_uid: uuid.UUID, want: Want) -> Topic | None:
         """A topic this releaser does not know yet (made a moment ago), read by the tenant
@@ -394,7 +499,7 @@ class Broker:
         the walk has read them again."""
         again = give_back(self.services, topic, taken)
         shards = self.shards_of(topic)
-        self.hold(topic.uid, [Due(pointer_of(r), r) for r in again if r.shard in shards])
+        self.hold(topic, [Due(pointer_of(r), r) for r in again if r.shard in shards])
 
     def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
                ) -> tuple[dict[int, list[Taken]], int | None, bool]:
@@ -523,8 +628,8 @@ class Broker:
             self._check_due.pop(topic_uid, None)
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
-        """Serve the topic's parked wants at when_s (monotonic s), if any wait then, unless
-        a check of the topic comes before (its round sets the next one)."""
+        """A round of the topic at when_s (monotonic s), unless a check of the topic comes
+        before (its round sets the next one)."""
         with self._lock:
             due = self._check_due.get(topic_uid)
             if due is not None and time.monotonic() <= due <= when_s:
@@ -533,15 +638,13 @@ class Broker:
         self._at(when_s, lambda: self._kick_waiting(topic_uid, when_s))
 
     def _kick_waiting(self, topic_uid: uuid.UUID, when_s: float) -> None:
-        """A check at when_s: serve the topic's parked wants, unless an earlier check
-        replaced this one."""
+        """A check at when_s: a round of the topic, unless an earlier check replaced this
+        one."""
         with self._lock:
             if self._check_due.get(topic_uid) != when_s:
                 return
             del self._check_due[topic_uid]
-            waiting = bool(self._wants.get(topic_uid))
-        if waiting:
-            self._kick(topic_uid)
+        self._kick(topic_uid)
 
     def _at(self, when_s: float, action: Callable[[], None]) -> None:
         """Run action on the clock thread at when_s (monotonic s), never before."""

@@ -1,8 +1,8 @@
-"""The messages of one pull topic that the walk read and the broker holds for its lease calls
-(workers/broker.py): by pointer, in the order in which they become ready, and per turn group
-in the group's own order (app.delivery.fairness), so that a round reads only the messages it
-may take, each group's first ones, not all it holds (up to 9 s of a busy topic's messages
-ahead). Times are epoch ms.
+"""The messages of one topic that the walk read and the broker holds for its lease calls or
+its POST pool (workers/broker.py): by pointer, in the order in which they become ready, and
+per turn group in the group's own order (app.delivery.fairness), so that a round reads only
+the messages it may take, each group's first ones, not all it holds (up to 9 s of a busy
+topic's messages ahead). Times are epoch ms.
 
 Each message is kept as one tuple of plain values (UUIDs as ints), rebuilt as a Due when a
 round reads it: Python's collector leaves such tuples untracked, and a full collection,
@@ -70,8 +70,9 @@ def moments(row: MessageState, lead_ms: int) -> list[int]:
 class HeldMessages:
     """Not thread-safe: the broker's lock guards it."""
 
-    def __init__(self, topic_uid: uuid.UUID) -> None:
+    def __init__(self, topic_uid: uuid.UUID, pushed: bool = False) -> None:
         self.topic_uid = topic_uid
+        self.pushed = pushed  # a webhook topic's (else a pull topic's)
         self._by_key: dict[PointerKey, Packed] = {}
         self.lanes: Counter[tuple[int, int]] = Counter()  # held per (shard, lane)
         # (ready ms, key) of each held, sorted

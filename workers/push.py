@@ -1,13 +1,14 @@
-"""Push delivery: due timers → prepare (lease LWT, payload) → armed in the POST process → POST
-at the due time → record the outcome.
+"""Push delivery: the broker's rounds of a webhook topic (workers.broker) → take (lease LWT,
+payload) → armed in the POST process → POST at the due time → record the outcome.
 
-Preparing ahead takes the Cassandra round trips (pointer write, LWT) off the delivery path, so
-a message is POSTed within milliseconds of its due time, never before it. Every POST runs on
+Taking ahead keeps the Cassandra round trips (pointer write, LWT) off the delivery path, so a
+message is POSTed within milliseconds of its due time, never before it. Every POST runs on
 the event loop of one child process (workers.post_process): a timer per armed message fires at
 its due time, then the POST waits for one of its topic's webhook_concurrency slots (lowest
 priority value first). With at most PENDING_PER_TOPIC messages of a topic between take and
-outcome, a slow or failing target holds only its own topic's messages; the dispatcher and the
-takers never wait on a POST. Outcomes are recorded in batches by one finisher thread.
+outcome (the room the broker's rounds take up to), a slow or failing target holds only its
+own topic's messages; the broker never waits on a POST. Outcomes are recorded in batches by
+one finisher thread.
 """
 
 from __future__ import annotations
@@ -25,16 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from app.core.timeline import pointer_of
 from app.delivery.broker_wire import Taken
-from app.delivery.fairness import FairQueue
 from app.delivery.leasing import give_back
 from app.delivery.release import PushOutcome, record_outcomes, take_for_push
-from app.delivery.scan import PointerKey, pointer_key
+from app.delivery.scan import Due
 from app.messages.by_id import RELEASER_PREFIX
 from app.models import MessageState, Payload, Pointer, Topic
 from app.ops import metrics
 from app.services import Services
 from workers.post_process import PostJob, PostProcess, PostResult
-from workers.timers import Timer, TimerHeap
 from workers.webhook import request_headers
 
 FINISH_BATCH = 500
@@ -49,18 +48,14 @@ log = logging.getLogger("duetime.releaser")
 class Armed:
     """A message leased for its POST, waiting for its due time."""
 
-    timer: Timer
+    due: Due  # as the walk read it, before the take
     topic: Topic
     row: MessageState
     payload: Payload | None
 
     @property
-    def key(self) -> PointerKey:
-        return self.timer.key
-
-    @property
     def due_ms(self) -> int:
-        return self.timer.due_ms  # the due time of the pointer that made it due
+        return self.due.pointer.due_at_ms  # the due time of the pointer that made it due
 
     @property
     def priority(self) -> int:
@@ -68,24 +63,21 @@ class Armed:
 
 
 class PushDispatcher:
-    def __init__(self, services: Services, member: str, timers: TimerHeap[Timer],
-                 topic_of: Callable[[uuid.UUID], Topic | None],
-                 may_prepare: Callable[[int], bool],
+    def __init__(self, services: Services, member: str, waiting: Callable[[], int],
+                 room_freed: Callable[[uuid.UUID], None],
                  read_again: Callable[[uuid.UUID, list[Pointer]], None]) -> None:
-        """may_prepare(slot): may a message of that release slot be leased for its POST
-        (workers.ownership.SlotOwnership.may_prepare); read_again(topic, pointers): the
-        walk passed these pointers, whose take failed, and must read them again."""
+        """waiting(): how many messages of webhook topics are read and not taken yet
+        (workers.broker.Broker.pushed_held); room_freed(topic uid): a topic has room again;
+        read_again(topic, pointers): the walk passed these pointers (leases that will run
+        out unposted) and must read them again."""
         self.services = services
         self.consumer = f"{RELEASER_PREFIX}{member}"
-        self.timers = timers
-        self.topic_of = topic_of
-        self.may_prepare = may_prepare
+        self.waiting = waiting
+        self.room_freed = room_freed
         self.read_again = read_again
         self.concurrency = services.config.webhook_concurrency
         self.rng = random.Random()
-        # per topic, due timers waiting for room among its PENDING_PER_TOPIC (groups take turns)
-        self._waiting: dict[uuid.UUID, FairQueue[Timer]] = defaultdict(FairQueue)
-        self._pending: dict[uuid.UUID, int] = defaultdict(int)
+        self._pending: dict[uuid.UUID, int] = defaultdict(int)  # per topic, take to outcome
         self._lock = threading.Lock()
         self._takers = ThreadPoolExecutor(TAKERS, thread_name_prefix="push-taker")
         self.counts = {"prepared": 0, "posted": 0, "recorded": 0}
@@ -99,35 +91,44 @@ class PushDispatcher:
         self._finisher.start()
 
     def lead_ms(self) -> int:
-        """How long before its due time a message is prepared: the base lead, plus the time
-        the timers already waiting take to prepare at release_prepare_rate (a burst is
-        prepared early enough), at most the look-ahead window."""
+        """How long before its due time a message is taken: the base lead, plus the time
+        the messages already waiting take at release_prepare_rate (a burst is taken early
+        enough), at most the look-ahead window."""
         cfg = self.services.config
-        backlog_ms = 1000 * self.timers.waiting() // cfg.release_prepare_rate
+        backlog_ms = 1000 * self.waiting() // cfg.release_prepare_rate
         return min(cfg.release_prepare_ms + backlog_ms,
                    cfg.release_lookahead_ms - 2 * cfg.release_rescan_ms)
 
-    def submit(self, due: list[Timer]) -> None:
-        """Queue due timers per topic, then prepare what each topic's room allows."""
-        for t in due:
-            row = t.due.row
-            self._waiting[t.topic_uid].push(t, row.fair_group, row.priority, t.due_ms)
-        for topic_uid, waiting in list(self._waiting.items()):
-            while waiting:
-                with self._lock:
-                    room = PENDING_PER_TOPIC - self._pending[topic_uid]
-                    chunk = [waiting.pop() for _ in range(min(room, TAKE_CHUNK, len(waiting)))]
-                    self._pending[topic_uid] += len(chunk)
-                if not chunk:
-                    break
-                self._takers.submit(self._prepare, topic_uid, chunk)
-            if not waiting:
-                del self._waiting[topic_uid]
+    def room(self, topic_uid: uuid.UUID) -> int:
+        """How many more of the topic's messages may be taken now (PENDING_PER_TOPIC)."""
+        with self._lock:
+            return PENDING_PER_TOPIC - self._pending.get(topic_uid, 0)
 
-    def has_waiting(self) -> bool:
-        """Are timers submitted and not yet prepared (waiting for their topic's room)?
-        Called by the submitting thread."""
-        return bool(self._waiting)
+    def take(self, topic: Topic, chunk: list[Due]) -> None:
+        """On a broker thread: lease the chunk for its POSTs, TAKE_CHUNK at a time on the
+        takers at once, and arm what was leased. A take that failed leaves its pointers
+        unspent (the broker's next round tries them again); while stopping, nothing is
+        taken."""
+        stored = self._as_now(topic)
+        if stored is None:
+            return
+        try:
+            futures = [self._takers.submit(self._take, stored, chunk[i:i + TAKE_CHUNK])
+                       for i in range(0, len(chunk), TAKE_CHUNK)]
+        except RuntimeError:  # the takers are shut down: the releaser stops
+            return
+        armed: list[Armed] = []
+        for future, at in zip(futures, range(0, len(chunk), TAKE_CHUNK), strict=True):
+            try:
+                armed += future.result()
+            except Exception:  # log and continue
+                log.exception("taking %d messages for their POSTs failed", TAKE_CHUNK)
+                self.services.scanner.forget(topic, [d.pointer for d in chunk[at:at + TAKE_CHUNK]])
+        self._count("prepared", len(armed))
+        with self._lock:
+            self._pending[topic.uid] += len(armed)
+        if armed:
+            self._send(armed)
 
     def _count(self, name: str, n: int) -> None:
         with self._lock:
@@ -136,57 +137,24 @@ class PushDispatcher:
     def _settled(self, topic_uid: uuid.UUID, count: int) -> None:
         with self._lock:
             self._pending[topic_uid] -= count
-        self.timers.wake()
+            if self._pending[topic_uid] <= 0:
+                del self._pending[topic_uid]
+        self.room_freed(topic_uid)
 
-    def _prepare(self, topic_uid: uuid.UUID, chunk: list[Timer]) -> None:
-        """On a taker thread: lease what this releaser still may (its slots, and those it
-        handed back a moment ago), arm it for its due time. The walk reads again what it
-        passed and nothing took: timers of a slot whose lease this releaser could not
-        confirm in time (its renewals slow: a node down), and takes that failed or were
-        left undecided (a lease pointer or an LWT not written)."""
-        topic = self.topic_of(topic_uid)
-        keep = [t for t in chunk if topic is not None and self.may_prepare(t.slot)]
-        kept = {t.key for t in keep}
-        again = [t.due.pointer for t in chunk if topic is not None and t.key not in kept]
-        armed: list[Armed] = []
-        try:
-            stored = self._as_now(topic) if keep else None
-            if stored is not None:
-                armed = self._take(stored, keep)
-                spent = self.services.scanner.spent
-                again += [t.due.pointer for t in keep
-                          if pointer_key(topic_uid, t.due.pointer.id, t.due.pointer.version)
-                          not in spent]
-        except Exception:  # log and continue
-            log.exception("preparing %d messages failed", len(keep))
-            if topic is not None:
-                self.services.scanner.forget(topic, [t.due.pointer for t in keep])
-                again += [t.due.pointer for t in keep]
-        finally:
-            self._count("prepared", len(armed))
-            won = {a.key for a in armed}
-            self.timers.done([t.key for t in chunk if t.key not in won])
-            self._settled(topic_uid, len(chunk) - len(armed))
-        if again:  # once their timers are done: the walk skips a pointer a timer holds
-            self.read_again(topic_uid, again)
-        if armed:
-            self._send(armed)
-
-    def _as_now(self, known: Topic | None) -> Topic | None:
+    def _as_now(self, known: Topic) -> Topic | None:
         """The topic as stored now (None if deleted meanwhile): a message is signed with the
-        secrets of when it is prepared, so one enqueued after a rotation's answer is signed
+        secrets of when it is taken, so one enqueued after a rotation's answer is signed
         by the new secret, whatever the topic changes the releaser has followed so far."""
-        if known is None:
-            return None
         now = self.services.topics.get(known.tenant, known.name)
         return now if now is not None and now.uid == known.uid else None
 
-    def _take(self, topic: Topic, keep: list[Timer]) -> list[Armed]:
+    def _take(self, topic: Topic, chunk: list[Due]) -> list[Armed]:
         ahead = self.services.config.release_lookahead_ms
-        taken = take_for_push(self.services, topic, [t.due for t in keep], self.consumer, ahead)
-        # a replaced message can have two timers (old and new version): the lease won over
-        # version v belongs to v's timer, whose due time is the one that row carries
-        by_version = {(t.due.row.id, t.due.row.version): t for t in keep}
+        taken = take_for_push(self.services, topic, chunk, self.consumer, ahead)
+        # a replaced message can be held twice (old and new version): the lease won over
+        # version v belongs to v's pointer, whose due time is the one that row carries
+        by_version = {(d.row.id, d.row.version): d for d in chunk}
+        # the walk passes the lease pointers: each is read again if its POST never ends
         self.services.scanner.spend(topic, [lease_pointer(r) for r, _ in taken])
         return [Armed(by_version[(r.id, r.version - 1)], topic, r, p) for r, p in taken]
 
@@ -271,7 +239,6 @@ class PushDispatcher:
         self.read_again(topic.uid, pointers)
 
     def _forget(self, done: list[Armed]) -> None:
-        self.timers.done([a.key for a in done])
         per_topic: dict[uuid.UUID, int] = defaultdict(int)
         for a in done:
             per_topic[a.topic.uid] += 1
@@ -351,7 +318,7 @@ def post_job(ref: int, a: Armed, concurrency: int, now_ms: int) -> PostJob:
 def _taken(a: Armed) -> Taken:
     """An armed message as a give-back takes it: the row before and as leased; due again
     when its lease ends."""
-    before = a.timer.due.row
+    before = a.due.row
     assert a.payload is not None  # only a message with its payload is sent to be posted
     return Taken(before.attempts, before.consumer, a.row, a.payload,
                  a.row.lease_expires_at_ms or a.due_ms)

@@ -14,24 +14,23 @@ the node about 5 ms of CPU however few requests it holds.
   once and deleted ones stop;
 - walk (woken by "due:<topic>": release_rescan_ms; idle: release_idle_ms): per owned shard
   of each topic a position in memory (workers/walk.py), started at the shard's durable
-  cursor; pointers due up to the reach (now + COUNTED_AHEAD_MS less the safety lag) go into
-  the timer heap (webhook topics) or to the broker, which hands them to lease calls (pull
-  topics: workers/broker.py). A step woken by wake-ups reads only the topics they named (and
-  those whose take failed); every PASS_EVERY_MS a step looks at every topic listed in
-  active_topics for the window's buckets, so a lost wake-up costs at most that. Of the
+  cursor; pointers due up to the reach (now + COUNTED_AHEAD_MS less the safety lag) go to
+  the broker, which takes them in rounds for lease calls (pull topics) or for the POST pool
+  (webhook topics: workers/broker.py, workers/push.py). A step woken by wake-ups reads
+  only the topics they named (and those whose take failed); every PASS_EVERY_MS a step
+  looks at every topic listed in active_topics for the window's buckets, so a lost wake-up
+  costs at most that. Of the
   topics a step looks at, only those where a write count (bucket_writes) moved since the
   last read, or whose position nears now + look-ahead, are read; all counts are read in
   one round trip (workers/count_reads.py). A write that lands behind a position is placed
   again by its writer (app.messages.placement), so nothing searches behind the positions.
-  It writes the durable cursors, never past a timer it holds;
+  It writes the durable cursors, never past a message held;
 - schedules (SCHEDULES_EVERY_MS): produce the fires of the schedules of the owned slots
   (workers/schedules.py; their listings are read again when "schedules" wakes it);
 - operations (woken by "operations": OPERATIONS_EVERY_MS; idle: IDLE_EVERY_MS): run pending
   campaign operations (workers/operations.py);
 - clock (the tick, every CLOCK_EVERY_MS): this clock against Cassandra's and against the other
   releasers' (app.ops.clock_skew), gauges and a warning past half the safety lag.
-A dispatcher thread pops the heap the prepare lead before each due time and hands messages to
-PushDispatcher, which leases them and POSTs each at its due time (workers/push.py).
 """
 
 from __future__ import annotations
@@ -70,7 +69,6 @@ from workers.ownership import RENEW_FRACTION, SlotOwnership
 from workers.paced import PacedStep
 from workers.push import PushDispatcher
 from workers.schedules import MARKS_EVERY_MS, ScheduleRunner
-from workers.timers import MAX_WAIT_S, Timer, TimerHeap
 from workers.topics import FOLLOW_EVERY_MS, KnownTopics
 from workers.wake_listener import WakeListener
 from workers.walk import Walk
@@ -83,14 +81,14 @@ PASS_EVERY_MS = 1000
 # and how far behind now a position may be and still pass an empty stretch without a read
 WINDOW_BACK_MS = 60_000
 WALK_READERS = 8
-MAX_TIMERS_PER_SCAN = 20_000
+# a read of a webhook topic finds at most this many waiting messages (a burst is read on at
+# the next step); a pull topic's reads are bounded by its broker's room
+PUSH_READ_MAX = 5000
 REPORT_EVERY_MS = 10_000
 CLOCK_EVERY_MS = 10_000
 # A cursor is written only when it moves this far: a busy topic costs a write per shard
 # every 5 s, not every step, and a new walk re-reads at most this much of spent timeline.
 CURSOR_STEP_MS = 5000
-PREPARE_EVERY_MS = 100
-IDLE_DISPATCH_WAIT_S = 5.0
 OPERATIONS_EVERY_MS = 1000
 SCHEDULES_EVERY_MS = 500
 # Without a wake-up, topics and operations run this often.
@@ -174,7 +172,6 @@ class Releaser:
                                        cfg.release_slots, cfg.release_lease_ms, services.clock,
                                        self.wakes.address, broker_token, self._gained_slots,
                                        self._gave_back_slots)
-        self.timers: TimerHeap[Timer] = TimerHeap(services.clock)
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
         self._walks: dict[uuid.UUID, Walk] = {}  # per topic with owned shards
         self._cursors_at = 0  # when the walk last wrote cursors (epoch ms)
@@ -197,14 +194,12 @@ class Releaser:
         # topics a wake-up named since the walk's last step: its next step reads them
         self._named: set[uuid.UUID] = set()
         self._named_lock = threading.Lock()
-        self.push = PushDispatcher(services, self.member, self.timers, self._topics.get,
-                                   self.ownership.may_prepare, self._read_again)
-        self._stop = threading.Event()
+        self.push = PushDispatcher(services, self.member, self.broker.pushed_held,
+                                   self.broker.room_freed, self._read_again)
+        self.broker.push = self.push
         self._stopping = threading.Event()  # set first: long steps end at their next check
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
         self.schedules = ScheduleRunner(services, self.ownership.owned, self._topics.get)
-        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher",
-                                            daemon=True)
         # the threads running a step or job now (_safely), waited for by stop()
         self._runs: Counter[threading.Thread] = Counter()
         self._runs_changed = threading.Condition()
@@ -243,7 +238,6 @@ class Releaser:
         self.scheduler.start()
         for step in self.paced:
             step.start()
-        self._dispatcher.start()
         log.info("releaser %s started", self.member)
 
     def _ticks(self, idle_ms: int) -> int:
@@ -306,8 +300,9 @@ class Releaser:
 
     def report(self) -> None:
         """One log line of what this releaser holds and has done (for operators)."""
-        log.info("releaser %s slots=%d timers=%d waiting=%d %s", self.member,
-                 len(self.ownership.owned()), len(self.timers), self.timers.waiting(),
+        log.info("releaser %s slots=%d held=%d pushed_held=%d %s", self.member,
+                 len(self.ownership.owned()), sum(map(len, list(self.broker.held.values()))),
+                 self.broker.pushed_held(),
                  " ".join(f"{k}={v}" for k, v in self.push.stats().items()))
 
     def run_operations(self) -> bool:
@@ -325,7 +320,7 @@ class Releaser:
         """A slot was claimed (start, failover, rebalance): its due pointers, cursors,
         operations and schedules are this releaser's now, so every step looks at once; the
         walk starts the slot's shards at their durable cursors, which the last owner never
-        wrote past a timer it held."""
+        wrote past a message it held."""
         self._everyone = True
         for step in self.paced:
             step.wake()
@@ -382,7 +377,12 @@ class Releaser:
                 yield topic, mine
 
     def _shards_owned(self, topic: Topic) -> set[int]:
-        """The topic's shards whose release slot this releaser holds now."""
+        """The topic's shards whose release slot this releaser holds now; for a webhook topic
+        also those of a slot it handed back less than a tick ago (SlotOwnership.may_prepare:
+        what it held there is due before the new owner's first walk step may find it)."""
+        if topic.pushed:
+            may = self.ownership.may_prepare
+            return {s for s, slot in self._slots_of(topic).items() if may(slot)}
         owned = self.ownership.owned()
         return {s for s, slot in self._slots_of(topic).items() if slot in owned}
 
@@ -401,9 +401,9 @@ class Releaser:
 
     def walk(self) -> None:
         """One step of the walk (workers.walk) over the owned shards of the topics it looks
-        at: what waits by the reach (_span) goes into the timer heap (webhook topics) or to
-        the broker (pull topics, at most broker.HELD_MAX a topic). Every PASS_EVERY_MS (and
-        after a claim, and while it warms up) it looks at every topic: one read lists those
+        at: what waits by the reach (_span) goes to the broker (a pull topic's at most
+        broker.HELD_MAX). Every PASS_EVERY_MS (and after a claim, and while it warms up) it
+        looks at every topic: one read lists those
         with pointers in the window's buckets (active_topics); in between only at the topics
         wake-ups named, new topics and those whose take failed. One round trip reads
         their write counts; a topic is read only where its counts moved, its position nears
@@ -413,7 +413,7 @@ class Releaser:
         now = self.services.clock()
         with self._named_lock:
             named, self._named = self._named, set()
-        while self._again:  # appended by the takers; drained here, between two reads
+        while self._again:  # appended by other threads; drained here, between two reads
             uid, shard, due = self._again.popleft()
             if (walk := self._walks.get(uid)) is not None:  # else a new walk from the cursor
                 with walk.lock:  # a broker's read_now records its position when it ends
@@ -536,7 +536,8 @@ class Releaser:
         self._walking.wake()
 
     def _read_again(self, topic_uid: uuid.UUID, pointers: list[Pointer]) -> None:
-        """On a taker thread: the walk reads these pointers again (their take failed)."""
+        """On a broker or push thread: the walk reads these pointers again (it passed them,
+        and they are not held: shards let go of, leases that will run out unposted)."""
         self._again.extend((topic_uid, p.shard, p.due_at_ms) for p in pointers)
         self._walking.wake()
 
@@ -554,22 +555,17 @@ class Releaser:
 
     def _read_walk(self, topic: Topic, mine: dict[int, int], walk: Walk, starts: dict[int, int],
                    began: int, reach: int, window: list[int], counts: Counts) -> None:
-        """Read the shards from `starts` to the reach: what waits there goes into the timer
-        heap (a webhook topic) or to the broker (a pull topic, at most its room). One read
-        of a topic at a time: the walk's and the broker's (read_now) take turns."""
+        """Read the shards from `starts` to the reach: what waits there goes to the broker (a
+        pull topic's at most its room). One read of a topic at a time: the walk's and the
+        broker's (read_now) take turns."""
         with walk.lock:
             closed = self._closed_lanes(topic)
-            if topic.pushed:
-                result = self.services.scanner.upcoming(topic, starts, reach,
-                                                        MAX_TIMERS_PER_SCAN // 4, self.timers.holds,
-                                                        walk.lanes)
-                self.timers.add([Timer(topic.uid, mine[d.pointer.shard], d) for d in result.due])
-            else:
-                want = max(1, min(self.broker.room(topic.uid), HELD_PER_LANE))
-                result = self.services.scanner.upcoming(topic, starts, reach, want,
-                                                        self.broker.holding(topic.uid), walk.lanes,
-                                                        closed)
-                self.broker.hold(topic.uid, result.due)
+            want = PUSH_READ_MAX if topic.pushed else \
+                max(1, min(self.broker.room(topic.uid), HELD_PER_LANE))
+            result = self.services.scanner.upcoming(topic, starts, reach, want,
+                                                    self.broker.holding(topic.uid), walk.lanes,
+                                                    closed)
+            self.broker.hold(topic, result.due)
             walk.record(began, starts, result.frontier_ms, reach, window, counts,
                         result.incomplete, result.lanes_ms, closed)
 
@@ -589,12 +585,11 @@ class Releaser:
                                                CURSOR_STEP_MS))]
 
     def _held(self) -> dict[uuid.UUID, dict[int, int]]:
-        """{topic: {shard: the earliest due time (epoch ms) of a message it holds}}: the timers,
-        the broker's held messages, and the pointers handed back since the walk's step drained
-        them (a taker's failed take: no longer held, its position not yet moved back)."""
+        """{topic: {shard: the earliest due time (epoch ms) of a message it holds}}: the
+        broker's held messages, and the pointers handed back since the walk's step drained
+        them (no longer held, their position not yet moved back)."""
         held: dict[uuid.UUID, dict[int, int]] = {}
-        pending = [(t.topic_uid, t.due.pointer.shard, t.due.pointer.due_at_ms)
-                   for t in self.timers.items()] + list(self._again) + self.broker.held_pointers()
+        pending = list(self._again) + self.broker.held_pointers()
         for uid, shard, due in pending:
             of_topic = held.setdefault(uid, {})
             of_topic[shard] = min(of_topic.get(shard, due), due)
@@ -621,25 +616,6 @@ class Releaser:
         lag before the topic was created."""
         default = topic.created_at_ms - self.services.config.safety_lag_ms
         return {s: stored.get(s, default) for s in mine}
-
-    def _dispatch_loop(self) -> None:
-        """Every PREPARE_EVERY_MS, hand what is due within the lead (plus that period) to the
-        push dispatcher: one take per topic and period instead of one per message, which
-        at hundreds of messages a second spent the releaser's interpreter on round trips.
-        With no timer and nothing waiting for room it waits up to IDLE_DISPATCH_WAIT_S: a
-        timer added or room freed wakes it (TimerHeap's condition)."""
-        while not self._stop.is_set():
-            began = time.monotonic()
-            idle = not self.timers.waiting() and not self.push.has_waiting()
-            try:
-                self.push.submit(self.timers.pop_due(
-                    self.push.lead_ms() + PREPARE_EVERY_MS,
-                    max_wait_s=IDLE_DISPATCH_WAIT_S if idle else MAX_WAIT_S))
-            except Exception:  # log and continue
-                log.exception("dispatch failed")
-            if not self._stop.is_set():
-                self.timers.rest(PREPARE_EVERY_MS / 1000 - (time.monotonic() - began),
-                                 self.push.lead_ms())
 
     def stop(self) -> None:
         """Graceful stop: no new work, finish in-flight POSTs, give the slots back at once.
@@ -677,10 +653,6 @@ class Releaser:
         self._await_runs(left_s())
         self.schedules.stop()
         phase_done("steps")
-        self._stop.set()
-        self.timers.wake()
-        self._dispatcher.join(left_s())
-        phase_done("dispatcher")
         self.push.stop()
         phase_done("posts")
         try:

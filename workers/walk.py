@@ -1,7 +1,7 @@
 """The walk's record of one topic: per owned shard, how far its timeline has been read
 (docs/design.md, "How a due message is found"). Pure: the releaser reads and writes.
 
-`position[shard]`: every pointer of the shard due before it was read into the timer heap (or
+`position[shard]`: every pointer of the shard due before it was read into the broker (or
 found spent) by a read that began at `read_at`, or lies behind the durable cursor the walk
 started from. A pointer that lands behind the position later is one due soon after its write
 (app.core.timeline.COUNTED_AHEAD_MS): it moves its (bucket, shard)'s write count, and the
@@ -137,7 +137,7 @@ class Walk:
     def cursor_moves(self, now_ms: int, safety_lag_ms: int, held: Mapping[int, int],
                      step_ms: int) -> dict[int, int]:
         """Durable cursor moves of at least step_ms: never past the position, now less the
-        safety lag, or the earliest timer still held of the shard (`held`). Recorded as
+        safety lag, or the earliest message still held of the shard (`held`). Recorded as
         made; the caller writes them."""
         moves = {}
         for s, at in self.cursor.items():

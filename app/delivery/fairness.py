@@ -7,8 +7,8 @@ first due message of every group, then the second of every group, and so on, eac
 (app.core.timeline.lane_of: each lane has timeline partitions of its own), so a group with a
 backlog of 50,000 takes one turn in each round, not the whole pass.
 
-Webhook delivery takes turns the same way where it waits (FairQueue): for a slot of the
-topic's POST concurrency, and for room among the messages a releaser prepares per topic.
+A webhook topic's POSTs take turns the same way where they wait (FairQueue): for a slot of
+the topic's POST concurrency.
 """
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ class DueScanner:
     def upcoming(self, topic: Topic, starts: dict[int, int], to_ms: int, want: int,
                  pending: Callable[[PointerKey], bool], lanes: Mapping[Lane, int] | None = None,
                  closed: Container[Lane] = ()) -> ScanResult:
-        """What a releaser's walk holds (its timer heap, its broker): pointers of the shards
+        """What a releaser's walk holds (its broker): pointers of the shards
         in `starts`, due from starts[shard] (a lane in `lanes` from the earlier of that and
         its own start; one in `closed` not at all) to to_ms, whose message is still at that
         version and waiting (scheduled, or leased until then). Skips spent pointers and those

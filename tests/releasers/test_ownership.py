@@ -273,8 +273,8 @@ def test_slots_handed_back_are_claimed_at_once_by_the_others(
 
 def test_what_the_giver_held_for_slots_handed_back_is_still_delivered_on_time(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
-    """A releaser that hands slots back to one that joined still prepares, for one tick, the
-    messages its timers already held there: the new owner claims a moment later, but its
+    """A releaser that hands slots back to one that joined still takes, for one tick, the
+    messages of webhook topics it already held there: the new owner claims a moment later, but its
     first walk step may come after their due time. Here the joiner is a membership row
     with no releaser behind it, which never claims: what the giver dropped would wait until
     that row expired."""
@@ -291,11 +291,10 @@ def test_what_the_giver_held_for_slots_handed_back_is_still_delivered_on_time(
         uid = topic_uid(services, auth, topic.name)
 
         def held_for_topic() -> dict[str, int]:
-            """{message id: slot} of this topic's timers (the giver serves every topic of
-            the keyspace, and earlier tests' leases come due in it too)."""
-            with giver.timers._cond:
-                return {t.due.pointer.id: t.slot for t in giver.timers._held.values()
-                        if t.topic_uid == uid}
+            """{message id: slot} of this topic's messages the giver holds (it serves every
+            topic of the keyspace, and earlier tests' leases come due in it too)."""
+            slots = giver._slots_of(giver._topics[uid]) if uid in giver._topics else {}
+            return {d.pointer.id: slots[d.pointer.shard] for d in giver.broker.held_of(uid)}
 
         assert wait_until(lambda: len(held_for_topic()) == 40, 2.5), held_for_topic()
         slot_of = held_for_topic()

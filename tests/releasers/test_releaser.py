@@ -19,7 +19,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
-from app.core.timeline import COUNTED_AHEAD_MS
+from app.core.timeline import COUNTED_AHEAD_MS, shard_of
 from app.core.timeparse import parse_instant
 from app.errors import StoreUnavailable
 from app.messages.placement import PointerPlacer
@@ -223,15 +223,15 @@ def test_a_message_whose_take_failed_is_read_again_and_delivered(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The take (lease pointer, conditional batch) of a message the walk has passed fails
-    once: the walk goes back to it, so it is taken again and POSTed, not left scheduled
-    behind the walk's position and the cursor."""
+    once: the broker keeps holding it and its next round takes it again, so it is POSTed on
+    time, not left scheduled behind the walk's position and the cursor."""
     failures: list[str] = []
     take = PushDispatcher._take
 
     def failing_once(self: PushDispatcher, topic: Any, keep: list[Any]) -> Any:
         # only this test's message: a slow earlier test may leave others of the keyspace due
-        if not failures and [t.due.pointer.id for t in keep] == ["retaken"]:
-            failures.extend(t.due.pointer.id for t in keep)
+        if not failures and [d.pointer.id for d in keep] == ["retaken"]:
+            failures.extend(d.pointer.id for d in keep)
             raise StoreUnavailable("Cassandra unavailable: WriteTimeout")
         return take(self, topic, keep)
 
@@ -270,27 +270,31 @@ def test_a_push_whose_take_was_left_undecided_is_read_again_and_delivered(
     assert_on_time_and_signed(target.arrivals, secret, topic.name)
 
 
-def test_a_timer_of_a_slot_whose_lease_was_not_confirmed_in_time_is_read_again(
-        config: Config, client: FlaskClient, auth: dict[str, str],
+def test_what_was_held_of_a_slot_whose_lease_was_not_confirmed_in_time_is_read_again(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A releaser whose slot renewals are slow (a node down) may not prepare its timers
-    there for a moment: those timers are dropped, and the walk, which has passed them,
-    reads them again, so the message is POSTed once the lease is confirmed."""
+    """A releaser whose slot renewals are slow (a node down) may not take messages of the
+    slot for a moment (SlotOwnership.may_prepare says no): the broker lets go of what it held
+    there, and the walk, which has passed it, reads it again, so the message is POSTed once
+    the lease is confirmed."""
     with receiving(Receiver()) as target, releaser(config, "r-unconfirmed") as r:
         topic, secret = webhook_topic(client, auth, target.url)
-        may_prepare = r.push.may_prepare
+        stored = services.topics.get(tenant_of(services, auth), topic.name)
+        slot = r._slots_of(stored)[shard_of("unconfirmed", stored.settings.shards)]
+        may_prepare = r.ownership.may_prepare
         refused: list[int] = []
 
-        def unconfirmed_once(slot: int) -> bool:
-            if not refused:
-                refused.append(slot)
+        def unconfirmed_once(asked: int) -> bool:
+            if asked == slot and not refused and any(
+                    d.pointer.id == "unconfirmed" for d in r.broker.held_of(stored.uid)):
+                refused.append(asked)
                 return False
-            return may_prepare(slot)
+            return may_prepare(asked)
 
-        monkeypatch.setattr(r.push, "may_prepare", unconfirmed_once)
+        monkeypatch.setattr(r.ownership, "may_prepare", unconfirmed_once)
         assert topic.enqueue(id="unconfirmed", delay_ms=1500).status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 15), target.ids()
-    assert len(refused) == 1 and target.ids() == ["unconfirmed"]
+    assert refused == [slot] and target.ids() == ["unconfirmed"]
     assert_on_time_and_signed(target.arrivals, secret, topic.name)
 
 
@@ -718,18 +722,19 @@ def test_a_releaser_back_after_two_days_delivers_what_came_due_meanwhile(
 
 def test_a_message_due_while_its_slot_changed_owner_is_read_by_the_new_owners_walk(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A releaser that gives its slots back drops the timers it held for them, and never wrote
-    a cursor past them. The new owner's walk starts at the stored cursors, so its first step
-    reads what came due meanwhile."""
-    with keyspace_alone("handover") as (config, _, client, auth), \
+    """A releaser that gives its slots back drops the messages it held for them, and never
+    wrote a cursor past them. The new owner's walk starts at the stored cursors, so its first
+    step reads what came due meanwhile."""
+    with keyspace_alone("handover") as (config, services, client, auth), \
             receiving(Receiver()) as target:
         topic, _ = webhook_topic(client, auth, target.url)
+        uid = services.topics.get(tenant_of(services, auth), topic.name).uid
         with releaser(config, "r-old") as old:
             due = now_ms() + 2500
             assert topic.enqueue(id="handed", delay_ms=2500).status_code == 201
             assert wait_until(
-                lambda: any(t.due.pointer.id == "handed" for t in old.timers.items()), 2)
-        # stopped before the due time: its slots given back, the message still in its heap
+                lambda: any(d.pointer.id == "handed" for d in old.broker.held_of(uid)), 2)
+        # stopped before the due time: its slots given back, the message still held
         assert target.ids() == []
         time.sleep(max(0.0, (due + 1000 - now_ms()) / 1000))
         with releaser(config, "r-new"):
