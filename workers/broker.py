@@ -629,10 +629,11 @@ class Broker:
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
         """A round of the topic at when_s (monotonic s), unless a check of the topic comes
-        before (its round sets the next one)."""
+        before (its round sets the next one). One whose time has passed and that the clock
+        thread has not run yet still comes before: replaced, it would not run at all."""
         with self._lock:
             due = self._check_due.get(topic_uid)
-            if due is not None and time.monotonic() <= due <= when_s:
+            if due is not None and due <= when_s:
                 return
             self._check_due[topic_uid] = when_s
         self._at(when_s, lambda: self._kick_waiting(topic_uid, when_s))

@@ -41,6 +41,7 @@ TAKE_CHUNK = 500
 TAKERS = 16
 PENDING_PER_TOPIC = 20_000
 POST_START_MARGIN_MS = 1000  # never start a POST that could outlive the lease
+STOP_TAKES_S = 10.0
 log = logging.getLogger("duetime.releaser")
 
 
@@ -80,6 +81,9 @@ class PushDispatcher:
         self._pending: dict[uuid.UUID, int] = defaultdict(int)  # per topic, take to outcome
         self._lock = threading.Lock()
         self._takers = ThreadPoolExecutor(TAKERS, thread_name_prefix="push-taker")
+        self._taking = 0  # take() calls under way, waited for by stop()
+        self._stopping = False
+        self._took = threading.Condition(self._lock)
         self.counts = {"prepared": 0, "posted": 0, "recorded": 0}
         self._outcomes: queue.Queue[tuple[Armed, str | None] | None] = queue.Queue()
         self._armed: dict[int, Armed] = {}  # sent to the POST process, result not back
@@ -109,14 +113,23 @@ class PushDispatcher:
         takers at once, and arm what was leased. A take that failed leaves its pointers
         unspent (the broker's next round tries them again); while stopping, nothing is
         taken."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._taking += 1
+        try:
+            self._take_and_arm(topic, chunk)
+        finally:
+            with self._lock:
+                self._taking -= 1
+                self._took.notify_all()
+
+    def _take_and_arm(self, topic: Topic, chunk: list[Due]) -> None:
         stored = self._as_now(topic)
         if stored is None:
             return
-        try:
-            futures = [self._takers.submit(self._take, stored, chunk[i:i + TAKE_CHUNK])
-                       for i in range(0, len(chunk), TAKE_CHUNK)]
-        except RuntimeError:  # the takers are shut down: the releaser stops
-            return
+        futures = [self._takers.submit(self._take, stored, chunk[i:i + TAKE_CHUNK])
+                   for i in range(0, len(chunk), TAKE_CHUNK)]
         armed: list[Armed] = []
         for future, at in zip(futures, range(0, len(chunk), TAKE_CHUNK), strict=True):
             try:
@@ -292,8 +305,12 @@ class PushDispatcher:
                 "lead_ms": self.lead_ms()}
 
     def stop(self) -> None:
-        """Graceful stop: prepare nothing new; POST what is armed at its time (at most the
-        lead away), finish in-flight POSTs and record their outcomes."""
+        """Graceful stop: take nothing new (the takes under way end first, at most
+        STOP_TAKES_S); POST what is armed at its time (at most the lead away), finish
+        in-flight POSTs and record their outcomes."""
+        with self._lock:
+            self._stopping = True
+            self._took.wait_for(lambda: not self._taking, STOP_TAKES_S)
         self._takers.shutdown(wait=True)
         self._posts.stop()
         self._outcomes.put(None)
