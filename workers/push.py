@@ -135,8 +135,9 @@ class PushDispatcher:
             try:
                 armed += future.result()
             except Exception:  # log and continue
-                log.exception("taking %d messages for their POSTs failed", TAKE_CHUNK)
-                self.services.scanner.forget(topic, [d.pointer for d in chunk[at:at + TAKE_CHUNK]])
+                piece = chunk[at:at + TAKE_CHUNK]
+                log.exception("taking %d messages for their POSTs failed", len(piece))
+                self.services.scanner.forget(topic, [d.pointer for d in piece])
         self._count("prepared", len(armed))
         with self._lock:
             self._pending[topic.uid] += len(armed)

@@ -456,21 +456,21 @@ class Releaser:
             self._cursors_at = now
             futures = self._write_cursors([(t, walks[t.uid]) for t, _ in owned
                                            if t.uid in active], now)
-        futures += [self._readers.submit(self._read_walk, topic, mine, walk, starts, now,
-                                         reach, window, found)
-                    for topic, mine, walk, starts, found in reads]
+        futures += [self._readers.submit(self._read_walk, topic, walk, starts, now, reach,
+                                         window, found)
+                    for topic, walk, starts, found in reads]
         all_done(futures)  # a failed read fails the step; the next one repeats it
 
     def _reads_of(self, owned: list[tuple[Topic, dict[int, int]]], walks: dict[uuid.UUID, Walk],
                   active: set[uuid.UUID], counts: dict[uuid.UUID, Counts], now: int,
                   horizon: int, reach: int
-                  ) -> list[tuple[Topic, dict[int, int], Walk, dict[int, int], Counts]]:
-        """The reads a walk step makes: (topic, owned shards, walk, starts, counts), those it
+                  ) -> list[tuple[Topic, Walk, dict[int, int], Counts]]:
+        """The reads a walk step makes: (topic, walk, starts, counts), those it
         never read first (one made a moment ago may have a message due in 200 ms, and waited
         its turn among the hundred a retry storm keeps changing)."""
         safety_lag_ms = self.services.config.safety_lag_ms
         reads = []
-        for topic, mine in owned:
+        for topic, _ in owned:
             walk = walks[topic.uid]
             if topic.uid not in active and walk.passed_empty(now, reach, now - WINDOW_BACK_MS):
                 continue
@@ -480,8 +480,8 @@ class Releaser:
             starts = walk.starts(found, horizon, self._refill_ms, safety_lag_ms,
                                  self._closed_lanes(topic))
             if starts:
-                reads.append((topic, mine, walk, starts, found))
-        reads.sort(key=lambda read: read[2].read_at is not None)
+                reads.append((topic, walk, starts, found))
+        reads.sort(key=lambda read: read[1].read_at is not None)
         return reads
 
     def read_now(self, topic: Topic, since_ms: int) -> None:
@@ -504,7 +504,7 @@ class Releaser:
             with walk.lock:
                 walk.counts_stood(now)
         elif self.broker.room(topic.uid) > 0:
-            self._read_walk(topic, mine, walk, starts, now, reach, window, counts)
+            self._read_walk(topic, walk, starts, now, reach, window, counts)
 
     def _span(self, now: int) -> tuple[int, int, list[int]]:
         """(horizon, reach, window) of a walk step at `now` (epoch ms): a shard whose counts
@@ -553,8 +553,8 @@ class Releaser:
                 self._starts(topic, mine, stored.get(topic.uid, {})), topic.pushed)
         return {topic.uid: self._walks[topic.uid] for topic, _ in owned}
 
-    def _read_walk(self, topic: Topic, mine: dict[int, int], walk: Walk, starts: dict[int, int],
-                   began: int, reach: int, window: list[int], counts: Counts) -> None:
+    def _read_walk(self, topic: Topic, walk: Walk, starts: dict[int, int], began: int,
+                   reach: int, window: list[int], counts: Counts) -> None:
         """Read the shards from `starts` to the reach: what waits there goes to the broker (a
         pull topic's at most its room). One read of a topic at a time: the walk's and the
         broker's (read_now) take turns."""
