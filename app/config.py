@@ -49,7 +49,7 @@ class Config:
     message_rate_limit_per_s: float = 0.0  # messages enqueued a second per tenant (0: none)
     message_rate_burst: int = 0
     # a long poll parked at its releaser (workers.broker) with nothing due looks again this
-    # often when no wake-up (app.delivery.wakeups.pull_kind) comes
+    # often when no wake-up (app.delivery.wakeups.due_kind) comes
     pull_idle_ms: int = 1000
 
     bucket_ms: int = 60_000

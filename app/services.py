@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
 from collections.abc import Callable
 
 from app.campaigns.rules import CampaignRules
@@ -15,7 +14,7 @@ from app.config import Config
 from app.core.ids import SharedHomes
 from app.delivery.desk import Desk
 from app.delivery.scan import DueScanner
-from app.delivery.wakeups import Waker, pull_kind
+from app.delivery.wakeups import Waker
 from app.messages.placement import PointerPlacer
 from app.ops.cluster_clock import ClusterClock
 from app.ops.lag_log import LagLog
@@ -75,21 +74,15 @@ class Services:
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)
+        self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
+                         clock, handover_s=2 * config.release_lease_ms / 1000)
         self.placer = PointerPlacer(self.timeline, config, self.cluster_clock.now,
-                                    self.waker.wake, pull_written=self._pull_written)
+                                    self.waker.wake, pull_written=self.desk.written)
         self.scanner = DueScanner(self.timeline, self.messages, config)
         self.quotas = Quotas(self.db, {
             "requests": Limit(config.rate_limit_per_s, config.rate_burst),
             "messages": Limit(config.message_rate_limit_per_s, config.message_rate_burst)},
             clock)
-        self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
-                         clock, handover_s=2 * config.release_lease_ms / 1000)
-
-    def _pull_written(self, topic_uid: uuid.UUID) -> None:
-        """Pointers of a pull topic due soon were written: tell the releasers serving its
-        long polls (workers.broker), and this process's next wants of it (app.delivery.desk)."""
-        self.desk.written(topic_uid)
-        self.waker.wake(pull_kind(topic_uid))
 
     def close(self) -> None:
         self.desk.close()

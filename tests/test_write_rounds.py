@@ -145,9 +145,9 @@ def test_a_move_wakes_its_readers_once_its_row_is_written_not_at_its_pointer(
     monkeypatch.setattr(services.placer, "_wake",
                         lambda kind: woken.append((wakeups.label_of(kind), version_now())))
     monkeypatch.setattr(services.placer, "_pull_written",
-                        lambda uid: woken.append(("pull", version_now())))
+                        lambda uid: woken.append(("written", version_now())))
     now = services.clock()
     moved = dataclasses.replace(row, version=row.version + 1, due_at_ms=now, updated_at_ms=now)
     assert transitions.move_many(services, found, [moved], now) == [moved]
-    assert {kind for kind, _ in woken} == {"due", "pull"}
+    assert {kind for kind, _ in woken} == {"due", "written"}
     assert {version for _, version in woken} == {moved.version}  # never before the row

@@ -218,7 +218,6 @@ class Releaser:
         self.wakes.on("schedules", self.schedules.wake)
         self.wakes.on("operations", self._operating.wake)
         self.wakes.on("slots", self._claim_share_now)
-        self.wakes.on_named(wakeups.PULL, self._pull_woken)  # a pull topic's write due soon
 
     def start(self) -> None:
         with _running_lock:
@@ -519,13 +518,10 @@ class Releaser:
                             bucket_of(reach, cfg.bucket_ms) + 1))
         return now + cfg.release_lookahead_ms, reach, window
 
-    def _pull_woken(self, topic_uid: uuid.UUID) -> None:
-        """A pull wake-up: the broker's waiting wants look again, and the walk reads it."""
-        self.broker.woken(topic_uid)
-        self._due_woken(topic_uid)
-
     def _due_woken(self, topic_uid: uuid.UUID) -> None:
-        """A due wake-up: the walk's next step reads the topic."""
+        """A due wake-up: the walk's next step reads the topic, and the broker's wants
+        parked on it look again (a pull topic's)."""
+        self.broker.woken(topic_uid)
         with self._named_lock:
             self._named.add(topic_uid)
         self._walking.wake()

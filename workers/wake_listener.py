@@ -19,8 +19,7 @@ class WakeListener:
     def __init__(self, config: Config, port: int | None = None) -> None:
         """Bind UDP `port` (default DUETIME_WAKE_PORT); OSError when it is taken."""
         self._callbacks: dict[str, list[Callable[[], None]]] = {k: [] for k in wakeups.KINDS}
-        self._on_named: dict[str, list[Callable[[uuid.UUID], None]]] = {
-            wakeups.PULL: [], wakeups.DUE: []}
+        self._on_named: dict[str, list[Callable[[uuid.UUID], None]]] = {wakeups.DUE: []}
         self._socket = wakeups.DatagramListener(config, self._wake, "wake-listener", port)
         self.address = self._socket.address
 
@@ -29,7 +28,7 @@ class WakeListener:
 
     def on_named(self, prefix: str, callback: Callable[[uuid.UUID], None]) -> None:
         """callback(topic uid) for each kind received that names a topic after this prefix
-        (app.delivery.wakeups: PULL, DUE)."""
+        (app.delivery.wakeups.DUE)."""
         self._on_named[prefix].append(callback)
 
     def start(self) -> None:

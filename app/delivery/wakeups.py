@@ -5,16 +5,14 @@ time, and an idle stack makes almost no requests.
 What wakes what (KINDS):
 - "due:<topic uid>" (due_kind): pointers of that topic due within the look-ahead were
   written; the releasers' walk reads that topic at once (it reads every topic at least every
-  second, and otherwise steps every DUETIME_RELEASE_IDLE_MS). A bare "due" (from a process
-  older than the named kind) has the walk look at every topic at once.
+  second, and otherwise steps every DUETIME_RELEASE_IDLE_MS), and their brokers serve the
+  long polls parked on it (workers.broker). A bare "due" (from a process older than the
+  named kind) has the walk look at every topic at once.
 - "topics": a topic was created, changed or deleted; the releasers follow the change at once.
 - "schedules": a schedule's listing changed; the releasers read the listings' marks.
 - "operations": a campaign operation was enlisted; a releaser claims it at once.
 - "slots": a releaser handed release slots back (rebalance, stop); the others claim their
   share at once (workers.ownership), not at their next ownership tick.
-- "pull:<topic uid>" (pull_kind): pointers of that pull topic due within the wake horizon
-  (app.messages.placement.pull_wake_ms) were written; the releasers' brokers serve the long polls
-  parked on it at once (workers.broker), and drop what they kept of its last read.
 
 A wake is a hint, never the record: the write it follows is in Cassandra first, and every
 releaser still polls at an idle period, so a lost datagram costs a delay of at most that
@@ -40,7 +38,6 @@ from app.errors import DuetimeError
 from app.ops import metrics
 
 KINDS = frozenset({"due", "topics", "schedules", "operations", "slots"})
-PULL = "pull:"
 DUE = "due:"
 PREFIX = b"duetime-wake "
 COALESCE_MS = 2
@@ -56,18 +53,13 @@ def no_wake(kind: str) -> None:
     """A Wake that tells no releaser (stores built outside Services, test doubles)."""
 
 
-def pull_kind(topic_uid: uuid.UUID) -> str:
-    """The kind that wakes the long polls of a pull topic."""
-    return f"{PULL}{topic_uid}"
-
-
 def due_kind(topic_uid: uuid.UUID) -> str:
     """The kind that has the walk read a topic written to."""
     return f"{DUE}{topic_uid}"
 
 
 def named_topic(kind: str, prefix: str) -> uuid.UUID | None:
-    """The topic a named kind of this prefix (PULL, DUE) names; None for any other kind."""
+    """The topic a named kind of this prefix (DUE) names; None for any other kind."""
     if not kind.startswith(prefix):
         return None
     try:
@@ -97,8 +89,7 @@ def decode(datagram: bytes, prefix: bytes = PREFIX,
     if not datagram.startswith(prefix):
         return set()
     return {k for k in datagram[len(prefix):].decode("ascii", "replace").split(",")
-            if k and (known is None or k in known or named_topic(k, PULL) is not None
-                      or named_topic(k, DUE) is not None)}
+            if k and (known is None or k in known or named_topic(k, DUE) is not None)}
 
 
 def parse_address(address: str) -> tuple[str, int] | None:
@@ -199,8 +190,7 @@ class Waker:
 
 
 def label_of(kind: str) -> str:
-    """The metrics label of a kind: "pull" and "due" for the kinds naming a topic (bounded
-    series)."""
+    """The metrics label of a kind: "due" for the kinds naming a topic (bounded series)."""
     return kind.split(":", 1)[0]
 
 

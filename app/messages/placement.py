@@ -144,14 +144,15 @@ class PointerPlacer:
 
     def tell_landed(self, topic_uid: uuid.UUID, pointers: Sequence[Pointer], now_ms: int,
                     pushed: bool) -> None:
-        """Wake the readers of pointers whose writes (pointer and row) have landed: the
-        releasers' walk when one is due within their look-ahead, and for a pull topic its
-        long polls' when one is due within pull_wake_ms. A walk woken before the row landed
-        finds the pointer in flight and reads it again only at its next step."""
-        if any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms for p in pointers):
-            self._wake(due_kind(topic_uid))  # the walk reads it (and holds it for the broker, pull)
-        if not pushed and self._pull_written is not None and any(
-                p.due_at_ms <= now_ms + pull_wake_ms(self.config) for p in pointers):
+        """Wake the readers of pointers whose writes (pointer and row) have landed, when one
+        is due within the releasers' look-ahead: their walk reads the topic and their brokers'
+        long polls parked on it look again; for a pull topic this process's next wants say
+        so too (pull_written). A walk woken before the row landed finds the pointer in flight
+        and reads it again only at its next step."""
+        if not any(p.due_at_ms <= now_ms + self.config.release_lookahead_ms for p in pointers):
+            return
+        self._wake(due_kind(topic_uid))
+        if not pushed and self._pull_written is not None:
             self._pull_written(topic_uid)
 
 
@@ -185,9 +186,3 @@ class PointerPlacer:
         now = self.cluster_now()
         return [p for p in pointers if now - p.due_at_ms > late_ms]
 
-
-def pull_wake_ms(config: Config) -> int:
-    """How far ahead of its writer's clock a pull topic's pointer wakes the long polls
-    (app.delivery.wakeups.pull_kind): until a parked want looks again (the idle period), plus the
-    clock difference between processes that the safety lag allows."""
-    return config.pull_idle_ms + config.safety_lag_ms

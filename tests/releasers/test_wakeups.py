@@ -115,15 +115,16 @@ def test_many_kinds_go_in_datagrams_that_each_fit_and_decode_back() -> None:
     """A process that wrote pointers of many topics in one moment sends their named kinds
     in as many datagrams as they need, none over DATAGRAM_MAX bytes."""
     uids = [uuid.UUID(int=n) for n in range(100)]
-    kinds = {wakeups.pull_kind(u) for u in uids} | {wakeups.due_kind(u) for u in uids} | {"due"}
+    kinds = {wakeups.due_kind(u) for u in uids} | {"due", "topics"}
     datagrams = wakeups.encode(kinds)
     assert len(datagrams) > 1 and all(len(d) <= wakeups.DATAGRAM_MAX for d in datagrams)
     got = set().union(*(wakeups.decode(d) for d in datagrams))
     assert got == kinds
-    assert {wakeups.named_topic(k, wakeups.PULL) for k in got} == {*uids, None}
     assert {wakeups.named_topic(k, wakeups.DUE) for k in got} == {*uids, None}
-    assert {wakeups.label_of(k) for k in got} == {"pull", "due"}
+    assert {wakeups.label_of(k) for k in got} == {"due", "topics"}
     assert wakeups.decode(b"duetime-wake pull:not-a-uuid,due:nor-this,due") == {"due"}
+    # an older process's pull kind is dropped: the due kind it sent beside it does its work
+    assert wakeups.decode(b"duetime-wake pull:" + str(uids[1]).encode()) == set()
     assert wakeups.encode({"due"}) == [b"duetime-wake due"]
 
 
@@ -134,7 +135,6 @@ def woken(config: Config, services: Services) -> Iterator[queue.Queue[str]]:
     got: queue.Queue[str] = queue.Queue()
     for kind in wakeups.KINDS:
         listener.on(kind, lambda k=kind: got.put(k))  # type: ignore[misc]
-    listener.on_named(wakeups.PULL, lambda _uid: got.put("pull"))
     listener.on_named(wakeups.DUE, lambda _uid: got.put("due"))
     listener.start()
     members = OwnershipStore(services.db, config.release_ring)
@@ -177,10 +177,11 @@ def test_writes_a_releaser_must_see_soon_wake_it_and_others_do_not(
         assert pushed.enqueue(id="later", delay_ms=60_000).status_code == 201
         pulled = TopicClient(client, auth)
         assert kinds_within(woken, 1) == {"topics"}
-        sent, received = counted("sent", "pull"), counted("received", "pull")
-        assert pulled.enqueue(id="pull-soon").status_code == 201  # long polls get it now
-        assert kinds_within(woken, 1) == {"pull", "due"}  # and the walk reads it for them
-        assert counted("sent", "pull") > sent and counted("received", "pull") > received
+        sent, received = counted("sent", "due"), counted("received", "due")
+        # one kind: the walk reads it, and the long polls parked on the topic look again
+        assert pulled.enqueue(id="pull-soon").status_code == 201
+        assert kinds_within(woken, 1) == {"due"}
+        assert counted("sent", "due") > sent and counted("received", "due") > received
         assert pulled.client.put(pulled.url("/schedules/hourly"), headers=auth, json={
             "cron": "0 * * * *", "payload": {}}).status_code == 201
         assert kinds_within(woken, 1) == {"schedules"}
