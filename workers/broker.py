@@ -124,6 +124,7 @@ class Broker:
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         # per topic, the waiting messages the walk read (workers.releaser.Releaser.walk)
         self.held: dict[uuid.UUID, HeldMessages] = {}
+        self._pushed = 0  # of those, the messages of webhook topics (pushed_held): _count
         self._woken_at: dict[uuid.UUID, int] = {}  # topic -> its last pull wake-up (epoch ms)
         # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
         self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
@@ -188,8 +189,10 @@ class Broker:
         ahead = self._push_ahead_ms() if topic.pushed else 0
         with self._lock:
             held = self.held.setdefault(topic.uid, HeldMessages(topic.uid, topic.pushed))
+            before = len(held)
             for d in found:
                 held.add(pointer_key(topic.uid, d.pointer.id, d.pointer.version), d)
+            self._count(held, before)
             waiting = bool(self._wants.get(topic.uid))
         if topic.pushed:
             first_ms = min(ready_ms(d.row) for d in found) - ahead - self.services.clock()
@@ -211,9 +214,17 @@ class Broker:
             self._kick(topic_uid)
 
     def pushed_held(self) -> int:
-        """How many messages of webhook topics are held (read, not taken yet)."""
+        """How many messages of webhook topics are held (read, not taken yet): a count kept
+        with every change, as each webhook round asks (a sum over every topic held made
+        each round's cost grow with the topics held)."""
         with self._lock:
-            return sum(len(held) for held in self.held.values() if held.pushed)
+            return self._pushed
+
+    def _count(self, held: HeldMessages, before: int) -> None:
+        """Keep pushed_held's count after `held` went from `before` messages to what it holds
+        now. The caller holds the lock."""
+        if held.pushed:
+            self._pushed += len(held) - before
 
     def holding(self, topic_uid: uuid.UUID) -> Callable[[PointerKey], bool]:
         """Whether a pointer of the topic (by its pointer_key) is held here."""
@@ -606,8 +617,10 @@ class Broker:
             log.info("broker: %d messages held of topic %s are of shards not owned now; "
                      "the walk reads them again", len(gone), topic_uid)
             self.read_again(topic_uid, [d.pointer for _, d in gone])
+            before = len(held)
             for key, _ in gone:
                 held.remove(key)
+            self._count(held, before)
         return held
 
     def _drop(self, topic_uid: uuid.UUID, done: list[Due]) -> None:
@@ -615,15 +628,19 @@ class Broker:
             held = self.held.get(topic_uid)
             if held is None:
                 return
+            before = len(held)
             for d in done:
                 held.remove(pointer_key(topic_uid, d.pointer.id, d.pointer.version))
+            self._count(held, before)
             if not held:
                 del self.held[topic_uid]
 
     def forget(self, topic_uid: uuid.UUID) -> None:
         """A deleted topic: what is held of it goes."""
         with self._lock:
-            self.held.pop(topic_uid, None)
+            held = self.held.pop(topic_uid, None)
+            if held is not None and held.pushed:
+                self._pushed -= len(held)
             self._woken_at.pop(topic_uid, None)
             self._check_due.pop(topic_uid, None)
 

@@ -5,6 +5,7 @@ broker."""
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
@@ -22,6 +23,8 @@ from app.core.timeline import MS_PER_DAY
 from app.core.timeparse import format_ms, parse_instant
 from app.delivery import broker_wire, scan
 from app.delivery import desk as desk_module
+from app.delivery.scan import Due
+from app.models import MessageState, Pointer, Topic, TopicSettings
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
@@ -759,3 +762,40 @@ def _partition_pointers(services: Services, topic_uid: Any, bucket: int
                 "AND shard = ? AND part = ?", (topic_uid, bucket, shard, part))
             found_parts.append([(r["id"], r["version"]) for r in rows])
     return found_parts
+
+
+def test_the_count_of_webhook_messages_held_follows_every_change(services: Services) -> None:
+    """pushed_held, which every webhook round asks (its prepare lead), is a count kept with
+    each change of what is held: holds, a round's drops, shards let go of and deleted
+    topics. After random changes of webhook and pull topics it equals the sum over what is
+    held, and a deleted webhook topic takes its messages out of it."""
+    broker = Broker(services, "token", lambda uid: None, lambda topic: set(),
+                    lambda uid: None, lambda topic, since: None, lambda uid, pointers: None)
+    rng = random.Random(39)
+    topics = [Topic("t", f"n{i}", uuid.uuid4(), TopicSettings(
+        shards=4, delivery_mode="webhook" if i % 2 else "pull",
+        delivery_url="http://127.0.0.1:1/"), "s", 0, 0) for i in range(4)]
+    due_at = now_ms() + 60_000
+    for step in range(400):
+        topic = rng.choice(topics)
+        held = broker.held_of(topic.uid)
+        if held and rng.random() < 0.3:
+            broker._drop(topic.uid, rng.sample(held, rng.randint(1, len(held))))
+        elif held and rng.random() < 0.1:
+            with broker._lock:  # a round that sees shards 0 and 1 no longer owned
+                broker._owned(topic.uid, {2, 3})
+        else:
+            rows = [MessageState(topic.uid, f"m{step}-{n}", "scheduled", 1, due_at, due_at, 0,
+                                 None, rng.randint(0, 3), 0, "h", None, None, None, None,
+                                 due_at, due_at) for n in range(rng.randint(1, 20))]
+            broker.hold(topic, [Due(Pointer(due_at, r.id, 1, 0, r.shard), r) for r in rows])
+        assert broker.pushed_held() == sum(len(h) for h in broker.held.values() if h.pushed)
+    pushed = next(t for t in topics if t.pushed)
+    broker.hold(pushed, [Due(Pointer(due_at, "last", 1, 0, 0), MessageState(
+        pushed.uid, "last", "scheduled", 1, due_at, due_at, 0, None, 0, 0, "h", None, None,
+        None, None, due_at, due_at))])
+    before, of_topic = broker.pushed_held(), len(broker.held_of(pushed.uid))
+    broker.forget(pushed.uid)
+    assert of_topic >= 1 and broker.pushed_held() == before - of_topic
+    assert broker.pushed_held() == sum(len(h) for h in broker.held.values() if h.pushed)
+    broker.stop()
