@@ -64,9 +64,6 @@ ROUND_MAX = 250
 # messages out (their turns come from what is held: app.delivery.fairness).
 HELD_MAX = 8192
 HELD_PER_LANE = 128
-# A prepared round takes only what comes due within this of its earliest message: a want's
-# share is handed out at its latest due time, so this is the most its first waits.
-SHARE_SPREAD_MS = 10
 # A want sent to several owners is taken for ahead of time only by its first owner (its
 # call's answer withdraws it at the others); another serves it with messages due now once
 # it has waited there this long (ms), so that one answer does not take what the other
@@ -738,9 +735,9 @@ def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms:
                     ) -> tuple[list[Due], list[int]]:
     """Of messages not due yet (within the prepare lead), earliest first, what each want
     of which this releaser is the first owner takes, at most `total` in all, each with the
-    index of its want: the wants in arrival order, each up to n messages at most
-    SHARE_SPREAD_MS later than its first (its share is handed out at its latest due time),
-    and only while its wait lasts past that."""
+    index of its want: the wants in arrival order, each up to n messages due at the moment
+    of its first, when its share is handed out (a long poll answers as soon as one is due,
+    never holding it for a later one), and only while its wait lasts past that."""
     order = sorted(ahead, key=lambda d: d.row.due_at_ms)
     now_s = time.monotonic()
     chunk: list[Due] = []
@@ -752,8 +749,8 @@ def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms:
         share = order[at:at + min(p.want.n, total - len(chunk))]
         if not share:
             break
-        share = [d for d in share if d.row.due_at_ms <= share[0].row.due_at_ms + SHARE_SPREAD_MS]
-        if p.deadline > now_s + (share[-1].row.due_at_ms - now_ms) / 1000:
+        share = [d for d in share if d.row.due_at_ms == share[0].row.due_at_ms]
+        if p.deadline > now_s + (share[0].row.due_at_ms - now_ms) / 1000:
             chunk += share
             owners += [which] * len(share)
             at += len(share)  # else left for a want that waits long enough
