@@ -20,7 +20,7 @@ for the wants that still wait then, and sent at its due time. A round first has 
 read the topic (`read_now`) where a write count moved, unless a read of it began after its
 newest want came or, while what is held and due covers the wants, after the last write it
 was told of (_read_since); a want that finds nothing then waits, parked, until the walk holds
-more of the topic, a pull wake-up names it (a write due soon), a message held may next be
+more of the topic, a due wake-up names it (a write due soon), a message held may next be
 taken (the prepare lead before its due time, that time, the end of a consumer's lease), the
 idle period (DUETIME_PULL_IDLE_MS) passes or its wait ends; one check a topic at a time.
 """
@@ -122,7 +122,7 @@ class Broker:
         # per topic, the waiting messages the walk read (workers.releaser.Releaser.walk)
         self.held: dict[uuid.UUID, HeldMessages] = {}
         self._pushed = 0  # of those, the messages of webhook topics (pushed_held): _count
-        self._woken_at: dict[uuid.UUID, int] = {}  # topic -> its last pull wake-up (epoch ms)
+        self._woken_at: dict[uuid.UUID, int] = {}  # topic -> its last due wake-up (epoch ms)
         # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
         self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
         self._serving: set[uuid.UUID] = set()
@@ -211,9 +211,9 @@ class Broker:
             self._kick(topic_uid)
 
     def pushed_held(self) -> int:
-        """How many messages of webhook topics are held (read, not taken yet): a count kept
-        with every change, as each webhook round asks (a sum over every topic held made
-        each round's cost grow with the topics held)."""
+        """How many messages of webhook topics are held (read, not taken yet). A count kept
+        with every change (_count): every webhook round asks it, and a sum over the topics
+        held would make each round cost in proportion to them."""
         with self._lock:
             return self._pushed
 
@@ -575,7 +575,7 @@ class Broker:
                     now: int, sort: Callable[[Due], str]) -> int:
         """Since when (epoch ms) a round's writes must have been read before it hands out:
         while what is held and due covers what the wants ask, only the writes it may not
-        have read (a want's own process wrote the topic, or a pull wake-up came, after its
+        have read (a want's own process wrote the topic, or a due wake-up came, after its
         read began); otherwise everything written before the newest want came, so that a
         round hands out in fair order what is due, not only what the walk had read. A read
         on every round cost each one-message lease a count read."""

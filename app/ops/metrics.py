@@ -104,12 +104,12 @@ REQUESTS_SHED = Counter(
     "DUETIME_SHED_QUEUE_MS for a thread (app.ops.shedding).")
 WAKEUPS_SENT = Counter(
     "duetime_wakeups_sent_total",
-    "Wake-ups this process sent to releasers (app.delivery.wakeups), by kind ('pull': a pull "
-    "topic's long polls, whichever topic).", ["kind"])
+    "Wake-ups this process sent to releasers (app.delivery.wakeups), by kind ('due': a "
+    "topic written to, whichever topic).", ["kind"])
 WAKEUPS_RECEIVED = Counter(
     "duetime_wakeups_received_total",
-    "Wake-ups a releaser received (workers/wake_listener.py), by kind ('pull': a pull "
-    "topic's long polls, whichever topic).", ["kind"])
+    "Wake-ups a releaser received (workers/wake_listener.py), by kind ('due': a topic "
+    "written to, whichever topic).", ["kind"])
 CLOCK_RELEASER_GAP = Gauge(
     "duetime_clock_releaser_gap_seconds",
     "This process's clock minus the live releaser's it is farthest from (each measured "
