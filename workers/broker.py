@@ -51,6 +51,7 @@ from app.models import Pointer, Topic
 from app.services import Services
 from workers.held import HeldMessages, ready_ms
 from workers.push import PushDispatcher
+from workers.stock import HAND_MARGIN_MS, Stock, Terms
 
 # A round leases at most this many messages (and makes at most as many more dead, their
 # attempts used up), and the next round starts at once. Its take must
@@ -75,6 +76,15 @@ SPILL_MS = 20
 PUSH_ROUND_MAX = 4000
 PUSH_EVERY_MS = 100
 UNKNOWN_RECHECK_S = 0.1
+# Stock (workers/stock.py): while more than STOCK_BACKLOG messages of a pull topic are due
+# and held, a round for a want whose terms were asked within STOCK_DEMAND_S before also
+# leases up to STOCK_SIZE more on those terms, handed to the next wants from memory; one
+# not handed out within STOCK_AGE_MS goes back.
+STOCK_SIZE = 16
+STOCK_BACKLOG = 64
+STOCK_DEMAND_S = 1.0
+STOCK_AGE_MS = 1000
+MAX_ASKED = 100_000
 BROKER_THREADS = 4
 log = logging.getLogger("duetime.broker")
 
@@ -126,6 +136,8 @@ class Broker:
         # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
         self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
         self._serving: set[uuid.UUID] = set()
+        self.stock = Stock()
+        self._asked_at: dict[tuple[uuid.UUID, Terms], float] = {}  # monotonic s
         self.rounds = 0  # rounds served since start, for stats and tests (approximate)
         self._again: set[uuid.UUID] = set()
         self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
@@ -348,7 +360,14 @@ class Broker:
         self.rounds += 1
         now = self.services.clock()
         serving = [p for p in parked if p.want.first or p.arrived_ms + SPILL_MS <= now]
-        answers, next_ms, capped = (self._lease(topic, shards, serving) if serving
+        repeated = self._asked(topic_uid, serving)
+        stocked = self._from_stock(topic, shards, serving)
+        if stocked:  # the wants left are served by the next round, at once
+            self._answer(topic, topic_uid, parked, stocked, None, self.recheck_s)
+            with self._lock:
+                self._again.add(topic_uid)
+            return
+        answers, next_ms, capped = (self._lease(topic, shards, serving, repeated) if serving
                                     else ({}, None, False))
         spill_ms = [p.arrived_ms + SPILL_MS for p in parked if not any(p is s for s in serving)]
         next_ms = min([m for m in [next_ms, *spill_ms] if m is not None], default=None)
@@ -509,14 +528,15 @@ class Broker:
         shards = self.shards_of(topic)
         self.hold(topic, [Due(pointer_of(r), r) for r in again if r.shard in shards])
 
-    def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
-               ) -> tuple[dict[int, list[Taken]], int | None, bool]:
+    def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked],
+               repeated: set[Terms]) -> tuple[dict[int, list[Taken]], int | None, bool]:
         """Lease held messages of these shards for the wants, in fair order, in arrival
         order of the wants, at most ROUND_MAX in all; with none due now, those due within
         the prepare lead, for the wants that still wait then. Besides, up to ROUND_MAX due
-        whose attempts are used up are made dead. Returns {id(want): taken}; the next
-        moment one held may be taken (epoch ms, HeldMessages.next_moment); and whether the
-        cap cut the round short."""
+        whose attempts are used up are made dead, and behind a backlog up to STOCK_SIZE
+        are leased ahead into the stock on the first want's terms, when `repeated` holds
+        them. Returns {id(want): taken}; the next moment one held may be taken (epoch ms,
+        HeldMessages.next_moment); and whether the cap cut the round short."""
         services = self.services
         wants = [p.want for p in parked]
         wanted = sum(w.n for w in wants)
@@ -525,15 +545,17 @@ class Broker:
         sort = _sorter(services, topic)
         self.read_now(topic, self._read_since(topic, shards, parked, total, now, sort))
         now = services.clock()
-        found = self._firsts(topic, shards, now, total, sort)
+        found = self._firsts(topic, shards, now, total + STOCK_BACKLOG + STOCK_SIZE, sort)
         # a message whose attempts are used up is made dead by the take, never handed out:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
         # be ended only n per round while the messages behind them wait
         ending = found["end"][:ROUND_MAX]
-        due_now = fair_first(found["hand"], total)
+        terms, extra = self._stock_room(topic.uid, wants[0], repeated,
+                                        len(found["hand"]) - total)
+        due_now = fair_first(found["hand"], total + extra)
         passed = found["pass"]
-        if due_now:
-            chunk, owners = _share(due_now, [w.n for w in wants], total)
+        if due_now:  # the stock's room last: the wants are served first
+            chunk, owners = _share(due_now, [w.n for w in wants] + [extra], total + extra)
         else:  # a consumer's lease still running is never taken over, however soon it ends
             ahead = [d for d in self._ready_by(topic.uid, shards, now + self.lead_ms)
                      if is_live(d.pointer, d.row, now, self.lead_ms)]
@@ -545,7 +567,9 @@ class Broker:
         if passed:  # resuming brings them back (app.campaigns.operations)
             services.scanner.spend(topic, [d.pointer for d in passed])
             self._drop(topic.uid, passed)
-        holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
+        hand_by_ms = now + STOCK_AGE_MS
+        holds = [Hold(wants[o].lease_s, wants[o].consumer) if o < len(wants)
+                 else Hold(terms[0], terms[1], hand_by_ms) for o in owners]
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         chunk = chunk + ending
         holds += [Hold(0, None)] * len(ending)
@@ -557,19 +581,106 @@ class Broker:
         self._drop(topic.uid, [d for d in chunk
                                if pointer_key(topic.uid, d.pointer.id, d.pointer.version) in spent])
         answers: dict[int, list[Taken]] = defaultdict(list)
+        stocked: list[Taken] = []
         for row, payload in taken:
             d, o = by_id[row.id]
             if payload is None:  # it comes due again when its lease runs out
                 log.warning("broker: message %s of topic %s leased without its payload",
                             row.id, topic.uid)
                 continue
-            answers[id(wants[o])].append(Taken(d.row.attempts, d.row.consumer, row, payload,
-                                               d.row.due_at_ms))
+            got = Taken(d.row.attempts, d.row.consumer, row, payload, d.row.due_at_ms)
+            (answers[id(wants[o])] if o < len(wants) else stocked).append(got)
+        if stocked:
+            self._put_stock(topic.uid, terms, stocked, hand_by_ms - now, now)
         # the wants left look again when a message held may next be taken
         with self._lock:
             held_now = self.held.get(topic.uid)
             next_ms = held_now.next_moment(now, self.lead_ms) if held_now is not None else None
-        return answers, next_ms, len(owners) == total < wanted or len(ending) == ROUND_MAX
+        served = sum(1 for o in owners if o < len(wants))
+        return answers, next_ms, served == total < wanted or len(ending) == ROUND_MAX
+
+    def _asked(self, topic_uid: uuid.UUID, serving: list[_Parked]) -> set[Terms]:
+        """The terms of these wants that were asked within STOCK_DEMAND_S before (a
+        pool calling again and again, which a stock serves); records this ask."""
+        now_s = time.monotonic()
+        with self._lock:
+            if len(self._asked_at) > MAX_ASKED:
+                self._asked_at.clear()
+            repeated = set()
+            for p in serving:
+                key = (topic_uid, (p.want.lease_s, p.want.consumer))
+                if now_s - self._asked_at.get(key, -STOCK_DEMAND_S) < STOCK_DEMAND_S:
+                    repeated.add(key[1])
+                self._asked_at[key] = now_s
+        return repeated
+
+    def _stock_room(self, topic_uid: uuid.UUID, first: Want, repeated: set[Terms],
+                    backlog: int) -> tuple[Terms, int]:
+        """The terms the round stocks on (its first want's) and how many it leases ahead:
+        none unless those terms were asked again and more than STOCK_BACKLOG due messages
+        wait beyond the wants; else up to STOCK_SIZE in stock."""
+        terms = (first.lease_s, first.consumer)
+        if terms not in repeated or backlog <= STOCK_BACKLOG:
+            return terms, 0
+        room = STOCK_SIZE - self.stock.count(topic_uid, terms)
+        return terms, max(0, min(room, backlog - STOCK_BACKLOG))
+
+    def _put_stock(self, topic_uid: uuid.UUID, terms: Terms, taken: list[Taken],
+                   age_ms: int, now_ms: int) -> None:
+        """Keep messages leased ahead; what is still there near its deadline goes back."""
+        deadline_s = time.monotonic() + age_ms / 1000
+        self.stock.put(topic_uid, terms, taken, deadline_s, now_ms)
+        self._at(deadline_s - HAND_MARGIN_MS / 1000, self._stock_expired)
+
+    def _from_stock(self, topic: Topic, shards: set[int], serving: list[_Parked]
+                    ) -> dict[int, list[Taken]]:
+        """What the stock hands these wants on their own terms, each up to its n; stocked
+        messages of a paused campaign or of a shard no longer owned go back. Nothing, for
+        a round the stock may not serve (_stock_serves)."""
+        if not self._stock_serves(topic, shards, serving):
+            return {}
+        paused = pauses(self.services, topic)
+        answers: dict[int, list[Taken]] = {}
+        passed: list[Taken] = []
+        for p in serving:
+            got, skipped = self.stock.take(
+                topic.uid, (p.want.lease_s, p.want.consumer), p.want.n,
+                lambda t: t.leased.shard in shards and not paused(t.leased))
+            passed += skipped
+            if got:
+                answers[id(p.want)] = got
+        if passed:
+            self._give_back_later(topic, passed)
+        return answers
+
+    def _stock_serves(self, topic: Topic, shards: set[int], serving: list[_Parked]) -> bool:
+        """Whether the stock may serve this round: its first want's terms are stocked, no
+        write of the topic was noted since the stock was filled (a want's own process's,
+        or a due wake-up: it may rank first, and the round reads it), and no message held
+        and due now has a higher priority than the stock's next."""
+        first = serving[0].want
+        found = self.stock.head(topic.uid, (first.lease_s, first.consumer))
+        if found is None:
+            return False
+        head, filled_ms = found
+        with self._lock:
+            woken = self._woken_at.get(topic.uid, 0)
+        if max([p.want.written_ms for p in serving] + [woken]) >= filled_ms:
+            return False
+        ahead = self._firsts(topic, shards, self.services.clock(), 1,
+                             _sorter(self.services, topic))["hand"]
+        return not ahead or ahead[0].row.priority >= head.leased.priority
+
+    def _stock_expired(self) -> None:
+        """Give back the stocked messages near their deadline (nobody asked for them)."""
+        for uid, taken in self.stock.expired().items():
+            topic = self.topic_of(uid)
+            if topic is not None:  # a deleted topic's leases run out
+                self._give_back_later(topic, taken)
+
+    def _give_back_later(self, topic: Topic, taken: list[Taken]) -> None:
+        with contextlib.suppress(RuntimeError):  # stopping: their leases run out
+            self._pool.submit(self._give_back, topic, taken)
 
     def _read_since(self, topic: Topic, shards: set[int], parked: list[_Parked], wanted: int,
                     now: int, sort: Callable[[Due], str]) -> int:

@@ -162,9 +162,11 @@ class MessageItem(MethodView):
     def delete(self, topic: str, message_id: str) -> None:
         """Cancel a message: it will never be delivered. A message is taken by its releaser
         shortly before its deliver_at (200 ms, more ahead of a burst): a webhook message for
-        its POST, a pull message for a lease call waiting then. From then until the POST's
-        outcome, or until the lease call gets it at its deliver_at, it can no longer be
-        cancelled (409). One a consumer holds is cancelled, and its ack answers 409."""
+        its POST, a pull message for a lease call waiting then; a due pull message of a
+        backlog that a pool takes one at a time may be taken for the pool's next call, at
+        most a second ahead of it. From then until the POST's outcome, or until the lease
+        call gets it, it can no longer be cancelled (409). One a consumer holds is
+        cancelled, and its ack answers 409."""
         check_message_id(message_id)
         found = get_topic_cached(services(), tenant(), topic)
         usecases.cancel(services(), found, message_id)

@@ -58,10 +58,12 @@ class Leased:
 @dataclasses.dataclass(frozen=True)
 class Hold:
     """The terms a message is leased on: for how long (seconds) and to whom (the consumer
-    name kept on the row)."""
+    name kept on the row); for a message leased ahead into a broker's stock, the latest
+    moment it is handed out (epoch ms), from which its lease runs (0: none)."""
 
     lease_s: int
     consumer: str | None
+    hand_by_ms: int = 0
 
 
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
@@ -209,8 +211,9 @@ def _observe_pacing(taken: list[MessageState], paced_now: set[str]) -> None:
 
 def _leased(row: MessageState, hold: Hold, now: int) -> MessageState:
     """The row leased on the hold's terms, from its hand-out moment (its due time when
-    taken ahead of it), which is also its updated_at: until then a cancel answers 409."""
-    handed_at = max(now, row.due_at_ms)
+    taken ahead of it, the hold's hand_by_ms when stocked), which is also its updated_at:
+    until then a cancel answers 409."""
+    handed_at = max(now, row.due_at_ms, hold.hand_by_ms)
     expires = handed_at + hold.lease_s * 1000
     return dataclasses.replace(
         row, state="leased", version=row.version + 1, due_at_ms=expires,

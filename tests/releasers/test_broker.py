@@ -28,7 +28,7 @@ from app.models import MessageState, Pointer, Topic, TopicSettings
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
-from workers.broker import HELD_PER_LANE, Broker
+from workers.broker import HELD_PER_LANE, STOCK_AGE_MS, STOCK_BACKLOG, STOCK_SIZE, Broker
 from workers.releaser import Releaser, bind_listeners
 
 SLOTS = 4
@@ -799,3 +799,60 @@ def test_the_count_of_webhook_messages_held_follows_every_change(services: Servi
     assert of_topic >= 1 and broker.pushed_held() == before - of_topic
     assert broker.pushed_held() == sum(len(h) for h in broker.held.values() if h.pushed)
     broker.stop()
+
+
+def _counting_takes(r: Releaser) -> Counter[str]:
+    """Count the releaser's conditional writes by the state they write (rows), and the
+    takes that leased some ("takes")."""
+    calls = Counter[str]()
+    original = r.services.messages.cas_many
+
+    def counted(changes: Any) -> Any:
+        for row, _, _ in changes:
+            calls[row.state] += 1
+        calls["takes"] += any(row.state == "leased" for row, _, _ in changes)
+        return original(changes)
+
+    r.services.messages.cas_many = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_pool_taking_one_at_a_time_from_a_backlog_is_served_from_the_stock(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """One-message leases on a backlog: after the first call of a pool, a round leases up
+    to STOCK_SIZE more on the same terms, and the next calls get them from memory with no
+    take of their own; each message is handed out once, in order of priority, never early.
+    A stocked message's row shows the stock's deadline as its hand-out moment, so a cancel
+    meanwhile answers 409. What nobody asks for goes back within STOCK_AGE_MS, due again,
+    its attempt not counted."""
+    count = STOCK_BACKLOG + 4 * STOCK_SIZE
+    with _one_owner(config, auth, ring, "b-stock", topic_options={"shards": 1}) as (
+            topic, _uid, r):
+        sent = topic.batch([{"id": f"s{n:03}", "priority": n} for n in range(count)])
+        assert {s["status"] for s in sent} == {201}
+        leased = _counting_takes(r)
+        got = []
+        for _ in range(2 * STOCK_SIZE):
+            [m] = topic.lease(max_messages=1, wait_ms=2000, lease_seconds=30)
+            got.append(m["id"])
+            assert topic.ack(m) == 204
+        assert got == [f"s{n:03}" for n in range(2 * STOCK_SIZE)]  # by priority
+        # leased ahead in a few takes, not one take a call
+        assert leased["leased"] >= 2 * STOCK_SIZE and leased["takes"] <= 4, leased
+        stocked = r.broker.stock.head(_uid, (30, None))
+        assert stocked is not None
+        head, _ = stocked
+        row = topic.get(head.leased.id).get_json()
+        assert row["state"] == "leased" and row["attempts"] == 1
+        assert topic.client.delete(topic.url(f"/messages/{head.leased.id}"),
+                                   headers=topic.headers).status_code == 409
+        deadline = time.monotonic() + STOCK_AGE_MS / 1000 + 5
+        while r.broker.stock.head(_uid, (30, None)) is not None:
+            assert time.monotonic() < deadline, "the stock was not given back"
+            time.sleep(0.05)
+        while topic.get(head.leased.id).get_json()["state"] != "scheduled":
+            assert time.monotonic() < deadline, "the stocked message was not given back"
+            time.sleep(0.05)
+        assert topic.get(head.leased.id).get_json()["attempts"] == 0
+        rest = topic.drain(count - len(got), within_s=30)
+        assert rest == {f"s{n:03}" for n in range(len(got), count)}
