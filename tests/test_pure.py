@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import random
+import time
 import types
 import uuid
 from collections import Counter
@@ -23,15 +24,17 @@ from app.core.ids import (
 )
 from app.core.timeline import fair_share, release_slot_of
 from app.core.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
+from app.delivery.broker_wire import Taken
 from app.delivery.fairness import FairQueue, fair_first, fair_order, group_place, turn_group
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.errors import StoreUnavailable
 from app.messages.enqueue import NewMessage, home_by_due_time, nesting
-from app.models import MessageState, Payload, Pointer
+from app.models import MessageState, Payload, Pointer, Topic, TopicSettings
 from app.ops.cluster_clock import ClusterClock
 from workers import count_reads
 from workers.count_reads import count_groups
 from workers.held import HeldMessages, moments
+from workers.stock import HAND_MARGIN_MS, Stock
 from workers.walk import Walk
 
 
@@ -618,3 +621,35 @@ def test_held_messages_give_what_is_ready_in_order_and_the_next_moment_as_a_full
             earliest[d.pointer.shard] = min(earliest.get(d.pointer.shard, d.pointer.due_at_ms),
                                             d.pointer.due_at_ms)
         assert held.earliest() == earliest and held.shards() == set(earliest)
+
+
+def _stocked(uid: uuid.UUID, name: str, shard: int = 0) -> Taken:
+    row = MessageState(uid, name, "leased", 2, 31_000, 900, 100, None, shard, 1, "h1",
+                       uuid.uuid4(), 31_000, None, None, 100, 1_000)
+    return Taken(0, None, row, Payload(b"{}", "json", {}), 900)
+
+
+def test_the_stock_hands_out_by_terms_in_order_and_gives_back_what_it_passes_or_outlives(
+        ) -> None:
+    """A stock hands a want only messages of its own terms, first in, never one whose
+    deadline is within HAND_MARGIN_MS or that `usable` refuses (those come out to be given
+    back); what outlives its deadline comes out with its topic, which the releaser may
+    not know yet; a deleted topic's are dropped."""
+    topic = Topic("t", "jobs", uuid.uuid4(), TopicSettings(), "whsec_x", 0, 0)
+    stock = Stock()
+    later = time.monotonic() + 60
+    a, b, c, d = (_stocked(topic.uid, n) for n in "abcd")
+    stock.put(topic, (30, None), [a, b, c], later, 1_000)
+    stock.put(topic, (30, "w1"), [d], time.monotonic() + HAND_MARGIN_MS / 2000, 1_001)
+    head = stock.head(topic.uid, (30, None))
+    assert head is not None and head[0] is a and head[1] == 1_000
+    got, passed = stock.take(topic.uid, (30, None), 2, lambda t: t is not a)
+    assert got == [b, c] and passed == [a]
+    assert stock.take(topic.uid, (60, None), 5, lambda t: True) == ([], [])
+    got, passed = stock.take(topic.uid, (30, "w1"), 5, lambda t: True)
+    assert got == [] and passed == [d]  # its deadline is too near to hand it out
+    stock.put(topic, (30, None), [a], time.monotonic() - 1, 1_002)
+    stock.put(topic, (30, None), [b], later, 1_002)
+    assert stock.expired() == [(topic, [a])] and stock.count(topic.uid, (30, None)) == 1
+    assert stock.drop(topic.uid, lambda t: False) == [b]
+    assert stock.head(topic.uid, (30, None)) is None and stock.expired() == []

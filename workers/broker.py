@@ -591,7 +591,7 @@ class Broker:
             got = Taken(d.row.attempts, d.row.consumer, row, payload, d.row.due_at_ms)
             (answers[id(wants[o])] if o < len(wants) else stocked).append(got)
         if stocked:
-            self._put_stock(topic.uid, terms, stocked, hand_by_ms - now, now)
+            self._put_stock(topic, terms, stocked, hand_by_ms - now, now)
         # the wants left look again when a message held may next be taken
         with self._lock:
             held_now = self.held.get(topic.uid)
@@ -625,11 +625,11 @@ class Broker:
         room = STOCK_SIZE - self.stock.count(topic_uid, terms)
         return terms, max(0, min(room, backlog - STOCK_BACKLOG))
 
-    def _put_stock(self, topic_uid: uuid.UUID, terms: Terms, taken: list[Taken],
+    def _put_stock(self, topic: Topic, terms: Terms, taken: list[Taken],
                    age_ms: int, now_ms: int) -> None:
         """Keep messages leased ahead; what is still there near its deadline goes back."""
         deadline_s = time.monotonic() + age_ms / 1000
-        self.stock.put(topic_uid, terms, taken, deadline_s, now_ms)
+        self.stock.put(topic, terms, taken, deadline_s, now_ms)
         self._at(deadline_s - HAND_MARGIN_MS / 1000, self._stock_expired)
 
     def _from_stock(self, topic: Topic, shards: set[int], serving: list[_Parked]
@@ -637,7 +637,7 @@ class Broker:
         """What the stock hands these wants on their own terms, each up to its n; stocked
         messages of a paused campaign or of a shard no longer owned go back. Nothing, for
         a round the stock may not serve (_stock_serves)."""
-        if not self._stock_serves(topic, shards, serving):
+        if not serving or not self._stock_serves(topic, shards, serving):
             return {}
         paused = pauses(self.services, topic)
         answers: dict[int, list[Taken]] = {}
@@ -673,10 +673,8 @@ class Broker:
 
     def _stock_expired(self) -> None:
         """Give back the stocked messages near their deadline (nobody asked for them)."""
-        for uid, taken in self.stock.expired().items():
-            topic = self.topic_of(uid)
-            if topic is not None:  # a deleted topic's leases run out
-                self._give_back_later(topic, taken)
+        for topic, taken in self.stock.expired():
+            self._give_back_later(topic, taken)
 
     def _give_back_later(self, topic: Topic, taken: list[Taken]) -> None:
         with contextlib.suppress(RuntimeError):  # stopping: their leases run out
@@ -751,6 +749,7 @@ class Broker:
                 self._pushed -= len(held)
             self._woken_at.pop(topic_uid, None)
             self._check_due.pop(topic_uid, None)
+        self.stock.drop(topic_uid, lambda t: False)  # their leases run out
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
         """A round of the topic at when_s (monotonic s), unless a check of the topic comes

@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from app.delivery.broker_wire import Taken
+from app.models import Topic
 
 Terms = tuple[int, str | None]  # (lease seconds, consumer name)
 # a stocked message is handed out at least this long (ms) before its deadline, so that its
@@ -33,14 +34,16 @@ class Stock:
         self._lock = threading.Lock()
         self._kept: dict[tuple[uuid.UUID, Terms], list[tuple[float, Taken]]] = defaultdict(list)
         self._filled: dict[tuple[uuid.UUID, Terms], int] = {}
+        self._topics: dict[uuid.UUID, Topic] = {}  # of the stocked messages, to give back
 
-    def put(self, topic_uid: uuid.UUID, terms: Terms, taken: list[Taken],
+    def put(self, topic: Topic, terms: Terms, taken: list[Taken],
             deadline_s: float, filled_ms: int) -> None:
         """Keep what a round leased ahead at filled_ms (epoch ms: it was ranked against
         what the broker held then)."""
         with self._lock:
-            self._kept[(topic_uid, terms)].extend((deadline_s, t) for t in taken)
-            self._filled[(topic_uid, terms)] = filled_ms
+            self._kept[(topic.uid, terms)].extend((deadline_s, t) for t in taken)
+            self._filled[(topic.uid, terms)] = filled_ms
+            self._topics[topic.uid] = topic
 
     def head(self, topic_uid: uuid.UUID, terms: Terms) -> tuple[Taken, int] | None:
         """The next message stocked on these terms and when the stock was last filled."""
@@ -68,10 +71,11 @@ class Stock:
                 self._forget((topic_uid, terms))
         return got, passed
 
-    def expired(self) -> dict[uuid.UUID, list[Taken]]:
+    def expired(self) -> list[tuple[Topic, list[Taken]]]:
         """Take out every message whose deadline is near, by topic."""
         now_s = time.monotonic() + HAND_MARGIN_MS / 1000
         gone: dict[uuid.UUID, list[Taken]] = defaultdict(list)
+        topics = dict(self._topics)
         with self._lock:
             for (uid, terms), kept in list(self._kept.items()):
                 left = [(d, t) for d, t in kept if d > now_s]
@@ -80,7 +84,7 @@ class Stock:
                     self._kept[(uid, terms)] = left
                 else:
                     self._forget((uid, terms))
-        return {uid: taken for uid, taken in gone.items() if taken}
+        return [(topics[uid], taken) for uid, taken in gone.items() if taken]
 
     def drop(self, topic_uid: uuid.UUID, keep: Callable[[Taken], bool]) -> list[Taken]:
         """Take out the topic's stocked messages `keep` refuses (shards no longer owned)."""
@@ -100,3 +104,5 @@ class Stock:
     def _forget(self, key: tuple[uuid.UUID, Terms]) -> None:
         self._kept.pop(key, None)
         self._filled.pop(key, None)
+        if not any(uid == key[0] for uid, _ in self._kept):
+            self._topics.pop(key[0], None)
