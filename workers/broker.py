@@ -77,10 +77,11 @@ PUSH_ROUND_MAX = 4000
 PUSH_EVERY_MS = 100
 UNKNOWN_RECHECK_S = 0.1
 # Stock (workers/stock.py): while more than STOCK_BACKLOG messages of a pull topic are due
-# and held, a round for a want whose terms were asked within STOCK_DEMAND_S before also
-# leases up to STOCK_SIZE more on those terms, handed to the next wants from memory; one
-# not handed out within STOCK_AGE_MS goes back.
+# and held, a round for a want of at most STOCK_WANT_MAX messages whose terms were asked
+# within STOCK_DEMAND_S before also leases up to STOCK_SIZE more on those terms, handed to
+# the next wants from memory; one not handed out within STOCK_AGE_MS goes back.
 STOCK_SIZE = 16
+STOCK_WANT_MAX = 4
 STOCK_BACKLOG = 64
 STOCK_DEMAND_S = 1.0
 STOCK_AGE_MS = 1000
@@ -617,10 +618,11 @@ class Broker:
     def _stock_room(self, topic_uid: uuid.UUID, first: Want, repeated: set[Terms],
                     backlog: int) -> tuple[Terms, int]:
         """The terms the round stocks on (its first want's) and how many it leases ahead:
-        none unless those terms were asked again and more than STOCK_BACKLOG due messages
-        wait beyond the wants; else up to STOCK_SIZE in stock."""
+        none unless that want asks at most STOCK_WANT_MAX, its terms were asked again and
+        more than STOCK_BACKLOG due messages wait beyond the wants; else up to STOCK_SIZE
+        in stock."""
         terms = (first.lease_s, first.consumer)
-        if terms not in repeated or backlog <= STOCK_BACKLOG:
+        if first.n > STOCK_WANT_MAX or terms not in repeated or backlog <= STOCK_BACKLOG:
             return terms, 0
         room = STOCK_SIZE - self.stock.count(topic_uid, terms)
         return terms, max(0, min(room, backlog - STOCK_BACKLOG))
