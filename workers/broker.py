@@ -551,8 +551,8 @@ class Broker:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
         # be ended only n per round while the messages behind them wait
         ending = found["end"][:ROUND_MAX]
-        terms, extra = self._stock_room(topic.uid, wants[0], repeated,
-                                        len(found["hand"]) - total)
+        terms, extra = self._stock_room(topic.uid, parked, repeated,
+                                        len(found["hand"]) - total, now)
         due_now = fair_first(found["hand"], total + extra)
         passed = found["pass"]
         if due_now:  # the stock's room last: the wants are served first
@@ -615,14 +615,20 @@ class Broker:
                 self._asked_at[key] = now_s
         return repeated
 
-    def _stock_room(self, topic_uid: uuid.UUID, first: Want, repeated: set[Terms],
-                    backlog: int) -> tuple[Terms, int]:
+    def _stock_room(self, topic_uid: uuid.UUID, parked: list[_Parked], repeated: set[Terms],
+                    backlog: int, now_ms: int) -> tuple[Terms, int]:
         """The terms the round stocks on (its first want's) and how many it leases ahead:
-        none unless that want asks at most STOCK_WANT_MAX, its terms were asked again and
-        more than STOCK_BACKLOG due messages wait beyond the wants; else up to STOCK_SIZE
-        in stock."""
+        none unless that want asks at most STOCK_WANT_MAX, its terms were asked again, more
+        than STOCK_BACKLOG due messages wait beyond the wants and no write of the topic was
+        noted within STOCK_AGE_MS (while producers write it, a stock would mostly go back
+        unused: _stock_serves); else up to STOCK_SIZE in stock."""
+        first = parked[0].want
         terms = (first.lease_s, first.consumer)
-        if first.n > STOCK_WANT_MAX or terms not in repeated or backlog <= STOCK_BACKLOG:
+        with self._lock:
+            written = max([p.want.written_ms for p in parked]
+                          + [self._woken_at.get(topic_uid, 0)])
+        if (first.n > STOCK_WANT_MAX or terms not in repeated or backlog <= STOCK_BACKLOG
+                or now_ms - written < STOCK_AGE_MS):
             return terms, 0
         room = STOCK_SIZE - self.stock.count(topic_uid, terms)
         return terms, max(0, min(room, backlog - STOCK_BACKLOG))

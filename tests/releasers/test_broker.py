@@ -28,7 +28,14 @@ from app.models import MessageState, Pointer, Topic, TopicSettings
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
-from workers.broker import HELD_PER_LANE, STOCK_AGE_MS, STOCK_BACKLOG, STOCK_SIZE, Broker
+from workers.broker import (
+    HELD_PER_LANE,
+    STOCK_AGE_MS,
+    STOCK_BACKLOG,
+    STOCK_SIZE,
+    STOCK_WANT_MAX,
+    Broker,
+)
 from workers.releaser import Releaser, bind_listeners
 
 SLOTS = 4
@@ -819,17 +826,18 @@ def _counting_takes(r: Releaser) -> Counter[str]:
 
 def test_a_pool_taking_one_at_a_time_from_a_backlog_is_served_from_the_stock(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """One-message leases on a backlog: after the first call of a pool, a round leases up
-    to STOCK_SIZE more on the same terms, and the next calls get them from memory with no
-    take of their own; each message is handed out once, in order of priority, never early.
-    A stocked message's row shows the stock's deadline as its hand-out moment, so a cancel
-    meanwhile answers 409. What nobody asks for goes back within STOCK_AGE_MS, due again,
-    its attempt not counted."""
+    """One-message leases on a backlog nobody writes now: after the first call of a pool, a
+    round leases up to STOCK_SIZE more on the same terms, and the next calls get them from
+    memory with no take of their own; each message is handed out once, in order of
+    priority, never early. A stocked message's row shows the stock's deadline as its
+    hand-out moment, so a cancel meanwhile answers 409. What nobody asks for goes back
+    within STOCK_AGE_MS, due again, its attempt not counted."""
     count = STOCK_BACKLOG + 4 * STOCK_SIZE
     with _one_owner(config, auth, ring, "b-stock", topic_options={"shards": 1}) as (
             topic, _uid, r):
         sent = topic.batch([{"id": f"s{n:03}", "priority": n} for n in range(count)])
         assert {s["status"] for s in sent} == {201}
+        time.sleep(STOCK_AGE_MS / 1000)  # no stock while the topic is being written
         leased = _counting_takes(r)
         got = []
         for _ in range(2 * STOCK_SIZE):
@@ -856,3 +864,27 @@ def test_a_pool_taking_one_at_a_time_from_a_backlog_is_served_from_the_stock(
         assert topic.get(head.leased.id).get_json()["attempts"] == 0
         rest = topic.drain(count - len(got), within_s=30)
         assert rest == {f"s{n:03}" for n in range(len(got), count)}
+
+
+def test_no_stock_while_the_topic_is_written_or_for_calls_of_more_than_a_few(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A pool taking one message a call while producers write the topic gets no stock (it
+    would mostly go back unused: a write may rank first), nor does one asking for more than
+    STOCK_WANT_MAX a call: each call is its own take, as before the stock."""
+    count = STOCK_BACKLOG + 4 * STOCK_SIZE
+    with _one_owner(config, auth, ring, "b-no-stock", topic_options={"shards": 1}) as (
+            topic, uid, r):
+        sent = topic.batch([{"id": f"w{n:03}"} for n in range(count)])
+        assert {s["status"] for s in sent} == {201}
+        time.sleep(STOCK_AGE_MS / 1000)
+        leased = _counting_takes(r)
+        for n in range(8):  # due within the look-ahead: the write is noted
+            assert topic.enqueue(id=f"new{n}", delay_ms=3000).status_code == 201
+            [m] = topic.lease(max_messages=1, wait_ms=2000)
+            assert topic.ack(m) == 204
+        assert leased["takes"] == 8 and r.broker.stock.head(uid, (30, None)) is None, leased
+        time.sleep(STOCK_AGE_MS / 1000 + 3)
+        for _ in range(4):
+            got = topic.lease(max_messages=STOCK_WANT_MAX + 1, wait_ms=2000)
+            assert len(got) == STOCK_WANT_MAX + 1 and topic.ack_all(got)
+        assert leased["takes"] == 12 and r.broker.stock.head(uid, (30, None)) is None, leased
