@@ -651,5 +651,5 @@ def test_the_stock_hands_out_by_terms_in_order_and_gives_back_what_it_passes_or_
     stock.put(topic, (30, None), [a], time.monotonic() - 1, 1_002)
     stock.put(topic, (30, None), [b], later, 1_002)
     assert stock.expired() == [(topic, [a])] and stock.count(topic.uid, (30, None)) == 1
-    assert stock.drop(topic.uid, lambda t: False) == [b]
+    assert stock.drop(topic.uid) == [b]
     assert stock.head(topic.uid, (30, None)) is None and stock.expired() == []

@@ -545,7 +545,7 @@ class Broker:
         now = services.clock()
         sort = _sorter(services, topic)
         self.read_now(topic, self._read_since(topic, shards, parked, total, now, sort))
-        now = services.clock()
+        now, now_s = services.clock(), time.monotonic()
         found = self._firsts(topic, shards, now, total + STOCK_BACKLOG + STOCK_SIZE, sort)
         # a message whose attempts are used up is made dead by the take, never handed out:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
@@ -591,8 +591,8 @@ class Broker:
                 continue
             got = Taken(d.row.attempts, d.row.consumer, row, payload, d.row.due_at_ms)
             (answers[id(wants[o])] if o < len(wants) else stocked).append(got)
-        if stocked:
-            self._put_stock(topic, terms, stocked, hand_by_ms - now, now)
+        if stocked:  # its deadline is the rows' hand-out moment, on the monotonic clock
+            self._put_stock(topic, terms, stocked, now_s + STOCK_AGE_MS / 1000, now)
         # the wants left look again when a message held may next be taken
         with self._lock:
             held_now = self.held.get(topic.uid)
@@ -634,9 +634,9 @@ class Broker:
         return terms, max(0, min(room, backlog - STOCK_BACKLOG))
 
     def _put_stock(self, topic: Topic, terms: Terms, taken: list[Taken],
-                   age_ms: int, now_ms: int) -> None:
-        """Keep messages leased ahead; what is still there near its deadline goes back."""
-        deadline_s = time.monotonic() + age_ms / 1000
+                   deadline_s: float, now_ms: int) -> None:
+        """Keep messages leased ahead until deadline_s (monotonic s); what is still there
+        near it goes back."""
         self.stock.put(topic, terms, taken, deadline_s, now_ms)
         self._at(deadline_s - HAND_MARGIN_MS / 1000, self._stock_expired)
 
@@ -757,7 +757,7 @@ class Broker:
                 self._pushed -= len(held)
             self._woken_at.pop(topic_uid, None)
             self._check_due.pop(topic_uid, None)
-        self.stock.drop(topic_uid, lambda t: False)  # their leases run out
+        self.stock.drop(topic_uid)  # their leases run out
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
         """A round of the topic at when_s (monotonic s), unless a check of the topic comes

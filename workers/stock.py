@@ -75,8 +75,8 @@ class Stock:
         """Take out every message whose deadline is near, by topic."""
         now_s = time.monotonic() + HAND_MARGIN_MS / 1000
         gone: dict[uuid.UUID, list[Taken]] = defaultdict(list)
-        topics = dict(self._topics)
         with self._lock:
+            topics = dict(self._topics)
             for (uid, terms), kept in list(self._kept.items()):
                 left = [(d, t) for d, t in kept if d > now_s]
                 gone[uid] += [t for d, t in kept if d <= now_s]
@@ -86,19 +86,13 @@ class Stock:
                     self._forget((uid, terms))
         return [(topics[uid], taken) for uid, taken in gone.items() if taken]
 
-    def drop(self, topic_uid: uuid.UUID, keep: Callable[[Taken], bool]) -> list[Taken]:
-        """Take out the topic's stocked messages `keep` refuses (shards no longer owned)."""
+    def drop(self, topic_uid: uuid.UUID) -> list[Taken]:
+        """Take out every message stocked of the topic (deleted)."""
         dropped: list[Taken] = []
         with self._lock:
-            for (uid, terms), kept in list(self._kept.items()):
-                if uid != topic_uid:
-                    continue
-                dropped += [t for _, t in kept if not keep(t)]
-                left = [(d, t) for d, t in kept if keep(t)]
-                if left:
-                    self._kept[(uid, terms)] = left
-                else:
-                    self._forget((uid, terms))
+            for key in [key for key in self._kept if key[0] == topic_uid]:
+                dropped += [t for _, t in self._kept[key]]
+                self._forget(key)
         return dropped
 
     def _forget(self, key: tuple[uuid.UUID, Terms]) -> None:
