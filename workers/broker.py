@@ -47,8 +47,9 @@ from app.delivery.broker_wire import Taken, Want
 from app.delivery.fairness import fair_first
 from app.delivery.leasing import Hold, attempts_used_up, give_back, pauses, take_with_payloads
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
-from app.models import Pointer, Topic
+from app.models import MessageState, Pointer, Topic
 from app.services import Services
+from app.store.campaigns import Campaign
 from workers.held import HeldMessages, ready_ms
 from workers.push import PushDispatcher
 from workers.stock import HAND_MARGIN_MS, Stock, Terms
@@ -643,23 +644,40 @@ class Broker:
     def _from_stock(self, topic: Topic, shards: set[int], serving: list[_Parked]
                     ) -> dict[int, list[Taken]]:
         """What the stock hands these wants on their own terms, each up to its n; stocked
-        messages of a paused campaign or of a shard no longer owned go back. Nothing, for
-        a round the stock may not serve (_stock_serves)."""
+        messages of a shard no longer owned or of a campaign paused or cancelled meanwhile
+        go back (a take then passes or cancels them). Nothing, for a round the stock may
+        not serve (_stock_serves)."""
         if not serving or not self._stock_serves(topic, shards, serving):
             return {}
-        paused = pauses(self.services, topic)
+        stopped = self._stopped_campaigns(topic)
         answers: dict[int, list[Taken]] = {}
         passed: list[Taken] = []
         for p in serving:
             got, skipped = self.stock.take(
                 topic.uid, (p.want.lease_s, p.want.consumer), p.want.n,
-                lambda t: t.leased.shard in shards and not paused(t.leased))
+                lambda t: t.leased.shard in shards and not stopped(t.leased))
             passed += skipped
             if got:
                 answers[id(p.want)] = got
         if passed:
             self._give_back_later(topic, passed)
         return answers
+
+    def _stopped_campaigns(self, topic: Topic) -> Callable[[MessageState], bool]:
+        """Whether a message's campaign is paused or cancelled now (its controls read at
+        the first message with a campaign)."""
+        rules: dict[str, Campaign] | None = None
+
+        def stopped(row: MessageState) -> bool:
+            nonlocal rules
+            if not row.campaign:
+                return False
+            if rules is None:
+                rules = self.services.campaign_rules.of(topic.uid)
+            found = rules.get(row.campaign)
+            return found is not None and (found.paused or found.cancelled)
+
+        return stopped
 
     def _stock_serves(self, topic: Topic, shards: set[int], serving: list[_Parked]) -> bool:
         """Whether the stock may serve this round: its first want's terms are stocked, no

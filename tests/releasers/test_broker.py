@@ -888,3 +888,33 @@ def test_no_stock_while_the_topic_is_written_or_for_calls_of_more_than_a_few(
             got = topic.lease(max_messages=STOCK_WANT_MAX + 1, wait_ms=2000)
             assert len(got) == STOCK_WANT_MAX + 1 and topic.ack_all(got)
         assert leased["takes"] == 12 and r.broker.stock.head(uid, (30, None)) is None, leased
+
+
+def test_a_stocked_message_of_a_campaign_paused_meanwhile_goes_back_not_out(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A campaign paused while some of its messages are stocked: the next call gets none of
+    them; they go back (scheduled, their attempt not counted) and wait for the resume."""
+    count = STOCK_BACKLOG + 2 * STOCK_SIZE
+    with _one_owner(config, auth, ring, "b-stock-pause", topic_options={"shards": 1}) as (
+            topic, uid, r):
+        sent = topic.batch([{"id": f"p{n:03}", "campaign": "spring"} for n in range(count)])
+        assert {s["status"] for s in sent} == {201}
+        time.sleep(STOCK_AGE_MS / 1000)
+        for _ in range(2):
+            [m] = topic.lease(max_messages=1, wait_ms=2000)
+            assert topic.ack(m) == 204
+        found = r.broker.stock.head(uid, (30, None))
+        assert found is not None
+        stocked = found[0].leased.id
+        paused = topic.client.patch(topic.url("/campaigns/spring"), headers=topic.headers,
+                                    json={"paused": True})
+        assert paused.status_code == 200
+        time.sleep(0.6)  # the releaser's campaign controls are read at most 0.5 s ago
+        assert topic.lease(max_messages=1, wait_ms=300) == []
+        row = topic.get(stocked).get_json()
+        deadline = time.monotonic() + 5
+        while row["state"] != "scheduled":
+            assert time.monotonic() < deadline, row
+            time.sleep(0.05)
+            row = topic.get(stocked).get_json()
+        assert row["attempts"] == 0
