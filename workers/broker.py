@@ -45,11 +45,17 @@ from app.core.timeline import pointer_of
 from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
 from app.delivery.fairness import fair_first
-from app.delivery.leasing import Hold, attempts_used_up, give_back, pauses, take_with_payloads
+from app.delivery.leasing import (
+    Hold,
+    attempts_used_up,
+    give_back,
+    pauses,
+    stopped,
+    take_with_payloads,
+)
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
-from app.models import MessageState, Pointer, Topic
+from app.models import Pointer, Topic
 from app.services import Services
-from app.store.campaigns import Campaign
 from workers.held import HeldMessages, ready_ms
 from workers.push import PushDispatcher
 from workers.stock import HAND_MARGIN_MS, Stock, Terms
@@ -547,7 +553,9 @@ class Broker:
         sort = _sorter(services, topic)
         self.read_now(topic, self._read_since(topic, shards, parked, total, now, sort))
         now, now_s = services.clock(), time.monotonic()
-        found = self._firsts(topic, shards, now, total + STOCK_BACKLOG + STOCK_SIZE, sort)
+        # behind the wants, as far as a stock looks: for a round that may fill one
+        beyond = STOCK_BACKLOG + STOCK_SIZE if wants[0].n <= STOCK_WANT_MAX else 0
+        found = self._firsts(topic, shards, now, total + beyond, sort)
         # a message whose attempts are used up is made dead by the take, never handed out:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
         # be ended only n per round while the messages behind them wait
@@ -649,35 +657,19 @@ class Broker:
         not serve (_stock_serves)."""
         if not serving or not self._stock_serves(topic, shards, serving):
             return {}
-        stopped = self._stopped_campaigns(topic)
+        halted = stopped(self.services, topic)
         answers: dict[int, list[Taken]] = {}
         passed: list[Taken] = []
         for p in serving:
             got, skipped = self.stock.take(
                 topic.uid, (p.want.lease_s, p.want.consumer), p.want.n,
-                lambda t: t.leased.shard in shards and not stopped(t.leased))
+                lambda t: t.leased.shard in shards and not halted(t.leased))
             passed += skipped
             if got:
                 answers[id(p.want)] = got
         if passed:
             self._give_back_later(topic, passed)
         return answers
-
-    def _stopped_campaigns(self, topic: Topic) -> Callable[[MessageState], bool]:
-        """Whether a message's campaign is paused or cancelled now (its controls read at
-        the first message with a campaign)."""
-        rules: dict[str, Campaign] | None = None
-
-        def stopped(row: MessageState) -> bool:
-            nonlocal rules
-            if not row.campaign:
-                return False
-            if rules is None:
-                rules = self.services.campaign_rules.of(topic.uid)
-            found = rules.get(row.campaign)
-            return found is not None and (found.paused or found.cancelled)
-
-        return stopped
 
     def _stock_serves(self, topic: Topic, shards: set[int], serving: list[_Parked]) -> bool:
         """Whether the stock may serve this round: its first want's terms are stocked, no

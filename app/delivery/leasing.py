@@ -267,20 +267,32 @@ def _rules(services: Services, topic: Topic, due: Sequence[Due]) -> dict[str, Ca
 
 
 def pauses(services: Services, topic: Topic) -> Callable[[MessageState], bool]:
-    """Whether a take would pass the message over now: its campaign is paused. The
-    campaigns' controls are read at the first message with a campaign."""
+    """Whether a take would pass the message over now: its campaign is paused."""
+    return _campaign_test(services, topic, lambda c: c.paused and not c.cancelled)
+
+
+def stopped(services: Services, topic: Topic) -> Callable[[MessageState], bool]:
+    """Whether the message's campaign is paused or cancelled now (a take passes or
+    cancels it)."""
+    return _campaign_test(services, topic, lambda c: c.paused or c.cancelled)
+
+
+def _campaign_test(services: Services, topic: Topic, test: Callable[[Campaign], bool]
+                   ) -> Callable[[MessageState], bool]:
+    """Whether `test` holds for the message's campaign; the campaigns' controls are read
+    at the first message with a campaign."""
     rules: dict[str, Campaign] | None = None
 
-    def paused(row: MessageState) -> bool:
+    def holds(row: MessageState) -> bool:
         nonlocal rules
         if not row.campaign:
             return False
         if rules is None:
             rules = services.campaign_rules.of(topic.uid)
         found = rules.get(row.campaign)
-        return found is not None and found.paused and not found.cancelled
+        return found is not None and test(found)
 
-    return paused
+    return holds
 
 
 def attempts_used_up(topic: Topic, row: MessageState) -> bool:
