@@ -32,6 +32,7 @@ from app.messages.enqueue import NewMessage, home_by_due_time, nesting
 from app.models import MessageState, Payload, Pointer, Topic, TopicSettings
 from app.ops.cluster_clock import ClusterClock
 from workers import count_reads
+from workers import stock as stocking
 from workers.count_reads import count_groups
 from workers.held import HeldMessages, moments
 from workers.stock import HAND_MARGIN_MS, Stock
@@ -653,3 +654,35 @@ def test_the_stock_hands_out_by_terms_in_order_and_gives_back_what_it_passes_or_
     assert stock.expired() == [(topic, [a])] and stock.count(topic.uid, (30, None)) == 1
     assert stock.drop(topic.uid) == [b]
     assert stock.head(topic.uid, (30, None)) is None and stock.expired() == []
+
+
+def test_a_round_stocks_only_for_a_repeated_small_want_behind_a_backlog_nobody_writes(
+        ) -> None:
+    """A round stocks for its first want's terms only when they were asked within DEMAND_S
+    before, the want asks at most WANT_MAX, more than BACKLOG wait beyond the wants and no
+    write was noted within AGE_MS; the stock then serves while nothing was written since it
+    was filled and nothing held and due outranks its next; a stopping broker takes it all."""
+    topic = Topic("t", "jobs", uuid.uuid4(), TopicSettings(), "whsec_x", 0, 0)
+    uid, terms, now = topic.uid, (30, None), 100_000
+    stock = Stock()
+    assert stock.asked(uid, [terms]) == set()
+    assert stock.asked(uid, [terms, (60, None)]) == {terms}
+    old = now - stocking.AGE_MS
+    backlog = stocking.BACKLOG + stocking.SIZE + 5
+    assert stock.room(uid, 1, terms, {terms}, backlog, old, now) == stocking.SIZE
+    assert stock.room(uid, 1, terms, {terms}, stocking.BACKLOG + 3, old, now) == 3
+    assert stock.room(uid, 1, terms, set(), backlog, old, now) == 0
+    assert stock.room(uid, stocking.WANT_MAX + 1, terms, {terms}, backlog, old, now) == 0
+    assert stock.room(uid, 1, terms, {terms}, backlog, old + 1, now) == 0
+    assert stock.room(uid, 1, terms, {terms}, stocking.BACKLOG, old, now) == 0
+    assert Stock.looks_beyond(stocking.WANT_MAX) > 0 == Stock.looks_beyond(stocking.WANT_MAX + 1)
+    a, b = _stocked(uid, "a"), _stocked(uid, "b")  # priority 100
+    assert not stock.serves(uid, terms, 0, lambda: None)  # nothing stocked
+    stock.put(topic, terms, [a, b], time.monotonic() + 60, now)
+    assert stock.room(uid, 1, terms, {terms}, backlog, old, now) == stocking.SIZE - 2
+    assert stock.serves(uid, terms, now - 1, lambda: None)
+    assert stock.serves(uid, terms, now - 1, lambda: 100)
+    assert not stock.serves(uid, terms, now - 1, lambda: 99)  # a due one ranks first
+    assert not stock.serves(uid, terms, now, lambda: None)  # written since it was filled
+    assert not stock.serves(uid, (60, None), now - 1, lambda: None)
+    assert stock.take_all() == [(topic, [a, b])] and stock.take_all() == []

@@ -56,9 +56,10 @@ from app.delivery.leasing import (
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.models import Pointer, Topic
 from app.services import Services
+from workers import stock as stocking
 from workers.held import HeldMessages, ready_ms
 from workers.push import PushDispatcher
-from workers.stock import HAND_MARGIN_MS, Stock, Terms
+from workers.stock import Stock, Terms
 
 # A round leases at most this many messages (and makes at most as many more dead, their
 # attempts used up), and the next round starts at once. Its take must
@@ -83,17 +84,9 @@ SPILL_MS = 20
 PUSH_ROUND_MAX = 4000
 PUSH_EVERY_MS = 100
 UNKNOWN_RECHECK_S = 0.1
-# Stock (workers/stock.py): while more than STOCK_BACKLOG messages of a pull topic are due
-# and held, a round for a want of at most STOCK_WANT_MAX messages whose terms were asked
-# within STOCK_DEMAND_S before also leases up to STOCK_SIZE more on those terms, handed to
-# the next wants from memory; one not handed out within STOCK_AGE_MS goes back.
-STOCK_SIZE = 16
-STOCK_WANT_MAX = 4
-STOCK_BACKLOG = 64
-STOCK_DEMAND_S = 1.0
-STOCK_AGE_MS = 1000
-MAX_ASKED = 100_000
 BROKER_THREADS = 4
+# a stopping broker gives back its stock and prepared shares for at most this long (s)
+STOP_GIVE_BACK_S = 5.0
 log = logging.getLogger("duetime.broker")
 
 Reply = Callable[[bytes], None]
@@ -145,7 +138,6 @@ class Broker:
         self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
         self._serving: set[uuid.UUID] = set()
         self.stock = Stock()
-        self._asked_at: dict[tuple[uuid.UUID, Terms], float] = {}  # monotonic s
         self.rounds = 0  # rounds served since start, for stats and tests (approximate)
         self._again: set[uuid.UUID] = set()
         self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
@@ -368,7 +360,8 @@ class Broker:
         self.rounds += 1
         now = self.services.clock()
         serving = [p for p in parked if p.want.first or p.arrived_ms + SPILL_MS <= now]
-        repeated = self._asked(topic_uid, serving)
+        repeated = self.stock.asked(topic_uid, [(p.want.lease_s, p.want.consumer)
+                                                for p in serving])
         stocked = self._from_stock(topic, shards, serving)
         if stocked:  # the wants left are served by the next round, at once
             self._answer(topic, topic_uid, parked, stocked, None, self.recheck_s)
@@ -541,7 +534,7 @@ class Broker:
         """Lease held messages of these shards for the wants, in fair order, in arrival
         order of the wants, at most ROUND_MAX in all; with none due now, those due within
         the prepare lead, for the wants that still wait then. Besides, up to ROUND_MAX due
-        whose attempts are used up are made dead, and behind a backlog up to STOCK_SIZE
+        whose attempts are used up are made dead, and behind a backlog up to stock.SIZE
         are leased ahead into the stock on the first want's terms, when `repeated` holds
         them. Returns {id(want): taken}; the next moment one held may be taken (epoch ms,
         HeldMessages.next_moment); and whether the cap cut the round short."""
@@ -554,14 +547,16 @@ class Broker:
         self.read_now(topic, self._read_since(topic, shards, parked, total, now, sort))
         now, now_s = services.clock(), time.monotonic()
         # behind the wants, as far as a stock looks: for a round that may fill one
-        beyond = STOCK_BACKLOG + STOCK_SIZE if wants[0].n <= STOCK_WANT_MAX else 0
+        beyond = Stock.looks_beyond(wants[0].n)
         found = self._firsts(topic, shards, now, total + beyond, sort)
         # a message whose attempts are used up is made dead by the take, never handed out:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
         # be ended only n per round while the messages behind them wait
         ending = found["end"][:ROUND_MAX]
-        terms, extra = self._stock_room(topic.uid, parked, repeated,
-                                        len(found["hand"]) - total, now)
+        terms = (wants[0].lease_s, wants[0].consumer)
+        extra = self.stock.room(topic.uid, wants[0].n, terms, repeated,
+                                len(found["hand"]) - total, self._written_ms(topic.uid, parked),
+                                now)
         due_now = fair_first(found["hand"], total + extra)
         passed = found["pass"]
         if due_now:  # the stock's room last: the wants are served first
@@ -577,7 +572,7 @@ class Broker:
         if passed:  # resuming brings them back (app.campaigns.operations)
             services.scanner.spend(topic, [d.pointer for d in passed])
             self._drop(topic.uid, passed)
-        hand_by_ms = now + STOCK_AGE_MS
+        hand_by_ms = now + stocking.AGE_MS
         holds = [Hold(wants[o].lease_s, wants[o].consumer) if o < len(wants)
                  else Hold(terms[0], terms[1], hand_by_ms) for o in owners]
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
@@ -601,7 +596,7 @@ class Broker:
             got = Taken(d.row.attempts, d.row.consumer, row, payload, d.row.due_at_ms)
             (answers[id(wants[o])] if o < len(wants) else stocked).append(got)
         if stocked:  # its deadline is the rows' hand-out moment, on the monotonic clock
-            self._put_stock(topic, terms, stocked, now_s + STOCK_AGE_MS / 1000, now)
+            self._put_stock(topic, terms, stocked, now_s + stocking.AGE_MS / 1000, now)
         # the wants left look again when a message held may next be taken
         with self._lock:
             held_now = self.held.get(topic.uid)
@@ -609,45 +604,15 @@ class Broker:
         served = sum(1 for o in owners if o < len(wants))
         return answers, next_ms, served == total < wanted or len(ending) == ROUND_MAX
 
-    def _asked(self, topic_uid: uuid.UUID, serving: list[_Parked]) -> set[Terms]:
-        """The terms of these wants that were asked within STOCK_DEMAND_S before (a
-        pool calling again and again, which a stock serves); records this ask."""
-        now_s = time.monotonic()
-        with self._lock:
-            if len(self._asked_at) > MAX_ASKED:
-                self._asked_at.clear()
-            repeated = set()
-            for p in serving:
-                key = (topic_uid, (p.want.lease_s, p.want.consumer))
-                if now_s - self._asked_at.get(key, -STOCK_DEMAND_S) < STOCK_DEMAND_S:
-                    repeated.add(key[1])
-                self._asked_at[key] = now_s
-        return repeated
-
-    def _stock_room(self, topic_uid: uuid.UUID, parked: list[_Parked], repeated: set[Terms],
-                    backlog: int, now_ms: int) -> tuple[Terms, int]:
-        """The terms the round stocks on (its first want's) and how many it leases ahead:
-        none unless that want asks at most STOCK_WANT_MAX, its terms were asked again, more
-        than STOCK_BACKLOG due messages wait beyond the wants and no write of the topic was
-        noted within STOCK_AGE_MS (while producers write it, a stock would mostly go back
-        unused: _stock_serves); else up to STOCK_SIZE in stock."""
-        first = parked[0].want
-        terms = (first.lease_s, first.consumer)
-        with self._lock:
-            written = max([p.want.written_ms for p in parked]
-                          + [self._woken_at.get(topic_uid, 0)])
-        if (first.n > STOCK_WANT_MAX or terms not in repeated or backlog <= STOCK_BACKLOG
-                or now_ms - written < STOCK_AGE_MS):
-            return terms, 0
-        room = STOCK_SIZE - self.stock.count(topic_uid, terms)
-        return terms, max(0, min(room, backlog - STOCK_BACKLOG))
-
     def _put_stock(self, topic: Topic, terms: Terms, taken: list[Taken],
                    deadline_s: float, now_ms: int) -> None:
         """Keep messages leased ahead until deadline_s (monotonic s); what is still there
-        near it goes back."""
+        near it goes back, as does all of it when the broker stopped meanwhile."""
+        if self._stopping.is_set():
+            give_back(self.services, topic, taken)
+            return
         self.stock.put(topic, terms, taken, deadline_s, now_ms)
-        self._at(deadline_s - HAND_MARGIN_MS / 1000, self._stock_expired)
+        self._at(deadline_s - stocking.HAND_MARGIN_MS / 1000, self._stock_expired)
 
     def _from_stock(self, topic: Topic, shards: set[int], serving: list[_Parked]
                     ) -> dict[int, list[Taken]]:
@@ -672,22 +637,23 @@ class Broker:
         return answers
 
     def _stock_serves(self, topic: Topic, shards: set[int], serving: list[_Parked]) -> bool:
-        """Whether the stock may serve this round: its first want's terms are stocked, no
-        write of the topic was noted since the stock was filled (a want's own process's,
-        or a due wake-up: it may rank first, and the round reads it), and no message held
-        and due now has a higher priority than the stock's next."""
+        """Stock.serves for this round: its first want's terms, the writes noted."""
         first = serving[0].want
-        found = self.stock.head(topic.uid, (first.lease_s, first.consumer))
-        if found is None:
-            return False
-        head, filled_ms = found
+
+        def first_due_priority() -> int | None:
+            ahead = self._firsts(topic, shards, self.services.clock(), 1,
+                                 _sorter(self.services, topic))["hand"]
+            return ahead[0].row.priority if ahead else None
+
+        return self.stock.serves(topic.uid, (first.lease_s, first.consumer),
+                                 self._written_ms(topic.uid, serving), first_due_priority)
+
+    def _written_ms(self, topic_uid: uuid.UUID, parked: list[_Parked]) -> int:
+        """The last write of the topic noted (epoch ms): a want's own process's, or a due
+        wake-up."""
         with self._lock:
-            woken = self._woken_at.get(topic.uid, 0)
-        if max([p.want.written_ms for p in serving] + [woken]) >= filled_ms:
-            return False
-        ahead = self._firsts(topic, shards, self.services.clock(), 1,
-                             _sorter(self.services, topic))["hand"]
-        return not ahead or ahead[0].row.priority >= head.leased.priority
+            woken = self._woken_at.get(topic_uid, 0)
+        return max([p.want.written_ms for p in parked] + [woken])
 
     def _stock_expired(self) -> None:
         """Give back the stocked messages near their deadline (nobody asked for them)."""
@@ -816,7 +782,9 @@ class Broker:
                     log.exception("broker clock action failed")
 
     def stop(self) -> None:
-        """No new want is served; the parked ones are dropped (their callers' waits end)."""
+        """No new want is served; the parked ones are dropped (their callers' waits end);
+        the stock and the prepared shares go back, due again now (for at most
+        STOP_GIVE_BACK_S: what is left then comes due when its lease runs out)."""
         self._stopping.set()
         if self._server is not None:
             if self._started:  # serve_forever runs: shutdown() waits for it to end
@@ -825,6 +793,21 @@ class Broker:
         with self._checks_changed:
             self._checks_changed.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            prepared = list(self._prepared.values())
+            self._prepared.clear()
+        back = self.stock.take_all() + [(topic, taken) for _, topic, taken in prepared]
+        if back:
+            giving = threading.Thread(target=self._give_all_back, args=(back,),
+                                      name="broker-give-back", daemon=True)
+            giving.start()
+            giving.join(STOP_GIVE_BACK_S)
+
+    def _give_all_back(self, back: list[tuple[Topic, list[Taken]]]) -> None:
+        """Give back what a stopping broker leased and did not hand out (logged on failure
+        by give_back: those leases run out)."""
+        for topic, taken in back:
+            give_back(self.services, topic, taken)
 
 
 def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due], list[int]]:

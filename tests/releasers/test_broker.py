@@ -28,15 +28,12 @@ from app.models import MessageState, Pointer, Topic, TopicSettings
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
-from workers.broker import (
-    HELD_PER_LANE,
-    STOCK_AGE_MS,
-    STOCK_BACKLOG,
-    STOCK_SIZE,
-    STOCK_WANT_MAX,
-    Broker,
-)
+from workers.broker import HELD_PER_LANE, Broker
 from workers.releaser import Releaser, bind_listeners
+from workers.stock import AGE_MS as STOCK_AGE_MS
+from workers.stock import BACKLOG as STOCK_BACKLOG
+from workers.stock import SIZE as STOCK_SIZE
+from workers.stock import WANT_MAX as STOCK_WANT_MAX
 
 SLOTS = 4
 # The prepare tests' lead: time for the owner to take ahead, tell the call, and for the call
@@ -864,6 +861,28 @@ def test_a_pool_taking_one_at_a_time_from_a_backlog_is_served_from_the_stock(
         assert topic.get(head.leased.id).get_json()["attempts"] == 0
         rest = topic.drain(count - len(got), within_s=30)
         assert rest == {f"s{n:03}" for n in range(len(got), count)}
+
+
+def test_a_releaser_that_stops_gives_its_stock_back_at_once(
+        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A graceful stop gives the stocked messages back before it returns (due again now,
+    their attempt not counted), not when their leases run out."""
+    count = STOCK_BACKLOG + 2 * STOCK_SIZE
+    with _one_owner(config, auth, ring, "b-stock-stop", topic_options={"shards": 1}) as (
+            topic, uid, r):
+        sent = topic.batch([{"id": f"g{n:03}"} for n in range(count)])
+        assert {s["status"] for s in sent} == {201}
+        time.sleep(STOCK_AGE_MS / 1000)
+        for _ in range(2):
+            [m] = topic.lease(max_messages=1, wait_ms=2000, lease_seconds=300)
+            assert topic.ack(m) == 204
+        found = r.broker.stock.head(uid, (300, None))
+        assert found is not None
+        stocked = [found[0].leased.id]
+        r.stop()
+        assert r.broker.stock.head(uid, (300, None)) is None
+        row = topic.get(stocked[0]).get_json()
+        assert row["state"] == "scheduled" and row["attempts"] == 0, row
 
 
 def test_no_stock_while_the_topic_is_written_or_for_calls_of_more_than_a_few(
