@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import hmac
 import itertools
 import logging
-import socket
-import socketserver
 import threading
 import time
 import uuid
@@ -57,6 +54,7 @@ from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.models import Pointer, Topic
 from app.services import Services
 from workers import stock as stocking
+from workers.broker_server import BrokerServer
 from workers.held import HeldMessages, ready_ms
 from workers.push import PushDispatcher
 from workers.stock import Stock, Terms
@@ -150,13 +148,13 @@ class Broker:
         self._check_due: dict[uuid.UUID, float] = {}
         self._stopping = threading.Event()
         self._clock = threading.Thread(target=self._clock_loop, name="broker-clock", daemon=True)
-        self._server: _Server | None = None
+        self._server: BrokerServer | None = None
         self._started = False
 
     def bind(self, port: int) -> int:
         """Bind the TCP listening socket on `port` (0: any free one) and return its number;
         OSError when it is taken. Nothing is served before start()."""
-        self._server = _Server(("0.0.0.0", port), self)
+        self._server = BrokerServer(("0.0.0.0", port), self)
         return int(self._server.server_address[1])
 
     def unbind(self) -> None:
@@ -866,80 +864,3 @@ def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms:
             owners += [which] * len(share)
             at += len(share)  # else left for a want that waits long enough
     return chunk, owners
-
-
-class _Handler(socketserver.StreamRequestHandler):
-    """One API process's connection: wants in, answers out."""
-
-    server: _Server
-
-    def handle(self) -> None:
-        link = id(self)
-        lock = threading.Lock()
-        sock = self.request
-
-        def reply(line: bytes) -> None:
-            with lock:
-                sock.sendall(line)
-
-        self.server.opened(sock)
-        try:
-            if not self._introduced():
-                log.warning("broker: a connection from %s without this releaser's token closed",
-                            self.client_address[0])
-                return
-            for line in self.rfile:
-                try:
-                    message = broker_wire.decode_line(line)
-                    withdrawn = broker_wire.decode_withdraw(message)
-                    if withdrawn is None:
-                        want = broker_wire.decode_want(message)
-                except (ValueError, KeyError, TypeError):
-                    log.warning("broker: malformed line dropped")
-                    continue
-                if withdrawn is not None:
-                    self.server.broker.withdraw(link, withdrawn)
-                else:
-                    self.server.broker.want(want, reply, link)
-        except OSError:
-            pass
-        finally:
-            self.server.broker.forget_link(link)
-            self.server.closed(sock)
-
-    def _introduced(self) -> bool:
-        """Whether the connection's first line is a hello with this releaser's token."""
-        try:
-            token = broker_wire.decode_hello(broker_wire.decode_line(self.rfile.readline()))
-        except (ValueError, KeyError, TypeError):
-            return False
-        return hmac.compare_digest(token.encode(), self.server.broker.token.encode())
-
-
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # every API process of a host may connect at once
-    block_on_close = False
-
-    def __init__(self, address: tuple[str, int], broker: Broker) -> None:
-        self.broker = broker
-        self._open: set[socket.socket] = set()
-        self._open_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def opened(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self._open_lock:
-            self._open.add(sock)
-
-    def closed(self, sock: socket.socket) -> None:
-        with self._open_lock:
-            self._open.discard(sock)
-
-    def close_all(self) -> None:
-        self.server_close()
-        with self._open_lock:
-            for sock in list(self._open):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
