@@ -88,13 +88,11 @@ class Stock:
         due wake-up: it may rank first, and a round reads it) since the stock was filled,
         and no message held and due now (first_due_priority, asked last) has a higher
         priority than the stock's next."""
-        with self._lock:
-            kept = self._kept.get((topic_uid, terms))
-            if not kept or written_ms >= self._filled[(topic_uid, terms)]:
-                return False
-            head = kept[0][1].leased.priority
+        found = self.head(topic_uid, terms)
+        if found is None or written_ms >= found[1]:
+            return False
         ahead = first_due_priority()
-        return ahead is None or ahead >= head
+        return ahead is None or ahead >= found[0].leased.priority
 
     def put(self, topic: Topic, terms: Terms, taken: list[Taken],
             deadline_s: float, filled_ms: int) -> None:

@@ -821,6 +821,14 @@ def _counting_takes(r: Releaser) -> Counter[str]:
     return calls
 
 
+def _backlog_written_a_while_ago(topic: TopicClient, messages: list[dict[str, Any]]) -> None:
+    """Enqueue the messages, due now, then wait until no write of the topic is noted within
+    the stock's age (no stock while a topic is being written)."""
+    sent = topic.batch(messages)
+    assert {s["status"] for s in sent} == {201}
+    time.sleep(STOCK_AGE_MS / 1000)
+
+
 def test_a_pool_taking_one_at_a_time_from_a_backlog_is_served_from_the_stock(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """One-message leases on a backlog nobody writes now: after the first call of a pool, a
@@ -832,9 +840,8 @@ def test_a_pool_taking_one_at_a_time_from_a_backlog_is_served_from_the_stock(
     count = STOCK_BACKLOG + 4 * STOCK_SIZE
     with _one_owner(config, auth, ring, "b-stock", topic_options={"shards": 1}) as (
             topic, _uid, r):
-        sent = topic.batch([{"id": f"s{n:03}", "priority": n} for n in range(count)])
-        assert {s["status"] for s in sent} == {201}
-        time.sleep(STOCK_AGE_MS / 1000)  # no stock while the topic is being written
+        _backlog_written_a_while_ago(topic, [{"id": f"s{n:03}", "priority": n}
+                                             for n in range(count)])
         leased = _counting_takes(r)
         got = []
         for _ in range(2 * STOCK_SIZE):
@@ -870,18 +877,16 @@ def test_a_releaser_that_stops_gives_its_stock_back_at_once(
     count = STOCK_BACKLOG + 2 * STOCK_SIZE
     with _one_owner(config, auth, ring, "b-stock-stop", topic_options={"shards": 1}) as (
             topic, uid, r):
-        sent = topic.batch([{"id": f"g{n:03}"} for n in range(count)])
-        assert {s["status"] for s in sent} == {201}
-        time.sleep(STOCK_AGE_MS / 1000)
+        _backlog_written_a_while_ago(topic, [{"id": f"g{n:03}"} for n in range(count)])
         for _ in range(2):
             [m] = topic.lease(max_messages=1, wait_ms=2000, lease_seconds=300)
             assert topic.ack(m) == 204
         found = r.broker.stock.head(uid, (300, None))
         assert found is not None
-        stocked = [found[0].leased.id]
+        stocked = found[0].leased.id
         r.stop()
         assert r.broker.stock.head(uid, (300, None)) is None
-        row = topic.get(stocked[0]).get_json()
+        row = topic.get(stocked).get_json()
         assert row["state"] == "scheduled" and row["attempts"] == 0, row
 
 
@@ -893,9 +898,7 @@ def test_no_stock_while_the_topic_is_written_or_for_calls_of_more_than_a_few(
     count = STOCK_BACKLOG + 4 * STOCK_SIZE
     with _one_owner(config, auth, ring, "b-no-stock", topic_options={"shards": 1}) as (
             topic, uid, r):
-        sent = topic.batch([{"id": f"w{n:03}"} for n in range(count)])
-        assert {s["status"] for s in sent} == {201}
-        time.sleep(STOCK_AGE_MS / 1000)
+        _backlog_written_a_while_ago(topic, [{"id": f"w{n:03}"} for n in range(count)])
         leased = _counting_takes(r)
         for n in range(8):  # due within the look-ahead: the write is noted
             assert topic.enqueue(id=f"new{n}", delay_ms=3000).status_code == 201
@@ -916,9 +919,8 @@ def test_a_stocked_message_of_a_campaign_paused_meanwhile_goes_back_not_out(
     count = STOCK_BACKLOG + 2 * STOCK_SIZE
     with _one_owner(config, auth, ring, "b-stock-pause", topic_options={"shards": 1}) as (
             topic, uid, r):
-        sent = topic.batch([{"id": f"p{n:03}", "campaign": "spring"} for n in range(count)])
-        assert {s["status"] for s in sent} == {201}
-        time.sleep(STOCK_AGE_MS / 1000)
+        _backlog_written_a_while_ago(topic, [{"id": f"p{n:03}", "campaign": "spring"}
+                                             for n in range(count)])
         for _ in range(2):
             [m] = topic.lease(max_messages=1, wait_ms=2000)
             assert topic.ack(m) == 204
