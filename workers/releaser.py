@@ -73,10 +73,13 @@ from workers.topics import FOLLOW_EVERY_MS, KnownTopics
 from workers.wake_listener import WakeListener
 from workers.walk import Walk
 
-# the walk looks at every topic this often (and after a claim): the active ones' counts, and
-# those with nothing in its window to start their walks and move their positions; in
+# the walk looks at the active topics this often: their counts, and a turn of the quiet
+# ones (all of them after a claim) to start their walks and move their positions; in
 # between only at the topics wake-ups named, new ones and those whose take failed
 PASS_EVERY_MS = 1000
+# a quiet topic is looked at every this many passes: its position stays within the window
+# (WINDOW_BACK_MS), and a pass costs the active topics, not every topic
+QUIET_TURNS = 20
 # the walk's window starts this far before now: the buckets whose write counts it compares,
 # and how far behind now a position may be and still pass an empty stretch without a read
 WINDOW_BACK_MS = 60_000
@@ -178,6 +181,7 @@ class Releaser:
         # when the walk last looked at every topic (epoch ms), and whether it must at once
         self._passed_at = 0
         self._everyone = True
+        self._turn = 0  # passes since start: which turn of the quiet topics the next looks at
         # a shard is read on once its position is this near now + look-ahead: half what the
         # look-ahead leaves after an idle period, so a pointer already there is read at least
         # that long before it is due (1.5 s of 5, with the defaults)
@@ -400,10 +404,10 @@ class Releaser:
     def walk(self) -> None:
         """One step of the walk (workers.walk) over the owned shards of the topics it looks
         at: what waits by the reach (_span) goes to the broker (a pull topic's at most
-        broker.HELD_MAX). Every PASS_EVERY_MS (and after a claim, and while it warms up) it
-        looks at every topic: one read lists those
-        with pointers in the window's buckets (active_topics); in between only at the topics
-        wake-ups named, new topics and those whose take failed. One round trip reads
+        broker.HELD_MAX). Every PASS_EVERY_MS (and at every step while it warms up) it looks
+        at the topics with pointers in the window's buckets (one read: active_topics) and a
+        turn of the others (_passed; every topic after a claim); in between only at the
+        topics wake-ups named, new topics and those whose take failed. One round trip reads
         their write counts; a topic is read only where its counts moved, its position nears
         now + look-ahead, or its walk is new (from its durable cursors: a claimed slot, a new
         topic, a start), new walks first. Every CURSOR_STEP_MS it writes the cursors it may
@@ -430,7 +434,7 @@ class Releaser:
         passing = (self._everyone or self._walking.warming()
                    or now - self._passed_at >= PASS_EVERY_MS)
         if passing:
-            self._everyone, self._passed_at = False, now
+            everyone, self._everyone, self._passed_at = self._everyone, False, now
             active = self.services.timeline.active_topics(window)
             unknown = active.difference(self._topics, self._asked)
             if unknown:  # a topic whose "topics" wake-up was lost: follow the changes once
@@ -438,7 +442,7 @@ class Releaser:
                     self._asked.clear()
                 self._asked |= unknown
                 self._following.wake()
-            candidates = list(self._topics.values())
+            candidates = list(self._topics.values()) if everyone else self._passed(active)
         else:  # between passes, only the topics written to (or handed back) since the last
             active = named
             candidates = [t for uid in named if (t := self._topics.get(uid)) is not None]
@@ -458,6 +462,18 @@ class Releaser:
                                          window, found)
                     for topic, walk, starts, found in reads]
         all_done(futures)  # a failed read fails the step; the next one repeats it
+
+    def _passed(self, active: set[uuid.UUID]) -> list[Topic]:
+        """The topics a pass looks at: those active_topics listed, and the next of
+        QUIET_TURNS turns of all the others, so each quiet topic's walk moves on within the
+        window (Walk.passed_empty) and follows a change of its shards or mode at least every
+        QUIET_TURNS passes, not at every one."""
+        topics = list(self._topics.values())
+        size = -(-len(topics) // QUIET_TURNS)
+        start = self._turn % QUIET_TURNS * size
+        self._turn += 1
+        listed = [t for uid in active if (t := self._topics.get(uid)) is not None]
+        return listed + [t for t in topics[start:start + size] if t.uid not in active]
 
     def _reads_of(self, owned: list[tuple[Topic, dict[int, int]]], walks: dict[uuid.UUID, Walk],
                   active: set[uuid.UUID], counts: dict[uuid.UUID, Counts], now: int,

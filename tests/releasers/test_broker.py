@@ -149,8 +149,12 @@ def test_shards_sharing_a_slot_have_their_owners_read_once_a_second(
         desk = topic.client.application.extensions["duetime"].desk
         reads: list[int] = []
         real = desk.ownership.slots
-        monkeypatch.setattr(desk.ownership, "slots",
-                            lambda count: reads.append(count) or real(count))
+
+        def counted(count: int) -> Any:
+            reads.append(count)
+            return real(count)
+
+        monkeypatch.setattr(desk.ownership, "slots", counted)
         began = time.monotonic()
         for _ in range(15):
             assert topic.lease(max_messages=1, wait_ms=0) == []

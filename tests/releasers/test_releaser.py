@@ -646,6 +646,38 @@ def test_a_drained_topic_is_read_once_every_few_steps_not_at_every_one() -> None
     assert 1 <= reads.count(uid) <= 2, reads.count(uid)
 
 
+def test_a_pass_looks_at_a_turn_of_the_quiet_topics_not_at_every_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass of the walk looks at the topics with pointers in its window and at a turn of
+    the quiet ones: each quiet topic once in QUIET_TURNS passes, every one of them in that
+    many, so a pass costs the releaser the active topics, not every topic it knows. A
+    keyspace alone, so its 12 topics are the only ones; every step a pass."""
+    monkeypatch.setattr(releaser_module, "QUIET_TURNS", 4)
+    monkeypatch.setattr(releaser_module, "PASS_EVERY_MS", 0)
+    with keyspace_alone("quiet") as (config, services, client, auth):
+        topics = [TopicClient(client, auth) for _ in range(12)]
+        uids = {services.topics.get(tenant_of(services, auth), t.name).uid for t in topics}
+        with releaser(config, "r-quiet") as r:
+            wake_walk_until(r, lambda: uids <= set(r._walks), 20)  # the first, full pass
+            looked: Counter[uuid.UUID] = Counter()
+            passes = 0
+            turn_of = r._passed
+
+            def passed(active: set[uuid.UUID]) -> list[Any]:
+                nonlocal passes
+                passes += 1
+                chosen = turn_of(active)
+                looked.update(t.uid for t in chosen if t.uid in uids)
+                return chosen
+
+            monkeypatch.setattr(r, "_passed", passed)
+            run_walk(r, 8)
+    assert passes >= 8, passes
+    turns = -(-passes // 4)
+    assert set(looked) == uids, looked  # none left out of its turn
+    assert max(looked.values()) <= turns, (looked, passes)  # not at every pass
+
+
 def test_the_walk_reads_a_topic_it_never_read_before_those_it_reads_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Of the topics a step of the walk must read, the ones it never read come first: a topic
