@@ -222,9 +222,14 @@ def time_collections() -> None:
 
 def flush_collections() -> None:
     """Observe the collections timed since the last call into GC_PAUSE. Called where no
-    metric lock is held: after each API request, at each releaser tick, before a scrape."""
-    while _gc_pauses:
-        generation, seconds = _gc_pauses.popleft()
+    metric lock is held: after each API request, at each releaser tick, before a scrape.
+    Threads flush at once (a worker's request threads): each pops until the deque is empty,
+    never asking first, since another may take the last one between the asking and the pop."""
+    while True:
+        try:
+            generation, seconds = _gc_pauses.popleft()
+        except IndexError:
+            return
         GC_PAUSE.labels(str(generation)).observe(seconds)
 
 
