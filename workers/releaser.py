@@ -178,7 +178,7 @@ class Releaser:
         self._unavailable_warned: dict[str, float] = {}  # step -> when last warned
         self._walks: dict[uuid.UUID, Walk] = {}  # per topic with owned shards
         self._cursors_at = 0  # when the walk last wrote cursors (epoch ms)
-        # when the walk last looked at every topic (epoch ms), and whether it must at once
+        # when the walk's last pass began (epoch ms), and whether the next looks at every topic
         self._passed_at = 0
         self._everyone = True
         self._turn = 0  # passes since start: which turn of the quiet topics the next looks at
