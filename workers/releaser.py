@@ -464,16 +464,16 @@ class Releaser:
         all_done(futures)  # a failed read fails the step; the next one repeats it
 
     def _passed(self, active: set[uuid.UUID]) -> list[Topic]:
-        """The topics a pass looks at: those active_topics listed, and the next of
-        QUIET_TURNS turns of all the others, so each quiet topic's walk moves on within the
-        window (Walk.passed_empty) and follows a change of its shards or mode at least every
-        QUIET_TURNS passes, not at every one."""
-        topics = list(self._topics.values())
-        size = -(-len(topics) // QUIET_TURNS)
-        start = self._turn % QUIET_TURNS * size
+        """The topics a pass looks at: those active_topics listed, and the quiet ones whose
+        turn it is (their uid modulo QUIET_TURNS, a turn that topics made or deleted do not
+        shift), so each quiet topic's walk moves on within the window (Walk.passed_empty)
+        and follows a change of its shards or mode every QUIET_TURNS passes, not at every
+        one."""
+        turn = self._turn % QUIET_TURNS
         self._turn += 1
         listed = [t for uid in active if (t := self._topics.get(uid)) is not None]
-        return listed + [t for t in topics[start:start + size] if t.uid not in active]
+        return listed + [t for t in list(self._topics.values())
+                         if t.uid.int % QUIET_TURNS == turn and t.uid not in active]
 
     def _reads_of(self, owned: list[tuple[Topic, dict[int, int]]], walks: dict[uuid.UUID, Walk],
                   active: set[uuid.UUID], counts: dict[uuid.UUID, Counts], now: int,

@@ -40,14 +40,14 @@ class KnownTopics:
         self._reading: _FullRead | None = None
 
     def step(self) -> set[uuid.UUID]:
-        """Apply a full read that is done (the first one made here), start the next when it
-        is due, then follow the recent changes. Returns the uids of topics that are gone;
-        raises what a full read raised (the next step starts another)."""
+        """Read every topic (the first time, here), or apply a full read that is done and
+        start the next when it is due; then follow the recent changes. Returns the uids of
+        topics that are gone; raises what a full read raised (the next step starts another)."""
         now = self.services.clock()
         gone: set[uuid.UUID] = set()
         since = now - OVERLAP_MS
         if self._read_all_at is None:
-            self._reading = _FullRead(self.services, now, at_once=True)
+            gone = self._replace_all(self.services.topics.all(), now)
         elif self._reading is None and \
                 now - self._read_all_at >= self.services.config.topic_refresh_ms:
             self._reading = _FullRead(self.services, now)
@@ -92,19 +92,15 @@ class KnownTopics:
 
 
 class _FullRead:
-    """One read of every topic, begun at began_ms (epoch ms): on a daemon thread of its own,
-    or here and now (`at_once`)."""
+    """One read of every topic, begun at began_ms (epoch ms), on a daemon thread of its own."""
 
-    def __init__(self, services: Services, began_ms: int, at_once: bool = False) -> None:
+    def __init__(self, services: Services, began_ms: int) -> None:
         self.services = services
         self.began_ms = began_ms
         self.done = threading.Event()
         self._found: list[Topic] = []
         self._error: BaseException | None = None
-        if at_once:
-            self._run()
-        else:
-            threading.Thread(target=self._run, name="topics-read-all", daemon=True).start()
+        threading.Thread(target=self._run, name="topics-read-all", daemon=True).start()
 
     def _run(self) -> None:
         try:
