@@ -16,6 +16,9 @@
   later): p50 / p99 / max, of all and of each mode; for pull also the wait duetime alone
   made (from that moment, or from when the lease call was sent if later: a consumer busy
   acking is not asking);
+- enqueued late: accepted messages whose first accepted enqueue was answered after the
+  deliver_at it asked for (the workload fell behind its plan, or the API was slow to answer:
+  their lag counts from the answer, the path of a message due at once);
 - first seen on a later attempt: ids whose first handout seen carries attempt 2 or more,
   their first lease or POST having reached nobody (a killed process may do that; with no
   nemesis it is a lease taken for a call that never got it).
@@ -64,7 +67,7 @@ def check(history: History, allowed_early_ms: int = 0,
     result: dict[str, Any] = dict.fromkeys(
         ("accepted", "maybe", "cancelled", "delivered", "lost", "unexpected", "early",
          "after_cancel", "handed_out_after_ack", "duplicates", "webhook_repeats_after_200"), 0)
-    result["first_seen_later"] = 0
+    result["first_seen_later"] = result["enqueued_late"] = 0
     lags: dict[str, list[int]] = {"pull": [], "webhook": [], "pull_wait": []}
     examples: list[str] = []
     for message_id, events in by_id.items():
@@ -92,6 +95,8 @@ def _judge(events: dict[str, list[Event]], allowed_early_ms: int, result: dict[s
     enqueues = events["enqueue"]
     accepted = any(e.status in ANSWERED for e in enqueues)
     result["accepted"] += accepted
+    answered = [e for e in enqueues if e.status in ANSWERED]
+    result["enqueued_late"] += bool(answered) and answered[0].done_ms > answered[0].deliver_at_ms
     result["maybe"] += not accepted and any(e.status == 0 or e.status >= 500 for e in enqueues)
     cancels_done = [e.done_ms for e in events["cancel"] if e.status == 204]
     cancel_unknown = any(e.status == 0 or e.status >= 500 for e in events["cancel"])

@@ -179,7 +179,8 @@ def _settled(workload: Workload, history: History) -> bool:
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| nemesis | accepted | cancelled | delivered | lost | unexpected | early | "
             "after cancel | handed out after ack | duplicates | webhook repeats after 200 | "
-            "first seen on a later attempt | lag p50 / p99 / max ms: all; pull; "
+            "first seen on a later attempt | enqueued late | "
+            "lag p50 / p99 / max ms: all; pull; "
             "pull, duetime's wait; webhook |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -189,7 +190,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['nemesis']} | {r['accepted']} | {r['cancelled']} | {r['delivered']} | "
             f"{r['lost']} | {r['unexpected']} | {r['early']} | {r['after_cancel']} | "
             f"{r['handed_out_after_ack']} | {r['duplicates']} | "
-            f"{r['webhook_repeats_after_200']} | {r['first_seen_later']} | {lags} |")
+            f"{r['webhook_repeats_after_200']} | {r['first_seen_later']} | "
+            f"{r['enqueued_late']} | {lags} |")
     return "\n".join(lines)
 
 

@@ -3,10 +3,12 @@ times on this host's clock, epoch ms), which tests/faults/checker.py judges.
 
 Per round, one pull topic and one webhook topic:
 - producers enqueue messages under client ids (a retry after a lost answer is the same
-  message), due over the round's window with a burst of a fifth of them due at one moment,
-  each sent SENT_AHEAD_MS before it is due by four producers (traffic runs through the whole
-  window);
-- a tenth are cancelled and a tenth moved 2 s later, while still scheduled;
+  message), one a request, due over the round's window with a burst of a fifth of them due
+  at one moment, each sent SENT_AHEAD_MS before it is due (traffic runs through the whole
+  window); PRODUCERS threads share the plan, so a slow answer holds back its own message and
+  not those after it (the checker counts any enqueue answered after its message was due);
+- a tenth are cancelled and a tenth moved 2 s later, while still scheduled, by the same
+  threads at their moment;
 - pull consumers long-poll and ack; one nacks a message's first attempt now and then, and one
   never acks a tenth of what it gets (its lease expires and the message comes back);
 - the webhook target answers 500 to a tenth of first attempts (the message is retried).
@@ -15,6 +17,8 @@ Per round, one pull topic and one webhook topic:
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import random
 import threading
 import time
@@ -31,9 +35,10 @@ LEASE_SECONDS = 3  # a lease the "never acks" consumer drops comes back this soo
 RETRY_BACKOFF_S = 1
 BURST_SHARE = 0.2
 SENT_AHEAD_MS = 5000  # each message is enqueued this long before it is due
-PRODUCERS = 4
+PRODUCERS = 16  # one message a request: 400 of a burst within SENT_AHEAD_MS at ~100 ms each
 MOVE_DELAY_MS = 2000  # a move asks for delivery this long after it is sent
 STATE_READ_S = 30  # how long a state read asks again while the API answers 503
+ENQUEUE_PATIENCE_S = 60  # how long a producer sends a message again: past a node's restart
 
 
 def now_ms() -> int:
@@ -95,6 +100,11 @@ class Workload:
         self._stop_consumers = threading.Event()
         self._consumers: list[threading.Thread] = []
         self.random = random.Random(zlib.crc32(label.encode()))
+        # the producers' plan: (moment epoch ms, order, kind, topic, id, due epoch ms)
+        self._tasks: list[tuple[int, int, str, str, str, int]] = []
+        self._order = itertools.count()
+        self._tasks_changed = threading.Condition()
+        self._in_hand = 0
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
               session: requests.Session | None = None, timeout: float = 10,
@@ -156,71 +166,86 @@ class Workload:
         self.history.add(Event(action, self.pull, m["id"], sent, now_ms(), status))
 
     def run(self) -> None:
-        """Enqueue every message (PRODUCERS threads), cancelling and moving some meanwhile
-        (those still more than 1.5 s from due when enqueued: a producer behind its schedule
-        changes fewer)."""
+        """Enqueue every message, each SENT_AHEAD_MS before it is due, and cancel or move some
+        (those still more than 1.5 s from due when enqueued) at a moment drawn before they
+        are due; PRODUCERS threads take the plan's tasks in time order. Returns when every
+        task is done."""
         start = now_ms() + SENT_AHEAD_MS
         burst_at = start + self.random.randrange(self.window_ms)
-        plan = []
         for n in range(self.messages):
             topic = self.pull if n % 2 == 0 else self.hook
             due = burst_at if self.random.random() < BURST_SHARE else \
                 start + self.random.randrange(self.window_ms)
-            plan.append((topic, f"{self.label}-m{n}", due))
-        plan.sort(key=lambda item: item[2])  # each sent SENT_AHEAD_MS before it is due
-        producers = [threading.Thread(target=self._produce, args=(plan[k::PRODUCERS],),
-                                      daemon=True) for k in range(PRODUCERS)]
+            self._plan(due - SENT_AHEAD_MS, "enqueue", topic, f"{self.label}-m{n}", due)
+        producers = [threading.Thread(target=self._produce, daemon=True)
+                     for _ in range(PRODUCERS)]
         for thread in producers:
             thread.start()
         for thread in producers:
             thread.join()
 
-    def _produce(self, plan: list[tuple[str, str, int]]) -> None:
+    def _plan(self, at_ms: int, kind: str, topic: str, message_id: str, due: int = 0) -> None:
+        with self._tasks_changed:
+            heapq.heappush(self._tasks, (at_ms, next(self._order), kind, topic, message_id, due))
+            self._tasks_changed.notify()
+
+    def _next_task(self) -> tuple[int, int, str, str, str, int] | None:
+        """The earliest task once its moment comes; None when none is left or in hand (a
+        task in hand may plan another: an enqueue its cancel or move)."""
+        with self._tasks_changed:
+            while True:
+                if not self._tasks and not self._in_hand:
+                    self._tasks_changed.notify_all()
+                    return None
+                wait_ms = self._tasks[0][0] - now_ms() if self._tasks else 50
+                if wait_ms <= 0:
+                    self._in_hand += 1
+                    return heapq.heappop(self._tasks)
+                self._tasks_changed.wait(min(wait_ms, 50) / 1000)
+
+    def _produce(self) -> None:
         session = requests.Session()
-        changes: list[tuple[int, str, str, str]] = []
-        for topic, message_id, due in plan:
-            self._apply_due(session, changes)
-            while (wait_ms := due - SENT_AHEAD_MS - now_ms()) > 0:
-                time.sleep(min(wait_ms, 50) / 1000)
-                self._apply_due(session, changes)
-            self._enqueue(session, topic, message_id, due)
-            roll = self.random.random()
-            if roll < 0.2 and due - now_ms() > 1500:
-                at = self.random.randrange(now_ms(), due - 1000)
-                changes.append((at, "cancel" if roll < 0.1 else "move", topic, message_id))
-        while changes:
-            time.sleep(0.05)
-            self._apply_due(session, changes)
+        while (task := self._next_task()) is not None:
+            _, _, kind, topic, message_id, due = task
+            try:
+                if kind == "enqueue":
+                    self._enqueue(session, topic, message_id, due)
+                    roll = self.random.random()
+                    if roll < 0.2 and due - now_ms() > 1500:
+                        self._plan(self.random.randrange(now_ms(), due - 1000),
+                                   "cancel" if roll < 0.1 else "move", topic, message_id)
+                else:
+                    self._change(session, kind, topic, message_id)
+            finally:
+                with self._tasks_changed:
+                    self._in_hand -= 1
+                    self._tasks_changed.notify_all()
 
     def _enqueue(self, session: requests.Session, topic: str, message_id: str,
                  due: int) -> None:
-        """Send until an answer comes (same id, same content: an idempotent retry)."""
+        """Send until an answer comes (same id, same content: an idempotent retry), for up to
+        ENQUEUE_PATIENCE_S, as a producer following a 503's retry hint would."""
         body = {"id": message_id, "deliver_at": _iso(due), "payload": {"id": message_id}}
-        for _ in range(20):
+        deadline = time.monotonic() + ENQUEUE_PATIENCE_S
+        while True:
             sent = now_ms()
             status, _ = self._call("POST", f"{topic}/messages", body, session)
             self.history.add(Event("enqueue", topic, message_id, sent, now_ms(), status, due))
-            if status in (200, 201, 409) or 400 <= status < 500:
+            if 200 <= status < 500 or time.monotonic() > deadline:
                 return
             time.sleep(0.2)
 
-    def _apply_due(self, session: requests.Session,
-                   changes: list[tuple[int, str, str, str]]) -> None:
-        now = now_ms()
-        for change in [c for c in changes if c[0] <= now]:
-            changes.remove(change)
-            _, kind, topic, message_id = change
-            sent = now_ms()
-            if kind == "cancel":
-                status, _ = self._call("DELETE", f"{topic}/messages/{message_id}",
-                                       session=session)
-                self.history.add(Event("cancel", topic, message_id, sent, now_ms(), status))
-            else:
-                status, body = self._call("PATCH", f"{topic}/messages/{message_id}",
-                                          {"delay_ms": MOVE_DELAY_MS}, session)
-                moved = _ms(body["deliver_at"]) if status == 200 and body else 0
-                self.history.add(Event("move", topic, message_id, sent, now_ms(), status,
-                                       moved))
+    def _change(self, session: requests.Session, kind: str, topic: str,
+                message_id: str) -> None:
+        sent = now_ms()
+        if kind == "cancel":
+            status, _ = self._call("DELETE", f"{topic}/messages/{message_id}", session=session)
+            self.history.add(Event("cancel", topic, message_id, sent, now_ms(), status))
+        else:
+            status, body = self._call("PATCH", f"{topic}/messages/{message_id}",
+                                      {"delay_ms": MOVE_DELAY_MS}, session)
+            moved = _ms(body["deliver_at"]) if status == 200 and body else 0
+            self.history.add(Event("move", topic, message_id, sent, now_ms(), status, moved))
 
     def record_arrivals(self, history: History) -> None:
         """Add the webhook target's arrivals of this round's topic to history, as handouts;
