@@ -574,6 +574,8 @@ class Broker:
         holds = [Hold(wants[o].lease_s, wants[o].consumer) if o < len(wants)
                  else Hold(terms[0], terms[1], hand_by_ms) for o in owners]
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
+        if due_now:
+            self._tell_taking([parked[o] for o in set(owners) if o < len(parked)])
         chunk = chunk + ending
         holds += [Hold(0, None)] * len(ending)
         taken = take_with_payloads(services, topic, chunk, now, holds,
@@ -601,6 +603,17 @@ class Broker:
             next_ms = held_now.next_moment(now, self.lead_ms) if held_now is not None else None
         served = sum(1 for o in owners if o < len(wants))
         return answers, next_ms, served == total < wanted or len(ending) == ROUND_MAX
+
+    @staticmethod
+    def _tell_taking(parked: list[_Parked]) -> None:
+        """Before a take of due messages for wants other owners hold too: tell each one's call
+        (a *prepared* line), which withdraws its wants at the others before their own rounds
+        take for it; on a loaded host a take outlasts SPILL_MS, and the other owner's answer
+        would only go back."""
+        for p in parked:
+            if p.want.several:
+                with contextlib.suppress(OSError):  # closed: its answer's give-back follows
+                    p.reply(broker_wire.encode_prepared(p.want.id))
 
     def _put_stock(self, topic: Topic, terms: Terms, taken: list[Taken],
                    deadline_s: float, now_ms: int) -> None:

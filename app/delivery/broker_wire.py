@@ -6,7 +6,8 @@ membership row (`releaser_members.broker_token`); the releaser closes one that d
 A *want* asks the releaser owning some of a topic's shards for up to `n` of its due messages,
 leased on the caller's terms, waiting up to `wait_ms` for the first; of the owners a call
 asks, one is its *first*, which tells the call (*prepared*) when it took messages for it
-ahead of their due time, so that the call withdraws it at the others. Its answer, *got*, names
+ahead of their due time, and any owner tells it so before it takes due ones for it, so that
+the call withdraws it at the others. Its answer, *got*, names
 the want and carries the messages leased for it: each row as leased, the attempt count and
 consumer it had before (to give it back unchanged) and its payload. A *withdraw* tells a
 releaser that a want's call has its answer (from another owner) or has gone: a want still
@@ -49,8 +50,9 @@ class Want:
     # first takes messages for it ahead of their due time, and the others serve it with
     # what is due only once it has waited there a moment (workers.broker.SPILL_MS)
     first: bool = True
-    # whether the call asked other owners too: the first owner then tells it (*prepared*) as
-    # soon as it took messages for it ahead of their due time, so that the others leave it
+    # whether the call asked other owners too: an owner then tells it (*prepared*) as soon
+    # as it took messages for it ahead of their due time (the first), or before it takes due
+    # ones for it (any), so that the others leave it
     several: bool = False
 
 

@@ -128,8 +128,8 @@ class _Link:
 class _Call:
     """One lease call's wait for its owners' answers: done once one brought messages or all
     answered; what arrives after it left goes to `late`. Once an owner prepared messages
-    for it (took them ahead of their due time), its wants at the other owners are withdrawn,
-    so that they take nothing for it that would only go back."""
+    for it (took them ahead of their due time, or is taking due ones), its wants at the other
+    owners are withdrawn, so that they take nothing for it that would only go back."""
 
     def __init__(self, expected: int, late: Callable[[list[Taken]], None]) -> None:
         self._expected = expected

@@ -28,6 +28,7 @@ from app.models import MessageState, Pointer, Topic, TopicSettings
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
+from workers import broker as broker_module
 from workers.broker import HELD_PER_LANE, Broker
 from workers.releaser import Releaser, bind_listeners
 from workers.stock import AGE_MS as STOCK_AGE_MS
@@ -472,7 +473,8 @@ def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """Of the owners a call asks, only its first takes messages for it ahead of their due
     time, and tells the call so at once (a *prepared* line before the answer), so that the
-    call withdraws its other wants; another owner serves it only with what is due."""
+    call withdraws its other wants; another owner serves it only with what is due, and
+    tells the call too before it takes."""
     with _one_owner(config, auth, ring, "b-first-owner", release_prepare_ms=PREPARE_LEAD_MS
                     ) as (topic, uid, r):
         with _wanting(r, uid, 9, first=False, several=True) as sock:
@@ -481,10 +483,11 @@ def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
             while now_ms() < due - 300:
                 assert topic.get("other").get_json()["state"] == "scheduled"
                 time.sleep(0.05)
-            want_id, taken = broker_wire.decode_got(
-                broker_wire.decode_line(sock.makefile("rb").readline()))
+            reader = sock.makefile("rb")
+            notice = broker_wire.decode_line(reader.readline())
+            assert broker_wire.decode_prepared(notice) == 9 and now_ms() >= due
+            want_id, taken = broker_wire.decode_got(broker_wire.decode_line(reader.readline()))
             assert want_id == 9 and [t.leased.id for t in taken] == ["other"]
-            assert now_ms() >= due
         with _wanting(r, uid, 10, several=True) as sock:
             due = now_ms() + PREPARE_LEAD_MS + 1500
             assert topic.enqueue(id="first", deliver_at=format_ms(due)).status_code == 201
@@ -520,6 +523,51 @@ def test_a_call_asking_two_owners_takes_nothing_at_the_other_that_goes_back(
             assert rest  # 16 shards over both owners: each has some
             rows = services.messages.get_many(uid, sorted(rest))
             assert {(r.state, r.version) for r in rows.values()} <= {("scheduled", 1)}
+            for m in got:
+                assert topic.ack(m) == 204
+            assert topic.drain(len(rest), within_s=20) == rest
+    finally:
+        services.close()
+
+
+def test_a_call_two_owners_serve_from_a_backlog_is_taken_for_once(
+        config: Config, auth: dict[str, str], ring: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two owners, both holding messages already due, and takes that outlast SPILL_MS (as on
+    a loaded host): the owner that takes for a call first tells it before its take, the call
+    withdraws its want at the other, and nothing is taken there for it only to go back (those
+    rows are still at their first version); the next calls get them."""
+    take = broker_module.take_with_payloads
+
+    def slow_take(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return take(*args, **kwargs)
+
+    app = api(config, ring)
+    services: Services = app.extensions["duetime"]
+    try:
+        topic = TopicClient(app.test_client(), auth)
+        uid = topic_uid(app, auth, topic)
+        with releaser(config, "b-backlog-a", **ring) as a, \
+                releaser(config, "b-backlog-b", **ring) as b:
+            wait_owned(a, b, within_s=20)
+            due = now_ms()
+            ids = {m["id"] for m in topic.batch([{"deliver_at": format_ms(due)}
+                                                 for _ in range(16)])}
+            deadline = time.monotonic() + 10
+            while sum(len(r.broker.held.get(uid, {})) for r in (a, b)) < len(ids):
+                assert time.monotonic() < deadline, "the walks did not read the backlog"
+                time.sleep(0.01)
+            assert all(r.broker.held.get(uid) for r in (a, b))  # each owner holds some
+            monkeypatch.setattr(broker_module, "take_with_payloads", slow_take)
+            got = topic.lease(max_messages=100, wait_ms=2000)
+            assert got
+            time.sleep(1.0)  # what a second owner would have taken comes back by then
+            rest = ids - {m["id"] for m in got}
+            assert rest
+            rows = services.messages.get_many(uid, sorted(rest))
+            assert {(r.state, r.version) for r in rows.values()} <= {("scheduled", 1)}
+            monkeypatch.setattr(broker_module, "take_with_payloads", take)
             for m in got:
                 assert topic.ack(m) == 204
             assert topic.drain(len(rest), within_s=20) == rest
