@@ -536,11 +536,13 @@ def test_a_call_two_owners_serve_from_a_backlog_is_taken_for_once(
     """Two owners, both holding messages already due, and takes that outlast SPILL_MS (as on
     a loaded host): the owner that takes for a call first tells it before its take, the call
     withdraws its want at the other, and nothing is taken there for it only to go back (those
-    rows are still at their first version); the next calls get them."""
+    rows are still at their first version); the next calls get them. SPILL_MS is made 200 ms
+    and each take 600 ms longer, so that the first owner's work before its take fits in the
+    spill on a slow host too, and a take still outlasts it."""
     take = broker_module.take_with_payloads
 
     def slow_take(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.3)
+        time.sleep(0.6)
         return take(*args, **kwargs)
 
     app = api(config, ring)
@@ -560,6 +562,7 @@ def test_a_call_two_owners_serve_from_a_backlog_is_taken_for_once(
                 time.sleep(0.01)
             assert all(r.broker.held.get(uid) for r in (a, b))  # each owner holds some
             monkeypatch.setattr(broker_module, "take_with_payloads", slow_take)
+            monkeypatch.setattr(broker_module, "SPILL_MS", 200)
             got = topic.lease(max_messages=100, wait_ms=2000)
             assert got
             time.sleep(1.0)  # what a second owner would have taken comes back by then
