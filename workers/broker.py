@@ -479,9 +479,7 @@ class Broker:
         key = (parked.link, parked.want.id)
         with self._lock:
             self._prepared[key] = (parked, topic, taken)
-        if parked.want.several:  # its call withdraws it at the other owners
-            with contextlib.suppress(OSError):  # closed: forget_link gives the share back
-                parked.reply(broker_wire.encode_prepared(parked.want.id))
+        self._tell_prepared([parked])
 
         def send() -> None:
             with self._lock:
@@ -575,7 +573,7 @@ class Broker:
                  else Hold(terms[0], terms[1], hand_by_ms) for o in owners]
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         if due_now:
-            self._tell_taking([parked[o] for o in set(owners) if o < len(parked)])
+            self._tell_prepared([parked[o] for o in set(owners) if o < len(parked)])
         chunk = chunk + ending
         holds += [Hold(0, None)] * len(ending)
         taken = take_with_payloads(services, topic, chunk, now, holds,
@@ -605,14 +603,15 @@ class Broker:
         return answers, next_ms, served == total < wanted or len(ending) == ROUND_MAX
 
     @staticmethod
-    def _tell_taking(parked: list[_Parked]) -> None:
-        """Before a take of due messages for wants other owners hold too: tell each one's call
-        (a *prepared* line), which withdraws its wants at the others before their own rounds
-        take for it; on a loaded host a take outlasts SPILL_MS, and the other owner's answer
-        would only go back."""
+    def _tell_prepared(parked: list[_Parked]) -> None:
+        """Tell the call of each want other owners hold too (a *prepared* line) that messages
+        are taken for it here: after a take ahead (_prepare), or before a take of due ones
+        (on a loaded host a take outlasts SPILL_MS); the call withdraws its wants at the
+        others, whose shares would only go back."""
         for p in parked:
             if p.want.several:
-                with contextlib.suppress(OSError):  # closed: its answer's give-back follows
+                # closed: what is leased for it goes back (forget_link, or its answer's send)
+                with contextlib.suppress(OSError):
                     p.reply(broker_wire.encode_prepared(p.want.id))
 
     def _put_stock(self, topic: Topic, terms: Terms, taken: list[Taken],
