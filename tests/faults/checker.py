@@ -93,10 +93,10 @@ def _judge(events: dict[str, list[Event]], allowed_early_ms: int, result: dict[s
     it broke (for examples)."""
     broken = []
     enqueues = events["enqueue"]
-    accepted = any(e.status in ANSWERED for e in enqueues)
-    result["accepted"] += accepted
     answered = [e for e in enqueues if e.status in ANSWERED]
-    result["enqueued_late"] += bool(answered) and answered[0].done_ms > answered[0].deliver_at_ms
+    accepted = bool(answered)
+    result["accepted"] += accepted
+    result["enqueued_late"] += accepted and answered[0].done_ms > answered[0].deliver_at_ms
     result["maybe"] += not accepted and any(e.status == 0 or e.status >= 500 for e in enqueues)
     cancels_done = [e.done_ms for e in events["cancel"] if e.status == 204]
     cancel_unknown = any(e.status == 0 or e.status >= 500 for e in events["cancel"])
