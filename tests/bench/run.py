@@ -6,7 +6,9 @@ Against the API at DUETIME_BENCH_URL (default http://127.0.0.1:8080, started by 
    then one batch ack: POST /acks): enqueue msgs/s and lease+ack msgs/s;
 2. steady: with C consumers already polling, N messages come due at R per second; delivery
    lag (receive time - deliver_at) p50/p99/max, the share of the machine's cores busy
-   meanwhile (stack and client) and the cores the API, the releaser and Cassandra used.
+   meanwhile (stack and client) and the cores the API, the releaser and Cassandra used;
+   lease calls answered a second, messages a call, and the lag of the messages that came due
+   while their call already waited (the others waited for a consumer to come back as well).
    A lag measured on a backlog would only measure the backlog. Then the same at 30 % of R
    (steady_light), N scaled alike;
 3. quiet: one consumer long-polling, 200 messages due 50 ms apart (the precision a lightly
@@ -22,6 +24,7 @@ Usage: python -m tests.bench.run [N=20000] [C=8] [R=1000]
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -150,19 +153,22 @@ def consume(headers: dict[str, str], topic: str, count: int, consumers: int,
                                              for m in messages]})
         return [r["status"] == 204 for r in answer.json()["results"]]
 
+    calls = itertools.count()
+
     def worker() -> None:
         session = requests.Session()
         while time.monotonic() < stop_at:
             with lock:
                 if len(acked) >= count:
                     return
+            asked = now_ms()
             answer = session.post(f"{URL}/v1/topics/{topic}/leases", headers=headers,
                                   json={"max": 100, "wait_ms": 1000}, timeout=60)
-            at = now_ms()
+            at, call = now_ms(), next(calls)
             messages = answer.json()["messages"]
             for m, ok in zip(messages, ack_all(session, messages), strict=True):
                 with lock:
-                    received.append({"id": m["id"], "at": at,
+                    received.append({"id": m["id"], "at": at, "asked": asked, "call": call,
                                      "due": parse_instant(m["deliver_at"])})
                     if ok:
                         acked.add(m["id"])
@@ -274,10 +280,19 @@ def steady_lag(headers: dict[str, str], count: int, consumers: int, rate: int) -
     received = outcome["received"]
     lags = [r["at"] - r["due"] for r in received]
     ids = [r["id"] for r in received if r["id"] in sent]
+    # a message due while its call waited measures the server; one due before its call was
+    # made measures the consumers' own cycle (acks, the next call) as well
+    waited = [r["at"] - r["due"] for r in received if r["asked"] <= r["due"]]
+    calls = len({r["call"] for r in received})
     return {"rate_per_s": rate,
             "lag_ms": {"p50": percentile(lags, 0.5), "p99": percentile(lags, 0.99),
                        "max": max(lags, default=0),
                        "mean": statistics.fmean(lags) if lags else 0},
+            "calls_per_s": round(calls / elapsed, 1),
+            "messages_per_call": round(len(received) / calls, 2) if calls else 0,
+            "to_a_waiting_call": {"share": round(len(waited) / len(lags), 3) if lags else 0,
+                                  "p50": percentile(waited, 0.5),
+                                  "p99": percentile(waited, 0.99)},
             "machine_busy": round(busy, 3), "cores": cores,
             "early": sum(1 for lag in lags if lag < 0),
             "lost": len(sent - set(ids)), "duplicates": len(ids) - len(set(ids))}
