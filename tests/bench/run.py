@@ -7,8 +7,9 @@ Against the API at DUETIME_BENCH_URL (default http://127.0.0.1:8080, started by 
 2. steady: with C consumers already polling, N messages come due at R per second; delivery
    lag (receive time - deliver_at) p50/p99/max, the share of the machine's cores busy
    meanwhile (stack and client) and the cores the API, the releaser and Cassandra used;
-   lease calls answered a second, messages a call, and the lag of the messages that came due
-   while their call already waited (the others waited for a consumer to come back as well).
+   lease calls answered with messages a second, messages a call, and the lag of the messages
+   that came due while their call already waited (the others waited for a consumer to come
+   back as well).
    A lag measured on a backlog would only measure the backlog. Then the same at 30 % of R
    (steady_light), N scaled alike;
 3. quiet: one consumer long-polling, 200 messages due 50 ms apart (the precision a lightly
