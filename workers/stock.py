@@ -1,6 +1,6 @@
 """Messages a broker leased ahead for the next lease calls of a busy pull topic: handed out
-from memory, with no Cassandra request on the call's path (docs/design.md, "How a due
-message is found", **Stock**), and the rules of when a round fills the stock and when the
+from memory, with no Cassandra request on the call's path (docs/design.md, "Pull leases,
+step by step", **The stock**), and the rules of when a round fills the stock and when the
 stock may serve one.
 
 A stocked message is leased on one set of terms (lease seconds, consumer name) and goes only
