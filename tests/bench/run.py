@@ -75,13 +75,17 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_tree(pid: int) -> list[int]:
+    """pid and its children (a gunicorn master's workers, a releaser's POST process)."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                              text=True).stdout.split()
+    return [pid, *map(int, children)]
+
+
 def api_pids() -> list[int]:
     """The gunicorn master `make up` started and its workers."""
     port = os.environ.get("DUETIME_HTTP_PORT", "8080")
-    master = int((ROOT / f"var/run/api-{port}.pid").read_text())
-    children = subprocess.run(["pgrep", "-P", str(master)], capture_output=True,
-                              text=True).stdout.split()
-    return [master, *map(int, children)]
+    return process_tree(int((ROOT / f"var/run/api-{port}.pid").read_text()))
 
 
 def cassandra_pid() -> int:
@@ -308,9 +312,10 @@ def cpu_ticks() -> tuple[int, int]:
 
 
 def stack_cpu_s() -> dict[str, float]:
-    """CPU seconds used so far by the API (gunicorn master and workers), the releaser and
-    the Cassandra node `make up` started."""
-    return {"api": sum(cpu_s(p) for p in api_pids()), "releaser": cpu_s(releaser_pid()),
+    """CPU seconds used so far by the API (gunicorn master and workers), the releaser (with
+    its POST process) and the Cassandra node `make up` started."""
+    return {"api": sum(cpu_s(p) for p in api_pids()),
+            "releaser": sum(cpu_s(p) for p in process_tree(releaser_pid())),
             "cassandra": cpu_s(cassandra_pid())}
 
 

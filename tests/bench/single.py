@@ -61,14 +61,18 @@ from tests.bench.run import (
     URL,
     SpeedTrack,
     busy_share,
+    cassandra_pid,
     consume,
+    cpu_s,
     cpu_ticks,
     dev_headers,
     enqueue,
     make_topic,
     now_ms,
     percentile,
+    process_tree,
     raw_ceiling,
+    stack_cpu_s,
     timed_threads,
 )
 from tests.serving import start_api, wait_ready
@@ -215,16 +219,53 @@ def _rate_and_p50(call: Callable[[], None], count: int) -> tuple[float, float]:
     return round(rate, 1), _summary(took)["p50"]
 
 
+def cpu_per_call(run: Callable[[], float], calls: int,
+                 processes: Callable[[], dict[str, float]]) -> tuple[float, dict[str, float]]:
+    """run()'s rate, and the CPU ms each of processes() (name: CPU s so far) spent per call
+    meanwhile, with the whole machine's busy core-ms per call as "machine"."""
+    before, machine_before = processes(), cpu_ticks()
+    rate = run()
+    after, machine_after = processes(), cpu_ticks()
+    per_call = {name: round((after[name] - before[name]) * 1000 / calls, 2) for name in before}
+    busy_ms = (machine_after[0] - machine_before[0]) * 1000 / os.sysconf("SC_CLK_TCK")
+    per_call["machine"] = round(busy_ms / calls, 2)
+    return rate, per_call
+
+
+def stack_and_client_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of the stack `make up` started (tests.bench.run.stack_cpu_s) and of
+    this process, the client."""
+    return {**stack_cpu_s(), "client": time.process_time()}
+
+
+def half_noop_budget(cpu: dict[str, dict[str, float]], bare: dict[str, Any]
+                     ) -> dict[str, dict[str, float]]:
+    """Per call, the machine's CPU (core-ms) that half the no-op app's rate leaves each
+    enqueue and each lease + ack pair (issue-style bar: 0.5 of the no-op app), against what
+    duetime's releaser, Cassandra and client spent per call: when those alone exceed it, no
+    API could reach that half on this machine."""
+    cores = os.cpu_count() or 1
+    rates = {"enqueue": bare["enqueue_one_per_s"],
+             "lease1_ack_pair": bare["lease1_ack_pairs_per_s"]}
+    return {kind: {"budget_ms": round(cores * 1000 / (rates[kind] / 2), 2),
+                   "beside_the_api_ms": round(sum(v for k, v in cpu[kind].items()
+                                                  if k in ("releaser", "cassandra", "client")),
+                                              2)}
+            for kind in rates}
+
+
 BARE_PORT = 18099
 
 
 def bare_floor(headers: dict[str, str], count: int, app: str = "tests.bench.bare_app:app"
-               ) -> dict[str, float]:
+               ) -> dict[str, Any]:
     """One of the floors of tests/bench/bare_app.py under gunicorn with app/gunicorn_conf.py
     (same workers and threads), called through duetime's client as duetime is: `GET /healthz`
     from PRODUCERS threads (requests/s, and one client's p50 in ms), count one-message
     enqueues from PRODUCERS threads (msgs/s), count lease `max: 1` + ack pairs from
-    CONSUMERS threads and count / 2 from one (pairs/s)."""
+    CONSUMERS threads and count / 2 from one (pairs/s); the CPU a call of the enqueues and
+    of the pairs from CONSUMERS threads (cpu_per_call: the app's gunicorn, Cassandra, the
+    client)."""
     base = f"http://127.0.0.1:{BARE_PORT}"
     server = start_api({**os.environ, "DUETIME_HTTP_PORT": str(BARE_PORT),
                         "DUETIME_HTTP_HOST": "127.0.0.1"}, app=app)
@@ -239,18 +280,29 @@ def bare_floor(headers: dict[str, str], count: int, app: str = "tests.bench.bare
                 raise RuntimeError(f"{app} did not answer its status")
 
         rate, p50 = _rate_and_p50(healthz, count)
+        pids = process_tree(server.pid)
+
+        def processes() -> dict[str, float]:
+            return {"api": sum(cpu_s(p) for p in pids), "cassandra": cpu_s(cassandra_pid()),
+                    "client": time.process_time()}
+
+        enqueue_rate, enqueue_cpu = cpu_per_call(
+            lambda: enqueue_singly(bare, "floor", count), count, processes)
+        pairs_rate, pairs_cpu = cpu_per_call(
+            lambda: lease_singly(bare, "floor", count), count, processes)
         return {"healthz_per_s": rate, "healthz_idle_p50_ms": p50,
-                "enqueue_one_per_s": round(enqueue_singly(bare, "floor", count), 1),
-                "lease1_ack_pairs_per_s": round(lease_singly(bare, "floor", count), 1),
+                "enqueue_one_per_s": round(enqueue_rate, 1),
+                "lease1_ack_pairs_per_s": round(pairs_rate, 1),
                 "lease1_ack_one_consumer_pairs_per_s": round(
-                    lease_singly(bare, "floor", count // 2, consumers=1), 1)}
+                    lease_singly(bare, "floor", count // 2, consumers=1), 1),
+                "cpu_ms_per_call": {"enqueue": enqueue_cpu, "lease1_ack_pair": pairs_cpu}}
     finally:
         bare.close()
         server.terminate()
         server.wait(30)
 
 
-def storage_floor(headers: dict[str, str], count: int) -> dict[str, float]:
+def storage_floor(headers: dict[str, str], count: int) -> dict[str, Any]:
     """bare_floor of the storage floor app, its tables made first in the stack's keyspace."""
     db = CassandraSession(load_config())
     try:
@@ -296,13 +348,15 @@ def main(argv: list[str]) -> int:
     speed = SpeedTrack()
     idle = idle_latency(api, headers)
     single_topic = make_topic(headers)
-    single_rate = enqueue_singly(api, single_topic, count)
+    single_rate, enqueue_cpu = cpu_per_call(lambda: enqueue_singly(api, single_topic, count),
+                                            count, stack_and_client_cpu_s)
     replace_topic = make_topic(headers)
     replace_rate = replace_singly(api, replace_topic, count)
     batch_topic = make_topic(headers)
     batch_rate, _ = enqueue(headers, batch_topic, count * 5, now_ms(), 0, PRODUCERS)
     busy_before = cpu_ticks()
-    lease_one = lease_singly(api, single_topic, count)
+    lease_one, pairs_cpu = cpu_per_call(lambda: lease_singly(api, single_topic, count), count,
+                                        stack_and_client_cpu_s)
     busy_pool = busy_share(busy_before, cpu_ticks())
     alone_topic = make_topic(headers)
     enqueue_singly(api, alone_topic, count // 2)
@@ -358,6 +412,13 @@ def main(argv: list[str]) -> int:
         "duetime_vs_storage_floor": _against(
             {"enqueue_one_per_s": single_rate, "lease1_ack_pairs_per_s": lease_one,
              "lease1_ack_one_consumer_pairs_per_s": lease_alone}, storage),
+        # where each one-message call's CPU went (core-ms a call, each process, and the whole
+        # machine busy), duetime's and the no-op app's; and the machine's CPU a call that half
+        # the no-op app's rate leaves, against what duetime spends beside its API
+        "cpu_ms_per_call": {"enqueue": enqueue_cpu, "lease1_ack_pair": pairs_cpu},
+        "noop_app_cpu_ms_per_call": bare["cpu_ms_per_call"],
+        "half_noop_budget_per_call": half_noop_budget(
+            {"enqueue": enqueue_cpu, "lease1_ack_pair": pairs_cpu}, bare),
         f"storage_floor_{CONSUMERS}_consumers_vs_one": round(
             storage["lease1_ack_pairs_per_s"] / storage["lease1_ack_one_consumer_pairs_per_s"],
             2),
