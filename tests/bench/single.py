@@ -31,7 +31,11 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
    those requests allow on the machine when calls share none;
 8. the machine's speed through the run (tests.bench.run.SpeedTrack): a shared host's moves
    by several times within minutes, so absolute rates of two runs compare only at like
-   speeds.
+   speeds;
+9. where each one-message call's CPU goes, duetime's (phases 2 and 3) and each floor's: core-ms
+   a call of the API, releaser, node and client, and of the whole machine; and the machine's
+   CPU a call that half the no-op app's rate leaves, beside what duetime's releaser, node and
+   client spent (when they alone exceed it, no API reaches that half on the machine).
 Every call goes through duetime's own client (duetime_client.Client, urllib3 keep-alive, no
 retries, so a 429 or 503 fails the run instead of hiding in it), the path the README shows
 Python producers and consumers.
