@@ -1,7 +1,7 @@
 """The Python client (duetime_client) against a served API (gunicorn on its own port, the test
 keyspace, the real node): typed calls, errors as ApiError, the Consumer helper (ack, nack on
-an exception, extend for a long handler, stop), retries of 429/503, and the webhook
-signature check on a real push."""
+an exception, extend for a long handler and for a batch's messages waiting their turn,
+stop), retries of 429/503, and the webhook signature check on a real push."""
 
 from __future__ import annotations
 
@@ -91,6 +91,27 @@ def test_the_consumer_acks_nacks_extends_and_stops(api: Client) -> None:
     assert states["j7"]["attempts"] == 2 and "first try fails" in states["j7"]["last_error"]
     assert states["slow"]["attempts"] == 1 and seen["slow"] == 1  # never leased twice
     assert all(not t.is_alive() for t in consumer._threads)
+
+
+def test_the_consumer_keeps_every_message_of_a_batch_leased_until_its_turn(api: Client) -> None:
+    """A thread leases a batch and handles it in turn: the messages waiting for their turn
+    stay leased too, so none is handled twice, however long the batch takes."""
+    api.put_topic("queued", max_attempts=5)
+    api.enqueue_batch("queued", [{"id": f"q{n}", "payload": n} for n in range(3)])
+    seen: dict[str, int] = {}
+
+    def handle(message: dict[str, Any]) -> None:
+        seen[message["id"]] = seen.get(message["id"], 0) + 1
+        time.sleep(1.2)  # the third starts 2.4 s after the lease, past its 2 s
+
+    consumer = Consumer(api, "queued", handle, concurrency=1, batch=3, lease_seconds=2,
+                        wait_ms=500).start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and api.stats("queued")["counts"]["delivered"] < 3:
+        time.sleep(0.3)
+    consumer.stop(10)
+    assert seen == {"q0": 1, "q1": 1, "q2": 1}
+    assert [api.get("queued", f"q{n}")["attempts"] for n in range(3)] == [1, 1, 1]
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):

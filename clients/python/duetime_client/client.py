@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import io
@@ -252,10 +253,11 @@ def _answer(answer: urllib3.BaseHTTPResponse) -> Any:
 
 class Consumer:
     """Runs handler(message) for the messages of a pull topic on `concurrency` threads, each
-    leasing up to `batch` at a time with long polls. A message is acked when its handler
-    returns and nacked (with the exception as last_error) when it raises; while a handler
-    runs past half its lease, the lease is extended by lease_seconds. At least once: a
-    process that dies mid-handler leaves the lease to expire, and the message comes again."""
+    leasing up to `batch` at a time with long polls and handling them in turn. A message is
+    acked when its handler returns and nacked (with the exception as last_error) when it
+    raises. Every half lease_seconds, each thread extends by lease_seconds the leases of its
+    batch not yet acked or nacked, those waiting for their turn too. At least once: a
+    process that dies mid-batch leaves the leases to expire, and the messages come again."""
 
     def __init__(self, client: Client, topic: str, handler: Callable[[JSON], None],
                  concurrency: int = 4, batch: int = 10, lease_seconds: int = 30,
@@ -290,31 +292,51 @@ class Consumer:
                 log.warning("lease failed: %s", exc)
                 self._stop.wait(1.0)
                 continue
-            for message in messages:
-                self._handle(message)
+            if messages:
+                self._handle_batch(messages)
 
-    def _handle(self, message: JSON) -> None:
-        done = threading.Event()
-        keeper = threading.Thread(target=self._keep_leased, args=(message, done), daemon=True)
+    def _handle_batch(self, messages: list[JSON]) -> None:
+        in_hand = {m["id"]: m for m in messages}
+        lock, done = threading.Lock(), threading.Event()
+        keeper = threading.Thread(target=self._keep_leased, args=(in_hand, lock, done),
+                                  daemon=True)
         keeper.start()
+        try:
+            for message in messages:
+                failure = self._handle(message)
+                with lock:  # no extension races the ack or nack
+                    in_hand.pop(message["id"], None)
+                if failure is None:
+                    self._settle(functools.partial(self.client.ack, self.topic, message))
+                else:
+                    self._settle(functools.partial(self.client.nack, self.topic, message,
+                                                   error=failure))
+        finally:
+            done.set()
+            keeper.join()
+
+    def _handle(self, message: JSON) -> str | None:
+        """Run the handler; None when it returned, else what it raised."""
         try:
             self.handler(message)
         except Exception as exc:
-            done.set()
-            why = f"{type(exc).__name__}: {exc}"
-            self._settle(lambda: self.client.nack(self.topic, message, error=why))
-        else:
-            done.set()
-            self._settle(lambda: self.client.ack(self.topic, message))
-        keeper.join()
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
-    def _keep_leased(self, message: JSON, done: threading.Event) -> None:
+    def _keep_leased(self, in_hand: dict[str, JSON], lock: threading.Lock,
+                     done: threading.Event) -> None:
+        """Extend the leases of the batch's messages still in hand every half lease, until
+        done; one whose extension fails is left to its lease (it may come again)."""
         while not done.wait(self.lease_seconds / 2):
-            try:
-                self.client.extend(self.topic, message, self.lease_seconds)
-            except (ApiError, OSError) as exc:
-                log.warning("extending %s failed: %s", message["id"], exc)
-                return
+            with lock:
+                held = list(in_hand.values())
+            for message in held:
+                try:
+                    self.client.extend(self.topic, message, self.lease_seconds)
+                except (ApiError, OSError) as exc:
+                    log.warning("extending %s failed: %s", message["id"], exc)
+                    with lock:
+                        in_hand.pop(message["id"], None)
 
     @staticmethod
     def _settle(call: Callable[[], None]) -> None:
