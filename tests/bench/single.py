@@ -245,7 +245,7 @@ def stack_and_client_cpu_s() -> dict[str, float]:
 def half_noop_budget(cpu: dict[str, dict[str, float]], bare: dict[str, Any]
                      ) -> dict[str, dict[str, float]]:
     """Per call, the machine's CPU (core-ms) that half the no-op app's rate leaves each
-    enqueue and each lease + ack pair (issue-style bar: 0.5 of the no-op app), against what
+    enqueue and each lease + ack pair (a bar of 0.5 of the no-op app), against what
     duetime's releaser, Cassandra and client spent per call: when those alone exceed it, no
     API could reach that half on this machine."""
     cores = os.cpu_count() or 1
