@@ -35,7 +35,8 @@ Against the running stack (`make up`), each phase on a fresh topic created a mom
 9. where each one-message call's CPU goes, duetime's (phases 2 and 3) and each floor's: core-ms
    a call of the API, releaser, node and client, and of the whole machine; and the machine's
    CPU a call that half the no-op app's rate leaves, beside what duetime's releaser, node and
-   client spent (when they alone exceed it, no API reaches that half on the machine).
+   client spent (when they alone exceed it, no API reaches that half on the machine); and
+   the most CONSUMERS could gain over one consumer at the pool's machine CPU a pair.
 Every call goes through duetime's own client (duetime_client.Client, urllib3 keep-alive, no
 retries, so a 429 or 503 fails the run instead of hiding in it), the path the README shows
 Python producers and consumers.
@@ -423,6 +424,10 @@ def main(argv: list[str]) -> int:
         "noop_app_cpu_ms_per_call": bare["cpu_ms_per_call"],
         "half_noop_budget_per_call": half_noop_budget(
             {"enqueue": enqueue_cpu, "lease1_ack_pair": pairs_cpu}, bare),
+        # the most the CONSUMERS could gain over one on this machine at the pool's CPU a pair
+        # (all cores busy with pairs alone), against what they gained
+        f"lease1_ack_{CONSUMERS}_consumers_vs_one_most": round(
+            (os.cpu_count() or 1) * 1000 / pairs_cpu["machine"] / lease_alone, 2),
         f"storage_floor_{CONSUMERS}_consumers_vs_one": round(
             storage["lease1_ack_pairs_per_s"] / storage["lease1_ack_one_consumer_pairs_per_s"],
             2),
