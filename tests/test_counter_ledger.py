@@ -1,11 +1,14 @@
 """The counter ledger on the real node: a process's counter moves are summed and written
 within its flush period, by a read of counts in the process at once, at close what is
-left, and a flush the node refused keeps its moves for the next one."""
+left, in batches no wider than a production node takes without a warning, and a flush the
+node refused keeps its moves for the next one."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 from app.config import Config
 from app.errors import StoreUnavailable
@@ -22,16 +25,19 @@ def _stored(db: CassandraSession, topic_uid: uuid.UUID) -> dict[str, int]:
 
 
 class _Writes:
-    """Counts the counter requests a session sends (the node still does the work)."""
+    """Counts the counter requests a session sends, and keeps the updates of each (the
+    node still does the work)."""
 
     def __init__(self, db: CassandraSession) -> None:
         self.requests = 0
-        self._send = db.counter_batches
-        db.counter_batches = self._counted  # type: ignore[method-assign]
+        self.sent: list[list[tuple[str, Sequence[Any]]]] = []
+        self._send = db.counter_batch
+        db.counter_batch = self._counted  # type: ignore[method-assign]
 
-    def _counted(self, updates, per_batch=32):  # type: ignore[no-untyped-def]
+    def _counted(self, updates):  # type: ignore[no-untyped-def]
         self.requests += 1
-        return self._send(updates, per_batch)
+        self.sent.append(list(updates))
+        return self._send(updates)
 
 
 def test_many_moves_of_a_counter_are_written_once_summed(config: Config) -> None:
@@ -49,6 +55,31 @@ def test_many_moves_of_a_counter_are_written_once_summed(config: Config) -> None
         assert writes.requests == 1
         ledger.flush()  # nothing left: no request
         assert writes.requests == 1
+    finally:
+        ledger.close()
+        db.shutdown()
+
+
+def test_moves_of_many_partitions_go_in_batches_of_at_most_ten_partitions(
+        config: Config) -> None:
+    """Cassandra warns of an unlogged batch across more than 10 partitions by default, so a
+    flush of 25 topics' moves (25 partitions of state_counts, 3 updates each) sends batches
+    of at most 10 topics, a topic's updates in one batch, and every sum is written."""
+    db = CassandraSession(config)
+    ledger = CounterLedger(db, flush_s=3600)
+    writes = _Writes(db)
+    topics = [uuid.uuid4() for _ in range(25)]
+    try:
+        for topic_uid in topics:
+            ledger.add(CountStore.state_updates(
+                topic_uid, {"scheduled": 3, "leased": 2, "delivered": 1}))
+        assert ledger.flush() is True
+        assert all(_stored(db, t) == {"scheduled": 3, "leased": 2, "delivered": 1}
+                   for t in topics)
+        partitions = [{params[1] for _, params in batch} for batch in writes.sent]
+        assert max(len(p) for p in partitions) <= 10
+        assert sum(len(p) for p in partitions) == len(topics)  # no topic split
+        assert writes.requests == 3  # 75 updates: 10 topics (30 updates) a batch
     finally:
         ledger.close()
         db.shutdown()
@@ -105,18 +136,18 @@ def test_a_flush_the_node_refused_keeps_its_moves_for_the_next(config: Config) -
     db = CassandraSession(config)
     ledger = CounterLedger(db, flush_s=3600)
     topic_uid = uuid.uuid4()
-    send = db.counter_batches
+    send = db.counter_batch
     refused: list[int] = []
 
-    def refuse_once(updates, per_batch=32):  # type: ignore[no-untyped-def]
+    def refuse_once(updates):  # type: ignore[no-untyped-def]
         if not refused:
             refused.append(len(updates))
             raise StoreUnavailable("Cassandra unavailable: NoHostAvailable")
-        return send(updates, per_batch)
+        return send(updates)
 
     try:
         ledger.add(CountStore.state_updates(topic_uid, {"delivered": 4}))
-        db.counter_batches = refuse_once  # type: ignore[method-assign]
+        db.counter_batch = refuse_once  # type: ignore[method-assign]
         assert ledger.flush() is False  # refused: kept
         assert refused and _stored(db, topic_uid) == {}
         assert ledger.flush() is True

@@ -24,10 +24,9 @@ from typing import Any
 from cassandra import Unavailable
 from cassandra.cluster import NoHostAvailable
 
-from app.core.chunks import chunked
 from app.core.timeline import MS_PER_DAY, MS_PER_HOUR, MS_PER_MINUTE
 from app.errors import StoreUnavailable
-from app.store.session import COUNTER_BATCH, CassandraSession
+from app.store.session import CassandraSession
 
 FLUSH_S = 0.2  # how long a counter move waits in its process before it is written
 REFUSED_RETRY_S = 2.0  # after a flush the node refused, before the next try
@@ -77,9 +76,9 @@ class CounterLedger:
             updates = [(cql, (n, *key)) for (cql, key), n in moves.items() if n]
             sent: list[tuple[list[Any], Any]] = []
             refused: list[tuple[list[Any], Exception]] = []
-            for chunk in chunked(updates, COUNTER_BATCH):
+            for chunk in self.db.counter_groups(updates):
                 try:
-                    sent.append((chunk, self.db.counter_batches(chunk)[0]))
+                    sent.append((chunk, self.db.counter_batch(chunk)))
                 except StoreUnavailable as exc:  # not sent
                     refused.append((chunk, exc))
             for chunk, future in sent:

@@ -42,7 +42,7 @@ from cassandra.policies import (
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
 from app.config import Config
-from app.core.chunks import chunked
+from app.core.chunks import packed
 from app.errors import StoreUnavailable
 from app.ops import metrics
 
@@ -51,6 +51,9 @@ Pending: TypeAlias = ResponseFuture
 TRANSIENT_ERRORS = (NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, WriteTimeout)
 RECONNECT_BACKOFF_S = 1.0
 COUNTER_BATCH = 32  # counter updates per batch: well under the batch size warning (5 KiB)
+# partitions per counter batch: Cassandra warns of an unlogged batch across more
+# (unlogged_batch_across_partitions_warn_threshold, 10 by default)
+BATCH_PARTITIONS = 10
 
 
 @contextmanager
@@ -259,19 +262,28 @@ class CassandraSession:
 
     def counter_batches(self, updates: Sequence[tuple[str, Sequence[Any]]],
                         per_batch: int = COUNTER_BATCH) -> list[ResponseFuture]:
-        """Send counter updates, per_batch to a COUNTER batch (one request for the client,
-        whatever partitions they touch; a lone update goes as itself). Returns the futures."""
-        futures = []
-        for chunk in chunked(updates, per_batch):
-            if len(chunk) == 1:
-                statement: Any = self.prepare(chunk[0][0]).bind(chunk[0][1])
-            else:
-                statement = BatchStatement(batch_type=BatchType.COUNTER)
-                for cql, params in chunk:
-                    statement.add(self.prepare(cql), params)
-            with translate_errors():
-                futures.append(self.session().execute_async(statement))
-        return futures
+        """Send counter updates in the batches counter_groups makes. Returns the futures."""
+        return [self.counter_batch(group) for group in self.counter_groups(updates, per_batch)]
+
+    def counter_groups(self, updates: Sequence[tuple[str, Sequence[Any]]],
+                       per_batch: int = COUNTER_BATCH) -> list[list[tuple[str, Sequence[Any]]]]:
+        """The updates in groups of at most per_batch updates and BATCH_PARTITIONS partitions
+        (by each bound statement's partition key), one batch each."""
+        keyed = [(update, self.prepare(update[0]).bind(update[1]).routing_key)
+                 for update in updates]
+        return [[update for update, _ in group]
+                for group in packed(keyed, lambda u: u[1], per_batch, BATCH_PARTITIONS)]
+
+    def counter_batch(self, updates: Sequence[tuple[str, Sequence[Any]]]) -> ResponseFuture:
+        """Send counter updates as one request: a COUNTER batch, or a lone update as itself."""
+        if len(updates) == 1:
+            statement: Any = self.prepare(updates[0][0]).bind(updates[0][1])
+        else:
+            statement = BatchStatement(batch_type=BatchType.COUNTER)
+            for cql, params in updates:
+                statement.add(self.prepare(cql), params)
+        with translate_errors():
+            return self.session().execute_async(statement)
 
     def iterate(self, cql: str, params: Sequence[Any], fetch_size: int) -> Iterator[dict[str, Any]]:
         """Rows of a prepared statement, fetched page by page as the caller consumes them."""
