@@ -392,7 +392,7 @@ def test_a_give_back_whose_write_failed_leaves_the_lease_to_run_out(
     key = pointer_key(found.uid, row.id, row.version)
     cas_many = services.messages.cas_many
     monkeypatch.setattr(services.messages, "cas_many",
-                        lambda changes: [RuntimeError("WriteTimeout")] * len(changes))
+                        lambda changes, before=None: [RuntimeError("WriteTimeout")] * len(changes))
     give_back(services, found, [taken])
     assert key not in services.scanner.spent
     assert services.messages.get(found.uid, "gone").state == "leased"  # type: ignore[union-attr]

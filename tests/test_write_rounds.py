@@ -148,6 +148,6 @@ def test_a_move_wakes_its_readers_once_its_row_is_written_not_at_its_pointer(
                         lambda uid: woken.append(("written", version_now())))
     now = services.clock()
     moved = dataclasses.replace(row, version=row.version + 1, due_at_ms=now, updated_at_ms=now)
-    assert transitions.move_many(services, found, [moved], now) == [moved]
+    assert transitions.move_many(services, found, [moved], now, {row.id: row}) == [moved]
     assert {kind for kind, _ in woken} == {"due", "written"}
     assert {version for _, version in woken} == {moved.version}  # never before the row

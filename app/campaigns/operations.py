@@ -112,7 +112,7 @@ def _write(services: Services, topic: Topic, changes: list[tuple[MessageState, M
             if new.due_at_ms == row.due_at_ms or new.id in placed]
     outcomes = services.messages.cas_many(
         [(new, row.version, ttl_s(new.due_at_ms, now, services.config.retention_days))
-         for row, new in todo])
+         for row, new in todo], before={row.id: row for row, _ in todo})
     done = [(row, new) for (row, new), ok in zip(todo, outcomes, strict=True) if ok is True]
     finished(services, topic, [new for row, new in done if new.due_at_ms != row.due_at_ms])
     failed = [o for o in outcomes if isinstance(o, Exception)]

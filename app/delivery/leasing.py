@@ -115,7 +115,7 @@ def _give_back(services: Services, topic: Topic, items: list[Taken]) -> list[Mes
         due_at_ms=placement_ms(i.due_ms, now), lease_token=None, lease_expires_at_ms=None,
         attempts=i.before_attempts, consumer=i.before_consumer, updated_at_ms=now)
         for i in items]
-    won = move_many(services, topic, again, now)
+    won = move_many(services, topic, again, now, {i.leased.id: i.leased for i in items})
     # the releaser's own give-backs (workers.broker) skip their lease pointers: only those
     # given back, for one whose write failed is still leased, and its lease pointer is what
     # brings it back when the lease runs out
@@ -176,7 +176,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + ending]
     rows = {d.row.id: d.row for d in chunk}
-    outcomes = services.messages.cas_many(changes)
+    outcomes = services.messages.cas_many(changes, before=rows)
     # a change this process left undecided before may have applied after all: its row
     # is handed out as stored, not left leased to nobody until its lease runs out
     earlier = services.messages.earlier_changes(changes, outcomes)
@@ -423,7 +423,7 @@ def _ack_on_read(services: Services, topic: Topic, presented: list[tuple[int, st
                                                 due_at_ms=now, updated_at_ms=now)))
     outcomes = services.messages.cas_many(
         [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
-         for _, r in todo])
+         for _, r in todo], before=rows)
     for (index, r), ok in zip(todo, outcomes, strict=True):
         if isinstance(ok, Exception):
             answers[index] = StoreUnavailable(f"Cassandra unavailable: {type(ok).__name__}")
@@ -443,7 +443,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         gone = dead(dataclasses.replace(row, last_error=error), now, "max_attempts reached")
         if dead_letters.record(services, topic, [gone]):
             raise StoreUnavailable("Could not record the message as dead; retry.")
-        apply_transition(services, topic, gone, moved=False)
+        apply_transition(services, topic, gone, moved=False, before=row)
         count_moves(services, topic, [("leased", "dead", row.campaign)])
         return
     s = topic.settings
@@ -453,7 +453,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         row, state="scheduled", version=row.version + 1,
         due_at_ms=placement_ms(now + delay, now), lease_token=None, lease_expires_at_ms=None,
         last_error=error if error is not None else row.last_error, updated_at_ms=now)
-    apply_transition(services, topic, again, moved=True)
+    apply_transition(services, topic, again, moved=True, before=row)
     count_moves(services, topic, [("leased", "scheduled", row.campaign)])
 
 
@@ -465,5 +465,5 @@ def extend(services: Services, topic: Topic, message_id: str, token: str,
     expires = now + lease_s * 1000
     longer = dataclasses.replace(row, version=row.version + 1, due_at_ms=expires,
                                  lease_expires_at_ms=expires, updated_at_ms=now)
-    apply_transition(services, topic, longer, moved=True)
+    apply_transition(services, topic, longer, moved=True, before=row)
     return longer

@@ -88,7 +88,8 @@ def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome
             if (r.state != "scheduled" or r.id in placed) and r.id not in unrecorded]
     applied = services.messages.cas_many(
         [(rows[i], rows[i].version - 1,
-          ttl_s(rows[i].due_at_ms, now, services.config.retention_days)) for i in todo])
+          ttl_s(rows[i].due_at_ms, now, services.config.retention_days)) for i in todo],
+        before={o.row.id: o.row for o in outcomes})
     for i, ok in zip(todo, applied, strict=True):
         results[i] = ok
     finished(services, topic, [rows[i] for i in todo if results[i] is True])

@@ -50,7 +50,7 @@ def cancel(services: Services, topic: Topic, message_id: str) -> None:
         gone = dataclasses.replace(row, state="cancelled", version=row.version + 1,
                                    lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)
         try:
-            apply_transition(services, topic, gone, moved=False)
+            apply_transition(services, topic, gone, moved=False, before=row)
         except Conflict:
             continue  # it moved under us (leased, acked): decide again from the new row
         count_moves(services, topic, [(row.state, "cancelled", row.campaign)])
@@ -76,7 +76,7 @@ def reschedule(services: Services, topic: Topic, message_id: str,
     moved = dataclasses.replace(row, version=row.version + 1,
                                 due_at_ms=placement_ms(deliver_at_ms, now),
                                 deliver_at_ms=deliver_at_ms, updated_at_ms=now)
-    apply_transition(services, topic, moved, moved=True)
+    apply_transition(services, topic, moved, moved=True, before=row)
     services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
     services.counts.add_upcoming(topic.uid, [moved.due_at_ms])
     return moved

@@ -68,7 +68,7 @@ def retry(services: Services, topic: Topic, message_id: str) -> MessageState:
     again = dataclasses.replace(row, state="scheduled", version=row.version + 1, due_at_ms=now,
                                 attempts=0, lease_token=None, lease_expires_at_ms=None,
                                 consumer=None, updated_at_ms=now)
-    apply_transition(services, topic, again, moved=True)
+    apply_transition(services, topic, again, moved=True, before=row)
     count_moves(services, topic, [("dead", "scheduled", row.campaign)])
     services.counts.add_upcoming(topic.uid, [now])
     return again

@@ -458,7 +458,7 @@ def _replace(services: Services, topic: Topic, found: MessageState,
             deliver_at_ms=row.deliver_at_ms, priority=row.priority, campaign=row.campaign,
             group=row.group, content_hash=row.content_hash, updated_at_ms=now)
         try:
-            apply_transition(services, topic, new, moved=True)
+            apply_transition(services, topic, new, moved=True, before=found)
         except Conflict:  # leased, cancelled or replaced meanwhile: decide again
             again = services.messages.get(topic.uid, row.id)
             if again is None:

@@ -7,7 +7,7 @@ that makes it current, so a crash between the two leaves at worst a stale pointe
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core.timeline import pointer_of, ttl_s
@@ -42,26 +42,30 @@ def finished(services: Services, topic: Topic, rows: Sequence[MessageState]) -> 
             len(stuck), topic.uid, [p.id for p in stuck[:10]])
 
 
-def move_many(services: Services, topic: Topic, rows: list[MessageState],
-              now: int) -> list[MessageState]:
+def move_many(services: Services, topic: Topic, rows: list[MessageState], now: int,
+              before: Mapping[str, MessageState]) -> list[MessageState]:
     """Each row's next pointer, then its LWT over the version before it; returns the rows
-    that applied (one whose pointer failed, or whose row changed meanwhile, did not)."""
+    that applied (one whose pointer failed, or whose row changed meanwhile, did not).
+    `before`: the rows as read, by id (MessageStore.cas_many)."""
     placed = place_then(services, topic, rows, now)
     outcomes = services.messages.cas_many(
         [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
-         for r in placed])
+         for r in placed], before)
     won = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
     finished(services, topic, won)
     return won
 
 
-def apply_transition(services: Services, topic: Topic, new: MessageState, moved: bool) -> None:
-    """CAS new over the version before it; with moved, its pointer first. 409 if lost."""
+def apply_transition(services: Services, topic: Topic, new: MessageState, moved: bool,
+                     before: MessageState) -> None:
+    """CAS new over the version before it; with moved, its pointer first. 409 if lost.
+    `before`: the row as read (MessageStore.cas_many)."""
     now = services.clock()
     if moved and not place_then(services, topic, [new], now):
         raise LeaseLost("Could not move the message; retry.")
     if not services.messages.cas(new, new.version - 1,
-                                 ttl_s(new.due_at_ms, now, services.config.retention_days)):
+                                 ttl_s(new.due_at_ms, now, services.config.retention_days),
+                                 before):
         raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
     if moved:
         finished(services, topic, [new])

@@ -199,7 +199,7 @@ def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageSt
                     "written)", s.name, len(changed) - len(staged))
     placed = place_then(services, topic, staged, now)
     outcomes = services.messages.cas_many([(r, r.version - 1, ttl_s(r.due_at_ms, now, retention))
-                                           for r in placed])
+                                           for r in placed], {r.id: r for r in rows})
     finished(services, topic, [r for r, ok in zip(placed, outcomes, strict=True) if ok is True])
 
 

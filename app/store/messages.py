@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from cassandra import OperationTimedOut, WriteTimeout
@@ -158,7 +158,18 @@ def _whole(row: dict[str, Any]) -> bool:
     return row["state"] is not None and row["version"] is not None
 
 
-def _column_values(m: MessageState) -> list[Any]:
+def _column_values(m: MessageState, before: MessageState | None = None) -> list[Any]:
+    """The row's column values in _COLUMNS' order. Given the row as stored before the change
+    (at the version the change expects), a column null in both is left unset: a null
+    written is a cell tombstone."""
+    values = _values(m)
+    if before is None:
+        return values
+    return [UNSET_VALUE if v is None and w is None else v
+            for v, w in zip(values, _values(before), strict=True)]
+
+
+def _values(m: MessageState) -> list[Any]:
     return [
         m.state, m.version, m.due_at_ms, m.deliver_at_ms, m.priority, m.campaign, m.shard,
         m.attempts, m.content_hash, m.lease_token, m.lease_expires_at_ms, m.consumer,
@@ -167,6 +178,11 @@ def _column_values(m: MessageState) -> list[Any]:
         UNSET_VALUE if m.last_op is None else m.last_op, m.paced,
         UNSET_VALUE if m.group is None else m.group,
     ]
+
+
+def _at(row: MessageState | None, version: int) -> MessageState | None:
+    """row, when it is at that version (the one a change expects), else None."""
+    return row if row is not None and row.version == version else None
 
 
 def same_transition(found: MessageState, intended: MessageState) -> bool:
@@ -332,12 +348,16 @@ class MessageStore:
 
     def cas_many(
         self, changes: Sequence[tuple[MessageState, int, int]],
+        before: Mapping[str, MessageState] | None = None,
     ) -> list[bool | Exception]:
         """Apply each (new row, expected version, ttl_s) IF version = expected, one conditional
-        batch per home. Per change: True applied, False lost the race, or the exception
-        (outcome resolved first)."""
+        batch per home. `before`, by id, the rows read at the expected versions: a column
+        null in both is not written (no tombstone). Per change: True applied, False lost
+        the race, or the exception (outcome resolved first)."""
+        known = before or {}
         entries = [(_home(m.topic_uid, m.id), m.id,
-                    (ttl, *_column_values(m), m.topic_uid, home_of(m.id), m.id, expected))
+                    (ttl, *_column_values(m, _at(known.get(m.id), expected)),
+                     m.topic_uid, home_of(m.id), m.id, expected))
                    for m, expected, ttl in changes]
 
         def holds(index: int, found: dict[str, Any] | None) -> bool:
@@ -406,9 +426,12 @@ class MessageStore:
             answers.append(outcome is True)
         return answers
 
-    def cas(self, new: MessageState, expected_version: int, ttl_s: int) -> bool:
-        """One conditional transition; raises StoreUnavailable when Cassandra cannot answer."""
-        outcome = self.cas_many([(new, expected_version, ttl_s)])[0]
+    def cas(self, new: MessageState, expected_version: int, ttl_s: int,
+            before: MessageState | None = None) -> bool:
+        """One conditional transition; raises StoreUnavailable when Cassandra cannot answer.
+        `before`: the row as read (cas_many)."""
+        outcome = self.cas_many([(new, expected_version, ttl_s)],
+                                None if before is None else {new.id: before})[0]
         if isinstance(outcome, Exception):
             raise StoreUnavailable(f"Cassandra unavailable: {type(outcome).__name__}")
         return outcome

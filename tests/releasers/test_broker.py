@@ -866,11 +866,11 @@ def _counting_takes(r: Releaser) -> Counter[str]:
     calls = Counter[str]()
     original = r.services.messages.cas_many
 
-    def counted(changes: Any) -> Any:
+    def counted(changes: Any, before: Any = None) -> Any:
         for row, _, _ in changes:
             calls[row.state] += 1
         calls["takes"] += any(row.state == "leased" for row, _, _ in changes)
-        return original(changes)
+        return original(changes, before)
 
     r.services.messages.cas_many = counted  # type: ignore[method-assign]
     return calls
