@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from app.config import Config
 from app.errors import StoreUnavailable
 from app.store.counts import CounterLedger, CountStore, flush_counters
@@ -130,13 +132,16 @@ def test_close_writes_what_is_left_and_ends_the_thread(config: Config) -> None:
         db.shutdown()
 
 
-def test_a_flush_the_node_refused_keeps_its_moves_for_the_next(config: Config) -> None:
-    """A flush refused before anything applied (no node to take it) keeps its moves: they
-    are written once, neither lost nor doubled."""
+@pytest.mark.parametrize("step", ["counter_groups", "counter_batch"])
+def test_a_flush_the_node_refused_keeps_its_moves_for_the_next(config: Config,
+                                                                 step: str) -> None:
+    """A flush refused before anything applied (no node to take it, while its statements
+    are prepared or its batch is sent) keeps its moves: they are written once, neither lost
+    nor doubled."""
     db = CassandraSession(config)
     ledger = CounterLedger(db, flush_s=3600)
     topic_uid = uuid.uuid4()
-    send = db.counter_batch
+    send = getattr(db, step)
     refused: list[int] = []
 
     def refuse_once(updates):  # type: ignore[no-untyped-def]
@@ -147,7 +152,7 @@ def test_a_flush_the_node_refused_keeps_its_moves_for_the_next(config: Config) -
 
     try:
         ledger.add(CountStore.state_updates(topic_uid, {"delivered": 4}))
-        db.counter_batch = refuse_once  # type: ignore[method-assign]
+        setattr(db, step, refuse_once)
         assert ledger.flush() is False  # refused: kept
         assert refused and _stored(db, topic_uid) == {}
         assert ledger.flush() is True

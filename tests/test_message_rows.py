@@ -14,7 +14,7 @@ from tests.conftest import new_tenant_key
 from tests.consumers import TopicClient
 from tests.receiver import Receiver, receiving
 from tests.releasing import wait_served, wait_state, webhook_topic
-from tests.test_topic_rows import TOMBSTONES
+from tests.test_topic_rows import traced_tombstones
 
 
 def topic_uid(services: Services, tenant: str, topic: TopicClient) -> uuid.UUID:
@@ -25,15 +25,9 @@ def topic_uid(services: Services, tenant: str, topic: TopicClient) -> uuid.UUID:
 
 def tombstones_read(services: Services, uid: uuid.UUID, message_id: str) -> int:
     """Tombstone cells the node reads for one message's state row (from the read's trace)."""
-    future = services.db.session().execute_async(
-        f"SELECT * FROM {services.config.keyspace}.message_states "
-        "WHERE topic_uid = %s AND home = %s AND id = %s",
-        (uid, home_of(message_id), message_id), trace=True)
-    assert future.result().one() is not None
-    events = [e.description for e in future.get_query_trace(max_wait=10).events]
-    counts = [int(m.group(1)) for m in map(TOMBSTONES.search, events) if m]
-    assert counts, events  # the trace says how many it read
-    return sum(counts)
+    return traced_tombstones(
+        services, "SELECT * FROM {ks}.message_states WHERE topic_uid = %s AND home = %s "
+        "AND id = %s", (uid, home_of(message_id), message_id))
 
 
 def test_a_pulled_message_leased_and_acked_leaves_no_tombstone(

@@ -6,6 +6,7 @@ keyspace of some tens of thousands of pull topics would make that read fail."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from flask.testing import FlaskClient
 
@@ -17,10 +18,15 @@ TOMBSTONES = re.compile(r"Read \d+ live rows and (\d+) tombstone cells")
 
 def tombstones_read(services: Services, tenant: str, name: str) -> int:
     """Tombstone cells the node reads for one topic row (from the read's trace)."""
-    session = services.db.session()
-    future = session.execute_async(
-        f"SELECT * FROM {services.config.keyspace}.topics WHERE tenant = %s AND name = %s",
-        (tenant, name), trace=True)
+    return traced_tombstones(
+        services, "SELECT * FROM {ks}.topics WHERE tenant = %s AND name = %s", (tenant, name))
+
+
+def traced_tombstones(services: Services, cql: str, params: tuple[Any, ...]) -> int:
+    """Tombstone cells the node reads for the one row `cql` ({ks}: the keyspace) selects, from
+    the read's trace."""
+    future = services.db.session().execute_async(
+        cql.replace("{ks}", services.config.keyspace), params, trace=True)
     assert future.result().one() is not None
     events = [e.description for e in future.get_query_trace(max_wait=10).events]
     counts = [int(m.group(1)) for m in map(TOMBSTONES.search, events) if m]

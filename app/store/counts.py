@@ -76,7 +76,11 @@ class CounterLedger:
             updates = [(cql, (n, *key)) for (cql, key), n in moves.items() if n]
             sent: list[tuple[list[Any], Any]] = []
             refused: list[tuple[list[Any], Exception]] = []
-            for chunk in self.db.counter_groups(updates):
+            try:
+                groups = self.db.counter_groups(updates)  # prepares: a node down refuses
+            except StoreUnavailable as exc:
+                groups, refused = [], [(updates, exc)]
+            for chunk in groups:
                 try:
                     sent.append((chunk, self.db.counter_batch(chunk)))
                 except StoreUnavailable as exc:  # not sent
