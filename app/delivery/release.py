@@ -60,8 +60,9 @@ def jittered_backoff_ms(attempt: int, topic: Topic, rng: random.Random) -> int:
 def _next_row(topic: Topic, o: PushOutcome, now: int, rng: random.Random) -> MessageState:
     row = o.row
     if o.error is None:
+        # the lease it was delivered under stays, as a pull's ack keeps it: no tombstone
         return dataclasses.replace(row, state="delivered", version=row.version + 1,
-                                   due_at_ms=now, lease_expires_at_ms=None, updated_at_ms=now)
+                                   due_at_ms=now, updated_at_ms=now)
     error = o.error[:MAX_ERROR_CHARS]
     if leasing.attempts_used_up(topic, row):
         return leasing.dead(dataclasses.replace(row, last_error=error), now, error)
