@@ -92,3 +92,9 @@ class ClockSkewed(StoreUnavailable):
 
     title, slug = "Clock skewed", "clock-skewed"
     retry_after_s = 10
+
+
+class UnsupportedMediaType(DuetimeError):
+    """A body sent as something other than what the route reads (JSON): 415."""
+
+    status, title, slug = 415, "Unsupported media type", "unsupported-media-type"

@@ -7,9 +7,9 @@ from typing import Any
 
 from flask import Response, jsonify, url_for
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api.common import SECURITY, services, tenant
+from app.api.json_body import Blueprint
 from app.api.validation import check_name
 from app.campaigns import manage as usecases
 from app.schemas.campaigns import (

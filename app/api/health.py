@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Response, current_app
-from flask_smorest import Blueprint
 
+from app.api.json_body import Blueprint
 from app.errors import ClockSkewed, SchemaBehind
 from app.ops import clock_skew, metrics
 from app.schemas import HealthSchema, ReadySchema

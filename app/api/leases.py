@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api.common import SECURITY, ack_groups, services, tenant
+from app.api.json_body import Blueprint
 from app.api.messages import payload_fields, problem_body
 from app.api.validation import check_message_id
 from app.delivery import leasing

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 from marshmallow import ValidationError
 
 from app.api.common import SECURITY, enqueue_groups, services, tenant
+from app.api.json_body import Blueprint
 from app.api.validation import check_message_id
 from app.errors import DuetimeError, InvalidInput, PayloadTooLarge
 from app.messages import by_id as usecases

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api.common import SECURITY, services, tenant
+from app.api.json_body import Blueprint
 from app.api.validation import check_name
 from app.delivery import signing
 from app.models import Topic

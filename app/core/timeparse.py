@@ -9,6 +9,7 @@ first occurrence (the earlier instant). This matches cron and EventBridge Schedu
 from __future__ import annotations
 
 import datetime as dt
+import re
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 UTC = dt.UTC
@@ -18,21 +19,35 @@ class TimeFormatError(ValueError):
     """A time could not be understood; the message says what was expected."""
 
 
+# RFC 3339's date-time (section 5.6), with its "T" and its offset; fromisoformat alone also
+# takes ISO 8601's other spellings (week dates, the basic format, a space for the T)
+RFC_3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}"
+                      r"(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})", re.ASCII)
+# the instants a datetime holds: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z, epoch ms
+MIN_MS = -62_135_596_800_000
+MAX_MS = 253_402_300_799_999
+
+
 def parse_instant(value: object) -> int:
-    """RFC 3339 with offset, or integer epoch ms → epoch ms."""
+    """RFC 3339 with offset, or integer epoch ms → epoch ms; years 1 to 9999."""
     if isinstance(value, bool):
         raise TimeFormatError("expected an RFC 3339 time with offset or epoch milliseconds")
     if isinstance(value, int):
-        return value
-    if not isinstance(value, str):
+        epoch_ms = value
+    elif not isinstance(value, str):
         raise TimeFormatError("expected an RFC 3339 time with offset or epoch milliseconds")
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("z", "Z"))
-    except ValueError as exc:
-        raise TimeFormatError(f"not an RFC 3339 time: {value!r}") from exc
-    if parsed.tzinfo is None:
-        raise TimeFormatError("RFC 3339 time needs an offset (Z or +hh:mm)")
-    return to_ms(parsed)
+    elif not RFC_3339.fullmatch(value):
+        raise TimeFormatError(f"not an RFC 3339 time with offset "
+                              f"(e.g. 2026-12-01T09:00:00.250Z): {value[:64]!r}")
+    else:
+        try:
+            epoch_ms = to_ms(dt.datetime.fromisoformat(value.upper()))
+        except ValueError as exc:
+            raise TimeFormatError(f"not an RFC 3339 time: {value[:64]!r}") from exc
+    if not MIN_MS <= epoch_ms <= MAX_MS:
+        raise TimeFormatError("outside years 1 to 9999 UTC (epoch milliseconds "
+                              f"{MIN_MS} to {MAX_MS})")
+    return epoch_ms
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)

@@ -6,7 +6,15 @@ from typing import Any
 
 from marshmallow import ValidationError, fields
 
-from app.core.timeparse import TimeFormatError, format_ms, parse_instant, zone
+from app.core.timeparse import (
+    MAX_MS,
+    MIN_MS,
+    RFC_3339,
+    TimeFormatError,
+    format_ms,
+    parse_instant,
+    zone,
+)
 
 ZONE_FORMAT = "iana-time-zone"  # the format of a field naming a zone, e.g. Europe/Bucharest
 
@@ -47,6 +55,10 @@ class Instant(fields.Field):
         """epoch_ms_in: an input field, documented as taking epoch ms (an integer) too."""
         metadata = kwargs.pop("metadata", {})
         metadata.setdefault("type", ["string", "integer"] if epoch_ms_in else "string")
+        if epoch_ms_in:  # JSON Schema applies the pattern to a string, the range to a number
+            metadata.setdefault("pattern", f"^{RFC_3339.pattern}$")
+            metadata.setdefault("minimum", MIN_MS)
+            metadata.setdefault("maximum", MAX_MS)
         metadata.setdefault("format", "date-time")
         metadata.setdefault("example", "2026-12-01T09:00:00.250Z")
         super().__init__(metadata=metadata, **kwargs)
@@ -55,6 +67,8 @@ class Instant(fields.Field):
         return None if value is None else format_ms(int(value))
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, float) and value.is_integer():  # an integer, as JSON Schema counts
+            value = int(value)
         try:
             return parse_instant(value)
         except TimeFormatError as exc:
