@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     releaser = sub.add_parser("releaser", help="release due messages of the owned shards")
     releaser.add_argument("--member", default=None,
                           help="this releaser's name (default: host name and a random suffix)")
-    spark = sub.add_parser("spark", help="bulk import and reports with Spark (spark-submit)")
+    spark = sub.add_parser("spark", help="bulk import and reports with Spark (spark-submit)",
+                           add_help=False)  # -h shows the job's own flags (spark.usage)
     spark.add_argument("job", choices=["import", "export", "report"])
     spark.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     return parser
@@ -109,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _spark(args: argparse.Namespace, rest: list[str]) -> int:
     from spark.submit import submit
+    from spark.usage import PARSERS
 
+    if {"-h", "--help"} & set(rest):
+        PARSERS[args.job]().print_help()
+        return 0
     return submit(args.job, rest, args.master)
 
 

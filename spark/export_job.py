@@ -15,7 +15,6 @@ the job runs may or may not be in the export; a message is never in it twice.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from pyspark.sql import functions as F
 
 from app.config import Config
 from app.models import Topic
+from spark import failures, usage
 from spark import session as sessions
 from spark.progress import Progress
 
@@ -67,18 +67,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "without_payload": missing, "out": args.out, "seconds": round(elapsed, 2)}
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duetime spark export")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--tenant", default="dev")
-    p.add_argument("--out", required=True, help="the Parquet folder to write (replaced)")
-    return p
-
-
 def main(argv: list[str]) -> int:
-    summary = run(parser().parse_args(argv))
-    print(json.dumps(summary))
-    return 0
+    args = usage.export_parser().parse_args(argv)
+    return failures.end(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ from pyspark.sql import functions as F
 from app.messages.enqueue import NewMessage, enqueue
 from app.models import Payload, Topic
 from app.services import Services
+from spark.usage import IF_EXISTS
 
-MODES = ("reject", "replace", "keep")
+MODES = IF_EXISTS
 REPLACE_CHUNK = 200
 REPLACERS = 8
 

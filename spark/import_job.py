@@ -38,8 +38,10 @@ from app.models import Pointer, Topic
 from app.services import Services
 from spark import if_exists
 from spark import session as sessions
+from spark.failures import JobFailure, require_input
 from spark.progress import Progress
 from spark.rows import ImportSettings, Reject, to_message
+from spark.usage import INPUT
 
 IMPORT_WRITETIME_US = 1
 RESERVERS = 16
@@ -58,14 +60,18 @@ PARSED = T.StructType([
 ])
 
 
-def read_file(spark: SparkSession, path: str) -> DataFrame:
-    """CSV (header row, RFC 4180 quoting), JSON lines or Parquet, by extension; every column
-    as text."""
-    lower = path.lower().rstrip("/")
-    if lower.endswith(".parquet"):
+def read_file(spark: SparkSession, path: str, fmt: str) -> DataFrame:
+    """The rows of a file or folder in fmt (spark.usage.FORMATS): CSV with a header row and
+    RFC 4180 quoting, JSON lines, or Parquet; every column as text. JobFailure when there is
+    no such file, or JSON lines are not JSON."""
+    require_input(spark, path)
+    if fmt == "parquet":
         df = spark.read.parquet(path)
-    elif lower.endswith((".jsonl", ".json", ".ndjson")):
+    elif fmt == "json":
         df = spark.read.json(path, primitivesAsString=True)
+        if df.columns == ["_corrupt_record"]:
+            raise JobFailure(INPUT, f"{path} is not JSON lines (one object a line): "
+                             "give --format")
     else:
         # RFC 4180 quoting: a quote inside a quoted field is doubled (a JSON payload column)
         df = (spark.read.option("header", True).option("mode", "PERMISSIVE")
@@ -268,7 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress.enter(f"validating {args.file}")
         settings = ImportSettings(topic, args.campaign, services.clock(), config.max_payload_bytes,
                                   config.horizon_days, config.retention_days, config.bucket_ms)
-        parsed = validate(spark, read_file(spark, args.file), settings).persist()
+        parsed = validate(spark, read_file(spark, args.file, args.format), settings).persist()
         good, dups = split_duplicates(parsed.filter(F.col("reason").isNull()))
         progress.enter("looking up ids the topic already has")
         new, present = lookup(spark, config, topic, good)

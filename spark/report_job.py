@@ -11,7 +11,6 @@ JSON summary last.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from pyspark.sql import functions as F
 
 from app.config import Config
 from app.core.timeline import MS_PER_HOUR, MS_PER_MINUTE
-from spark import charts
+from spark import charts, failures, usage
 from spark import session as sessions
 from spark.progress import Progress
 
@@ -163,18 +162,9 @@ def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, 
     ])
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duetime spark report")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--tenant", default="dev")
-    p.add_argument("--campaign", default=None)
-    p.add_argument("--out", default=None, help="folder for the report (default reports/TOPIC)")
-    return p
-
-
 def main(argv: list[str]) -> int:
-    print(json.dumps(run(parser().parse_args(argv)), default=str))
-    return 0
+    args = usage.report_parser().parse_args(argv)
+    return failures.end(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@ from app.store.dead_letters import MS_PER_WEEK
 from spark import import_job
 from spark import session as sessions
 from spark.export_job import EXPORT_COLUMNS
+from spark.failures import JobFailure, require_input
 from spark.progress import Progress
 from spark.rows import ImportSettings, Reject, restored
+from spark.usage import INPUT
 
 TIMES = ("deliver_at", "due_at", "lease_expires_at", "created_at", "updated_at")
 RESTORED = T.StructType([
@@ -51,11 +53,12 @@ _FIELDS = [f.name for f in RESTORED.fields[3:]]
 
 
 def read_export(spark: SparkSession, path: str) -> DataFrame:
-    """An export's rows, times as epoch ms. SystemExit when the files are not an export."""
+    """An export's rows, times as epoch ms. JobFailure when the files are not an export."""
+    require_input(spark, path)
     df = spark.read.parquet(path)
     missing = [c for c in EXPORT_COLUMNS if c not in df.columns]
     if missing:
-        raise SystemExit(f"{path} is not a duetime export (`duetime spark export`): no "
+        raise JobFailure(INPUT, f"{path} is not a duetime export (`duetime spark export`): no "
                          f"column {', '.join(missing)}")
     return df.select(*[F.unix_millis(c).alias(c) if c in TIMES else F.col(c)
                        for c in EXPORT_COLUMNS])

@@ -3,24 +3,27 @@ from app.config, and the write tuning for bulk imports."""
 
 from __future__ import annotations
 
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from app.config import Config, load_config
 from app.models import Topic
 from app.services import Services
+from spark.failures import JobFailure, check_master
+from spark.usage import NO_TOPIC
 
 CASSANDRA_FORMAT = "org.apache.spark.sql.cassandra"
 
 
 def open_topic(tenant: str, name: str) -> tuple[Config, Services, Topic]:
-    """What every job starts from: the configuration, the services, and the topic (exits with
-    a message when the tenant has no such topic)."""
+    """What every job starts from: the configuration, the services, and the topic (JobFailure
+    when the tenant has no such topic)."""
     config = load_config()
     services = Services(config)
     topic = services.topics.get(tenant, name)
     if topic is None:
         services.close()
-        raise SystemExit(f"no topic {name!r} for tenant {tenant!r}")
+        raise JobFailure(NO_TOPIC, f"no topic {name!r} for tenant {tenant!r}")
     return config, services, topic
 
 
@@ -49,7 +52,11 @@ def connector_conf(config: Config) -> dict[str, str]:
 
 
 def build(config: Config, app_name: str, **extra: str) -> SparkSession:
-    """The session (the master comes from spark-submit), with `extra` settings."""
+    """The session (the master comes from spark-submit, and is checked first: JobFailure when
+    it cannot be reached), with `extra` settings."""
+    SparkContext._ensure_initialized()  # the JVM of spark-submit, which knows the master
+    assert SparkContext._jvm is not None
+    check_master(str(SparkContext._jvm.System.getProperty("spark.master", "local[*]")))
     builder = SparkSession.builder.appName(app_name)
     for key, value in {**connector_conf(config), **extra}.items():
         builder = builder.config(key, value)
