@@ -5,6 +5,7 @@ Cassandra session on first use: the driver's connections must never cross a fork
 """
 
 import gc
+import json
 import math
 import os
 import pathlib
@@ -14,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from gunicorn import util
 from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.gthread import ThreadWorker
 
@@ -109,6 +111,21 @@ def pre_request(worker: Any, req: Any) -> None:
     _handling.waited_s = 0.0  # a second request on the connection did not wait
 
 
+def write_problem(sock: Any, status: int, reason: str, detail: str) -> None:
+    """gunicorn's own answers (a request line or headers too large: 414, 431; a request it
+    cannot parse: 400; an app that fails outside Flask: 500) as problem+json, like the app's
+    (app.api.problems), in place of gunicorn's HTML page (util.write_error)."""
+    body = json.dumps({
+        "type": "https://duetime.dev/problems/" + reason.lower().replace(" ", "-"),
+        "title": reason, "status": status, "detail": detail or reason,
+    }).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
+            f"Content-Type: application/problem+json\r\nContent-Length: {len(body)}\r\n\r\n")
+    util.write_nonblock(sock, head.encode("latin-1") + body)
+
+
+# the workers' handle_error writes every answer of gunicorn's own through this function
+util.write_error = write_problem
 worker_class = ClientDeadlineWorker
 threads = int(os.environ.get("DUETIME_WEB_THREADS", "32"))
 preload_app = False

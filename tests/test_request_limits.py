@@ -5,6 +5,7 @@ they cannot hold every thread, and a body that stops coming gets 408."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -139,3 +140,34 @@ def test_a_body_that_stops_coming_gets_408(few_threads: str) -> None:
     assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
     assert b"application/problem+json" in answer.lower()
     assert CLIENT_TIMEOUT_S - 0.5 <= time.monotonic() - started < CLIENT_TIMEOUT_S + 5
+
+
+def _raw_answer(port: int, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """Send `request` as is; the answer's status line, headers (lower-case names), body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while more := conn.recv(65536):
+            answer += more
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
+    return status_line.encode(), headers, body
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET /v1/topics/" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n", 431),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+     + b"".join(b"X-H%d: v\r\n" % n for n in range(200)) + b"\r\n", 431),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n", 400),
+], ids=["request-line", "header-size", "header-count", "header-name"])
+def test_what_gunicorn_refuses_itself_is_problem_json_too(
+        small_limits: str, request_bytes: bytes, status: int) -> None:
+    status_line, headers, body = _raw_answer(PORT, request_bytes)
+    assert status_line.startswith(b"HTTP/1.1 %d" % status), (status_line, body[:300])
+    assert headers["content-type"] == "application/problem+json"
+    assert int(headers["content-length"]) == len(body)
+    problem = json.loads(body)
+    assert problem["status"] == status and problem["title"] and problem["detail"]
+    assert problem["type"].startswith("https://duetime.dev/problems/")
