@@ -1,40 +1,24 @@
-"""The client distribution (clients/python, `duetime-client`) installed alone into an empty
-virtualenv: it brings none of the server's packages, and its `duetime` command talks to a
-served stack and refuses the operator commands it cannot run."""
+"""The client distribution (clients/python, `duetime-client`) built into a wheel and installed
+alone into an empty virtualenv (tests.distributions): it brings none of the server's
+packages, its `duetime` command talks to a served stack and points the operator's commands
+to the server's `duetime-admin`, and the client's own tests (clients/python/tests) pass
+there against the served API."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import subprocess
 import sys
-import venv
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from app.services import Services
-from tests.conftest import new_tenant_key
+from tests.conftest import ROOT, new_tenant_key
+from tests.distributions import CLIENT_SOURCE, client_venv
 
-CLIENT_SOURCE = Path(__file__).resolve().parent.parent / "clients" / "python"
+__all__ = ["client_venv"]  # the fixture, imported for these tests
 SERVER_PACKAGES = ("flask", "cassandra-driver", "gunicorn", "marshmallow", "apscheduler",
                    "duetime")
-
-
-@pytest.fixture(scope="module")
-def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """An empty virtualenv with `pip install clients/python` (a copy, so the build leaves
-    nothing in the project); its bin directory."""
-    root = tmp_path_factory.mktemp("client-venv")
-    source = root / "source"
-    shutil.copytree(CLIENT_SOURCE, source, ignore=shutil.ignore_patterns(
-        "build", "*.egg-info", "__pycache__"))
-    venv.create(root / "venv", with_pip=True)
-    bin_dir = root / "venv" / "bin"
-    subprocess.run([str(bin_dir / "pip"), "install", "-q", str(source)], check=True,
-                   timeout=600)
-    yield bin_dir
 
 
 def _installed(bin_dir: Path) -> set[str]:
@@ -43,7 +27,7 @@ def _installed(bin_dir: Path) -> set[str]:
     return {p["name"].lower() for p in json.loads(listed)}
 
 
-def test_the_client_installs_without_the_server(client_venv: Path) -> None:
+def test_the_client_installs_without_the_server(client_venv: Path, tmp_path: Path) -> None:
     installed = _installed(client_venv)
     assert {"duetime-client", "urllib3"} <= installed, installed
     assert not installed & set(SERVER_PACKAGES), installed & set(SERVER_PACKAGES)
@@ -53,8 +37,11 @@ def test_the_client_installs_without_the_server(client_venv: Path) -> None:
          "import sys, duetime_client, duetime_client.cli; "
          "print(sorted(m for m in sys.modules if m.split('.')[0] in "
          "('app', 'workers', 'spark', 'flask', 'cassandra')))"],
-        check=True, capture_output=True, text=True, timeout=60).stdout
+        check=True, capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout
     assert loaded.strip() == "[]", loaded
+    server = subprocess.run([str(client_venv / "python"), "-c", "import app"],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert server.returncode == 1 and "No module named 'app'" in server.stderr
 
 
 def test_the_installed_cli_talks_to_a_served_stack(
@@ -79,19 +66,47 @@ def test_the_installed_cli_talks_to_a_served_stack(
     assert missing.returncode == 1 and missing.stderr.startswith("error 404")
 
 
-def test_operator_commands_need_the_server_package(client_venv: Path) -> None:
+def test_operator_commands_point_to_the_server_command(client_venv: Path,
+                                                       tmp_path: Path) -> None:
+    """Asked for an operator command, the client's `duetime` imports nothing (not even a
+    package named `app` beside it) and names `duetime-admin`."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("raise SystemExit('imported app')\n")
+    (tmp_path / "app" / "cli.py").write_text("raise SystemExit('imported app.cli')\n")
     helped = subprocess.run([str(client_venv / "duetime"), "--help"], capture_output=True,
-                            text=True, timeout=60)
-    assert helped.returncode == 0 and "enqueue" in helped.stdout and "schema" in helped.stdout
-    refused = subprocess.run([str(client_venv / "duetime"), "schema", "apply"],
-                             capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "server package" in refused.stderr, refused.stderr
+                            text=True, timeout=60, cwd=tmp_path)
+    assert helped.returncode == 0 and "enqueue" in helped.stdout
+    assert "duetime-admin schema" in helped.stdout
+    for command in ("schema", "keys", "openapi", "releaser", "spark"):
+        refused = subprocess.run([str(client_venv / "duetime"), command, "apply"],
+                                 capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                                 env={**os.environ, "PYTHONPATH": str(tmp_path)})
+        assert refused.returncode == 2, refused.stderr
+        assert f"duetime-admin {command}" in refused.stderr and "imported" not in (
+            refused.stderr + refused.stdout)
 
 
-def test_the_project_venv_runs_operator_commands_through_the_same_command() -> None:
-    """In the project's venv (server and client together) `duetime` reaches app.cli."""
-    done = subprocess.run([str(Path(sys.executable).parent / "duetime"), "openapi",
+def test_the_clients_own_tests_pass_in_its_venv(client_venv: Path, served: str,
+                                                services: Services) -> None:
+    """clients/python/tests, run by the client venv's pytest: what they import is the
+    installed client and the standard library only."""
+    _, headers = new_tenant_key(services)
+    done = subprocess.run(
+        [str(client_venv / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests"], cwd=CLIENT_SOURCE, capture_output=True, text=True, timeout=600,
+        env={"PATH": f"{client_venv}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1",
+             "DUETIME_TEST_URL": served,
+             "DUETIME_TEST_KEY": headers["Authorization"].split()[1]})
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout
+
+
+def test_the_project_venv_has_both_commands() -> None:
+    """In the project's venv (server and client together) `duetime-admin` runs the operator
+    commands, with no API or node."""
+    done = subprocess.run([str(Path(sys.executable).parent / "duetime-admin"), "openapi",
                            "--output", "-"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT,
                           env={"DUETIME_CASSANDRA_PORT": "9999", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert "\nopenapi: 3.1.0\n" in done.stdout and "/v1/topics/{topic}/leases" in done.stdout

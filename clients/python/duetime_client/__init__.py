@@ -12,5 +12,7 @@ from duetime_client.client import (
     verify_webhook,
 )
 
+__version__ = "0.1.0"
+
 __all__ = ["ApiError", "ApiTimeout", "ApiUnreachable", "Client", "Consumer", "SignatureCheck",
-           "verify_signature", "verify_webhook"]
+           "__version__", "verify_signature", "verify_webhook"]

@@ -1,7 +1,10 @@
 """The `duetime` commands that talk to a running API (duetime_client.client), for people and
 scripts:
 
-  duetime topics [NAME] [--set FIELD=VALUE ...] [--delete]
+  duetime topics [NAME] [--set FIELD=VALUE ...] [--lease-seconds S] [--max-attempts N]
+                 [--shards N] [--pull | --webhook-url URL [--timeout-seconds S]]
+                 [--backoff-seconds S] [--max-backoff-seconds S] [--delete]
+  duetime topics NAME --rotate-secret [--overlap-seconds S]
   duetime enqueue TOPIC PAYLOAD_JSON [--id ID] [--delay-ms MS | --deliver-at TIME]
                   [--campaign C] [--priority N]
   duetime get TOPIC ID | cancel TOPIC ID | reschedule TOPIC ID (--delay-ms MS | --deliver-at T)
@@ -9,18 +12,19 @@ scripts:
   duetime campaigns TOPIC [NAME] [--pause | --resume | --rate N | --cancel | --shift-ms MS]
                     [--wait]  (follows a cancel or shift to its end with a progress bar)
   duetime dead TOPIC [--limit N] | retry TOPIC ID | lag TOPIC [--minutes N]
-  duetime schedules TOPIC [NAME]
+  duetime schedules TOPIC [NAME] [--cron CRON --payload JSON [--timezone Z] [--priority N]
+                    [--campaign C] [--start-at T] [--end-at T] [--misfire M] | --delete]
   duetime tail TOPIC       (consumes: leases, prints and acks each message as it comes due)
 
 Tables for people by default, `--json` for scripts. The API is DUETIME_URL (default
-http://127.0.0.1:8080) with the key DUETIME_API_KEY (default: the dev key `make up` wrote,
-var/dev-key under the current directory).
+http://127.0.0.1:8080) with the key DUETIME_API_KEY; without one, an API on this machine
+gets the dev key `make up` wrote (var/dev-key under the current directory).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import ipaddress
 import json
 import os
 import sys
@@ -28,18 +32,31 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from duetime_client.client import ApiError, ApiTimeout, ApiUnreachable, Client
+from duetime_client.output import format_ms, human, problem_text
 from duetime_client.progress import ProgressBar
 
 COMMANDS = ("topics", "enqueue", "get", "cancel", "reschedule", "stats", "campaigns",
             "schedules", "tail", "dead", "retry", "lag")
 WAIT_POLL_S = 0.5
-# the columns a table shows first, when its rows have them
-FIRST_COLUMNS = ("name", "id", "from", "count", "p50_ms", "p99_ms", "campaign", "state",
-                 "deliver_at", "last_error", "cron", "timezone",
-                 "max_attempts", "lease_seconds", "paused", "max_per_second")
 DEV_KEY = Path("var") / "dev-key"
+# topics' plain setting flags: (flag, type, the setting's path in the topic)
+TOPIC_FLAGS: tuple[tuple[str, type, tuple[str, ...]], ...] = (
+    ("--lease-seconds", int, ("lease_seconds",)),
+    ("--max-attempts", int, ("max_attempts",)),
+    ("--shards", int, ("shards",)),
+    ("--webhook-url", str, ("delivery", "url")),
+    ("--timeout-seconds", float, ("delivery", "timeout_seconds")),
+    ("--backoff-seconds", float, ("retry", "backoff_seconds")),
+    ("--max-backoff-seconds", float, ("retry", "max_backoff_seconds")),
+)
+SCHEDULE_FLAGS = ("timezone", "priority", "campaign", "start_at", "end_at", "misfire")
+
+
+class UsageError(Exception):
+    """The command line asks for something it cannot mean: one line, exit 2."""
 
 
 def add_parsers(sub: Any) -> None:
@@ -47,15 +64,24 @@ def add_parsers(sub: Any) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="JSON out, for scripts")
-        p.add_argument("--url", default=os.environ.get("DUETIME_URL", "http://127.0.0.1:8080"))
-        p.add_argument("--key", default=os.environ.get("DUETIME_API_KEY"))
+        p.add_argument("--url", default=os.environ.get("DUETIME_URL", "http://127.0.0.1:8080"),
+                       help="the API (DUETIME_URL)")
+        p.add_argument("--key", default=os.environ.get("DUETIME_API_KEY"),
+                       help="the API key (DUETIME_API_KEY)")
         return p
 
     p = command("topics", "list topics, show one, or create/update/delete it")
     p.add_argument("name", nargs="?")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a topic setting (JSON value), e.g. max_attempts=5")
+    for flag, kind, _ in TOPIC_FLAGS:
+        p.add_argument(flag, type=kind)
+    p.add_argument("--pull", action="store_true", help="deliver by leases (the default)")
     p.add_argument("--delete", action="store_true")
+    p.add_argument("--rotate-secret", action="store_true",
+                   help="a new webhook signing secret (the old one signs beside it a while)")
+    p.add_argument("--overlap-seconds", type=int,
+                   help="with --rotate-secret: how long the old secret still signs")
     p = command("enqueue", "put one message on a topic's timeline")
     p.add_argument("topic")
     p.add_argument("payload", help="the payload, as JSON")
@@ -98,44 +124,105 @@ def add_parsers(sub: Any) -> None:
     p = command("lag", "delivery lag per minute (count, p50, p99, max in ms)")
     p.add_argument("topic")
     p.add_argument("--minutes", type=int, default=15)
-    p = command("schedules", "list a topic's schedules or show one")
+    p = command("schedules", "list a topic's schedules, show one, or create/replace/delete it")
     p.add_argument("topic")
     p.add_argument("name", nargs="?")
+    p.add_argument("--cron", help="5 fields, or 6 with seconds first")
+    p.add_argument("--payload", help="the payload of each fire, as JSON")
+    p.add_argument("--timezone")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--campaign")
+    p.add_argument("--start-at")
+    p.add_argument("--end-at")
+    p.add_argument("--misfire", choices=["fire_once", "skip"])
+    p.add_argument("--delete", action="store_true")
     p = command("tail", "consume a pull topic: print and ack each message as it comes due")
     p.add_argument("topic")
     p.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
 
 
-def format_ms(epoch_ms: int) -> str:
-    """Epoch ms → RFC 3339 UTC with millisecond precision, e.g. 2026-12-01T09:00:00.250Z."""
-    return datetime.datetime.fromtimestamp(epoch_ms / 1000, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
+def is_local(url: str) -> bool:
+    """Whether url's host is this machine: localhost, 127.0.0.0/8 or ::1."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def api_key(args: argparse.Namespace) -> str:
+    """--key or DUETIME_API_KEY; else, for an API on this machine only, the dev key file."""
+    if args.key:
+        return str(args.key)
+    if is_local(args.url) and DEV_KEY.exists():
+        return DEV_KEY.read_text().strip()
+    return ""
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run an API command: 0 done, 1 an error answer (its problem printed), 2 no key, 3 no
-    answer from the API at the URL (none there, or none within the timeout)."""
-    key = args.key or (DEV_KEY.read_text().strip() if DEV_KEY.exists() else "")
+    """Run an API command: 0 done, 1 an error answer (its problem printed), 2 a usage error
+    or no key, 3 no answer from the API at the URL (none there, or none within the
+    timeout)."""
+    check_usage(args)
+    key = api_key(args)
     if not key:
-        print("no API key: set DUETIME_API_KEY or pass --key", file=sys.stderr)
+        print("no API key: set DUETIME_API_KEY or pass --key (var/dev-key is used only for "
+              "an API on this machine)", file=sys.stderr)
         return 2
-    client = Client(args.url, key, retries=2)
-    try:
-        answer = _HANDLERS[args.command](client, args)
-    except ApiError as exc:
-        print(json.dumps(exc.problem) if args.json else f"error {exc.status}: "
-              f"{exc.problem.get('detail') or exc.problem.get('title')}", file=sys.stderr)
-        return 1
-    except ApiUnreachable:
-        print(f"cannot reach the API at {args.url} (is it running? `make up` starts one)",
-              file=sys.stderr)
-        return 3
-    except ApiTimeout as exc:
-        print(f"no answer from the API at {args.url}: {exc}", file=sys.stderr)
-        return 3
+    with Client(args.url, key, retries=2) as client:
+        try:
+            answer = _HANDLERS[args.command](client, args)
+        except ApiError as exc:
+            print(json.dumps(exc.problem) if args.json else problem_text(exc.status, exc.problem),
+                  file=sys.stderr)
+            return 1
+        except ApiUnreachable:
+            print(f"cannot reach the API at {args.url} (is it running? `make up` starts one)",
+                  file=sys.stderr)
+            return 3
+        except ApiTimeout as exc:
+            print(f"no answer from the API at {args.url}: {exc}", file=sys.stderr)
+            return 3
     if answer is not None:
-        print(json.dumps(answer, indent=2) if args.json else _human(args.command, answer))
+        print(json.dumps(answer, indent=2) if args.json else human(args.command, answer))
     return 0
+
+
+def check_usage(args: argparse.Namespace) -> None:
+    """UsageError for an action flag without the name it acts on, or a flag that goes with
+    another one given alone."""
+    named = {"topics": ("name", [*(f for f, _, _ in TOPIC_FLAGS), "--set", "--pull",
+                                 "--delete", "--rotate-secret", "--overlap-seconds"]),
+             "campaigns": ("name", ["--pause", "--resume", "--rate", "--cancel", "--shift-ms",
+                                    "--wait"]),
+             "schedules": ("name", ["--cron", "--payload", *(
+                 "--" + f.replace("_", "-") for f in SCHEDULE_FLAGS), "--delete"])}
+    if args.command not in named:
+        return
+    target, flags = named[args.command]
+    given = [f for f in flags if getattr(args, f[2:].replace("-", "_")) not in (None, False, [])]
+    if given and getattr(args, target) is None:
+        raise UsageError(f"{given[0]} needs a {args.command[:-1]} NAME")
+    if args.command == "campaigns" and args.wait and args.shift_ms is None and not args.cancel:
+        raise UsageError("--wait goes with --cancel or --shift-ms")
+    if args.command == "topics":
+        if args.overlap_seconds is not None and not args.rotate_secret:
+            raise UsageError("--overlap-seconds goes with --rotate-secret")
+        if args.pull and args.webhook_url is not None:
+            raise UsageError("--pull and --webhook-url exclude each other")
+    if args.command == "schedules" and args.delete and len(given) > 1:
+        raise UsageError("--delete takes no other schedule flag")
+
+
+def json_argument(name: str, text: str) -> Any:
+    """text parsed as JSON, or a UsageError naming the argument."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{name} is not JSON ({exc.msg} at character {exc.pos}): "
+                         f"{text[:60]}") from None
 
 
 def _topics(client: Client, args: argparse.Namespace) -> Any:
@@ -144,16 +231,33 @@ def _topics(client: Client, args: argparse.Namespace) -> Any:
     if args.delete:
         client.delete_topic(args.name)
         return {"deleted": args.name}
-    if args.set:
-        settings = {}
-        for item in args.set:
-            field, _, value = item.partition("=")
-            try:
-                settings[field] = json.loads(value)
-            except json.JSONDecodeError:
-                settings[field] = value
-        return client.put_topic(args.name, **settings)
-    return client.get_topic(args.name)
+    if args.rotate_secret:
+        return client.rotate_signing_secret(args.name, args.overlap_seconds)
+    settings = _topic_settings(args)
+    return client.put_topic(args.name, **settings) if settings else client.get_topic(args.name)
+
+
+def _topic_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of --set FIELD=VALUE and the plain flags."""
+    settings: dict[str, Any] = {}
+    for item in args.set:
+        field, _, value = item.partition("=")
+        try:
+            settings[field] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[field] = value
+    for flag, _, path in TOPIC_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            inner = settings
+            for part in path[:-1]:
+                inner = inner.setdefault(part, {})
+            inner[path[-1]] = value
+    if args.webhook_url is not None:
+        settings["delivery"]["mode"] = "webhook"
+    if args.pull:
+        settings.setdefault("delivery", {})["mode"] = "pull"
+    return settings
 
 
 def _when(args: argparse.Namespace) -> dict[str, Any]:
@@ -163,9 +267,10 @@ def _when(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _enqueue(client: Client, args: argparse.Namespace) -> Any:
+    payload = json_argument("PAYLOAD", args.payload)
     fields = {**_when(args), **{k: v for k, v in (("id", args.id), ("campaign", args.campaign),
                                                    ("priority", args.priority)) if v is not None}}
-    return client.enqueue(args.topic, json.loads(args.payload), **fields)
+    return client.enqueue(args.topic, payload, **fields)
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> Any:
@@ -203,6 +308,21 @@ def _follow(client: Client, topic: str, operation: dict[str, Any], size: int) ->
     return {"operation": operation}
 
 
+def _schedules(client: Client, args: argparse.Namespace) -> Any:
+    if args.name is None:
+        return client.schedules(args.topic)
+    if args.delete:
+        client.delete_schedule(args.topic, args.name)
+        return {"deleted": args.name}
+    fields = {f: getattr(args, f) for f in SCHEDULE_FLAGS if getattr(args, f) is not None}
+    if args.cron is None and args.payload is None and not fields:
+        return client.schedule(args.topic, args.name)
+    if args.cron is None or args.payload is None:
+        raise UsageError("a schedule needs both --cron and --payload")
+    return client.put_schedule(args.topic, args.name, args.cron,
+                               json_argument("--payload", args.payload), **fields)
+
+
 def _tail(client: Client, args: argparse.Namespace) -> None:
     done = 0
     while not args.count or done < args.count:
@@ -225,30 +345,9 @@ _HANDLERS: dict[str, Callable[[Client, argparse.Namespace], Any]] = {
     "reschedule": lambda c, a: c.reschedule(a.topic, a.id, **_when(a)),
     "stats": lambda c, a: c.stats(a.topic, a.window),
     "campaigns": _campaigns,
-    "schedules": lambda c, a: c.schedule(a.topic, a.name) if a.name else c.schedules(a.topic),
+    "schedules": _schedules,
     "tail": _tail,
     "dead": lambda c, a: c.dead_letters(a.topic, a.limit),
     "retry": lambda c, a: c.retry(a.topic, a.id),
     "lag": lambda c, a: c.lag(a.topic, a.minutes),
 }
-
-
-def _human(command: str, answer: Any) -> str:
-    """A table for lists of objects, `field  value` lines for one object."""
-    if isinstance(answer, list):
-        if not answer:
-            return "(none)"
-        scalars = [k for k, v in answer[0].items() if not isinstance(v, dict | list)]
-        columns = sorted(scalars, key=lambda k: (
-            FIRST_COLUMNS.index(k) if k in FIRST_COLUMNS else len(FIRST_COLUMNS), k))[:6]
-        rows = [[_cell(row.get(c)) for c in columns] for row in answer]
-        widths = [max(len(c), *(len(r[n]) for r in rows)) for n, c in enumerate(columns)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
-        return "\n".join(lines)
-    width = max((len(k) for k in answer), default=0)
-    return "\n".join(f"{k.ljust(width)}  {_cell(v)}" for k, v in answer.items())
-
-
-def _cell(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, dict | list) else str(value)
