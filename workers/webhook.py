@@ -12,6 +12,7 @@ import ssl
 
 from app.core.timeparse import format_ms
 from app.delivery import signing
+from app.messages.headers import allowed_headers
 from app.models import MessageState, Payload, Topic
 from workers.http_client import AsyncHttpClient, HttpError
 
@@ -20,11 +21,13 @@ CONTENT_TYPES = {"json": "application/json", "base64": "application/octet-stream
 
 def request_headers(topic: Topic, row: MessageState, payload: Payload,
                     now_ms: int) -> dict[str, str]:
-    """The message's own headers, then ours (ours win on a clash), signed at now_ms (epoch
-    ms) by every secret of the topic active then (app.delivery.signing)."""
+    """The message's own headers, then ours, signed at now_ms (epoch ms) by every secret of
+    the topic active then (app.delivery.signing). Of its own, only those it may carry
+    (app.messages.headers) go: none named as one of ours in any case, so none goes twice;
+    rows enqueued before that check may hold others."""
     timestamp_s = now_ms // 1000
     return {
-        **payload.headers,
+        **allowed_headers(payload.headers),
         "Content-Type": CONTENT_TYPES.get(payload.encoding, "application/octet-stream"),
         "Duetime-Message-Id": row.id,
         "Duetime-Topic": topic.name,

@@ -8,6 +8,12 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.core.ids import CLIENT_ID, NAME
+from app.messages.headers import (
+    NAME_PATTERN,
+    RESERVED_PATTERN,
+    VALUE_PATTERN,
+    header_problems,
+)
 from app.schemas.fields import ZONE_FORMAT, Bool, Instant, Int
 from app.schemas.rules import at_most_one, exactly_one, needs
 
@@ -26,9 +32,12 @@ class MessageInSchema(Schema):
 
     JSON_RULES = {"allOf": [at_most_one(*_TIME_FIELDS), needs("local_time", "timezone"),
                             needs("if_exists", "id"), exactly_one("payload", "payload_base64")],
-                  "properties": {"headers": {"maxProperties": 32,
-                                             "propertyNames": {"minLength": 1,
-                                                               "maxLength": 128}}}}
+                  "properties": {"headers": {
+                      "maxProperties": 32,
+                      "propertyNames": {"minLength": 1, "maxLength": 128,
+                                        "pattern": NAME_PATTERN,
+                                        "not": {"pattern": RESERVED_PATTERN}},
+                      "additionalProperties": {"pattern": VALUE_PATTERN}}}}
 
     id = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
         "description": "Client id (idempotency key); generated (time-ordered) if absent."})
@@ -57,7 +66,11 @@ class MessageInSchema(Schema):
                        "turns for their POST slots."})
     headers = fields.Dict(keys=fields.String(validate=validate.Length(1, 128)),
                           values=fields.String(validate=validate.Length(max=1024)),
-                          validate=validate.Length(max=32))
+                          validate=validate.Length(max=32), metadata={
+        "description": "Sent with the webhook POST. Names are RFC 9110 tokens, values "
+                       "have no CR, LF or NUL; names duetime sets (content-type, "
+                       "content-length, host, transfer-encoding, connection, webhook-*, "
+                       "duetime-*, in any case) are refused."})
     if_exists = fields.String(validate=validate.OneOf(IF_EXISTS), metadata={
         "description": "What a repeated `id` does (only with an id). reject (default): the "
                        "same content answers 200 (a retry), other content 409. replace: "
@@ -69,6 +82,12 @@ class MessageInSchema(Schema):
                        "message as it is, whatever the content (the first one wins). An id "
                        "repeated inside one batch is answered as its first occurrence (409 "
                        "for other content, except with keep)."})
+
+    @validates_schema
+    def _allowed_headers(self, data: dict[str, Any], **kwargs: Any) -> None:
+        problems = header_problems(data.get("headers") or {})
+        if problems:
+            raise ValidationError(problems, "headers")
 
     @validates_schema
     def _one_time_one_payload(self, data: dict[str, Any], **kwargs: Any) -> None:
