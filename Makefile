@@ -35,7 +35,7 @@ lint:
 	$(VENV)/bin/mypy
 
 openapi: setup  ## regenerate openapi.yaml from the marshmallow schemas
-	$(VENV)/bin/duetime openapi --output openapi.yaml
+	$(VENV)/bin/duetime-admin openapi --output openapi.yaml
 
 bench: up       ## pull (batched and one message per request), push, push in a crowded keyspace, pull beside idle backlogs, campaign, schedule, many-topic, idle-stack, new-topic, overload and command-line start benchmarks against the running stack; results in bench-results/
 	$(PY) -m tests.bench.run $(BENCH_ARGS)

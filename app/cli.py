@@ -1,24 +1,26 @@
-"""The `duetime` operator commands, run by the `duetime` command of duetime_client
-(clients/python) when the server package is installed: schema migrations, API keys, the
-OpenAPI file, a releaser, Spark jobs.
+"""`duetime-admin`, the server distribution's operator commands: schema migrations, API keys,
+the OpenAPI file, a releaser, Spark jobs.
 
-  duetime schema apply | status
-  duetime keys create --tenant NAME [--name LABEL]   (prints the new key as its last line)
-  duetime keys list [--tenant NAME]                  (key ids, never keys)
-  duetime keys revoke --key-id ID                    (an id from list, or the key itself)
-  duetime openapi [--output PATH]
-  duetime releaser [--member NAME]   (runs until SIGTERM/SIGINT, then stops gracefully)
-  duetime spark import FILE --topic T [--tenant T] [--campaign C] [--rejects DIR] [--master URL]
-  duetime spark import EXPORT --topic T --restore [--tenant T] [--master URL]
-  duetime spark export --topic T --out DIR [--tenant T] [--master URL]
-  duetime spark report --topic T [--tenant T] [--campaign C] [--out DIR] [--master URL]
+  duetime-admin schema apply | status
+  duetime-admin keys create --tenant NAME [--name LABEL]   (prints the new key as its last line)
+  duetime-admin keys list [--tenant NAME]                  (key ids, never keys)
+  duetime-admin keys revoke --key-id ID                    (an id from list, or the key itself)
+  duetime-admin openapi [--output PATH]
+  duetime-admin releaser [--member NAME]   (runs until SIGTERM/SIGINT, then stops gracefully)
+  duetime-admin spark import FILE --topic T [--tenant T] [--campaign C] [--rejects DIR]
+                                [--master URL]
+  duetime-admin spark import EXPORT --topic T --restore [--tenant T] [--master URL]
+  duetime-admin spark export --topic T --out DIR [--tenant T] [--master URL]
+  duetime-admin spark report --topic T [--tenant T] [--campaign C] [--out DIR] [--master URL]
 
-The user commands (topics, enqueue, get, ...) are the client's: duetime_client.commands.
+The user commands (topics, enqueue, get, ...) are the `duetime` command of the client
+distribution (clients/python), which imports nothing of the server.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -86,7 +88,7 @@ def _openapi(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="duetime", description=__doc__,
+    parser = argparse.ArgumentParser(prog="duetime-admin", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     schema = sub.add_parser("schema", help="apply or inspect CQL migrations")
@@ -147,6 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"{exc.detail} (is Cassandra running? `make up` starts one)", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `duetime-admin keys list | head`: the reader has enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

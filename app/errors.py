@@ -81,7 +81,7 @@ class NoReleaser(StoreUnavailable):
 
 
 class SchemaBehind(StoreUnavailable):
-    """The keyspace lacks migrations this code needs (run `duetime schema apply`)."""
+    """The keyspace lacks migrations this code needs (run `duetime-admin schema apply`)."""
 
     title, slug = "Schema not current", "schema-behind"
 

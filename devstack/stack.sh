@@ -58,7 +58,7 @@ setup() {
   setup_venv
   fetch_spark_jars
   $PY devstack/cassandra.py start dev
-  "$VENV/bin/duetime" schema apply
+  "$VENV/bin/duetime-admin" schema apply
 }
 
 dev_key() {  # reuse the key file while it still authenticates, else make a new one
@@ -71,7 +71,7 @@ s = Services(load_config())
 sys.exit(0 if s.keys.tenant_of(sys.argv[1]) else 1)
 PYEOF
   then cat "$keyfile"; return; fi
-  "$VENV/bin/duetime" keys create --tenant dev --name dev | tail -n 1 > "$keyfile"
+  "$VENV/bin/duetime-admin" keys create --tenant dev --name dev | tail -n 1 > "$keyfile"
   cat "$keyfile"
 }
 
@@ -100,7 +100,7 @@ start_api_background() {
 
 start_releaser_background() {
   if [ -f "$RELEASER_PID" ] && kill -0 "$(cat "$RELEASER_PID")" 2>/dev/null; then return; fi
-  nohup "$VENV/bin/duetime" releaser --member "$(hostname)-dev" >>"$VAR/log/releaser.log" 2>&1 &
+  nohup "$VENV/bin/duetime-admin" releaser --member "$(hostname)-dev" >>"$VAR/log/releaser.log" 2>&1 &
   echo $! > "$RELEASER_PID"
 }
 
@@ -127,7 +127,7 @@ run() {
   trap cleanup EXIT INT TERM
   "$VENV/bin/gunicorn" -c app/gunicorn_conf.py app.wsgi:app &
   API_PID=$!
-  "$VENV/bin/duetime" releaser --member "$(hostname)-dev" &
+  "$VENV/bin/duetime-admin" releaser --member "$(hostname)-dev" &
   RELEASER_PID=$!
   wait_ready
   banner

@@ -1,5 +1,5 @@
-"""`duetime spark export`: a topic's messages, in every state, to Parquet, for a backup that
-lives beyond the cluster or a move to another topic (`duetime spark import --restore`).
+"""`duetime-admin spark export`: a topic's messages, in every state, to Parquet, for a backup that
+lives beyond the cluster or a move to another topic (`duetime-admin spark import --restore`).
 
 One row a message (EXPORT_COLUMNS): its id, state, times, priority, campaign, group,
 attempts, last error and payload (bytes, encoding, headers). A leased message is written as

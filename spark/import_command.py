@@ -1,5 +1,5 @@
-"""The `duetime spark import` command: a file of sends (spark.import_job) or, with --restore,
-an export of `duetime spark export` (spark.restore_job). Prints the job's JSON summary as its
+"""The `duetime-admin spark import` command: a file of sends (spark.import_job) or, with --restore,
+an export of `duetime-admin spark export` (spark.restore_job). Prints the job's JSON summary as its
 last line; a failure prints one line and exits with its code (spark.usage.EXIT_CODES)."""
 
 from __future__ import annotations

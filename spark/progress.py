@@ -7,10 +7,18 @@ import sys
 import threading
 import time
 
-from duetime_client.progress import bar
 from pyspark import SparkContext
 
 EVERY_S = 2.0
+WIDTH = 30
+
+
+def bar(done: int, total: int, width: int = WIDTH) -> str:
+    """`[#########.....] 61% 6,100/10,000` (the client's progress bar, which the server
+    does not depend on)."""
+    share = min(max(done / total, 0.0), 1.0) if total else 0.0
+    filled = round(share * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {share:4.0%} {done:,}/{total:,}"
 
 
 class Progress:

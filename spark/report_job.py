@@ -1,4 +1,4 @@
-"""`duetime spark report`: what is coming and how delivery went, read from the live tables.
+"""`duetime-admin spark report`: what is coming and how delivery went, read from the live tables.
 
 For one topic (optionally one campaign): messages per state, upcoming load per minute and per
 hour, delivery lag percentiles per campaign (lag = when the message was marked delivered minus

@@ -1,4 +1,4 @@
-"""The flags, input formats and exit codes of `duetime spark import | export | report`, with
+"""The flags, input formats and exit codes of `duetime-admin spark import | export | report`, with
 no pyspark import, so `--help` answers at once (the jobs parse their arguments with these).
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-COMMAND = "duetime spark"  # how a person runs the jobs
+COMMAND = "duetime-admin spark"  # how a person runs the jobs
 WIDTH = 88  # columns of --help
 IF_EXISTS = ("reject", "replace", "keep")  # --if-exists, as the API's if_exists
 
@@ -75,13 +75,14 @@ def import_parser() -> argparse.ArgumentParser:
                    "listed in the rejects file), replace (while the message is scheduled) or "
                    "keep (the message as it is)")
     p.add_argument("--restore", action="store_true", help="FILE is an export of "
-                   "`duetime spark export` (Parquet): bring its messages back in their states")
+                   "`duetime-admin spark export` (Parquet): bring its messages back in their "
+                   "states")
     return p
 
 
 def export_parser() -> argparse.ArgumentParser:
     p = _parser(f"{COMMAND} export", "Write every message of a topic, in every state, to "
-                "Parquet (`duetime spark import --restore` brings it back).")
+                "Parquet (`duetime-admin spark import --restore` brings it back).")
     p.add_argument("--topic", required=True)
     p.add_argument("--tenant", default="dev")
     p.add_argument("--out", required=True, help="the Parquet folder to write (replaced): "

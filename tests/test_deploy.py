@@ -8,7 +8,6 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -107,25 +106,27 @@ def test_the_releaser_probe_is_its_metrics_port_and_it_is_woken_where_it_says() 
     assert ports["wake"]["protocol"] == "UDP"
     assert ports["wake"]["containerPort"] == int(env["DUETIME_WAKE_PORT"]["value"])
     assert env["DUETIME_WAKE_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert container["command"][:2] == ["duetime", "releaser"]
+    assert container["command"][:2] == ["duetime-admin", "releaser"]
 
 
 def test_the_image_holds_what_the_manifests_run() -> None:
     lines = [line.strip() for line in (DEPLOY / "Dockerfile").read_text().splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
-    copied = [line.split()[1] for line in lines if line.startswith("COPY ")]
+    copied = [source for line in lines if line.startswith("COPY ")
+              for source in line.split()[1:-1]]
     assert all((ROOT / source).exists() for source in copied), copied
-    for needed in ("app", "workers", "schema", "setup.cfg", "clients/python"):
+    for needed in ("app", "workers", "schema", "setup.cfg", "setup.py"):
         assert needed in copied
     [cmd] = [line for line in lines if line.startswith("CMD ")]
     assert yaml.safe_load(cmd[len("CMD "):]) == _container("duetime-api")["command"]
     assert (ROOT / "app" / "gunicorn_conf.py").exists()
-    # the manifests' `duetime schema apply` and `duetime releaser`: the client's command,
-    # which runs the server's operator commands; the image installs both
+    # the manifests' `duetime-admin schema apply` and `duetime-admin releaser`: the server's
+    # own command; the image installs the server alone, which needs nothing of the client
     [install] = [line for line in lines if line.startswith("RUN pip install")]
-    assert "./clients/python" in install.split() and "." in install.split()
-    client = tomllib.loads((ROOT / "clients" / "python" / "pyproject.toml").read_text())
-    assert client["project"]["scripts"]["duetime"] == "duetime_client.cli:main"
+    assert "." in install.split() and "./clients/python" not in install.split()
     server = configparser.ConfigParser()
     server.read(ROOT / "setup.cfg")
-    assert "duetime-client" in server["options"]["install_requires"]
+    scripts = server["options.entry_points"]["console_scripts"]
+    assert "duetime-admin = app.cli:main" in scripts
+    assert "duetime-client" not in server["options"]["install_requires"]
+    assert "clients/python" not in copied

@@ -1,4 +1,4 @@
-"""API keys through the `duetime keys` command on the real node: list shows ids, never keys;
+"""API keys through the `duetime-admin keys` command on the real node: list shows ids, never keys;
 a revoked key is refused (401) once the cache time of a process that used it has passed."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from app import create_app
 from app.config import Config
@@ -53,3 +54,17 @@ def test_keys_are_listed_by_id_and_a_revoked_key_stops_within_the_cache_time(
         app.extensions["duetime"].close()
     assert key_id not in keys(config, "list").stdout
     assert keys(config, "revoke", "--key-id", other).returncode == 0  # the key itself works too
+
+
+def test_a_list_read_by_a_pipe_that_closes_early_ends_quietly(config: Config) -> None:
+    """`duetime-admin keys list | head`: the reader gone, the command ends without a
+    traceback (exit 141, as a process ended by SIGPIPE)."""
+    assert keys(config, "create", "--tenant", "piped").returncode == 0
+    lister = subprocess.Popen(
+        [str(Path(sys.executable).parent / "duetime-admin"), "keys", "list"], cwd=ROOT,
+        env={**os.environ, "DUETIME_KEYSPACE": config.keyspace},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert lister.stdout is not None and lister.stderr is not None
+    lister.stdout.close()
+    err = lister.stderr.read().decode()
+    assert lister.wait(120) == 141 and err == "", err

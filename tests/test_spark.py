@@ -32,7 +32,7 @@ ROWS = scaled(20_000, 100_000)
 
 
 def spark_job(config: Config, *args: str) -> dict[str, Any]:
-    """Run `duetime spark ...` on the test keyspace; its JSON summary (last stdout line)."""
+    """Run `duetime-admin spark ...` on the test keyspace; its JSON summary (last stdout line)."""
     env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace}
     done = subprocess.run([sys.executable, "-m", "app.cli", "spark", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1200)

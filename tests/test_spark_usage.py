@@ -1,4 +1,4 @@
-"""`duetime spark` as a data engineer meets it, with real Spark (local mode) against the real
+"""`duetime-admin spark` as a data engineer meets it, with real Spark (local mode) against the real
 node: a failure prints one line saying what is wrong and exits with its documented code
 (spark.usage.EXIT_CODES), the input's format comes from --format or the file's name, and
 --help lists a job's own flags and the codes."""

@@ -1,4 +1,4 @@
-"""`duetime releaser`: walks the owned shards of the timeline and releases due messages.
+"""`duetime-admin releaser`: walks the owned shards of the timeline and releases due messages.
 
 Its steps are idempotent. Three run on threads of their own at two paces (workers/paced.py):
 soon after a wake-up (app.delivery.wakeups: a datagram another process sends after a write the step

@@ -38,7 +38,7 @@ def readyz() -> dict[str, Any]:
     missing = migrations.pending(services.db)
     if missing:
         names = ", ".join(f"{m.version:03d}_{m.name}" for m in missing)
-        raise SchemaBehind(f"Pending migrations: {names}. Run `duetime schema apply`.")
+        raise SchemaBehind(f"Pending migrations: {names}. Run `duetime-admin schema apply`.")
     skew = clock_skew.measure_ms(services)
     if abs(skew) > services.config.safety_lag_ms:
         raise ClockSkewed(f"This clock is {skew:+d} ms off Cassandra's, more than "

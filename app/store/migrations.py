@@ -1,5 +1,8 @@
 """Ordered CQL migrations from schema/NNN_name.cql, applied once each and recorded.
 
+schema/ at the project's root is their source of truth; a built wheel carries a copy as
+app/store/cql/ (setup.py), read when the package is installed away from the source tree.
+
 Every statement in a migration is idempotent (IF NOT EXISTS), so a run interrupted half-way
 is simply run again. Applied versions are recorded in schema_migrations with the file's
 checksum; applying twice is a no-op.
@@ -22,7 +25,9 @@ from cassandra import InvalidRequest, ReadFailure, WriteFailure
 
 from app.store.session import CassandraSession
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+PACKAGED_SCHEMA = Path(__file__).resolve().parent / "cql"
+SCHEMA_DIR = (PACKAGED_SCHEMA if PACKAGED_SCHEMA.is_dir()
+              else Path(__file__).resolve().parents[2] / "schema")
 DDL_RETRY_S = 60
 log = logging.getLogger(__name__)
 _FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.cql$")

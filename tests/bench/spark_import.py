@@ -2,7 +2,7 @@
 enqueue of the same rows and the raw-Cassandra ceiling, in one run, against the stack of
 `make up`.
 
-- spark: `duetime spark import` of the whole file (N rows, default 1,000,000, due a month
+- spark: `duetime-admin spark import` of the whole file (N rows, default 1,000,000, due a month
   ahead over one day), wall time including Spark's start-up;
 - http: the same rows through POST /messages:batch (1,000 per request), on the first
   --http-sample rows (the rate is what compares; all N would take the better part of an hour);
