@@ -12,7 +12,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from app import dashboard
-from app.api import docs_assets, openapi_file, problems, validation
+from app.api import docs_assets, encoded_slash, openapi_file, problems, validation
 from app.api.auth import Authenticator
 from app.config import Config, load_config
 from app.errors import PayloadTooLarge
@@ -133,4 +133,5 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
     shedding.register(app, config.shed_queue_ms)
     _authenticate(app, Authenticator(services.keys, config.key_cache_s), services.quotas)
     _limit_unsized_bodies(app)
+    encoded_slash.register(app)  # last: every other hook has run
     return app

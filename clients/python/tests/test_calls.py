@@ -33,6 +33,13 @@ def test_ids_with_reserved_characters_stay_in_their_segment(api: Client, topic: 
         api.get_topic(f"{topic}?x")
     # the topic route's answer about the whole name (not topic `topic` with a query)
     assert refused.value.status in (400, 404) and f"{topic}?x" in str(refused.value)
+    # a `/` in a name or id: the API's 400, not the route the decoded path would reach
+    for call in (lambda: api.get_topic(f"{topic}/stats"), lambda: api.get(topic, "a/ack"),
+                 lambda: api.cancel(topic, "a/retry")):
+        with pytest.raises(ApiError) as refused:
+            call()
+        assert refused.value.status == 400 and "path" in refused.value.problem["errors"]
+    assert api.get(topic, "a")["state"] == "scheduled"
 
 
 def test_a_call_for_every_route(api: Client, topic: str) -> None:
