@@ -1,4 +1,4 @@
-"""`duetime-admin spark import`: bulk scheduling from a file, written as the API would write it.
+"""`duetime spark import`: bulk scheduling from a file, written as the API would write it.
 
 extract (CSV, JSON lines or Parquet) → transform (spark.rows, the API's own checks and app's
 bucket/shard/id code) → load (the connector). Steps:
@@ -18,6 +18,8 @@ The command that runs it: spark.import_command.
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import itertools
 import json
 import time
@@ -79,24 +81,70 @@ def read_file(spark: SparkSession, path: str, fmt: str) -> DataFrame:
     return df.select([F.col(c).cast("string").alias(c) for c in df.columns])
 
 
-def _transform(settings: ImportSettings, columns: list[str], rows: Any) -> Any:
-    for values, line in rows:
+# a row's line in its file: CSV's first data row is line 2 (the header is line 1); JSON
+# lines and Parquet (whose "line" is the row number) start at 1
+FIRST_LINE = {"csv": 2, "json": 1, "parquet": 1}
+
+
+def as_input(fmt: str, columns: list[str], values: Any) -> str:
+    """A row as its input had it: a CSV line (fields in the header's order, RFC 4180 quoting)
+    for CSV, else a JSON object (Parquet's and JSON lines' values as text)."""
+    if fmt == "csv":
+        out = io.StringIO()
+        csv.writer(out, lineterminator="").writerow(["" if v is None else v for v in values])
+        return out.getvalue()
+    return json.dumps(dict(zip(columns, values, strict=True)), default=str)
+
+
+def _transform(settings: ImportSettings, fmt: str, columns: list[str], rows: Any) -> Any:
+    first = FIRST_LINE[fmt]
+    for values, index in rows:
         raw = dict(zip(columns, values, strict=True))
+        line, text = index + first, as_input(fmt, columns, values)
         try:
             out = to_message(raw, settings)
-            yield (line + 1, None, None, out["id"], out["shard"], out["bucket"], out["due_at"],
+            yield (line, None, text, out["id"], out["shard"], out["bucket"], out["due_at"],
                    out["deliver_at"], out["priority"], out["campaign"], out["content_hash"],
                    out["payload"], out["encoding"], out["created_at"], out["ttl"],
                    out["payload_ttl"], out["spread"], out["home"])
         except Reject as reason:
-            yield (line + 1, str(reason), json.dumps(raw, default=str)) + (None,) * 15
+            yield (line, str(reason), text) + (None,) * 15
 
 
-def validate(spark: SparkSession, raw: DataFrame, settings: ImportSettings) -> DataFrame:
+def validate(spark: SparkSession, raw: DataFrame, settings: ImportSettings, fmt: str
+             ) -> DataFrame:
+    """Every row checked: (line, reason, raw, the message's columns); reason is None for a
+    good row, raw is the row as in the input (as_input)."""
     columns = raw.columns
     parsed = raw.rdd.map(tuple).zipWithIndex().mapPartitions(
-        lambda rows: _transform(settings, columns, rows))
+        lambda rows: _transform(settings, fmt, columns, rows))
     return spark.createDataFrame(parsed, PARSED)
+
+
+def write_rejects(spark: SparkSession, progress: Progress, parsed: DataFrame,
+                  refused: DataFrame, folder: str) -> tuple[int, bool]:
+    """The rejects CSV (line, reason, raw) in folder, in line order: rows that failed the
+    checks and the refused (duplicates, --if-exists), with their input row from parsed.
+    Replaces what an earlier run wrote there, and says so. Returns (rejects, replaced)."""
+    rejects = parsed.filter(F.col("reason").isNotNull()).select("line", "reason", "raw") \
+        .unionByName(refused.drop("raw").join(parsed.select("line", "raw"), "line", "left")) \
+        .orderBy("line").persist()
+    replaced = exists(spark, folder)
+    progress.enter(f"writing rejects to {folder}"
+                   + (" (replacing those of an earlier run)" if replaced else ""))
+    # RFC 4180, as the input: a quote inside a field is doubled (Spark's default is \")
+    rejects.coalesce(1).write.mode("overwrite").option("header", True).option(
+        "escape", '"').csv(folder)
+    return rejects.count(), replaced
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    """Whether a file or folder is at path (any Hadoop URL)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    return bool(hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+                .exists(hadoop_path))
 
 
 def split_duplicates(good: DataFrame) -> tuple[DataFrame, DataFrame]:
@@ -274,8 +322,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress.enter(f"validating {args.file}")
         settings = ImportSettings(topic, args.campaign, services.clock(), config.max_payload_bytes,
                                   config.horizon_days, config.retention_days, config.bucket_ms)
-        parsed = validate(spark, read_file(spark, args.file, args.format), settings).persist()
-        good, dups = split_duplicates(parsed.filter(F.col("reason").isNull()))
+        parsed = validate(spark, read_file(spark, args.file, args.format), settings,
+                          args.format).persist()
+        good, dups = split_duplicates(parsed.filter(F.col("reason").isNull()).drop("raw"))
         progress.enter("looking up ids the topic already has")
         new, present = lookup(spark, config, topic, good)
         new, present = new.persist(), present.persist()
@@ -295,16 +344,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             replaced, late = if_exists.replace(
                 spark, services, topic, if_exists.to_replace(present, args.if_exists))
             unreplaced = unreplaced.unionByName(late)
-        progress.enter(f"writing rejects to {args.rejects}")
-        rejects = parsed.filter(F.col("reason").isNotNull()).select("line", "reason", "raw") \
-            .unionByName(dups).unionByName(unreplaced).orderBy("line")
-        rejects.coalesce(1).write.mode("overwrite").option("header", True).csv(args.rejects)
-        totals = Counter({"rows": parsed.count(), "rejected": rejects.count(),
+        rejected, rejects_replaced = write_rejects(spark, progress, parsed,
+                                                   dups.unionByName(unreplaced), args.rejects)
+        totals = Counter({"rows": parsed.count(), "rejected": rejected,
                           "imported": sum(n for _, _, n in groups), "replaced": replaced})
     elapsed = time.monotonic() - began
     summary = {**totals, "already_present": totals["rows"] - totals["rejected"]
                - totals["imported"] - totals["replaced"], "seconds": round(elapsed, 2),
                "rows_per_s": round(totals["rows"] / elapsed, 1), "rejects": args.rejects,
+               "rejects_replaced": rejects_replaced,
                "placed_again": placed_again,
                "warnings": warnings}
     spark.stop()

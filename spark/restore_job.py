@@ -1,4 +1,4 @@
-"""`duetime-admin spark import EXPORT --topic T --restore`: bring back the messages of an export
+"""`duetime spark import EXPORT --topic T --restore`: bring back the messages of an export
 (spark.export_job) into a topic, empty or not, idempotently.
 
 Each message keeps its id, state, deliver_at, priority, campaign, group, attempts, last error,
@@ -59,7 +59,7 @@ def read_export(spark: SparkSession, path: str) -> DataFrame:
     missing = [c for c in EXPORT_COLUMNS if c not in df.columns]
     if missing:
         raise JobFailure(INPUT, f"{path} is not a duetime export "
-                         f"(`duetime-admin spark export`): no column {', '.join(missing)}")
+                         f"(`duetime spark export`): no column {', '.join(missing)}")
     return df.select(*[F.unix_millis(c).alias(c) if c in TIMES else F.col(c)
                        for c in EXPORT_COLUMNS])
 
@@ -119,15 +119,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress.enter("placing again what came due while the restore wrote")
         import_job.place_late(services, topic, placed)
         by_state = {r["state"]: r["count"] for r in new.groupBy("state").count().collect()}
-        progress.enter(f"writing rejects to {args.rejects}")
-        rejects = parsed.filter(F.col("reason").isNotNull()).select("line", "reason", "raw")
-        rejects.coalesce(1).write.mode("overwrite").option("header", True).csv(args.rejects)
-        rows, rejected = parsed.count(), rejects.count()
+        rejected, rejects_replaced = import_job.write_rejects(
+            spark, progress, parsed, parsed.limit(0).select("line", "reason", "raw"),
+            args.rejects)
+        rows = parsed.count()
     elapsed = time.monotonic() - began
     restored_count = sum(by_state.values())
     summary = {"rows": rows, "rejected": rejected, "restored": restored_count,
                "already_present": rows - rejected - restored_count, "by_state": by_state,
-               "seconds": round(elapsed, 2), "rejects": args.rejects, "warnings": warnings}
+               "seconds": round(elapsed, 2), "rejects": args.rejects,
+               "rejects_replaced": rejects_replaced, "warnings": warnings}
     spark.stop()
     services.close()
     return summary

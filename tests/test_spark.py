@@ -32,7 +32,7 @@ ROWS = scaled(20_000, 100_000)
 
 
 def spark_job(config: Config, *args: str) -> dict[str, Any]:
-    """Run `duetime-admin spark ...` on the test keyspace; its JSON summary (last stdout line)."""
+    """Run `duetime spark ...` on the test keyspace; its JSON summary (last stdout line)."""
     env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace}
     done = subprocess.run([sys.executable, "-m", "app.cli", "spark", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1200)
@@ -76,7 +76,9 @@ def test_import_counts_rejects_and_a_rerun_adds_nothing(
     assert first["rejected"] == expected.invalid + expected.duplicates
     assert first["imported"] == expected.good
     rejected = list(csv.DictReader(next(rejects.glob("*.csv")).open(encoding="utf-8")))
-    assert len(rejected) == first["rejected"]
+    assert len(rejected) == first["rejected"] and first["rejects_replaced"] is False
+    lines = path.read_text(encoding="utf-8").splitlines()  # the header is line 1
+    assert all(lines[int(r["line"]) - 1] == r["raw"] for r in rejected), rejected[:3]
     reasons = {r["reason"].split(":")[0] for r in rejected}
     assert {"recipient", "priority", "deliver_at"} <= reasons
     assert sum(r["reason"].startswith("duplicate of line") for r in rejected) == \
@@ -94,8 +96,8 @@ def test_import_counts_rejects_and_a_rerun_adds_nothing(
     assert parse_instant(view["last_deliver_at"]) == int(rows[-1]["deliver_at"])
 
     again = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant", tenant,
-                      "--campaign", "bulk", "--rejects", str(tmp_path / "rejects2"))
-    assert again["imported"] == 0
+                      "--campaign", "bulk", "--rejects", str(rejects))
+    assert again["imported"] == 0 and again["rejects_replaced"] is True
     assert again["already_present"] == expected.good
     assert stats(client, topic)["scheduled"] == expected.good
     view = client.get(topic.url("/campaigns/bulk"), headers=auth).get_json()
@@ -206,19 +208,22 @@ def test_an_import_rejects_or_replaces_messages_it_finds_with_other_content(
     def run(mode: str, folder: str) -> tuple[dict[str, Any], dict[str, str]]:
         summary = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant",
                             tenant, "--if-exists", mode, "--rejects", str(tmp_path / folder))
-        found = csv.DictReader(next((tmp_path / folder).glob("*.csv")).open(encoding="utf-8"))
+        found = list(csv.DictReader(next((tmp_path / folder).glob("*.csv")).open(
+            encoding="utf-8")))
+        lines = path.read_text(encoding="utf-8").splitlines()
+        assert [r["raw"] for r in found] == [lines[int(r["line"]) - 1] for r in found], found
         return summary, {r["line"]: r["reason"] for r in found}
 
     rejected, why = run("reject", "r1")  # the default, as the API's
     assert (rejected["imported"], rejected["replaced"], rejected["rejected"],
             rejected["already_present"]) == (1, 0, 2, 1), rejected
-    assert set(why) == {"2", "3"} and all("other content" in r for r in why.values()), why
+    assert set(why) == {"3", "4"} and all("other content" in r for r in why.values()), why
     assert topic.get("other").get_json()["payload"] == {"v": 1}
 
     replaced, why = run("replace", "r2")
     assert (replaced["imported"], replaced["replaced"], replaced["rejected"],
             replaced["already_present"]) == (0, 1, 1, 2), replaced
-    assert list(why) == ["3"] and "id is leased" in why["3"], why
+    assert list(why) == ["4"] and "id is leased" in why["4"], why
     other = topic.get("other").get_json()
     assert other["payload"] == {"v": 2} and parse_instant(other["deliver_at"]) == moved
     assert topic.get("taken-now").get_json()["payload"] == {"v": 1}
