@@ -31,16 +31,17 @@ def bar_chart(path: Path, title: str, labels: list[str], values: list[float],
     return _save(fig, path)
 
 
-def load_chart(path: Path, title: str, per_slot: list[tuple[int, int]], slot_ms: int) -> str:
-    """Scheduled messages per time slot (epoch slot number → count)."""
+def load_chart(path: Path, title: str, per_slot: list[tuple[str, int]], slot_ms: int) -> str:
+    """Scheduled messages per time slot (its start, RFC 3339 → count; slot_ms long)."""
     fig, ax = plt.subplots(figsize=(9, 3.5))
     if per_slot:
-        xs = [dt.datetime.fromtimestamp(s * slot_ms / 1000, dt.UTC) for s, _ in per_slot]
+        xs = [dt.datetime.fromisoformat(s) for s, _ in per_slot]
         # matplotlib's date converter takes datetimes; its stubs list numbers only
         ax.bar(xs, [n for _, n in per_slot], width=slot_ms / 86_400_000 * 0.9,  # type: ignore[arg-type]
                color="#2e8b57")
     ax.set_title(title)
     ax.set_ylabel("messages")
+    ax.set_xlabel("UTC")
     fig.autofmt_xdate()
     return _save(fig, path)
 
@@ -78,11 +79,12 @@ def funnel_chart(path: Path, rows: list[dict[str, Any]], slot_ms: int) -> str | 
     shown = largest[:FUNNEL_PANELS]
     fig, axes = plt.subplots(len(shown), 1, figsize=(9, 2.6 * len(shown)), squeeze=False)
     for ax, name in zip(axes[:, 0], shown, strict=True):
-        points = sorted(per_campaign[name], key=lambda r: r["slot"])
+        points = sorted(per_campaign[name], key=lambda r: r["starts_at"])
         # from a slot before the first (nothing yet) to a slot after the last (all of it), so
         # a campaign that fits in one minute still shows its rise
-        slots = [points[0]["slot"] - 1] + [r["slot"] for r in points] + [points[-1]["slot"] + 1]
-        xs = [dt.datetime.fromtimestamp(slot * slot_ms / 1000, dt.UTC) for slot in slots]
+        starts = [dt.datetime.fromisoformat(r["starts_at"]) for r in points]
+        slot = dt.timedelta(milliseconds=slot_ms)
+        xs = [starts[0] - slot, *starts, starts[-1] + slot]
         for key, color in FUNNEL_LINES.items():
             running, ys = 0, [0]
             for r in points:

@@ -1,22 +1,26 @@
 """`duetime-admin spark report`: what is coming and how delivery went, read from the live tables.
 
-For one topic (optionally one campaign): messages per state, upcoming load per minute and per
-hour, delivery lag percentiles per campaign (lag = when the message was marked delivered minus
+For one topic (optionally one campaign): messages per state, scheduled messages overdue (due
+before the report's time, `as_of`) and upcoming (due from then on) per minute and per hour,
+delivery lag percentiles per campaign (lag = when the message was marked delivered minus
 its deliver_at, in ms), the attempts distribution, and the campaign funnel (per campaign and
 minute: messages that entered, and that ended delivered, dead or cancelled). Each metric is
 written as Parquet and CSV under OUT/<metric>/, plus OUT/index.html with PNG charts. Prints a
-JSON summary last.
+JSON summary last. Times are UTC: Parquet timestamps, RFC 3339 text in the CSV, the summary
+and the page (a per-minute or per-hour row is labelled by the time it starts, `starts_at`).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from app.config import Config
 from app.core.timeline import MS_PER_HOUR, MS_PER_MINUTE
@@ -43,10 +47,19 @@ def state_counts(df: DataFrame) -> DataFrame:
 
 
 def upcoming(df: DataFrame, now_ms: int, slot_ms: int) -> DataFrame:
-    """Scheduled messages per time slot from now on (slot = epoch ms // slot_ms)."""
+    """Scheduled messages due from now_ms on, per time slot (slot = epoch ms // slot_ms);
+    those due before are overdue()."""
     return (df.filter((F.col("state") == "scheduled") & (F.col("due_at_ms") >= now_ms))
             .groupBy((F.col("due_at_ms") / slot_ms).cast("long").alias("slot"))
             .count().orderBy("slot"))
+
+
+def overdue(df: DataFrame, now_ms: int) -> DataFrame:
+    """Scheduled messages due before now_ms (upcoming() leaves them out): how many, and the
+    due time of the oldest (UTC timestamp, null when none)."""
+    return (df.filter((F.col("state") == "scheduled") & (F.col("due_at_ms") < now_ms))
+            .agg(F.count("*").alias("messages"),
+                 F.timestamp_millis(F.min("due_at_ms")).alias("oldest_due_at")))
 
 
 def lag_per_campaign(df: DataFrame) -> DataFrame:
@@ -83,19 +96,36 @@ def attempts(df: DataFrame) -> DataFrame:
     return df.groupBy("attempts").count().orderBy("attempts")
 
 
-def write(df: DataFrame, out: Path, name: str) -> list[dict[str, Any]]:
-    """Parquet and CSV under out/name/; the (small) result as dicts."""
+RFC_3339 = "yyyy-MM-dd'T'HH:mm:ssXXX"  # with the session's time zone UTC: ...T09:00:00Z
+
+
+def write(df: DataFrame, out: Path, name: str, slot_ms: int | None = None
+          ) -> list[dict[str, Any]]:
+    """Parquet and CSV under out/name/; the (small) result as dicts, times as RFC 3339 text.
+    With slot_ms, the slot column (epoch ms // slot_ms) becomes starts_at, the slot's start."""
+    if slot_ms is not None:
+        df = df.select(*[F.timestamp_millis(F.col("slot") * slot_ms).alias("starts_at")
+                         if c == "slot" else F.col(c) for c in df.columns])
     df = df.cache()
     df.coalesce(1).write.mode("overwrite").parquet(str(out / name / "parquet"))
-    df.coalesce(1).write.mode("overwrite").option("header", True).csv(str(out / name / "csv"))
-    return [r.asDict() for r in df.collect()]
+    df.coalesce(1).write.mode("overwrite").option("header", True).option(
+        "timestampFormat", RFC_3339).csv(str(out / name / "csv"))
+    times = {f.name for f in df.schema.fields if isinstance(f.dataType, T.TimestampType)}
+    return [r.asDict() for r in df.select(*[F.date_format(c, RFC_3339).alias(c) if c in times
+                                            else F.col(c) for c in df.columns]).collect()]
+
+
+def rfc_3339(ms: int) -> str:
+    """Epoch ms as RFC 3339 UTC text, to the second."""
+    return dt.datetime.fromtimestamp(ms // 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     config, services, topic = sessions.open_topic(args.tenant, args.topic)
     out = Path(args.out or f"reports/{args.topic}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    spark = sessions.build(config, f"duetime-report-{args.topic}")
+    spark = sessions.build(config, f"duetime-report-{args.topic}",
+                           **{"spark.sql.session.timeZone": "UTC"})
     now = services.clock()
     with Progress(spark.sparkContext) as progress:
         progress.enter(f"reading the messages of {args.topic}")
@@ -103,21 +133,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress.enter("computing the report")
         results = {
             "states": write(state_counts(df), out, "states"),
+            "overdue": write(overdue(df, now), out, "overdue"),
             "upcoming_per_minute": write(upcoming(df, now, MS_PER_MINUTE), out,
-                                         "upcoming_per_minute"),
-            "upcoming_per_hour": write(upcoming(df, now, MS_PER_HOUR), out, "upcoming_per_hour"),
+                                         "upcoming_per_minute", MS_PER_MINUTE),
+            "upcoming_per_hour": write(upcoming(df, now, MS_PER_HOUR), out, "upcoming_per_hour",
+                                       MS_PER_HOUR),
             "lag_per_campaign": write(lag_per_campaign(df), out, "lag_per_campaign"),
             "attempts": write(attempts(df), out, "attempts"),
-            "funnel": write(funnel(df, MS_PER_MINUTE), out, "funnel"),
+            "funnel": write(funnel(df, MS_PER_MINUTE), out, "funnel", MS_PER_MINUTE),
         }
         progress.enter(f"drawing {out / 'index.html'}")
-        draw(out, args, results)
+        draw(out, args, results, rfc_3339(now))
     spark.stop()
     services.close()
-    return {"out": str(out), "states": {r["state"]: r["count"] for r in results["states"]},
+    return {"out": str(out), "as_of": rfc_3339(now), "overdue": results["overdue"][0],
+            "states": {r["state"]: r["count"] for r in results["states"]},
             "lag_per_campaign": results["lag_per_campaign"],
             "attempts": {r["attempts"]: r["count"] for r in results["attempts"]},
-            "upcoming_per_hour": {r["slot"] * MS_PER_HOUR: r["count"]
+            "upcoming_per_hour": {r["starts_at"]: r["count"]
                                   for r in results["upcoming_per_hour"]},
             "funnel": funnel_totals(results["funnel"])}
 
@@ -132,17 +165,18 @@ def funnel_totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return totals
 
 
-def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
+def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, Any]]],
+         as_of: str) -> None:
     states, lag, tries = results["states"], results["lag_per_campaign"], results["attempts"]
     images = {
         "states": charts.bar_chart(out / "states.png", "Messages per state",
                                    [r["state"] for r in states], [r["count"] for r in states],
                                    "messages"),
         "minute": charts.load_chart(out / "upcoming_minute.png", "Upcoming load per minute",
-                                    [(r["slot"], r["count"])
+                                    [(r["starts_at"], r["count"])
                                      for r in results["upcoming_per_minute"]], MS_PER_MINUTE),
         "hour": charts.load_chart(out / "upcoming_hour.png", "Upcoming load per hour",
-                                  [(r["slot"], r["count"])
+                                  [(r["starts_at"], r["count"])
                                    for r in results["upcoming_per_hour"]], MS_PER_HOUR),
         "lag": charts.lag_chart(out / "lag.png", lag) if lag else None,
         "attempts": charts.bar_chart(out / "attempts.png", "Attempts per message",
@@ -154,11 +188,14 @@ def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, 
         f", campaign {args.campaign}" if args.campaign else "")
     charts.page(out / "index.html", title, [
         ("Messages per state", images["states"], states),
-        ("Upcoming load per minute", images["minute"], results["upcoming_per_minute"][:120]),
-        ("Upcoming load per hour", images["hour"], results["upcoming_per_hour"]),
+        (f"Overdue: scheduled, due before {as_of}", None, results["overdue"]),
+        (f"Upcoming load per minute, from {as_of} (UTC; overdue messages not included)",
+         images["minute"], results["upcoming_per_minute"][:120]),
+        (f"Upcoming load per hour, from {as_of} (UTC; overdue messages not included)",
+         images["hour"], results["upcoming_per_hour"]),
         ("Delivery lag per campaign (ms)", images["lag"], lag),
         ("Attempts distribution", images["attempts"], tries),
-        ("Campaign funnel (per minute)", images["funnel"], results["funnel"][:200]),
+        ("Campaign funnel (per minute, UTC)", images["funnel"], results["funnel"][:200]),
     ])
 
 

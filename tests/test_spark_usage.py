@@ -139,3 +139,38 @@ def test_the_format_comes_from_the_flag_or_the_files_name(
     assert done.returncode == usage.INPUT and "is not a Parquet file" in said(done)[0], \
         said(done)
     assert stats(client, topic)["scheduled"] == 50
+
+
+RFC_3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def test_the_report_labels_times_in_rfc_3339_and_counts_overdue_apart(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        tmp_path: Path) -> None:
+    """Three messages due now, with no consumer to lease them, are overdue when the report
+    runs: counted apart, and not in the upcoming load, which has the five due later."""
+    topic = TopicClient(client, auth)
+    soon = now_ms() + 3_600_000
+    for _ in range(3):
+        assert topic.enqueue().status_code == 201
+    for i in range(5):
+        assert topic.enqueue(deliver_at=soon + (i % 2) * 3_600_000 + i).status_code == 201
+    out = tmp_path / "report"
+    done = run_spark(config, "report", "--topic", topic.name, "--tenant",
+                     tenant_of(services, auth), "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert RFC_3339.match(report["as_of"]), report["as_of"]
+    assert report["overdue"]["messages"] == 3, report["overdue"]
+    assert RFC_3339.match(report["overdue"]["oldest_due_at"])
+    assert report["overdue"]["oldest_due_at"] <= report["as_of"]
+    hours = report["upcoming_per_hour"]
+    assert sum(hours.values()) == 5, hours
+    assert all(RFC_3339.match(h) and h.endswith(":00:00Z") for h in hours), hours
+    assert min(hours) <= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(soon / 1000)) < \
+        max(hours)
+    [per_hour] = (out / "upcoming_per_hour" / "csv").glob("*.csv")
+    header, first, *_ = per_hour.read_text(encoding="utf-8").splitlines()
+    assert header == "starts_at,count" and RFC_3339.match(first.split(",")[0]), first
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert f"due before {report['as_of']}" in page and "overdue messages not included" in page
