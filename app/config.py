@@ -64,8 +64,6 @@ class Config:
     release_slots: int = 32
     release_lease_ms: int = 5000
     release_lookahead_ms: int = 5000
-    release_prepare_ms: int = 200
-    release_prepare_rate: int = 1000
     release_rescan_ms: int = 50
     # without a wake-up (app.delivery.wakeups), the walk reads this often; woken, every rescan
     release_idle_ms: int = 2000
@@ -108,8 +106,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("DUETIME_CONTACT_POINTS must name at least one host")
     positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
                 "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
-                "release_idle_ms", "topic_refresh_ms", "webhook_concurrency",
-                "release_prepare_rate")
+                "release_idle_ms", "topic_refresh_ms", "webhook_concurrency")
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"DUETIME_{name.upper()} must be > 0")
@@ -124,13 +121,11 @@ def _validate(config: Config) -> None:
 
 
 def _validate_release(config: Config) -> None:
-    """The look-ahead must reach past what it runs for: the prepare lead plus two rescans
-    (woken) or one idle period (not woken), and stay within what write counts cover."""
-    reach = config.release_prepare_ms + max(2 * config.release_rescan_ms,
-                                            config.release_idle_ms)
+    """The look-ahead must reach past what it runs for: two rescans (woken) or one idle
+    period (not woken), and stay within what write counts cover."""
+    reach = max(2 * config.release_rescan_ms, config.release_idle_ms)
     if config.release_lookahead_ms < reach:
-        raise ConfigError("DUETIME_RELEASE_LOOKAHEAD_MS must be at least "
-                          "DUETIME_RELEASE_PREPARE_MS + the larger of 2 x "
+        raise ConfigError("DUETIME_RELEASE_LOOKAHEAD_MS must be at least the larger of 2 x "
                           "DUETIME_RELEASE_RESCAN_MS and DUETIME_RELEASE_IDLE_MS")
     if config.release_lookahead_ms + config.safety_lag_ms > COUNTED_AHEAD_MS:
         raise ConfigError(f"DUETIME_RELEASE_LOOKAHEAD_MS + DUETIME_SAFETY_LAG_MS must be at "

@@ -117,12 +117,8 @@ def test_a_paced_webhook_campaign_is_posted_at_its_rate(
         config: Config, client: FlaskClient, auth: dict[str, str]) -> None:
     with receiving(Receiver()) as target:
         topic, secret = webhook_topic(client, auth, target.url)
-        # due beyond the look-ahead, so no releaser can have them before the pace is set: a
-        # releaser prepares a burst early when its heap is busy (up to the whole look-ahead,
-        # PushDispatcher.lead_ms), and a message taken before the pace is known goes out
-        # unpaced, by design
-        # and far enough that a slow machine's batch and pace calls end before the releaser
-        # may read them (a fresh-clone run took 7.5 s for both)
+        # due beyond the look-ahead, and far enough that a slow machine's batch and pace
+        # calls end before the releaser may read them (a fresh-clone run took 7.5 s for both)
         ahead_ms = config.release_lookahead_ms + 15_000
         start = now_ms() + ahead_ms
         topic.batch([{"campaign": "drip", "deliver_at": start} for _ in range(60)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import random
-import time
 import types
 import uuid
 from collections import Counter
@@ -24,18 +23,15 @@ from app.core.ids import (
 )
 from app.core.timeline import fair_share, release_slot_of
 from app.core.timeparse import TimeFormatError, format_ms, parse_instant, parse_local_time
-from app.delivery.broker_wire import Taken
 from app.delivery.fairness import FairQueue, fair_first, fair_order, group_place, turn_group
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.errors import StoreUnavailable
 from app.messages.enqueue import NewMessage, home_by_due_time, nesting
-from app.models import MessageState, Payload, Pointer, Topic, TopicSettings
+from app.models import MessageState, Payload, Pointer
 from app.ops.cluster_clock import ClusterClock
 from workers import count_reads
-from workers import stock as stocking
 from workers.count_reads import count_groups
-from workers.held import HeldMessages, moments
-from workers.stock import HAND_MARGIN_MS, Stock
+from workers.held import HeldMessages, ready_ms
 from workers.walk import Walk
 
 
@@ -602,11 +598,10 @@ def test_held_messages_give_what_is_ready_in_order_and_the_next_moment_as_a_full
     """HeldMessages.ready_by, firsts, next_moment and earliest, which pass over what is held
     only up to what they need, agree with a pass over everything held (_held_at_random)."""
     rng = random.Random(11)
-    lead = 200
     for trial in range(40):
         held, kept = _held_at_random(rng, trial)
         for now in (999_000, 1_000_000, 1_001_500, 1_003_000, 1_004_000):
-            for until in (now, now + lead):
+            for until in (now, now + 200):
                 expected = [d for d in kept.values()
                             if max(d.row.due_at_ms, d.row.lease_expires_at_ms or 0) <= until]
                 found = held.ready_by(until)
@@ -614,75 +609,11 @@ def test_held_messages_give_what_is_ready_in_order_and_the_next_moment_as_a_full
                 readies = [max(d.row.due_at_ms, d.row.lease_expires_at_ms or 0) for d in found]
                 assert readies == sorted(readies)
             _check_firsts(held, kept, now)
-            after = [at for d in kept.values() for at in moments(d.row, lead) if at > now]
-            assert held.next_moment(now, lead) == min(after, default=None), (trial, now)
+            after = [at for d in kept.values() if (at := ready_ms(d.row)) > now]
+            assert held.next_moment(now) == min(after, default=None), (trial, now)
         assert len(held) == len(kept)
         earliest: dict[int, int] = {}
         for d in kept.values():
             earliest[d.pointer.shard] = min(earliest.get(d.pointer.shard, d.pointer.due_at_ms),
                                             d.pointer.due_at_ms)
         assert held.earliest() == earliest and held.shards() == set(earliest)
-
-
-def _stocked(uid: uuid.UUID, name: str, shard: int = 0) -> Taken:
-    row = MessageState(uid, name, "leased", 2, 31_000, 900, 100, None, shard, 1, "h1",
-                       uuid.uuid4(), 31_000, None, None, 100, 1_000)
-    return Taken(0, None, row, Payload(b"{}", "json", {}), 900)
-
-
-def test_the_stock_hands_out_by_terms_in_order_and_gives_back_what_it_passes_or_outlives(
-        ) -> None:
-    """A stock hands a want only messages of its own terms, first in, never one whose
-    deadline is within HAND_MARGIN_MS or that `usable` refuses (those come out to be given
-    back); what outlives its deadline comes out with its topic, which the releaser may
-    not know yet; a deleted topic's are dropped."""
-    topic = Topic("t", "jobs", uuid.uuid4(), TopicSettings(), "whsec_x", 0, 0)
-    stock = Stock()
-    later = time.monotonic() + 60
-    a, b, c, d = (_stocked(topic.uid, n) for n in "abcd")
-    stock.put(topic, (30, None), [a, b, c], later, 1_000)
-    stock.put(topic, (30, "w1"), [d], time.monotonic() + HAND_MARGIN_MS / 2000, 1_001)
-    head = stock.head(topic.uid, (30, None))
-    assert head is not None and head[0] is a and head[1] == 1_000
-    got, passed = stock.take(topic.uid, (30, None), 2, lambda t: t is not a)
-    assert got == [b, c] and passed == [a]
-    assert stock.take(topic.uid, (60, None), 5, lambda t: True) == ([], [])
-    got, passed = stock.take(topic.uid, (30, "w1"), 5, lambda t: True)
-    assert got == [] and passed == [d]  # its deadline is too near to hand it out
-    stock.put(topic, (30, None), [a], time.monotonic() - 1, 1_002)
-    stock.put(topic, (30, None), [b], later, 1_002)
-    assert stock.expired() == [(topic, [a])] and stock.count(topic.uid, (30, None)) == 1
-    assert stock.drop(topic.uid) == [b]
-    assert stock.head(topic.uid, (30, None)) is None and stock.expired() == []
-
-
-def test_a_round_stocks_only_for_a_repeated_small_want_behind_a_backlog_nobody_writes(
-        ) -> None:
-    """A round stocks for its first want's terms only when they were asked within DEMAND_S
-    before, the want asks at most WANT_MAX, more than BACKLOG wait beyond the wants and no
-    write was noted within AGE_MS; the stock then serves while nothing was written since it
-    was filled and nothing held and due outranks its next; a stopping broker takes it all."""
-    topic = Topic("t", "jobs", uuid.uuid4(), TopicSettings(), "whsec_x", 0, 0)
-    uid, terms, now = topic.uid, (30, None), 100_000
-    stock = Stock()
-    assert stock.asked(uid, [terms]) == set()
-    assert stock.asked(uid, [terms, (60, None)]) == {terms}
-    old = now - stocking.AGE_MS
-    backlog = stocking.BACKLOG + stocking.SIZE + 5
-    assert stock.room(uid, 1, terms, {terms}, backlog, old, now) == stocking.SIZE
-    assert stock.room(uid, 1, terms, {terms}, stocking.BACKLOG + 3, old, now) == 3
-    assert stock.room(uid, 1, terms, set(), backlog, old, now) == 0
-    assert stock.room(uid, stocking.WANT_MAX + 1, terms, {terms}, backlog, old, now) == 0
-    assert stock.room(uid, 1, terms, {terms}, backlog, old + 1, now) == 0
-    assert stock.room(uid, 1, terms, {terms}, stocking.BACKLOG, old, now) == 0
-    assert Stock.looks_beyond(stocking.WANT_MAX) > 0 == Stock.looks_beyond(stocking.WANT_MAX + 1)
-    a, b = _stocked(uid, "a"), _stocked(uid, "b")  # priority 100
-    assert not stock.serves(uid, terms, 0, lambda: None)  # nothing stocked
-    stock.put(topic, terms, [a, b], time.monotonic() + 60, now)
-    assert stock.room(uid, 1, terms, {terms}, backlog, old, now) == stocking.SIZE - 2
-    assert stock.serves(uid, terms, now - 1, lambda: None)
-    assert stock.serves(uid, terms, now - 1, lambda: 100)
-    assert not stock.serves(uid, terms, now - 1, lambda: 99)  # a due one ranks first
-    assert not stock.serves(uid, terms, now, lambda: None)  # written since it was filled
-    assert not stock.serves(uid, (60, None), now - 1, lambda: None)
-    assert stock.take_all() == [(topic, [a, b])] and stock.take_all() == []

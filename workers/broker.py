@@ -2,27 +2,26 @@
 lease calls (pull topics) and for the releaser's POST pool (webhook topics; docs/design.md,
 "How a due message is found").
 
-A webhook topic's round takes what is ready within the push's prepare lead, in fair order, up
-to the room its POST pool has (workers.push.PushDispatcher), and arms it there. It runs when
-a message held comes within the lead (one the walk found late: at once), when room frees,
-and otherwise at most every PUSH_EVERY_MS, each round taking what comes within the lead by
-the next.
+Nothing is taken ahead of a consumer: a round takes only messages due now (on this host's
+clock), and only for a want that is waiting (pull) or for the POST pool, which POSTs what it
+is given at once (push). So a producer's cancel or move of a message nobody holds is decided
+by the take's conditional write, never by a clock compared with a deadline.
 
-API processes send their lease calls' *wants* (app.delivery.broker_wire) over TCP to the releasers
-owning the topic's shards, on the port number of the releaser's wake-ups, after a hello
-with the token the releaser publishes in its membership row (others are closed). The broker
-hands out what the releaser's walk (workers.walk) read of its shards: the walk holds, per pull
-topic, the waiting messages due by its look-ahead (at most HELD_MAX), here. A round puts those
-due now in fair order, leases them on the callers' terms (one take: conditional batches per
-home across the wants) and sends them back. With nothing due now, it prepares what comes due
-within the prepare lead, as a push is prepared: leased (its lease running from its due time)
-for the wants that still wait then, and sent at its due time. A round first has the walk
-read the topic (`read_now`) where a write count moved, unless a read of it began after its
-newest want came or, while what is held and due covers the wants, after the last write it
-was told of (_read_since); a want that finds nothing then waits, parked, until the walk holds
-more of the topic, a due wake-up names it (a write due soon), a message held may next be
-taken (the prepare lead before its due time, that time, the end of a consumer's lease), the
-idle period (DUETIME_PULL_IDLE_MS) passes or its wait ends; one check a topic at a time.
+A webhook topic's round takes what is due, in fair order, up to the room its POST pool has
+(workers.push.PushDispatcher). It runs when the walk holds more of the topic (a message
+found late: at once), when room frees, and at the moment the next message held comes due.
+
+API processes send their lease calls' *wants* (app.delivery.broker_wire) over TCP to the
+releasers owning the topic's shards, on the port number of the releaser's wake-ups, after a
+hello with the token the releaser publishes in its membership row (others are closed). A
+round puts the messages held of the topic and due now in fair order, leases them on the
+callers' terms (one take: conditional batches per home across the wants) and sends them
+back. A round first has the walk read the topic (`read_now`) where a write count moved,
+unless a read of it began after its newest want came or, while what is held and due covers
+the wants, after the last write it was told of (_read_since); a want that finds nothing
+waits, parked, until the walk holds more of the topic, a due wake-up names it (a write due
+soon), a message held comes due (or a consumer's lease on it ends), the idle period
+(DUETIME_PULL_IDLE_MS) passes or its wait ends; one check a topic at a time.
 """
 
 from __future__ import annotations
@@ -47,17 +46,14 @@ from app.delivery.leasing import (
     attempts_used_up,
     give_back,
     pauses,
-    stopped,
     take_with_payloads,
 )
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.models import Pointer, Topic
 from app.services import Services
-from workers import stock as stocking
 from workers.broker_server import BrokerServer
 from workers.held import HeldMessages, ready_ms
 from workers.push import PushDispatcher
-from workers.stock import Stock, Terms
 
 # A round leases at most this many messages (and makes at most as many more dead, their
 # attempts used up), and the next round starts at once. Its take must
@@ -71,27 +67,21 @@ ROUND_MAX = 250
 # messages out (their turns come from what is held: app.delivery.fairness).
 HELD_MAX = 8192
 HELD_PER_LANE = 128
-# A want sent to several owners is taken for ahead of time only by its first owner (its
-# call's answer withdraws it at the others); another serves it with messages due now once
-# it has waited there this long (ms), so that one answer does not take what the other
-# owners give back a moment later.
-SPILL_MS = 20
 # A webhook topic's round takes at most this many messages (the POST pool's takes run several
-# at once), and its rounds come at most this often, each taking what comes within the
-# prepare lead by the next: one take per topic and period, not one per message.
+# at once); the next round starts at once.
 PUSH_ROUND_MAX = 4000
-PUSH_EVERY_MS = 100
 UNKNOWN_RECHECK_S = 0.1
+UNDECIDED_RETRY_MS = 100  # a take left undecided (a write failed) is tried again after this
 BROKER_THREADS = 4
-# a stopping broker gives back its stock and prepared shares for at most this long (s)
-STOP_GIVE_BACK_S = 5.0
 log = logging.getLogger("duetime.broker")
 
 Reply = Callable[[bytes], None]
 
 
 class _Parked:
-    """A want waiting for messages, with where its answer goes and until when it waits."""
+    """A want waiting for messages, with where its answer goes and until when it waits. A
+    want its call sent to other owners too is taken for only once the call granted it
+    (broker_wire: *offer*, *grant*); `offered` says an offer is out."""
 
     def __init__(self, want: Want, reply: Reply, link: int, arrived_ms: int) -> None:
         self.want = want
@@ -99,6 +89,8 @@ class _Parked:
         self.link = link
         self.arrived_ms = arrived_ms  # epoch ms, the releaser's clock
         self.deadline = time.monotonic() + want.wait_ms / 1000
+        self.granted = not want.several
+        self.offered = False
 
 
 class Broker:
@@ -123,23 +115,18 @@ class Broker:
         self.read_now = read_now
         self.read_again = read_again
         self.recheck_s = services.config.pull_idle_ms / 1000
-        self.lead_ms = services.config.release_prepare_ms
         self.push: PushDispatcher | None = None
         self._starved: set[uuid.UUID] = set()  # webhook topics whose POST pool had no room
         self._lock = threading.Lock()
         self._wants: dict[uuid.UUID, list[_Parked]] = defaultdict(list)
         # per topic, the waiting messages the walk read (workers.releaser.Releaser.walk)
         self.held: dict[uuid.UUID, HeldMessages] = {}
-        self._pushed = 0  # of those, the messages of webhook topics (pushed_held): _count
         self._woken_at: dict[uuid.UUID, int] = {}  # topic -> its last due wake-up (epoch ms)
-        # prepared answers not sent yet, by (link, want id): withdrawn, their messages go back
-        self._prepared: dict[tuple[int, int], tuple[_Parked, Topic, list[Taken]]] = {}
         self._serving: set[uuid.UUID] = set()
-        self.stock = Stock()
         self.rounds = 0  # rounds served since start, for stats and tests (approximate)
         self._again: set[uuid.UUID] = set()
         self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
-        # (monotonic s, seq, what to do then): parked topics' next checks, prepared sends
+        # (monotonic s, seq, what to do then): parked topics' and webhook topics' next checks
         self._checks: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._checks_changed = threading.Condition()
@@ -178,6 +165,17 @@ class Broker:
                                                        self.services.clock()))
         self._kick(want.topic_uid)
 
+    def grant(self, link: int, want_id: int) -> None:
+        """The want's call lets this owner take for it (it offered): a round does, at once.
+        A want answered meanwhile (its wait ended) is not there any more: nothing to do."""
+        with self._lock:
+            found = next((p for parked in self._wants.values() for p in parked
+                          if p.link == link and p.want.id == want_id), None)
+            if found is not None:
+                found.granted = True
+        if found is not None:
+            self._kick(found.want.topic_uid)
+
     def woken(self, topic_uid: uuid.UUID) -> None:
         """A pointer of the topic due soon was written: waiting wants look again, and have
         the walk read the topic if it has not since."""
@@ -190,27 +188,19 @@ class Broker:
     def hold(self, topic: Topic, found: list[Due]) -> None:
         """What the walk read of the topic: waiting messages, handed out from here (those
         held already are not read again: holding). A webhook topic's round comes when the
-        first of them comes within the prepare lead (at once for one found late)."""
+        first of them comes due (at once for one found late)."""
         if not found:
             return
-        ahead = self._push_ahead_ms() if topic.pushed else 0
         with self._lock:
             held = self.held.setdefault(topic.uid, HeldMessages(topic.uid, topic.pushed))
-            before = len(held)
             for d in found:
                 held.add(pointer_key(topic.uid, d.pointer.id, d.pointer.version), d)
-            self._count(held, before)
             waiting = bool(self._wants.get(topic.uid))
         if topic.pushed:
-            first_ms = min(ready_ms(d.row) for d in found) - ahead - self.services.clock()
+            first_ms = min(ready_ms(d.row) for d in found) - self.services.clock()
             self._check_at(time.monotonic() + max(0, first_ms) / 1000, topic.uid)
         elif waiting:
             self._kick(topic.uid)
-
-    def _push_ahead_ms(self) -> int:
-        """How far ahead of now a webhook topic's round takes (ms): the POST pool's prepare
-        lead and the period to the next round."""
-        return (self.push.lead_ms() if self.push is not None else 0) + PUSH_EVERY_MS
 
     def room_freed(self, topic_uid: uuid.UUID) -> None:
         """The POST pool has room for the topic again: a round it stopped goes on."""
@@ -219,19 +209,6 @@ class Broker:
             self._starved.discard(topic_uid)
         if starved:
             self._kick(topic_uid)
-
-    def pushed_held(self) -> int:
-        """How many messages of webhook topics are held (read, not taken yet). A count kept
-        with every change (_count): every webhook round asks it, and a sum over the topics
-        held would make each round cost in proportion to them."""
-        with self._lock:
-            return self._pushed
-
-    def _count(self, held: HeldMessages, before: int) -> None:
-        """Keep pushed_held's count after `held` went from `before` messages to what it holds
-        now. The caller holds the lock."""
-        if held.pushed:
-            self._pushed += len(held) - before
 
     def holding(self, topic_uid: uuid.UUID) -> Callable[[PointerKey], bool]:
         """Whether a pointer of the topic (by its pointer_key) is held here."""
@@ -267,9 +244,7 @@ class Broker:
 
     def withdraw(self, link: int, want_id: int) -> None:
         """The want's call got its answer elsewhere or left: if it still waits here, it is
-        answered with nothing now (what a round under way leases for it is given back); if
-        its answer is prepared and not sent yet, that is given back now, before its due
-        time, so another want may take it then."""
+        answered with nothing now (what a round under way leases for it is given back)."""
         found: _Parked | None = None
         with self._lock:
             for uid, waiting in self._wants.items():
@@ -280,18 +255,11 @@ class Broker:
                     if not waiting:
                         del self._wants[uid]
                     break
-            prepared = self._prepared.pop((link, want_id), None)
         if found is not None:
             self._hand(found, broker_wire.encode_got(want_id, []), None, [])
-        if prepared is not None:
-            parked, topic, taken = prepared
-            self._hand(parked, broker_wire.encode_got(want_id, []), None, [])
-            with contextlib.suppress(RuntimeError):  # stopping: their leases run out
-                self._pool.submit(self._give_back, topic, taken)
 
     def forget_link(self, link: int) -> None:
-        """The connection closed: its wants have nobody to answer, and what was prepared
-        for them goes back."""
+        """The connection closed: its wants have nobody to answer."""
         with self._lock:
             for uid, parked in list(self._wants.items()):
                 left = [p for p in parked if p.link != link]
@@ -299,11 +267,6 @@ class Broker:
                     self._wants[uid] = left
                 else:
                     del self._wants[uid]
-            prepared = [self._prepared.pop(key) for key in list(self._prepared)
-                        if key[0] == link]
-        for _, topic, taken in prepared:
-            with contextlib.suppress(RuntimeError):  # stopping: their leases run out
-                self._pool.submit(self._give_back, topic, taken)
 
     def _kick(self, topic_uid: uuid.UUID) -> None:
         """Serve the topic's wants on a broker thread; once at a time per topic, again at
@@ -356,46 +319,58 @@ class Broker:
             self._answer(topic, topic_uid, parked, {}, None, 0.0, final=True)
             return
         self.rounds += 1
-        now = self.services.clock()
-        serving = [p for p in parked if p.want.first or p.arrived_ms + SPILL_MS <= now]
-        repeated = self.stock.asked(topic_uid, [(p.want.lease_s, p.want.consumer)
-                                                for p in serving])
-        stocked = self._from_stock(topic, shards, serving)
-        if stocked:  # the wants left are served by the next round, at once
-            self._answer(topic, topic_uid, parked, stocked, None, self.recheck_s)
-            with self._lock:
-                self._again.add(topic_uid)
-            return
-        answers, next_ms, capped = (self._lease(topic, shards, serving, repeated) if serving
+        with self._lock:
+            serving = [p for p in parked if p.granted]
+        answers, next_ms, capped = (self._lease(topic, shards, serving) if serving
                                     else ({}, None, False))
-        spill_ms = [p.arrived_ms + SPILL_MS for p in parked if not any(p is s for s in serving)]
-        next_ms = min([m for m in [next_ms, *spill_ms] if m is not None], default=None)
-        self._answer(topic, topic_uid, parked, answers, next_ms, self.recheck_s)
-        if capped:  # more was wanted than a round takes: the wants left are served next
+        left = self._answer(topic, topic_uid, parked, answers, next_ms, self.recheck_s)
+        self._negotiate(topic, shards, left)
+        if capped:  # the wants left are served by the next round, at once
             with self._lock:
                 self._again.add(topic_uid)
 
+    def _negotiate(self, topic: Topic, shards: set[int], left: list[_Parked]) -> None:
+        """For the wants left waiting whose calls asked other owners too: a granted one this
+        round found nothing for gives its grant back (*pass*), and while messages held here
+        are due, each one not granted offers to take (*offer*), once until it hears back.
+        So one owner at a time takes for a call, and nothing is taken for it that would
+        only go back."""
+        shared = [p for p in left if p.want.several]
+        if not shared:
+            return
+        due = bool(self._firsts(topic, shards, self.services.clock(), 1,
+                                _sorter(self.services, topic))["hand"])
+        lines: list[tuple[_Parked, bytes]] = []
+        with self._lock:
+            for p in shared:
+                if p.granted and not due:
+                    p.granted = p.offered = False
+                    lines.append((p, broker_wire.encode_pass(p.want.id)))
+                elif due and not p.granted and not p.offered:
+                    p.offered = True
+                    lines.append((p, broker_wire.encode_offer(p.want.id)))
+        for p, line in lines:
+            with contextlib.suppress(OSError):  # closed: the link's wants are forgotten
+                p.reply(line)
+
     def _push(self, topic: Topic) -> None:
-        """One round of a webhook topic: what is ready within the prepare lead and the period
-        to the next round, in fair order, up to the POST pool's room for the topic and
-        PUSH_ROUND_MAX, taken and armed there; due messages whose attempts are used up made
-        dead, a paused campaign's let go (resuming brings them back). What a take left
-        undecided stays held for the next round."""
+        """One round of a webhook topic: what is due now, in fair order, up to the POST
+        pool's room for the topic and PUSH_ROUND_MAX, taken and POSTed at once there; due
+        messages whose attempts are used up made dead, a paused campaign's let go (resuming
+        brings them back). What a take left undecided stays held for the next round."""
         pool = self.push
         if pool is None:
             return
         self.rounds += 1
-        began_s = time.monotonic()
         now = self.services.clock()
-        ahead = self._push_ahead_ms()
         shards = self.shards_of(topic)
         with self._lock:
             held = self._owned(topic.uid, shards)
-            ready = held.ready_by(now + ahead) if held else []
+            ready = held.ready_by(now) if held else []
         sort = _sorter(self.services, topic)
         found: dict[str, list[Due]] = defaultdict(list)
         for d in ready:  # a lease still running is never taken over, however soon it ends
-            if is_live(d.pointer, d.row, now, ahead):
+            if is_live(d.pointer, d.row, now) and not pool.settling(d.row):
                 found[sort(d)].append(d)
         room = pool.room(topic.uid)
         hand = fair_first(found["hand"], min(room, PUSH_ROUND_MAX))
@@ -422,12 +397,11 @@ class Broker:
             if more:
                 self._again.add(topic.uid)
             held = self.held.get(topic.uid)
-            next_ms = held.next_moment(now, ahead) if held is not None else None
-        if undecided:
-            next_ms = now
+            next_ms = held.next_moment(now) if held is not None else None
+        if undecided:  # a node that refused the take is not asked again at once
+            next_ms = now + UNDECIDED_RETRY_MS
         if next_ms is not None and not more:
-            self._check_at(max(began_s + PUSH_EVERY_MS / 1000,
-                               time.monotonic() + (next_ms - self.services.clock()) / 1000),
+            self._check_at(time.monotonic() + (next_ms - self.services.clock()) / 1000,
                            topic.uid)
 
     def _read_topic(self, topic_uid: uuid.UUID, want: Want) -> Topic | None:
@@ -442,12 +416,12 @@ class Broker:
 
     def _answer(self, topic: Topic | None, topic_uid: uuid.UUID, parked: list[_Parked],
                 answers: dict[int, list[Taken]], next_ms: int | None, recheck_s: float,
-                final: bool = False) -> None:
-        """Send the answers of the wants that got messages (a prepared share at the latest
-        due time in it), whose wait is over, or all (`final`); what was leased for a want
-        withdrawn or closed meanwhile is given back. The others wait for their next check:
-        within recheck_s, their earliest deadline, or the next moment a message held may be
-        taken (next_ms, epoch ms: HeldMessages.next_moment)."""
+                final: bool = False) -> list[_Parked]:
+        """Send the answers of the wants that got messages, whose wait is over, or all
+        (`final`); what was leased for a want withdrawn or closed meanwhile is given back.
+        The others wait for their next check: within recheck_s, their earliest deadline, or
+        the next moment a message held may be taken (next_ms, epoch ms:
+        HeldMessages.next_moment). Returns the wants left waiting."""
         now_s = time.monotonic()
         now_ms = self.services.clock()
         answering = [p for p in parked
@@ -459,35 +433,14 @@ class Broker:
             self._give_back(topic, gone)
         for p in answered:
             taken = answers.get(id(p.want), [])
-            line = broker_wire.encode_got(p.want.id, taken)
-            hand_at_ms = max((t.due_ms for t in taken), default=now_ms)
-            if hand_at_ms > now_ms and topic is not None:  # floored ms: never early
-                self._prepare(p, topic, taken, line, now_s + (hand_at_ms - now_ms) / 1000)
-            else:
-                self._hand(p, line, topic, taken)
+            self._hand(p, broker_wire.encode_got(p.want.id, taken), topic, taken)
         if not left:
-            return
+            return left
         when = min([p.deadline for p in left] + [now_s + recheck_s])
         if next_ms is not None:
             when = min(when, now_s + (next_ms - now_ms) / 1000)
         self._check_at(when, topic_uid)
-
-    def _prepare(self, parked: _Parked, topic: Topic, taken: list[Taken], line: bytes,
-                 when_s: float) -> None:
-        """Send a prepared answer at when_s (monotonic s) unless its want is withdrawn
-        before."""
-        key = (parked.link, parked.want.id)
-        with self._lock:
-            self._prepared[key] = (parked, topic, taken)
-        self._tell_prepared([parked])
-
-        def send() -> None:
-            with self._lock:
-                withdrawn = self._prepared.pop(key, None) is None
-            if not withdrawn:
-                self._hand(parked, line, topic, taken)
-
-        self._at(when_s, send)
+        return left
 
     def _hand(self, parked: _Parked, line: bytes, topic: Topic | None,
               taken: list[Taken]) -> None:
@@ -525,15 +478,14 @@ class Broker:
         shards = self.shards_of(topic)
         self.hold(topic, [Due(pointer_of(r), r) for r in again if r.shard in shards])
 
-    def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked],
-               repeated: set[Terms]) -> tuple[dict[int, list[Taken]], int | None, bool]:
-        """Lease held messages of these shards for the wants, in fair order, in arrival
-        order of the wants, at most ROUND_MAX in all; with none due now, those due within
-        the prepare lead, for the wants that still wait then. Besides, up to ROUND_MAX due
-        whose attempts are used up are made dead, and behind a backlog up to stock.SIZE
-        are leased ahead into the stock on the first want's terms, when `repeated` holds
-        them. Returns {id(want): taken}; the next moment one held may be taken (epoch ms,
-        HeldMessages.next_moment); and whether the cap cut the round short."""
+    def _lease(self, topic: Topic, shards: set[int], parked: list[_Parked]
+               ) -> tuple[dict[int, list[Taken]], int | None, bool]:
+        """Lease held messages of these shards due now for the wants, in fair order, in
+        arrival order of the wants, at most ROUND_MAX in all. Besides, up to ROUND_MAX due
+        whose attempts are used up are made dead. Returns {id(want): taken}; the next moment
+        one held may be taken (epoch ms, HeldMessages.next_moment); and whether the wants
+        left are to be served again at once (the cap cut the round short, or messages it
+        took for them had been moved or cancelled meanwhile)."""
         services = self.services
         wants = [p.want for p in parked]
         wanted = sum(w.n for w in wants)
@@ -541,138 +493,47 @@ class Broker:
         now = services.clock()
         sort = _sorter(services, topic)
         self.read_now(topic, self._read_since(topic, shards, parked, total, now, sort))
-        now, now_s = services.clock(), time.monotonic()
-        # behind the wants, as far as a stock looks: for a round that may fill one
-        beyond = Stock.looks_beyond(wants[0].n)
-        found = self._firsts(topic, shards, now, total + beyond, sort)
+        now = services.clock()
+        found = self._firsts(topic, shards, now, total, sort)
         # a message whose attempts are used up is made dead by the take, never handed out:
         # it takes no want's room, or expired last attempts ahead of it in fair order would
         # be ended only n per round while the messages behind them wait
         ending = found["end"][:ROUND_MAX]
-        terms = (wants[0].lease_s, wants[0].consumer)
-        extra = self.stock.room(topic.uid, wants[0].n, terms, repeated,
-                                len(found["hand"]) - total, self._written_ms(topic.uid, parked),
-                                now)
-        due_now = fair_first(found["hand"], total + extra)
-        passed = found["pass"]
-        if due_now:  # the stock's room last: the wants are served first
-            chunk, owners = _share(due_now, [w.n for w in wants] + [extra], total + extra)
-        else:  # a consumer's lease still running is never taken over, however soon it ends
-            ahead = [d for d in self._ready_by(topic.uid, shards, now + self.lead_ms)
-                     if is_live(d.pointer, d.row, now, self.lead_ms)]
-            by_kind: dict[str, list[Due]] = defaultdict(list)
-            for d in ahead:
-                by_kind[sort(d)].append(d)
-            passed += by_kind["pass"]
-            chunk, owners = _prepared_share(by_kind["hand"], parked, total, now)
-        if passed:  # resuming brings them back (app.campaigns.operations)
-            services.scanner.spend(topic, [d.pointer for d in passed])
-            self._drop(topic.uid, passed)
-        hand_by_ms = now + stocking.AGE_MS
-        holds = [Hold(wants[o].lease_s, wants[o].consumer) if o < len(wants)
-                 else Hold(terms[0], terms[1], hand_by_ms) for o in owners]
+        chunk, owners = _share(fair_first(found["hand"], total), [w.n for w in wants], total)
+        if found["pass"]:  # resuming brings them back (app.campaigns.operations)
+            services.scanner.spend(topic, [d.pointer for d in found["pass"]])
+            self._drop(topic.uid, found["pass"])
+        holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
-        if due_now:
-            self._tell_prepared([parked[o] for o in set(owners) if o < len(parked)])
         chunk = chunk + ending
         holds += [Hold(0, None)] * len(ending)
-        taken = take_with_payloads(services, topic, chunk, now, holds,
-                                   ahead_ms=0 if due_now else self.lead_ms) if chunk else []
+        taken = take_with_payloads(services, topic, chunk, now, holds) if chunk else []
         # a pointer whose take was decided (leased, lost to another writer, made dead) is
-        # spent; one undecided (a write failed) or not due yet stays held for the next round
+        # spent; one undecided (a write failed) stays held for the next round
         spent = services.scanner.spent
-        self._drop(topic.uid, [d for d in chunk
-                               if pointer_key(topic.uid, d.pointer.id, d.pointer.version) in spent])
+        decided = [d for d in chunk
+                   if pointer_key(topic.uid, d.pointer.id, d.pointer.version) in spent]
+        self._drop(topic.uid, decided)
+        # messages that lost to another writer (moved, cancelled: what is held may be stale)
+        # leave wants unserved: the next round, at once, takes the next ones, or a backlog
+        # of stale messages would cost a want one idle period each
+        leased_ids = {row.id for row, _ in taken}
+        lost = any(d.row.id not in leased_ids and d in decided for d in chunk[:len(owners)])
         answers: dict[int, list[Taken]] = defaultdict(list)
-        stocked: list[Taken] = []
         for row, payload in taken:
             d, o = by_id[row.id]
             if payload is None:  # it comes due again when its lease runs out
                 log.warning("broker: message %s of topic %s leased without its payload",
                             row.id, topic.uid)
                 continue
-            got = Taken(d.row.attempts, d.row.consumer, row, payload, d.row.due_at_ms)
-            (answers[id(wants[o])] if o < len(wants) else stocked).append(got)
-        if stocked:  # its deadline is the rows' hand-out moment, on the monotonic clock
-            self._put_stock(topic, terms, stocked, now_s + stocking.AGE_MS / 1000, now)
+            answers[id(wants[o])].append(
+                Taken(d.row.attempts, d.row.consumer, row, payload, d.row.due_at_ms))
         # the wants left look again when a message held may next be taken
         with self._lock:
             held_now = self.held.get(topic.uid)
-            next_ms = held_now.next_moment(now, self.lead_ms) if held_now is not None else None
-        served = sum(1 for o in owners if o < len(wants))
-        return answers, next_ms, served == total < wanted or len(ending) == ROUND_MAX
-
-    @staticmethod
-    def _tell_prepared(parked: list[_Parked]) -> None:
-        """Tell the call of each want other owners hold too (a *prepared* line) that messages
-        are taken for it here: after a take ahead (_prepare), or before a take of due ones
-        (on a loaded host a take outlasts SPILL_MS); the call withdraws its wants at the
-        others, whose shares would only go back."""
-        for p in parked:
-            if p.want.several:
-                # closed: what is leased for it goes back (forget_link, or its answer's send)
-                with contextlib.suppress(OSError):
-                    p.reply(broker_wire.encode_prepared(p.want.id))
-
-    def _put_stock(self, topic: Topic, terms: Terms, taken: list[Taken],
-                   deadline_s: float, now_ms: int) -> None:
-        """Keep messages leased ahead until deadline_s (monotonic s); what is still there
-        near it goes back, as does all of it when the broker stopped meanwhile."""
-        if self._stopping.is_set():
-            give_back(self.services, topic, taken)
-            return
-        self.stock.put(topic, terms, taken, deadline_s, now_ms)
-        self._at(deadline_s - stocking.HAND_MARGIN_MS / 1000, self._stock_expired)
-
-    def _from_stock(self, topic: Topic, shards: set[int], serving: list[_Parked]
-                    ) -> dict[int, list[Taken]]:
-        """What the stock hands these wants on their own terms, each up to its n; stocked
-        messages of a shard no longer owned or of a campaign paused or cancelled meanwhile
-        go back (a take then passes or cancels them). Nothing, for a round the stock may
-        not serve (_stock_serves)."""
-        if not serving or not self._stock_serves(topic, shards, serving):
-            return {}
-        halted = stopped(self.services, topic)
-        answers: dict[int, list[Taken]] = {}
-        passed: list[Taken] = []
-        for p in serving:
-            got, skipped = self.stock.take(
-                topic.uid, (p.want.lease_s, p.want.consumer), p.want.n,
-                lambda t: t.leased.shard in shards and not halted(t.leased))
-            passed += skipped
-            if got:
-                answers[id(p.want)] = got
-        if passed:
-            self._give_back_later(topic, passed)
-        return answers
-
-    def _stock_serves(self, topic: Topic, shards: set[int], serving: list[_Parked]) -> bool:
-        """Stock.serves for this round: its first want's terms, the writes noted."""
-        first = serving[0].want
-
-        def first_due_priority() -> int | None:
-            ahead = self._firsts(topic, shards, self.services.clock(), 1,
-                                 _sorter(self.services, topic))["hand"]
-            return ahead[0].row.priority if ahead else None
-
-        return self.stock.serves(topic.uid, (first.lease_s, first.consumer),
-                                 self._written_ms(topic.uid, serving), first_due_priority)
-
-    def _written_ms(self, topic_uid: uuid.UUID, parked: list[_Parked]) -> int:
-        """The last write of the topic noted (epoch ms): a want's own process's, or a due
-        wake-up."""
-        with self._lock:
-            woken = self._woken_at.get(topic_uid, 0)
-        return max([p.want.written_ms for p in parked] + [woken])
-
-    def _stock_expired(self) -> None:
-        """Give back the stocked messages near their deadline (nobody asked for them)."""
-        for topic, taken in self.stock.expired():
-            self._give_back_later(topic, taken)
-
-    def _give_back_later(self, topic: Topic, taken: list[Taken]) -> None:
-        with contextlib.suppress(RuntimeError):  # stopping: their leases run out
-            self._pool.submit(self._give_back, topic, taken)
+            next_ms = held_now.next_moment(now) if held_now is not None else None
+        return answers, next_ms, (len(owners) == total < wanted or len(ending) == ROUND_MAX
+                                  or lost)
 
     def _read_since(self, topic: Topic, shards: set[int], parked: list[_Parked], wanted: int,
                     now: int, sort: Callable[[Due], str]) -> int:
@@ -696,12 +557,6 @@ class Broker:
             held = self._owned(topic.uid, shards)
             return held.firsts(now_ms, n, sort) if held else defaultdict(list)
 
-    def _ready_by(self, topic_uid: uuid.UUID, shards: set[int], until_ms: int) -> list[Due]:
-        """HeldMessages.ready_by of the topic's messages held of the shards in `shards`."""
-        with self._lock:
-            held = self._owned(topic_uid, shards)
-            return held.ready_by(until_ms) if held else []
-
     def _owned(self, topic_uid: uuid.UUID, shards: set[int]) -> HeldMessages | None:
         """The messages held of the topic, once those of other shards (their slots moved, or
         their validity lapsed a moment) are let go, and the walk reads them again: a new
@@ -717,10 +572,8 @@ class Broker:
             log.info("broker: %d messages held of topic %s are of shards not owned now; "
                      "the walk reads them again", len(gone), topic_uid)
             self.read_again(topic_uid, [d.pointer for _, d in gone])
-            before = len(held)
             for key, _ in gone:
                 held.remove(key)
-            self._count(held, before)
         return held
 
     def _drop(self, topic_uid: uuid.UUID, done: list[Due]) -> None:
@@ -728,22 +581,17 @@ class Broker:
             held = self.held.get(topic_uid)
             if held is None:
                 return
-            before = len(held)
             for d in done:
                 held.remove(pointer_key(topic_uid, d.pointer.id, d.pointer.version))
-            self._count(held, before)
             if not held:
                 del self.held[topic_uid]
 
     def forget(self, topic_uid: uuid.UUID) -> None:
         """A deleted topic: what is held of it goes."""
         with self._lock:
-            held = self.held.pop(topic_uid, None)
-            if held is not None and held.pushed:
-                self._pushed -= len(held)
+            self.held.pop(topic_uid, None)
             self._woken_at.pop(topic_uid, None)
             self._check_due.pop(topic_uid, None)
-        self.stock.drop(topic_uid)  # their leases run out
 
     def _check_at(self, when_s: float, topic_uid: uuid.UUID) -> None:
         """A round of the topic at when_s (monotonic s), unless a check of the topic comes
@@ -772,9 +620,8 @@ class Broker:
             self._checks_changed.notify()
 
     def _clock_loop(self) -> None:
-        """Run what is due on the clock: prepared answers at their hand-out time, and the
-        next checks of parked topics (their earliest pointer ahead, a want's deadline, or
-        the idle period)."""
+        """Run what is due on the clock: the next checks of parked and webhook topics (their
+        earliest message held coming due, a want's deadline, or the idle period)."""
         while not self._stopping.is_set():
             due: list[Callable[[], None]] = []
             with self._checks_changed:
@@ -792,9 +639,8 @@ class Broker:
                     log.exception("broker clock action failed")
 
     def stop(self) -> None:
-        """No new want is served; the parked ones are dropped (their callers' waits end);
-        the stock and the prepared shares go back, due again now (for at most
-        STOP_GIVE_BACK_S: what is left then comes due when its lease runs out)."""
+        """No new want is served; the parked ones are dropped (their callers' waits end).
+        Nothing is held leased here: a take is answered as soon as it is written."""
         self._stopping.set()
         if self._server is not None:
             if self._started:  # serve_forever runs: shutdown() waits for it to end
@@ -803,21 +649,6 @@ class Broker:
         with self._checks_changed:
             self._checks_changed.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            prepared = list(self._prepared.values())
-            self._prepared.clear()
-        back = self.stock.take_all() + [(topic, taken) for _, topic, taken in prepared]
-        if back:
-            giving = threading.Thread(target=self._give_all_back, args=(back,),
-                                      name="broker-give-back", daemon=True)
-            giving.start()
-            giving.join(STOP_GIVE_BACK_S)
-
-    def _give_all_back(self, back: list[tuple[Topic, list[Taken]]]) -> None:
-        """Give back what a stopping broker leased and did not hand out (logged on failure
-        by give_back: those leases run out)."""
-        for topic, taken in back:
-            give_back(self.services, topic, taken)
 
 
 def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due], list[int]]:
@@ -850,29 +681,3 @@ def _sorter(services: Services, topic: Topic) -> Callable[[Due], str]:
         return "end" if attempts_used_up(topic, d.row) else "hand"
 
     return sort
-
-
-def _prepared_share(ahead: list[Due], parked: list[_Parked], total: int, now_ms: int
-                    ) -> tuple[list[Due], list[int]]:
-    """Of messages not due yet (within the prepare lead), earliest first, what each want
-    of which this releaser is the first owner takes, at most `total` in all, each with the
-    index of its want: the wants in arrival order, each up to n messages due at the moment
-    of its first, when its share is handed out (a long poll answers as soon as one is due,
-    never holding it for a later one), and only while its wait lasts past that."""
-    order = sorted(ahead, key=lambda d: d.row.due_at_ms)
-    now_s = time.monotonic()
-    chunk: list[Due] = []
-    owners: list[int] = []
-    at = 0
-    for which, p in enumerate(parked):
-        if not p.want.first:  # its first owner prepares for it
-            continue
-        share = order[at:at + min(p.want.n, total - len(chunk))]
-        if not share:
-            break
-        share = [d for d in share if d.row.due_at_ms == share[0].row.due_at_ms]
-        if p.deadline > now_s + (share[0].row.due_at_ms - now_ms) / 1000:
-            chunk += share
-            owners += [which] * len(share)
-            at += len(share)  # else left for a want that waits long enough
-    return chunk, owners

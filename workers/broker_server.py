@@ -1,6 +1,8 @@
 """The broker's end of the API processes' connections (app.delivery.broker_wire): a hello
 with the releaser's token first (any other connection is closed), then wants and withdrawals
-in, answers out, one line each; a closed connection's wants are forgotten.
+in, answers out, one line each; a closed connection's wants are forgotten. An answer that
+cannot be written within broker_wire.SEND_TIMEOUT_S (the API process is stopped, or cut off)
+closes the connection: no broker thread waits longer on one process.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import socket
 import socketserver
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.delivery import broker_wire
 from app.delivery.broker_wire import Want
 
+HELLO_TIMEOUT_S = 2.0  # a connection that sends no hello within this is closed
 log = logging.getLogger("duetime.broker")
 
 
@@ -28,6 +31,8 @@ class Wanted(Protocol):
     def want(self, want: Want, reply: Callable[[bytes], None], link: int) -> None: ...
 
     def withdraw(self, link: int, want_id: int) -> None: ...
+
+    def grant(self, link: int, want_id: int) -> None: ...
 
     def forget_link(self, link: int) -> None: ...
 
@@ -44,7 +49,14 @@ class _Handler(socketserver.StreamRequestHandler):
 
         def reply(line: bytes) -> None:
             with lock:
-                sock.sendall(line)
+                try:
+                    sock.sendall(line)
+                except OSError:
+                    # a line cut short leaves the stream unreadable: the connection ends,
+                    # its reader forgets its wants, and the caller gives back what it carried
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    raise
 
         self.server.opened(sock)
         try:
@@ -54,29 +66,35 @@ class _Handler(socketserver.StreamRequestHandler):
                 return
             for line in self.rfile:
                 try:
-                    message = broker_wire.decode_line(line)
-                    withdrawn = broker_wire.decode_withdraw(message)
-                    if withdrawn is None:
-                        want = broker_wire.decode_want(message)
+                    self._dispatch(broker_wire.decode_line(line), reply, link)
                 except (ValueError, KeyError, TypeError):
                     log.warning("broker: malformed line dropped")
-                    continue
-                if withdrawn is not None:
-                    self.server.broker.withdraw(link, withdrawn)
-                else:
-                    self.server.broker.want(want, reply, link)
         except OSError:
             pass
         finally:
             self.server.broker.forget_link(link)
             self.server.closed(sock)
 
+    def _dispatch(self, message: dict[str, Any], reply: Callable[[bytes], None],
+                  link: int) -> None:
+        """Hand one line to the broker: a withdraw, a grant, or else a want."""
+        broker = self.server.broker
+        if (withdrawn := broker_wire.decode_notice(message, "withdraw")) is not None:
+            broker.withdraw(link, withdrawn)
+        elif (granted := broker_wire.decode_notice(message, "grant")) is not None:
+            broker.grant(link, granted)
+        else:
+            broker.want(broker_wire.decode_want(message), reply, link)
+
     def _introduced(self) -> bool:
-        """Whether the connection's first line is a hello with this releaser's token."""
+        """Whether the connection's first line, within HELLO_TIMEOUT_S, is a hello with this
+        releaser's token."""
+        self.request.settimeout(HELLO_TIMEOUT_S)
         try:
             token = broker_wire.decode_hello(broker_wire.decode_line(self.rfile.readline()))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OSError):
             return False
+        self.request.settimeout(None)  # wants come when calls wait; sends stay bounded
         return hmac.compare_digest(token.encode(), self.server.broker.token.encode())
 
 
@@ -95,7 +113,7 @@ class BrokerServer(socketserver.ThreadingTCPServer):
         super().__init__(address, _Handler)
 
     def opened(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        broker_wire.bound_sends(sock)
         with self._open_lock:
             self._open.add(sock)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -56,15 +55,6 @@ def ready_ms(row: MessageState) -> int:
     """The earliest moment the message may be handed out: its due time, and for a leased one
     not before its lease ends."""
     return max(row.due_at_ms, row.lease_expires_at_ms or 0)
-
-
-def moments(row: MessageState, lead_ms: int) -> list[int]:
-    """When a round may next take it: the prepare lead before a scheduled message's due time,
-    or that due time itself (for calls that do not wait past it); a leased one once its lease
-    ends (never taken over before)."""
-    if row.state == "leased":
-        return [max(row.lease_expires_at_ms or 0, row.due_at_ms - lead_ms)]
-    return [row.due_at_ms - lead_ms, row.due_at_ms]
 
 
 class HeldMessages:
@@ -158,19 +148,13 @@ class HeldMessages:
                         break
         return found
 
-    def next_moment(self, now_ms: int, lead_ms: int) -> int | None:
+    def next_moment(self, now_ms: int) -> int | None:
         """The first moment after now_ms when a round may take one it could not take at
-        now_ms (moments()); None when there is none."""
-        best: int | None = None
+        now_ms (its due time, or the end of a consumer's lease on it: ready_ms); None when
+        there is none."""
         # one ready by now_ms has no moment after it (a lease over, a due time passed)
         start = bisect.bisect_right(self._order, now_ms, key=lambda entry: entry[0])
-        for ready, key in itertools.islice(self._order, start, None):
-            if best is not None and ready - lead_ms >= best:
-                break  # this one's moments and all after it come later
-            for at in moments(self.get(key).row, lead_ms):
-                if at > now_ms and (best is None or at < best):
-                    best = at
-        return best
+        return self._order[start][0] if start < len(self._order) else None
 
 
 

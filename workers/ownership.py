@@ -6,7 +6,7 @@ A releaser that gives slots back (rebalance, stop) wakes the others ("slots", ap
 which claim at once (claim_share) instead of at their next tick: a slot nobody holds is a
 slot whose due messages wait. For one tick after a rebalance hand-back the releaser that
 gave a slot back may still take what it already holds there of webhook topics
-(may_prepare): the new owner's first walk step comes after its claim, and the per-message
+(may_take): the new owner's first walk step comes after its claim, and the per-message
 LWT decides between the two. A slot counts as owned only until
 VALID_FRACTION of the lease has passed since the renewal was *sent* (monotonic clock), so a
 releaser that cannot renew (partitioned, paused) stops acting on its slots before anyone may
@@ -61,7 +61,7 @@ class SlotOwnership:
         with self._lock:
             return frozenset(s for s, until in self._valid_until.items() if until > now)
 
-    def may_prepare(self, slot: int) -> bool:
+    def may_take(self, slot: int) -> bool:
         """May this releaser lease a message of the slot for its POST: it holds the slot, or
         handed it back to a releaser that joined less than a tick ago (the messages it already
         had there are due before the new owner's first walk step may find them). Safe

@@ -1,5 +1,5 @@
-"""The releaser's POST process: a child process that sends each prepared webhook POST at its due
-time and reports what became of it.
+"""The releaser's POST process: a child process that sends each webhook POST it is given (taken
+at its due time: never before it) and reports what became of it.
 
 Why a process of its own: the releaser's Cassandra work (takes, scans, outcomes) keeps its
 interpreter busy, and a thread waiting for the GIL waits up to Python's switch interval after

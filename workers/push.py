@@ -1,14 +1,14 @@
-"""Push delivery: the broker's rounds of a webhook topic (workers.broker) → take (lease LWT,
-payload) → armed in the POST process → POST at the due time → record the outcome.
+"""Push delivery: the broker's rounds of a webhook topic (workers.broker) → take at the due
+time (lease LWT, payload) → the POST process → POST at once → record the outcome.
 
-Taking ahead keeps the Cassandra round trips (pointer write, LWT) off the delivery path, so a
-message is POSTed within milliseconds of its due time, never before it. Every POST runs on
-the event loop of one child process (workers.post_process): a timer per armed message fires at
-its due time, then the POST waits for one of its topic's webhook_concurrency slots (lowest
-priority value first). With at most PENDING_PER_TOPIC messages of a topic between take and
-outcome (the room the broker's rounds take up to), a slow or failing target holds only its
-own topic's messages; the broker never waits on a POST. Outcomes are recorded in batches by
-one finisher thread.
+Nothing is taken ahead: a message is leased only once it is due and one of its topic's
+webhook_concurrency POST slots is free for it (at most that many of a topic between take and
+outcome: the room the broker's rounds take up to), so its POST starts at once, and until then
+a producer's cancel or move wins. Every POST runs on the event loop of one child process
+(workers.post_process). A slow or failing target holds only its own topic's slots; the
+broker never waits on a POST. Outcomes are recorded in batches by one finisher thread; one
+that cannot be written (no node) is kept and written again every OUTCOME_RETRY_S until it
+is, so a POST the target accepted is never POSTed again or made dead for a failed write.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import queue
 import random
 import threading
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -39,15 +41,16 @@ from workers.webhook import request_headers
 FINISH_BATCH = 500
 TAKE_CHUNK = 500
 TAKERS = 16
-PENDING_PER_TOPIC = 20_000
 POST_START_MARGIN_MS = 1000  # never start a POST that could outlive the lease
 STOP_TAKES_S = 10.0
+OUTCOME_RETRY_S = 0.5  # an outcome not written is tried again after this
+STOP_OUTCOMES_S = 5.0  # a stopping releaser tries its unwritten outcomes this long
 log = logging.getLogger("duetime.releaser")
 
 
 @dataclasses.dataclass(frozen=True)
 class Armed:
-    """A message leased for its POST, waiting for its due time."""
+    """A message leased for its POST."""
 
     due: Due  # as the walk read it, before the take
     topic: Topic
@@ -64,16 +67,14 @@ class Armed:
 
 
 class PushDispatcher:
-    def __init__(self, services: Services, member: str, waiting: Callable[[], int],
+    def __init__(self, services: Services, member: str,
                  room_freed: Callable[[uuid.UUID], None],
                  read_again: Callable[[uuid.UUID, list[Pointer]], None]) -> None:
-        """waiting(): how many messages of webhook topics are read and not taken yet
-        (workers.broker.Broker.pushed_held); room_freed(topic uid): a topic has room again;
-        read_again(topic, pointers): the walk passed these pointers (leases that will run
-        out unposted) and must read them again."""
+        """room_freed(topic uid): a topic has room again; read_again(topic, pointers): the
+        walk passed these pointers (leases that will run out unposted) and must read them
+        again."""
         self.services = services
         self.consumer = f"{RELEASER_PREFIX}{member}"
-        self.waiting = waiting
         self.room_freed = room_freed
         self.read_again = read_again
         self.concurrency = services.config.webhook_concurrency
@@ -84,8 +85,12 @@ class PushDispatcher:
         self._taking = 0  # take() calls under way, waited for by stop()
         self._stopping = False
         self._took = threading.Condition(self._lock)
-        self.counts = {"prepared": 0, "posted": 0, "recorded": 0}
+        self.counts = {"taken": 0, "posted": 0, "recorded": 0}
         self._outcomes: queue.Queue[tuple[Armed, str | None] | None] = queue.Queue()
+        # outcomes whose write failed, kept to be written again (the finisher's alone), and
+        # their messages' (topic, id, leased version), which no round takes meanwhile
+        self._unwritten: list[tuple[Armed, str | None]] = []
+        self._settling: set[tuple[uuid.UUID, str, int]] = set()
         self._armed: dict[int, Armed] = {}  # sent to the POST process, result not back
         self._refs = itertools.count()
         self._posts = PostProcess(self._on_results, self._on_lost,
@@ -94,19 +99,24 @@ class PushDispatcher:
                                           daemon=True)
         self._finisher.start()
 
-    def lead_ms(self) -> int:
-        """How long before its due time a message is taken: the base lead, plus the time
-        the messages already waiting take at release_prepare_rate (a burst is taken early
-        enough), at most the look-ahead window."""
-        cfg = self.services.config
-        backlog_ms = 1000 * self.waiting() // cfg.release_prepare_rate
-        return min(cfg.release_prepare_ms + backlog_ms,
-                   cfg.release_lookahead_ms - 2 * cfg.release_rescan_ms)
+    def settling(self, row: MessageState) -> bool:
+        """Whether this leased row's POST has an outcome not written yet: its lease running
+        out is no reason to POST it again."""
+        with self._lock:
+            return (row.topic_uid, row.id, row.version) in self._settling
+
+    def unwritten_pointers(self) -> list[tuple[uuid.UUID, int, int]]:
+        """(topic uid, shard, due ms) of the lease pointer of each outcome not written yet:
+        no cursor may pass one, or a releaser that died before writing it would leave the
+        message leased for good."""
+        with self._lock:
+            return [(a.topic.uid, a.row.shard, a.row.due_at_ms) for a, _ in self._unwritten]
 
     def room(self, topic_uid: uuid.UUID) -> int:
-        """How many more of the topic's messages may be taken now (PENDING_PER_TOPIC)."""
+        """How many more of the topic's messages may be taken now: its POST slots
+        (webhook_concurrency) not held by a message between take and written outcome."""
         with self._lock:
-            return PENDING_PER_TOPIC - self._pending.get(topic_uid, 0)
+            return self.concurrency - self._pending.get(topic_uid, 0)
 
     def take(self, topic: Topic, chunk: list[Due]) -> None:
         """On a broker thread: lease the chunk for its POSTs, TAKE_CHUNK at a time on the
@@ -138,7 +148,7 @@ class PushDispatcher:
                 piece = chunk[at:at + TAKE_CHUNK]
                 log.exception("taking %d messages for their POSTs failed", len(piece))
                 self.services.scanner.forget(topic, [d.pointer for d in piece])
-        self._count("prepared", len(armed))
+        self._count("taken", len(armed))
         with self._lock:
             self._pending[topic.uid] += len(armed)
         if armed:
@@ -163,8 +173,7 @@ class PushDispatcher:
         return now if now is not None and now.uid == known.uid else None
 
     def _take(self, topic: Topic, chunk: list[Due]) -> list[Armed]:
-        ahead = self.services.config.release_lookahead_ms
-        taken = take_for_push(self.services, topic, chunk, self.consumer, ahead)
+        taken = take_for_push(self.services, topic, chunk, self.consumer)
         # a replaced message can be held twice (old and new version): the lease won over
         # version v belongs to v's pointer, whose due time is the one that row carries
         by_version = {(d.row.id, d.row.version): d for d in chunk}
@@ -260,23 +269,44 @@ class PushDispatcher:
             self._settled(topic_uid, n)
 
     def _finish_loop(self) -> None:
-        stopping = False
-        while not stopping:
-            first = self._outcomes.get()
-            batch = [] if first is None else [first]
-            stopping = first is None
-            while len(batch) < FINISH_BATCH and not stopping:
-                try:
-                    item = self._outcomes.get_nowait()
-                except queue.Empty:
-                    break
-                stopping = item is None
-                if item is not None:
-                    batch.append(item)
-            if batch:
-                self._record(batch)
+        """Record the outcomes as they come, in batches, with those whose write failed
+        before (every OUTCOME_RETRY_S while there are any); once stopping, for at most
+        STOP_OUTCOMES_S more."""
+        stopping, stop_by = False, math.inf
+        while not stopping or (self._unwritten and time.monotonic() < stop_by):
+            batch, ended = self._gather(OUTCOME_RETRY_S if self._unwritten else None)
+            if ended and not stopping:
+                stopping, stop_by = True, time.monotonic() + STOP_OUTCOMES_S
+            again, self._unwritten = self._unwritten, []
+            if again or batch:
+                self._record(again + batch)
+        if self._unwritten:
+            log.error("releaser stopped with %d POST outcomes not written; those messages "
+                      "come due again when their leases run out", len(self._unwritten))
+
+    def _gather(self, wait_s: float | None) -> tuple[list[tuple[Armed, str | None]], bool]:
+        """The outcomes queued, up to FINISH_BATCH, waiting up to wait_s (None: until one
+        comes) for the first; and whether stop() asked the finisher to end."""
+        try:
+            first = self._outcomes.get(timeout=wait_s)
+        except queue.Empty:
+            return [], False
+        batch = [] if first is None else [first]
+        ended = first is None
+        while len(batch) < FINISH_BATCH and not ended:
+            try:
+                item = self._outcomes.get_nowait()
+            except queue.Empty:
+                break
+            ended = item is None
+            if item is not None:
+                batch.append(item)
+        return batch, ended
 
     def _record(self, batch: list[tuple[Armed, str | None]]) -> None:
+        """Write the outcomes; one whose write failed is kept (_unwritten) and its message
+        is taken by no round until it is written: a POST answered 2xx is never POSTed again
+        or made dead because Cassandra did not answer."""
         per_topic: dict[uuid.UUID, list[tuple[Armed, str | None]]] = defaultdict(list)
         for item in batch:
             per_topic[item[0].topic.uid].append(item)
@@ -287,28 +317,32 @@ class PushDispatcher:
                     self.services, topic, [PushOutcome(a.row, e) for a, e in items], self.rng)
             except Exception as exc:  # log and continue
                 results = [exc] * len(items)
-            failed = [a.row for (a, _), r in zip(items, results, strict=True)
+            failed = [item for item, r in zip(items, results, strict=True)
                       if isinstance(r, Exception)]
+            done = [a for (a, _), r in zip(items, results, strict=True)
+                    if not isinstance(r, Exception)]
+            with self._lock:
+                self._settling.difference_update(_settling_key(a) for a in done)
+                self._settling.update(_settling_key(a) for a, _ in failed)
             if failed:
-                log.warning("could not record %d outcomes of topic %s; the leases will expire "
-                            "and the messages come due again", len(failed), topic.name)
-                self._read_lease_again(topic, failed)
-            self._count("recorded", len(items))
-            self._forget([a for a, _ in items])
+                log.warning("could not record %d outcomes of topic %s; kept, written again in "
+                            "%.1f s", len(failed), topic.name, OUTCOME_RETRY_S)
+                self._unwritten += failed
+            self._count("recorded", len(done))
+            self._forget(done)
 
     def stats(self) -> dict[str, int]:
-        """Totals since start (prepared, posted, recorded) and what is held right now."""
+        """Totals since start (taken, posted, recorded) and what is held right now."""
         with self._lock:
             pending = sum(self._pending.values())
             totals = dict(self.counts)
             armed = len(self._armed)
-        return {**totals, "armed": armed, "pending": pending,
-                "lead_ms": self.lead_ms()}
+        return {**totals, "armed": armed, "pending": pending}
 
     def stop(self) -> None:
         """Graceful stop: take nothing new (the takes under way end first, at most
-        STOP_TAKES_S); POST what is armed at its time (at most the lead away), finish
-        in-flight POSTs and record their outcomes."""
+        STOP_TAKES_S); finish in-flight POSTs and record their outcomes (those whose write
+        fails, for at most STOP_OUTCOMES_S more)."""
         with self._lock:
             self._stopping = True
             self._took.wait_for(lambda: not self._taking, STOP_TAKES_S)
@@ -340,6 +374,10 @@ def _taken(a: Armed) -> Taken:
     assert a.payload is not None  # only a message with its payload is sent to be posted
     return Taken(before.attempts, before.consumer, a.row, a.payload,
                  a.row.lease_expires_at_ms or a.due_ms)
+
+
+def _settling_key(a: Armed) -> tuple[uuid.UUID, str, int]:
+    return (a.row.topic_uid, a.row.id, a.row.version)
 
 
 def lease_pointer(row: MessageState) -> Pointer:

@@ -198,8 +198,8 @@ class Releaser:
         # topics a wake-up named since the walk's last step: its next step reads them
         self._named: set[uuid.UUID] = set()
         self._named_lock = threading.Lock()
-        self.push = PushDispatcher(services, self.member, self.broker.pushed_held,
-                                   self.broker.room_freed, self._read_again)
+        self.push = PushDispatcher(services, self.member, self.broker.room_freed,
+                                   self._read_again)
         self.broker.push = self.push
         self._stopping = threading.Event()  # set first: long steps end at their next check
         self.operations = OperationRunner(services, self.member, self._stopping.is_set)
@@ -303,9 +303,8 @@ class Releaser:
 
     def report(self) -> None:
         """One log line of what this releaser holds and has done (for operators)."""
-        log.info("releaser %s slots=%d held=%d pushed_held=%d %s", self.member,
+        log.info("releaser %s slots=%d held=%d %s", self.member,
                  len(self.ownership.owned()), sum(map(len, list(self.broker.held.values()))),
-                 self.broker.pushed_held(),
                  " ".join(f"{k}={v}" for k, v in self.push.stats().items()))
 
     def run_operations(self) -> bool:
@@ -380,10 +379,10 @@ class Releaser:
 
     def _shards_owned(self, topic: Topic) -> set[int]:
         """The topic's shards whose release slot this releaser holds now; for a webhook topic
-        also those of a slot it handed back less than a tick ago (SlotOwnership.may_prepare:
+        also those of a slot it handed back less than a tick ago (SlotOwnership.may_take:
         what it held there is due before the new owner's first walk step may find it)."""
         if topic.pushed:
-            may = self.ownership.may_prepare
+            may = self.ownership.may_take
             return {s for s, slot in self._slots_of(topic).items() if may(slot)}
         owned = self.ownership.owned()
         return {s for s, slot in self._slots_of(topic).items() if slot in owned}
@@ -600,7 +599,7 @@ class Releaser:
         broker's held messages, and the pointers handed back since the walk's step drained
         them (no longer held, their position not yet moved back)."""
         held: dict[uuid.UUID, dict[int, int]] = {}
-        pending = list(self._again) + self.broker.held_pointers()
+        pending = [*self._again, *self.broker.held_pointers(), *self.push.unwritten_pointers()]
         for uid, shard, due in pending:
             of_topic = held.setdefault(uid, {})
             of_topic[shard] = min(of_topic.get(shard, due), due)

@@ -42,11 +42,14 @@ class Leases(MethodView):
         """Lease up to `max` due messages, waiting up to `wait_ms` for the first.
 
         A message is never handed out before its deliver_at, and to one consumer at a time.
-        Leases are served by the releasers that own the topic's shards. While its shards
-        move between releasers the answer may be empty; when none has been reachable for
-        twice the slot lease (10 s by default) it is 503 `no-releaser` with `Retry-After`.
-        Each of them hands a call at most 250 messages, so an answer may hold fewer than
-        `max` while more are due: ask again."""
+        It is leased only for a call that waits, at or after its due moment: nothing is
+        leased ahead of a consumer, so no attempt is counted for a message no consumer
+        received. Among due messages: lower priority value first, then earlier due time,
+        then turns across groups. Leases are served by the releasers that own the topic's
+        shards. While its shards move between releasers the answer may be empty; when none
+        has been reachable for twice the slot lease (10 s by default) it is 503
+        `no-releaser` with `Retry-After`. Each of them hands a call at most 250 messages,
+        so an answer may hold fewer than `max` while more are due: ask again."""
         found = get_topic_cached(services(), tenant(), topic)
         wait = min(body["wait_ms"], services().config.max_wait_ms)
         got = leasing.lease(services(), found, body["max"], wait,

@@ -147,7 +147,11 @@ class MessageItem(MethodView):
     @blp.response(200, MessageSchema)
     @blp.alt_response(409, description="Not scheduled (leased, delivered, cancelled, dead).")
     def patch(self, body: dict[str, Any], topic: str, message_id: str) -> dict[str, Any]:
-        """Move a scheduled message to a new time."""
+        """Move a scheduled message to a new time.
+
+        A message stays scheduled until a consumer's lease call is answered with it (webhook
+        topics: until its POST starts): nothing is leased ahead, so a move before that
+        always wins, and the message is handed out at its new time only."""
         check_message_id(message_id)
         found = get_topic_cached(services(), tenant(), topic)
         when = body.get("deliver_at", services().clock() + body.get("delay_ms", 0))
@@ -157,16 +161,18 @@ class MessageItem(MethodView):
 
     @blp.doc(security=SECURITY)
     @blp.response(204)
-    @blp.alt_response(409, description="Already delivered, dead, or being delivered (a "
-                                       "releaser took it for its POST or a waiting lease).")
+    @blp.alt_response(409, description="Already delivered or dead, or its webhook POST has "
+                                       "started.")
     def delete(self, topic: str, message_id: str) -> None:
-        """Cancel a message: it will never be delivered. A message is taken by its releaser
-        shortly before its deliver_at (200 ms, more ahead of a burst): a webhook message for
-        its POST, a pull message for a lease call waiting then; a due pull message of a
-        backlog that a pool takes one at a time may be taken for the pool's next call, at
-        most a second ahead of it. From then until the POST's outcome, or until the lease
-        call gets it, it can no longer be cancelled (409). One a consumer holds is
-        cancelled, and its ack answers 409."""
+        """Cancel a message: it will never be delivered.
+
+        The producer's contract: a message is leased only once a consumer's lease call has
+        been answered with it (webhook topics: once its POST has started). Nothing is leased
+        ahead of a consumer, however busy the topic: until its hand-out a cancel answers 204
+        and the message is never handed out; the race with a hand-out is decided by one
+        conditional write on the message. A pull message a consumer already holds is
+        cancelled too (204), and its ack answers 409. A webhook message whose POST has
+        started answers 409 until its outcome is written."""
         check_message_id(message_id)
         found = get_topic_cached(services(), tenant(), topic)
         usecases.cancel(services(), found, message_id)

@@ -7,10 +7,10 @@ repeats the page after its last checkpoint; an enqueue that raced the operation 
 own messages), and nothing changes behind the counters' back.
 
 - cancel: a scheduled message, or one leased by a pull consumer (whose ack then answers 409),
-  becomes cancelled. One a releaser is handing out (app.messages.by_id.being_delivered: POSTing, or
-  prepared for a pull call) cannot be stopped: it is counted as delivering, and should that
-  POST fail or the lease run out, the next take cancels it (the campaign is marked cancelled
-  before the operation starts).
+  becomes cancelled. One whose POST has started (app.messages.by_id.being_delivered) cannot be
+  stopped: it is counted as delivering, and should that POST fail, the next take cancels it
+  (the campaign is marked cancelled before the operation starts). Nothing is leased ahead of
+  its hand-out, so every message not handed out yet is reached.
 - shift: a scheduled message moves by shift_ms, never to before now (pointer first).
 - resume: a waiting message due by now moves to now, where every reader finds it again:
   while its campaign was paused, passes left it behind their cursors.
@@ -61,7 +61,7 @@ def _decide(op: Operation, row: MessageState, now: int, progress: Progress
         progress.cover(row.deliver_at_ms)
         return None
     if op.kind == "cancel":
-        if being_delivered(row, now):
+        if being_delivered(row):
             progress.delivering += 1
         elif row.state in ("scheduled", "leased"):
             return _cancelled(op, row, now)

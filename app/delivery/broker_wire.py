@@ -4,10 +4,12 @@
 A connection opens with a *hello* carrying the token the releaser published with its
 membership row (`releaser_members.broker_token`); the releaser closes one that does not.
 A *want* asks the releaser owning some of a topic's shards for up to `n` of its due messages,
-leased on the caller's terms, waiting up to `wait_ms` for the first; of the owners a call
-asks, one is its *first*, which tells the call (*prepared*) when it took messages for it
-ahead of their due time, and any owner tells it so before it takes due ones for it, so that
-the call withdraws it at the others. Its answer, *got*, names
+leased on the caller's terms, waiting up to `wait_ms` for the first. A want whose call asked
+other owners too (`several`) is taken for only with the call's leave: an owner holding due
+messages *offers*, the call *grants* one owner at a time, and a granted owner that then finds
+nothing to take gives the grant back (*pass*), so that the call grants the next offer; so one
+owner at a time takes for a call, and nothing is leased for it only to go back. Its answer,
+*got*, names
 the want and carries the messages leased for it: each row as leased, the attempt count and
 consumer it had before (to give it back unchanged) and its payload. A *withdraw* tells a
 releaser that a want's call has its answer (from another owner) or has gone: a want still
@@ -20,11 +22,17 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import socket
+import struct
 import uuid
 from typing import Any
 
 from app.models import MessageState, Payload
 
+# A write to the other end that makes no progress for this long fails (s): a stopped or
+# cut-off peer, whose buffers filled, never holds the writer's thread (and every call or
+# round waiting behind it) for longer.
+SEND_TIMEOUT_S = 1.0
 _UUIDS = ("topic_uid", "lease_token", "last_op")
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(MessageState))
 
@@ -46,13 +54,8 @@ class Want:
     # since it started): a round reads the topic again before handing out what it holds only
     # for a write it may not have read (workers.broker)
     written_ms: int = 0
-    # whether this releaser is the want's first owner, of those it was sent to: only the
-    # first takes messages for it ahead of their due time, and the others serve it with
-    # what is due only once it has waited there a moment (workers.broker.SPILL_MS)
-    first: bool = True
-    # whether the call asked other owners too: an owner then tells it (*prepared*) as soon
-    # as it took messages for it ahead of their due time (the first), or before it takes due
-    # ones for it (any), so that the others leave it
+    # whether the call asked other owners too: an owner then takes for it only once the
+    # call granted it (offer, grant, pass)
     several: bool = False
 
 
@@ -65,6 +68,16 @@ class Taken:
     leased: MessageState
     payload: Payload
     due_ms: int  # when it was due, before the lease moved it
+
+
+def bound_sends(sock: socket.socket, timeout_s: float = SEND_TIMEOUT_S) -> None:
+    """Make every send on this blocking socket fail (OSError) once it has made no progress
+    for timeout_s, and send small lines at once (no Nagle wait). Reads stay blocking: a
+    reader thread waits for lines, nobody waits on it."""
+    seconds = int(timeout_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                    struct.pack("ll", seconds, int((timeout_s - seconds) * 1_000_000)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def encode_hello(token: str) -> bytes:
@@ -83,7 +96,7 @@ def encode_want(want: Want) -> bytes:
     return _line({"want": want.id, "topic": str(want.topic_uid), "n": want.n,
                   "lease_s": want.lease_s, "consumer": want.consumer, "wait_ms": want.wait_ms,
                   "tenant": want.tenant, "name": want.name, "written_ms": want.written_ms,
-                  "first": want.first, "several": want.several})
+                  "several": want.several})
 
 
 def decode_want(message: dict[str, Any]) -> Want:
@@ -91,30 +104,33 @@ def decode_want(message: dict[str, Any]) -> Want:
     return Want(int(message["want"]), uuid.UUID(message["topic"]), int(message["n"]),
                 int(message["lease_s"]), message.get("consumer"), int(message["wait_ms"]),
                 str(message.get("tenant", "")), str(message.get("name", "")),
-                int(message.get("written_ms", 0)), bool(message.get("first", True)),
-                bool(message.get("several", False)))
+                int(message.get("written_ms", 0)), bool(message.get("several", False)))
 
 
 def encode_got(want_id: int, taken: list[Taken]) -> bytes:
     return _line({"got": want_id, "messages": [_taken(t) for t in taken]})
 
 
-def encode_prepared(want_id: int) -> bytes:
-    return _line({"prepared": want_id})
+def encode_offer(want_id: int) -> bytes:
+    return _line({"offer": want_id})
 
 
-def decode_prepared(message: dict[str, Any]) -> int | None:
-    """The want id a prepared notice names; None when the line is not one."""
-    return int(message["prepared"]) if "prepared" in message else None
+def encode_grant(want_id: int) -> bytes:
+    return _line({"grant": want_id})
+
+
+def encode_pass(want_id: int) -> bytes:
+    return _line({"pass": want_id})
+
+
+def decode_notice(message: dict[str, Any], kind: str) -> int | None:
+    """The want id an `offer`, `grant`, `pass` or `withdraw` line names, by kind; None when
+    the line is not of that kind."""
+    return int(message[kind]) if kind in message else None
 
 
 def encode_withdraw(want_id: int) -> bytes:
     return _line({"withdraw": want_id})
-
-
-def decode_withdraw(message: dict[str, Any]) -> int | None:
-    """The want id a withdraw names; None when the line is not a withdraw."""
-    return int(message["withdraw"]) if "withdraw" in message else None
 
 
 def decode_got(message: dict[str, Any]) -> tuple[int, list[Taken]]:

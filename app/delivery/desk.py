@@ -3,19 +3,20 @@ is found"): a lease call's want goes to the releasers owning the topic's shards,
 TCP connection per releaser, and what they leased for it comes back.
 
 The owners are read from the release slots' leases and the releasers' membership rows at
-most every OWNERS_EVERY_S. A want asks each owner for the call's n, one of them, in turns,
-its first: only the first takes messages for it ahead of their due time, and once it has,
-the call withdraws the others (workers.broker.SPILL_MS). What comes back beyond the n, or
-after the call left, is given back at once (scheduled again, its attempt not counted). A
-topic none of whose shards has had a reachable owner for handover_s (slots moving between
-releasers, a dead one's running out) is answered nothing, as a poll with nothing due; past
-that, want() answers None (no releaser).
+most every OWNERS_EVERY_S. A want asks each owner for the call's n; when there are several,
+an owner holding due messages offers to take them, and the call grants one offer at a time
+(the next when the granted owner passes), so only one owner takes for a call. What comes
+back beyond the n, or after the call left, is given back at once (scheduled again, its
+attempt not counted). A topic none of whose shards has had a reachable owner for handover_s (slots
+moving between releasers, a dead one's running out) is answered nothing, as a poll with
+nothing due; past that, want() answers None (no releaser). A send that makes no progress
+for broker_wire.SEND_TIMEOUT_S (the releaser stopped or cut off) closes its link: a call
+never waits on a stopped peer for longer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import socket
@@ -24,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from app.core.timeline import release_slot_of
 from app.delivery import broker_wire
@@ -40,7 +42,6 @@ ANSWER_GRACE_S = 2.0  # an owner answers a want by its wait; past this more, the
 MAX_WRITTEN = 100_000  # topics whose last write a process remembers
 log = logging.getLogger(__name__)
 
-Answer = Callable[[list[Taken] | None], None]
 
 
 class _Link:
@@ -52,7 +53,7 @@ class _Link:
                  on_close: Callable[[_Link], None]) -> None:
         self._sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
         self._sock.settimeout(None)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        broker_wire.bound_sends(self._sock)
         try:
             self._sock.sendall(broker_wire.encode_hello(token))
         except OSError:
@@ -60,22 +61,26 @@ class _Link:
             raise
         self._on_close = on_close
         self._lock = threading.Lock()
-        # want id -> where its answer goes, and what to do when its messages are prepared
-        self._pending: dict[int, tuple[Answer, Callable[[], None]]] = {}
+        self._sending = threading.Lock()  # one line at a time on the socket
+        # want id -> the call it was sent for
+        self._pending: dict[int, _Call] = {}
         self._closed = False
         threading.Thread(target=self._read_loop, name="desk-link", daemon=True).start()
 
-    def send(self, want: Want, answer: Answer, prepared: Callable[[], None]) -> bool:
+    def send(self, want: Want, call: _Call) -> bool:
+        """Send the want; its answer, offers and passes go to `call` (the answer None once
+        the link closes, as when this send fails). False when the link was closed already
+        (nothing sent, no answer will come)."""
         with self._lock:
             if self._closed:
                 return False
-            self._pending[want.id] = (answer, prepared)
-            try:
-                self._sock.sendall(broker_wire.encode_want(want))
-            except OSError:
-                self._pending.pop(want.id, None)
-                return False
+            self._pending[want.id] = call
+        self._write(broker_wire.encode_want(want))
         return True
+
+    def grant(self, want_id: int) -> None:
+        """Let the broker take for the want (it offered)."""
+        self._write(broker_wire.encode_grant(want_id))
 
     def withdraw(self, want_id: int) -> None:
         """Tell the broker the want's call is done, if it has not answered it yet; its
@@ -83,26 +88,25 @@ class _Link:
         with self._lock:
             if self._closed or want_id not in self._pending:
                 return
-            with contextlib.suppress(OSError):  # closed: the broker forgets the link's wants
-                self._sock.sendall(broker_wire.encode_withdraw(want_id))
+        self._write(broker_wire.encode_withdraw(want_id))
+
+    def _write(self, line: bytes) -> bool:
+        """Send one line; False, and the link closed, when it failed or made no progress
+        for SEND_TIMEOUT_S (a line cut short leaves the stream unreadable)."""
+        try:
+            with self._sending:
+                self._sock.sendall(line)
+            return True
+        except OSError as exc:
+            log.warning("broker link closed: a send failed: %r", exc)
+            self.close()
+            return False
 
     def _read_loop(self) -> None:
         try:
             with self._sock.makefile("rb") as lines:
                 for line in lines:
-                    message = broker_wire.decode_line(line)
-                    notice = broker_wire.decode_prepared(message)
-                    if notice is not None:
-                        with self._lock:
-                            waiting = self._pending.get(notice)
-                        if waiting is not None:
-                            waiting[1]()
-                        continue
-                    want_id, taken = broker_wire.decode_got(message)
-                    with self._lock:
-                        answered = self._pending.pop(want_id, None)
-                    if answered is not None:
-                        answered[0](taken)
+                    self._dispatch(broker_wire.decode_line(line))
         except OSError as exc:
             log.debug("broker link closed: %r", exc)
         except (ValueError, KeyError, TypeError) as exc:
@@ -110,6 +114,22 @@ class _Link:
             log.warning("broker link closed on an answer it could not read: %r", exc)
         finally:
             self.close()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        """One line from the broker: an offer or a pass for a want, or its answer."""
+        for kind in ("offer", "pass"):
+            want_id = broker_wire.decode_notice(message, kind)
+            if want_id is not None:
+                with self._lock:
+                    call = self._pending.get(want_id)
+                if call is not None:
+                    (call.offer if kind == "offer" else call.passed)(self, want_id)
+                return
+        want_id, taken = broker_wire.decode_got(message)
+        with self._lock:
+            call = self._pending.pop(want_id, None)
+        if call is not None:
+            call.answer(self, taken)
 
     def close(self) -> None:
         with self._lock:
@@ -121,15 +141,15 @@ class _Link:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._on_close(self)
-        for answer, _ in pending.values():
-            answer(None)
+        for call in pending.values():
+            call.answer(self, None)
 
 
 class _Call:
     """One lease call's wait for its owners' answers: done once one brought messages or all
-    answered; what arrives after it left goes to `late`. Once an owner prepared messages
-    for it (took them ahead of their due time, or is taking due ones), its wants at the other
-    owners are withdrawn, so that they take nothing for it that would only go back."""
+    answered; what arrives after it left goes to `late`. Of the owners that offer to take
+    for it, one at a time is granted; the next offer is granted when that one passes or
+    answers with nothing."""
 
     def __init__(self, expected: int, late: Callable[[list[Taken]], None]) -> None:
         self._expected = expected
@@ -139,31 +159,51 @@ class _Call:
         self._answered = 0
         self._open = True
         self.asked: list[tuple[_Link, int]] = []  # (owner, want id) of the wants sent
-        self._prepared_by: _Link | None = None
+        self._granted: _Link | None = None
+        self._offers: list[tuple[_Link, int]] = []  # waiting for a grant, in arrival order
 
     def sent(self, link: _Link, want_id: int) -> None:
         with self._cond:
             self.asked.append((link, want_id))
-            prepared_by = self._prepared_by
-        if prepared_by is not None and prepared_by is not link:  # came before this was sent
-            link.withdraw(want_id)
 
-    def prepared(self, by: _Link) -> None:
+    def offer(self, link: _Link, want_id: int) -> None:
         with self._cond:
-            self._prepared_by = by
-            others = [(link, want_id) for link, want_id in self.asked if link is not by]
-        for link, want_id in others:
-            link.withdraw(want_id)
+            if not self._open or self._got:
+                return
+            if self._granted is not None:
+                self._offers.append((link, want_id))
+                return
+            self._granted = link
+        link.grant(want_id)
 
-    def answer(self, taken: list[Taken] | None) -> None:
+    def passed(self, link: _Link, want_id: int) -> None:
+        self._grant_next(link)
+
+    def _grant_next(self, link: _Link) -> None:
+        """The granted owner (`link`) took nothing: the next offer, if any, is granted."""
+        with self._cond:
+            if self._granted is not link:
+                return
+            self._granted = None
+            if not self._open or self._got or not self._offers:
+                return
+            self._granted, want_id = self._offers.pop(0)
+            granted = self._granted
+        granted.grant(want_id)
+
+    def answer(self, link: _Link, taken: list[Taken] | None) -> None:
         with self._cond:
             if self._open:
                 self._got.extend(taken or [])
                 self._answered += 1
                 self._cond.notify_all()
-                return
-        if taken:
+                opened = True
+            else:
+                opened = False
+        if not opened and taken:
             self._late(taken)
+        elif opened and not taken:
+            self._grant_next(link)
 
     def wait(self, timeout_s: float) -> list[Taken]:
         with self._cond:
@@ -192,7 +232,6 @@ class Desk:
         self._links: dict[tuple[str, int], _Link] = {}
         self._refused: dict[tuple[str, int], float] = {}
         self._ids = itertools.count(1)
-        self._turns = itertools.count()  # which owner is a call's first
         # slot -> when (monotonic s) it last had a reachable owner; the desk's start for all
         self._served_s: dict[int, float] = {}
         self._started_s = time.monotonic()
@@ -221,15 +260,14 @@ class Desk:
                 self._giving_back.submit(give_back, taken)
 
         call = _Call(len(links), late)
-        first = next(self._turns) % len(links)  # calls take turns
-        for index, link in enumerate(links):
+        for link in links:
             want = Want(next(self._ids), topic.uid, n, lease_s, consumer, wait_ms,
                         topic.tenant, topic.name, self._written.get(topic.uid, 0),
-                        index == first, len(links) > 1)
-            if link.send(want, call.answer, functools.partial(call.prepared, link)):
+                        len(links) > 1)
+            if link.send(want, call):
                 call.sent(link, want.id)
             else:
-                call.answer(None)
+                call.answer(link, None)
         if not call.asked:
             return None
         got = call.wait(wait_ms / 1000 + ANSWER_GRACE_S)

@@ -58,12 +58,10 @@ class Leased:
 @dataclasses.dataclass(frozen=True)
 class Hold:
     """The terms a message is leased on: for how long (seconds) and to whom (the consumer
-    name kept on the row); for a message leased ahead into a broker's stock, the latest
-    moment it is handed out (epoch ms), from which its lease runs (0: none)."""
+    name kept on the row)."""
 
     lease_s: int
     consumer: str | None
-    hand_by_ms: int = 0
 
 
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
@@ -127,29 +125,28 @@ def _give_back(services: Services, topic: Topic, items: list[Taken]) -> list[Mes
 
 
 def take_with_payloads(services: Services, topic: Topic, chunk: list[Due], now: int,
-                       holds: Sequence[Hold], ahead_ms: int = 0
-                       ) -> list[tuple[MessageState, Payload | None]]:
+                       holds: Sequence[Hold]) -> list[tuple[MessageState, Payload | None]]:
     """take(), with each leased row's payload (None when it is missing). Payloads are
     immutable, so they are read while the take's round trips run, not after them."""
     reading = services.messages.start_payloads(
         topic.uid, [(d.row.id, d.row.content_hash) for d in chunk])
-    rows = take(services, topic, chunk, now, holds, ahead_ms)
+    rows = take(services, topic, chunk, now, holds)
     payloads = services.messages.collect_payloads(reading)
     return [(r, payloads.get((r.id, r.content_hash))) for r in rows]
 
 
-def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Sequence[Hold],
-         ahead_ms: int = 0) -> list[MessageState]:
+def take(services: Services, topic: Topic, chunk: list[Due], now: int,
+         holds: Sequence[Hold]) -> list[MessageState]:
     """Try to lease each due message on the terms of its hold (or make it dead past
     max_attempts); returns the leased. Used by pull leases and by the releasers' webhook push
-    alike. Rows not due by now + ahead_ms (this server's clock) are never taken, whatever
-    pointer led to them; a lease runs its lease_s from the later of now and the row's due
-    time (a releaser prepares a push up to ahead_ms before it and POSTs at the due time,
-    never earlier). The campaign's controls apply (app.campaigns.rules): a paused campaign's
-    messages are not taken, a cancelled campaign's are cancelled instead, and a paced
-    campaign's are taken in the order and at the rate of their delivery slots (_pace)."""
+    alike, for a consumer's call that waits or a POST that starts at once: nothing is leased
+    ahead. Rows not due by now (this server's clock, epoch ms) are never taken, whatever
+    pointer led to them; a lease runs its lease_s from now. The campaign's controls apply
+    (app.campaigns.rules): a paused campaign's messages are not taken, a cancelled
+    campaign's are cancelled instead, and a paced campaign's are taken in the order and at
+    the rate of their delivery slots (_pace)."""
     terms = [(d, hold) for d, hold in zip(chunk, holds, strict=True)
-             if d.row.due_at_ms <= now + ahead_ms]
+             if d.row.due_at_ms <= now]
     rules = _rules(services, topic, [d for d, _ in terms])
     going: list[tuple[Due, Hold]] = []
     ending: list[MessageState] = []
@@ -202,23 +199,20 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int, holds: Se
 def _observe_pacing(taken: list[MessageState], paced_now: set[str]) -> None:
     """For each message just leased (rows as they were before) of a paced campaign, its wait
     for its turn: its slot, or its own due time when its slot had come, less deliver_at.
-    (Lag is measured where a message is handed out: a pull's in _pass and _hand_held, a
-    push's when its POST starts, workers.push.)"""
+    (Lag is measured where a message is handed out: a pull's when its call gets it, lease(),
+    a push's when its POST starts, workers.push.)"""
     for row in taken:
         if row.paced or row.id in paced_now:
             metrics.PACING_WAIT.observe(max(row.due_at_ms - row.deliver_at_ms, 0) / 1000)
 
 
 def _leased(row: MessageState, hold: Hold, now: int) -> MessageState:
-    """The row leased on the hold's terms, from its hand-out moment (its due time when
-    taken ahead of it, the hold's hand_by_ms when stocked), which is also its updated_at:
-    until then a cancel answers 409."""
-    handed_at = max(now, row.due_at_ms, hold.hand_by_ms)
-    expires = handed_at + hold.lease_s * 1000
+    """The row leased on the hold's terms from now (epoch ms), its hand-out moment."""
+    expires = now + hold.lease_s * 1000
     return dataclasses.replace(
         row, state="leased", version=row.version + 1, due_at_ms=expires,
         lease_token=uuid.uuid4(), lease_expires_at_ms=expires, attempts=row.attempts + 1,
-        consumer=hold.consumer, updated_at_ms=handed_at, paced=False)
+        consumer=hold.consumer, updated_at_ms=now, paced=False)
 
 
 def _pace(services: Services, topic: Topic, pacing: dict[str, list[tuple[Due, Hold]]],
@@ -233,11 +227,7 @@ def _pace(services: Services, topic: Topic, pacing: dict[str, list[tuple[Due, Ho
     for name, items in pacing.items():
         rate = rules[name].max_per_second or 1.0
         items.sort(key=lambda item: (item[0].row.deliver_at_ms, item[0].row.id))
-        # a releaser takes a push up to its lead before the due time: no slot may come
-        # before the message's own due time (never early)
-        earliest = max(now, min(d.row.due_at_ms for d, _ in items))
-        first_us = services.campaigns.reserve_slots(topic.uid, name, len(items), rate,
-                                                    earliest)
+        first_us = services.campaigns.reserve_slots(topic.uid, name, len(items), rate, now)
         for index, (d, hold) in enumerate(items):
             slot_ms = max((first_us + round(index * 1_000_000 / rate)) // 1000,
                           d.row.due_at_ms)

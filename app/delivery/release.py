@@ -1,11 +1,11 @@
 """Push delivery use cases: take due messages of a webhook topic, then record each POST's outcome.
 
 The take is the same move on the timeline as a pull lease (pointer at the lease's expiry first,
-then the LWT), so a releaser that dies mid-POST leaves a message that comes due again. It may
-happen up to the prepare lead before the due time (the POST itself never does); the lease runs
-from the due time and outlives the POST's timeout by PUSH_LEASE_MARGIN_S, and a releaser does
-not start a POST that could outlive its lease. The LWT on the leased version fences every
-later transition.
+then the LWT), so a releaser that dies mid-POST leaves a message that comes due again. It
+happens at or after the due time, and the POST starts at once: a message is leased only once
+its POST is under way. The lease outlives the POST's timeout by PUSH_LEASE_MARGIN_S, and a
+releaser does not start a POST that could outlive its lease. The LWT on the leased version
+fences every later transition.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ def push_lease_s(topic: Topic) -> int:
     return math.ceil(topic.settings.delivery_timeout_seconds) + PUSH_LEASE_MARGIN_S
 
 
-def take_for_push(services: Services, topic: Topic, due: list[Due], consumer: str,
-                  ahead_ms: int) -> list[tuple[MessageState, Payload | None]]:
-    """Lease each message due within ahead_ms for a POST at its due time (dead instead past
+def take_for_push(services: Services, topic: Topic, due: list[Due], consumer: str
+                  ) -> list[tuple[MessageState, Payload | None]]:
+    """Lease each message due now for its POST, which starts at once (dead instead past
     max_attempts). Returns the leased rows with their payloads (None when the payload is
     missing: the POST is then a failure)."""
     hold = leasing.Hold(push_lease_s(topic), consumer)
     return leasing.take_with_payloads(services, topic, due, services.clock(),
-                                      [hold] * len(due), ahead_ms=ahead_ms)
+                                      [hold] * len(due))
 
 
 def jittered_backoff_ms(attempt: int, topic: Topic, rng: random.Random) -> int:

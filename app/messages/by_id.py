@@ -23,19 +23,19 @@ def get_message(services: Services, topic: Topic,
     return row, payloads.get((row.id, row.content_hash))
 
 
-def being_delivered(row: MessageState, now_ms: int) -> bool:
-    """Is a releaser holding this message to hand it out: to POST it (from up to the prepare
-    lead before its due time until the POST's outcome), or to give it to a pull call at its
-    due time (taken up to the prepare lead before, its updated_at the hand-out moment)? Then
-    cancelling it can no longer stop the hand-out."""
-    return row.state == "leased" and (row.lease_expires_at_ms or 0) > now_ms and (
-        (row.consumer or "").startswith(RELEASER_PREFIX) or row.updated_at_ms > now_ms)
+def being_delivered(row: MessageState) -> bool:
+    """Is a releaser POSTing this message? A webhook message is leased only once it is due
+    and its POST starts, and stays so until the POST's outcome is written (which the
+    releaser keeps trying): cancelling it can no longer stop that POST. Decided by the row
+    alone, never by comparing this host's clock with another's."""
+    return row.state == "leased" and (row.consumer or "").startswith(RELEASER_PREFIX)
 
 
 def cancel(services: Services, topic: Topic, message_id: str) -> None:
     """Cancel a scheduled or leased message: it is never delivered (a consumer holding a lease
     gets 409 on ack). Cancelling a cancelled message again is a no-op; a delivered or dead
-    one, or one a releaser is already handing out (being_delivered), answers 409."""
+    one, or one whose POST has started (being_delivered), answers 409. The race with a take
+    is decided by the row's conditional write: whichever applies first wins."""
     for _ in range(3):
         row = services.messages.get(topic.uid, message_id)
         if row is None:
@@ -45,7 +45,7 @@ def cancel(services: Services, topic: Topic, message_id: str) -> None:
         if row.state in FINAL_FOR_CANCEL:
             raise Conflict(f"Message {message_id!r} is {FINAL_FOR_CANCEL[row.state]}.")
         now = services.clock()
-        if being_delivered(row, now):
+        if being_delivered(row):
             raise Conflict(f"Message {message_id!r} is being delivered.")
         gone = dataclasses.replace(row, state="cancelled", version=row.version + 1,
                                    lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)

@@ -85,14 +85,15 @@ RELEASER_STEP_DURATION = Histogram(
     "duetime_releaser_step_duration_seconds",
     "How long each run of a releaser's paced step took, by step (topics, walk, "
     "operations): what a step finds waits for its run to end, so a walk step longer "
-    "than the prepare lead makes webhook messages late.", ("step",),
+    "than the look-ahead makes messages written a moment before their due time late.",
+    ("step",),
     buckets=LATENCY_BUCKETS_S)
 SLOTS_OWNED = Gauge(
     "duetime_release_slots_owned", "Release slots this releaser holds the lease of.",
     multiprocess_mode="livesum")
 TIMERS_ARMED = Gauge(
-    "duetime_timers_armed", "Messages leased for their POST, waiting for their due time, in "
-    "this releaser.", multiprocess_mode="livesum")
+    "duetime_timers_armed", "Messages leased for their POST (taken at their due time) whose "
+    "outcome is not back yet, in this releaser.", multiprocess_mode="livesum")
 CLOCK_SKEW = Gauge(
     "duetime_clock_skew_seconds",
     "This process's clock minus Cassandra's (positive: this clock is ahead), last measured.",

@@ -49,8 +49,8 @@ class CampaignPatchSchema(Schema):
                        "the horizon."})
     paused = Bool(metadata={
         "description": "true: its due messages are handed out neither to pull consumers nor "
-                       "to webhooks (within 1 s on every process; a webhook message already "
-                       "prepared, up to the prepare lead before its time, still goes). false: "
+                       "to webhooks (within 1 s on every process; a webhook message whose POST "
+                       "has started still goes). false: "
                        "resume; what came due meanwhile goes out from then, earliest "
                        "deliver_at first."})
     max_per_second = fields.Float(allow_none=True, validate=validate.Range(

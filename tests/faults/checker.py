@@ -10,6 +10,8 @@
 - after cancel: a lease asked for, or a POST received, after a cancel of that id was
   acknowledged;
 - handed out after ack: a pull lease of an id after an ack of it was answered 204;
+- dead without a hand-out: read `dead` after the round though no lease call got it and no
+  POST of it reached the receiver (an attempt spent on a message nobody received);
 - duplicates: ids handed out more than once (at least once allows them: lease expiry, nacks,
   500 answers, a crash mid-POST), counted; webhook POSTs after a 200 answer are counted apart;
 - lag of first handouts (ms after deliver_at, or after the enqueue's answer when that came
@@ -32,7 +34,8 @@ from typing import Any
 from tests.faults.workload import MOVE_DELAY_MS, Event, History
 
 ANSWERED = (200, 201)
-MUST_BE_ZERO = ("lost", "unexpected", "early", "after_cancel", "handed_out_after_ack")
+MUST_BE_ZERO = ("lost", "unexpected", "early", "after_cancel", "handed_out_after_ack",
+                "dead_without_handout")
 
 
 def _percentile(values: list[int], q: float) -> int:
@@ -66,7 +69,8 @@ def check(history: History, allowed_early_ms: int = 0,
         by_id[event.id][event.kind].append(event)
     result: dict[str, Any] = dict.fromkeys(
         ("accepted", "maybe", "cancelled", "delivered", "lost", "unexpected", "early",
-         "after_cancel", "handed_out_after_ack", "duplicates", "webhook_repeats_after_200"), 0)
+         "after_cancel", "handed_out_after_ack", "dead_without_handout", "duplicates",
+         "webhook_repeats_after_200"), 0)
     result["first_seen_later"] = result["enqueued_late"] = 0
     lags: dict[str, list[int]] = {"pull": [], "webhook": [], "pull_wait": []}
     examples: list[str] = []
@@ -111,6 +115,9 @@ def _judge(events: dict[str, list[Event]], allowed_early_ms: int, result: dict[s
     if handouts and not enqueues:
         result["unexpected"] += 1
         broken.append("unexpected")
+    if state == "dead" and not handouts:
+        result["dead_without_handout"] += 1
+        broken.append("dead without a hand-out")
     for h in handouts:
         due = _due_at(events, h.sent_ms)
         if h.done_ms < due - allowed_early_ms:

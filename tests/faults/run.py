@@ -178,7 +178,8 @@ def _settled(workload: Workload, history: History) -> bool:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| nemesis | accepted | cancelled | delivered | lost | unexpected | early | "
-            "after cancel | handed out after ack | duplicates | webhook repeats after 200 | "
+            "after cancel | handed out after ack | dead without a hand-out | duplicates | "
+            "webhook repeats after 200 | "
             "first seen on a later attempt | enqueued late | "
             "lag p50 / p99 / max ms: all; pull; "
             "pull, duetime's wait; webhook |")
@@ -189,7 +190,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['nemesis']} | {r['accepted']} | {r['cancelled']} | {r['delivered']} | "
             f"{r['lost']} | {r['unexpected']} | {r['early']} | {r['after_cancel']} | "
-            f"{r['handed_out_after_ack']} | {r['duplicates']} | "
+            f"{r['handed_out_after_ack']} | {r['dead_without_handout']} | {r['duplicates']} | "
             f"{r['webhook_repeats_after_200']} | {r['first_seen_later']} | "
             f"{r['enqueued_late']} | {lags} |")
     return "\n".join(lines)

@@ -5,7 +5,6 @@ broker."""
 
 from __future__ import annotations
 
-import random
 import socket
 import threading
 import time
@@ -23,23 +22,14 @@ from app.core.timeline import MS_PER_DAY
 from app.core.timeparse import format_ms, parse_instant
 from app.delivery import broker_wire, scan
 from app.delivery import desk as desk_module
-from app.delivery.scan import Due
-from app.models import MessageState, Pointer, Topic, TopicSettings
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
 from workers import broker as broker_module
 from workers.broker import HELD_PER_LANE, Broker
 from workers.releaser import Releaser, bind_listeners
-from workers.stock import AGE_MS as STOCK_AGE_MS
-from workers.stock import BACKLOG as STOCK_BACKLOG
-from workers.stock import SIZE as STOCK_SIZE
-from workers.stock import WANT_MAX as STOCK_WANT_MAX
 
 SLOTS = 4
-# The prepare tests' lead: time for the owner to take ahead, tell the call, and for the call
-# to withdraw its other wants before the due time, also on a slow host with a busy core.
-PREPARE_LEAD_MS = 3000
 
 
 @pytest.fixture()
@@ -165,35 +155,34 @@ def test_shards_sharing_a_slot_have_their_owners_read_once_a_second(
         assert len(reads) <= once_a_second, (reads, time.monotonic() - began)
 
 
-def test_a_long_polls_message_is_taken_ahead_and_handed_out_at_its_due_time(
+def test_a_long_polls_message_stays_scheduled_until_it_is_due_and_a_cancel_before_wins(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """A pull is prepared like a push: the owner leases a waiting call's message before its
-    due time (PREPARE_LEAD_MS here), its lease running from the due time, and hands it out at
-    the due time, never before; meanwhile a cancel answers 409 and the message is delivered.
-    A call whose wait ends before the due time is not given it."""
-    with _one_owner(config, auth, ring, "b-prepare", release_prepare_ms=PREPARE_LEAD_MS
-                    ) as (topic, _uid, _r):
-        due = now_ms() + PREPARE_LEAD_MS + 1500
-        assert topic.enqueue(id="soon", deliver_at=format_ms(due)).status_code == 201
-        # its wait ends within the lead, before the due time: nothing is prepared for it
-        assert topic.lease(max_messages=1, wait_ms=2000) == []
+    """Nothing is taken ahead of a consumer: while a long poll waits, a message due later
+    stays scheduled (attempt 0) until its due time, so a cancel 100 ms before it answers 204
+    and the message never goes out; another, left alone, is handed out at its due time,
+    never before, its lease running from the hand-out."""
+    with _one_owner(config, auth, ring, "b-no-ahead") as (topic, _uid, _r):
+        due = now_ms() + 1500
+        for name in ("kept", "cancelled"):
+            assert topic.enqueue(id=name, deliver_at=format_ms(due)).status_code == 201
         waiting: dict[str, Any] = {}
         caller = threading.Thread(target=lambda: waiting.update(
-            got=topic.lease(max_messages=1, wait_ms=8000, lease_seconds=30)))
+            got=topic.lease(max_messages=10, wait_ms=4000, lease_seconds=30)))
         caller.start()
-        leased_at = None
-        while leased_at is None and now_ms() < due:
-            if topic.get("soon").get_json()["state"] == "leased":
-                leased_at = now_ms()
-            time.sleep(0.01)
-        assert leased_at is not None and leased_at < due, "not taken ahead of its due time"
-        cancel = topic.client.delete(topic.url("/messages/soon"), headers=topic.headers)
-        assert cancel.status_code == 409, cancel.get_json()
+        while now_ms() < due - 100:
+            for name in ("kept", "cancelled"):
+                row = topic.get(name).get_json()
+                assert (row["state"], row["attempts"]) == ("scheduled", 0), row
+            time.sleep(0.02)
+        cancel = topic.client.delete(topic.url("/messages/cancelled"), headers=topic.headers)
+        assert cancel.status_code == 204, cancel.get_json()
         caller.join(15)
         [got] = waiting["got"]  # TopicClient.lease checks it came at or after deliver_at
-        assert got["id"] == "soon" and got["received_at"] >= due
-        assert parse_instant(got["lease"]["expires_at"]) == due + 30_000
+        assert got["id"] == "kept" and got["received_at"] >= due
+        assert parse_instant(got["lease"]["expires_at"]) >= got["received_at"] + 30_000 - 50
         assert topic.ack(got) == 204
+        assert topic.lease(max_messages=10, wait_ms=500) == []
+        assert topic.get("cancelled").get_json()["state"] == "cancelled"
 
 
 def test_consumers_taking_one_at_a_time_get_each_message_once(
@@ -443,61 +432,35 @@ def test_a_withdrawn_want_is_answered_at_once_and_takes_nothing(
         assert got["id"] == "after" and got["attempt"] == 1
 
 
-@pytest.mark.parametrize("walk_reads", [True, False], ids=["walk reading", "walk off"])
-def test_a_withdrawn_want_gives_back_what_was_prepared_for_it_and_holds_it_again(
-        config: Config, auth: dict[str, str], ring: dict[str, Any], walk_reads: bool) -> None:
-    """A want withdrawn after the owner leased a message ahead for it (not sent yet: it is
-    not due) is answered with nothing, and the message goes back, for the next call. The
-    owner holds what it gave back itself: the next call gets it also when the walk reads
-    nothing once the message was prepared (its step and a round's read turned off)."""
-    with _one_owner(config, auth, ring, "b-withdraw-prepared", release_prepare_ms=PREPARE_LEAD_MS
-                    ) as (topic, uid, r):
-        with _wanting(r, uid, 8) as sock:
-            due = now_ms() + PREPARE_LEAD_MS + 1500
-            assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
-            while topic.get("ahead").get_json()["state"] != "leased":
-                assert now_ms() < due, "not prepared for the want"
-                time.sleep(0.01)
-            if not walk_reads:
-                r._walking._step = lambda: None
-                r.broker.read_now = lambda topic, since: None
-            sock.sendall(broker_wire.encode_withdraw(8))
-            reader = sock.makefile("rb")
-            assert broker_wire.decode_got(broker_wire.decode_line(reader.readline())) \
-                == (8, [])
-        [got] = topic.lease(max_messages=1, wait_ms=5000)
-        assert got["id"] == "ahead" and got["attempt"] == 1 and got["received_at"] >= due
-
-
-def test_only_a_calls_first_owner_takes_ahead_for_it_and_tells_the_call_at_once(
+def test_a_want_other_owners_hold_too_is_taken_for_only_once_its_call_grants_it(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """Of the owners a call asks, only its first takes messages for it ahead of their due
-    time, and tells the call so at once (a *prepared* line before the answer), so that the
-    call withdraws its other wants; another owner serves it only with what is due, and
-    tells the call too before it takes."""
-    with _one_owner(config, auth, ring, "b-first-owner", release_prepare_ms=PREPARE_LEAD_MS
-                    ) as (topic, uid, r):
-        with _wanting(r, uid, 9, first=False, several=True) as sock:
-            due = now_ms() + PREPARE_LEAD_MS + 1500
-            assert topic.enqueue(id="other", deliver_at=format_ms(due)).status_code == 201
-            while now_ms() < due - 300:
-                assert topic.get("other").get_json()["state"] == "scheduled"
-                time.sleep(0.05)
+    """A want whose call asked other owners too: the owner holding a due message offers it
+    (an *offer* line) and takes nothing until the call grants it; once granted it takes and
+    answers. A granted owner that finds nothing (another call took it) passes the grant
+    back. A want of a call with one owner is served without asking."""
+    with _one_owner(config, auth, ring, "b-grant") as (topic, uid, r):
+        with _wanting(r, uid, 9, several=True) as sock:
             reader = sock.makefile("rb")
-            notice = broker_wire.decode_line(reader.readline())
-            assert broker_wire.decode_prepared(notice) == 9 and now_ms() >= due
-            want_id, taken = broker_wire.decode_got(broker_wire.decode_line(reader.readline()))
-            assert want_id == 9 and [t.leased.id for t in taken] == ["other"]
-        with _wanting(r, uid, 10, several=True) as sock:
-            due = now_ms() + PREPARE_LEAD_MS + 1500
-            assert topic.enqueue(id="first", deliver_at=format_ms(due)).status_code == 201
-            reader = sock.makefile("rb")
-            notice = broker_wire.decode_line(reader.readline())
-            assert broker_wire.decode_prepared(notice) == 10 and now_ms() < due
-            assert topic.get("first").get_json()["state"] == "leased"
-            want_id, taken = broker_wire.decode_got(broker_wire.decode_line(reader.readline()))
-            assert want_id == 10 and [t.leased.id for t in taken] == ["first"]
+            due = now_ms() + 500
+            assert topic.enqueue(id="offered", deliver_at=format_ms(due)).status_code == 201
+            assert broker_wire.decode_notice(broker_wire.decode_line(reader.readline()),
+                                             "offer") == 9
             assert now_ms() >= due
+            time.sleep(0.3)  # not granted: nothing taken
+            assert topic.get("offered").get_json()["state"] == "scheduled"
+            sock.sendall(broker_wire.encode_grant(9))
+            want_id, taken = broker_wire.decode_got(broker_wire.decode_line(reader.readline()))
+            assert want_id == 9 and [t.leased.id for t in taken] == ["offered"]
+        with _wanting(r, uid, 10, several=True) as sock:
+            reader = sock.makefile("rb")
+            assert topic.enqueue(id="raced").status_code == 201
+            assert broker_wire.decode_notice(broker_wire.decode_line(reader.readline()),
+                                             "offer") == 10
+            [other] = topic.lease(max_messages=1, wait_ms=2000)  # one owner: no offer
+            assert other["id"] == "raced"
+            sock.sendall(broker_wire.encode_grant(10))
+            assert broker_wire.decode_notice(broker_wire.decode_line(reader.readline()),
+                                             "pass") == 10
 
 
 def test_a_call_asking_two_owners_takes_nothing_at_the_other_that_goes_back(
@@ -510,10 +473,9 @@ def test_a_call_asking_two_owners_takes_nothing_at_the_other_that_goes_back(
     try:
         topic = TopicClient(app.test_client(), auth)
         uid = topic_uid(app, auth, topic)
-        with releaser(config, "b-two-a", release_prepare_ms=PREPARE_LEAD_MS, **ring) as a, \
-                releaser(config, "b-two-b", release_prepare_ms=PREPARE_LEAD_MS, **ring) as b:
+        with releaser(config, "b-two-a", **ring) as a, releaser(config, "b-two-b", **ring) as b:
             wait_owned(a, b, within_s=20)
-            due = now_ms() + PREPARE_LEAD_MS + 2000
+            due = now_ms() + 3000
             ids = {m["id"] for m in topic.batch([{"deliver_at": format_ms(due)}
                                                  for _ in range(16)])}
             got = topic.lease(max_messages=100, wait_ms=9000)
@@ -533,12 +495,9 @@ def test_a_call_asking_two_owners_takes_nothing_at_the_other_that_goes_back(
 def test_a_call_two_owners_serve_from_a_backlog_is_taken_for_once(
         config: Config, auth: dict[str, str], ring: dict[str, Any],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two owners, both holding messages already due, and takes that outlast SPILL_MS (as on
-    a loaded host): the owner that takes for a call first tells it before its take, the call
-    withdraws its want at the other, and nothing is taken there for it only to go back (those
-    rows are still at their first version); the next calls get them. SPILL_MS is made 200 ms
-    and each take 600 ms longer, so that the first owner's work before its take fits in the
-    spill on a slow host too, and a take still outlasts it."""
+    """Two owners, both holding messages already due, and takes that last 600 ms (as on a
+    loaded host): the call grants one owner, and nothing is taken at the other for it only
+    to go back (those rows are still at their first version); the next calls get them."""
     take = broker_module.take_with_payloads
 
     def slow_take(*args: Any, **kwargs: Any) -> Any:
@@ -562,7 +521,6 @@ def test_a_call_two_owners_serve_from_a_backlog_is_taken_for_once(
                 time.sleep(0.01)
             assert all(r.broker.held.get(uid) for r in (a, b))  # each owner holds some
             monkeypatch.setattr(broker_module, "take_with_payloads", slow_take)
-            monkeypatch.setattr(broker_module, "SPILL_MS", 200)
             got = topic.lease(max_messages=100, wait_ms=2000)
             assert got
             time.sleep(1.0)  # what a second owner would have taken comes back by then
@@ -608,27 +566,27 @@ def test_what_a_round_lets_go_of_for_shards_it_saw_unowned_is_read_again(
 
 def test_an_answer_whose_connection_fails_gives_back_what_it_carried(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """A prepared answer that cannot be sent (its API process's connection failed before
-    the broker noticed it closed) gives its message back at once, its attempt not counted:
-    the next call gets it within seconds, not when the 30 s lease taken for the want ends."""
-    with _one_owner(config, auth, ring, "b-send-fails", release_prepare_ms=5000) as (topic, uid, r):
+    """An answer that cannot be sent (its API process's connection failed before the broker
+    noticed it closed) gives its message back at once, its attempt not counted: the next
+    call gets it within seconds, not when the 30 s lease taken for the want ends."""
+    with _one_owner(config, auth, ring, "b-send-fails") as (topic, uid, r):
         with _wanting(r, uid, 9):
-            due = now_ms() + 8000  # prepared 5 s ahead: seconds to spare on a slow machine
-            assert topic.enqueue(id="unsent", deliver_at=format_ms(due)).status_code == 201
-
             def broken(line: bytes) -> None:
                 raise BrokenPipeError("the API process's end closed")
 
-            # the row is leased by the take a moment before the broker records the answer
             while True:
                 with r.broker._lock:
-                    if r.broker._prepared:
-                        [(parked, _, _)] = r.broker._prepared.values()
-                        parked.reply = broken
+                    parked = r.broker._wants.get(uid)
+                    if parked:
+                        parked[0].reply = broken
                         break
-                assert now_ms() < due, "not prepared for the want"
                 time.sleep(0.01)
-            assert topic.get("unsent").get_json()["state"] == "leased"
+            due = now_ms() + 300
+            assert topic.enqueue(id="unsent", deliver_at=format_ms(due)).status_code == 201
+            deadline = time.monotonic() + 10
+            while r.services.messages.get(uid, "unsent").version < 2:  # type: ignore[union-attr]
+                assert time.monotonic() < deadline, "not taken for the want"
+                time.sleep(0.01)
             [got] = topic.lease(max_messages=1, wait_ms=8000)
         assert got["id"] == "unsent" and got["attempt"] == 1 and got["received_at"] >= due
 
@@ -680,15 +638,14 @@ def test_a_releaser_whose_fixed_port_is_taken_does_not_start(
 
 
 @contextmanager
-def _wanting(r: Releaser, topic_uid: Any, want_id: int, first: bool = True,
+def _wanting(r: Releaser, topic_uid: Any, want_id: int,
              several: bool = False) -> Iterator[socket.socket]:
     """A connection to the releaser's broker, as an API process opens it (hello with its
     token), that has sent one want of 1 message waiting up to 10 s."""
     port = int(r.wakes.address.rpartition(":")[2])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(broker_wire.encode_hello(r.broker.token) + broker_wire.encode_want(
-            broker_wire.Want(want_id, topic_uid, 1, 30, None, 10_000, first=first,
-                             several=several)))
+            broker_wire.Want(want_id, topic_uid, 1, 30, None, 10_000, several=several)))
         yield sock
 
 
@@ -822,175 +779,3 @@ def _partition_pointers(services: Services, topic_uid: Any, bucket: int
             found_parts.append([(r["id"], r["version"]) for r in rows])
     return found_parts
 
-
-def test_the_count_of_webhook_messages_held_follows_every_change(services: Services) -> None:
-    """pushed_held, which every webhook round asks (its prepare lead), is a count kept with
-    each change of what is held: holds, a round's drops, shards let go of and deleted
-    topics. After random changes of webhook and pull topics it equals the sum over what is
-    held, and a deleted webhook topic takes its messages out of it."""
-    broker = Broker(services, "token", lambda uid: None, lambda topic: set(),
-                    lambda uid: None, lambda topic, since: None, lambda uid, pointers: None)
-    rng = random.Random(39)
-    topics = [Topic("t", f"n{i}", uuid.uuid4(), TopicSettings(
-        shards=4, delivery_mode="webhook" if i % 2 else "pull",
-        delivery_url="http://127.0.0.1:1/"), "s", 0, 0) for i in range(4)]
-    due_at = now_ms() + 60_000
-    for step in range(400):
-        topic = rng.choice(topics)
-        held = broker.held_of(topic.uid)
-        if held and rng.random() < 0.3:
-            broker._drop(topic.uid, rng.sample(held, rng.randint(1, len(held))))
-        elif held and rng.random() < 0.1:
-            with broker._lock:  # a round that sees shards 0 and 1 no longer owned
-                broker._owned(topic.uid, {2, 3})
-        else:
-            rows = [MessageState(topic.uid, f"m{step}-{n}", "scheduled", 1, due_at, due_at, 0,
-                                 None, rng.randint(0, 3), 0, "h", None, None, None, None,
-                                 due_at, due_at) for n in range(rng.randint(1, 20))]
-            broker.hold(topic, [Due(Pointer(due_at, r.id, 1, 0, r.shard), r) for r in rows])
-        assert broker.pushed_held() == sum(len(h) for h in broker.held.values() if h.pushed)
-    pushed = next(t for t in topics if t.pushed)
-    broker.hold(pushed, [Due(Pointer(due_at, "last", 1, 0, 0), MessageState(
-        pushed.uid, "last", "scheduled", 1, due_at, due_at, 0, None, 0, 0, "h", None, None,
-        None, None, due_at, due_at))])
-    before, of_topic = broker.pushed_held(), len(broker.held_of(pushed.uid))
-    broker.forget(pushed.uid)
-    assert of_topic >= 1 and broker.pushed_held() == before - of_topic
-    assert broker.pushed_held() == sum(len(h) for h in broker.held.values() if h.pushed)
-    broker.stop()
-
-
-def _counting_takes(r: Releaser) -> Counter[str]:
-    """Count the releaser's conditional writes by the state they write (rows), and the
-    takes that leased some ("takes")."""
-    calls = Counter[str]()
-    original = r.services.messages.cas_many
-
-    def counted(changes: Any, before: Any = None) -> Any:
-        for row, _, _ in changes:
-            calls[row.state] += 1
-        calls["takes"] += any(row.state == "leased" for row, _, _ in changes)
-        return original(changes, before)
-
-    r.services.messages.cas_many = counted  # type: ignore[method-assign]
-    return calls
-
-
-def _backlog_written_a_while_ago(topic: TopicClient, messages: list[dict[str, Any]]) -> None:
-    """Enqueue the messages, due now, then wait until no write of the topic is noted within
-    the stock's age (no stock while a topic is being written)."""
-    sent = topic.batch(messages)
-    assert {s["status"] for s in sent} == {201}
-    time.sleep(STOCK_AGE_MS / 1000)
-
-
-def test_a_pool_taking_one_at_a_time_from_a_backlog_is_served_from_the_stock(
-        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """One-message leases on a backlog nobody writes now: after the first call of a pool, a
-    round leases up to STOCK_SIZE more on the same terms, and the next calls get them from
-    memory with no take of their own; each message is handed out once, in order of
-    priority, never early. A stocked message's row shows the stock's deadline as its
-    hand-out moment, so a cancel meanwhile answers 409. What nobody asks for goes back
-    within STOCK_AGE_MS, due again, its attempt not counted."""
-    count = STOCK_BACKLOG + 4 * STOCK_SIZE
-    with _one_owner(config, auth, ring, "b-stock", topic_options={"shards": 1}) as (
-            topic, _uid, r):
-        _backlog_written_a_while_ago(topic, [{"id": f"s{n:03}", "priority": n}
-                                             for n in range(count)])
-        leased = _counting_takes(r)
-        got = []
-        for _ in range(2 * STOCK_SIZE):
-            [m] = topic.lease(max_messages=1, wait_ms=2000, lease_seconds=30)
-            got.append(m["id"])
-            assert topic.ack(m) == 204
-        assert got == [f"s{n:03}" for n in range(2 * STOCK_SIZE)]  # by priority
-        # leased ahead in a few takes, not one take a call
-        assert leased["leased"] >= 2 * STOCK_SIZE and leased["takes"] <= 4, leased
-        stocked = r.broker.stock.head(_uid, (30, None))
-        assert stocked is not None
-        head, _ = stocked
-        row = topic.get(head.leased.id).get_json()
-        assert row["state"] == "leased" and row["attempts"] == 1
-        assert topic.client.delete(topic.url(f"/messages/{head.leased.id}"),
-                                   headers=topic.headers).status_code == 409
-        deadline = time.monotonic() + STOCK_AGE_MS / 1000 + 5
-        while r.broker.stock.head(_uid, (30, None)) is not None:
-            assert time.monotonic() < deadline, "the stock was not given back"
-            time.sleep(0.05)
-        while topic.get(head.leased.id).get_json()["state"] != "scheduled":
-            assert time.monotonic() < deadline, "the stocked message was not given back"
-            time.sleep(0.05)
-        assert topic.get(head.leased.id).get_json()["attempts"] == 0
-        rest = topic.drain(count - len(got), within_s=30)
-        assert rest == {f"s{n:03}" for n in range(len(got), count)}
-
-
-def test_a_releaser_that_stops_gives_its_stock_back_at_once(
-        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """A graceful stop gives the stocked messages back before it returns (due again now,
-    their attempt not counted), not when their leases run out."""
-    count = STOCK_BACKLOG + 2 * STOCK_SIZE
-    with _one_owner(config, auth, ring, "b-stock-stop", topic_options={"shards": 1}) as (
-            topic, uid, r):
-        _backlog_written_a_while_ago(topic, [{"id": f"g{n:03}"} for n in range(count)])
-        for _ in range(2):
-            [m] = topic.lease(max_messages=1, wait_ms=2000, lease_seconds=300)
-            assert topic.ack(m) == 204
-        found = r.broker.stock.head(uid, (300, None))
-        assert found is not None
-        stocked = found[0].leased.id
-        r.stop()
-        assert r.broker.stock.head(uid, (300, None)) is None
-        row = topic.get(stocked).get_json()
-        assert row["state"] == "scheduled" and row["attempts"] == 0, row
-
-
-def test_no_stock_while_the_topic_is_written_or_for_calls_of_more_than_a_few(
-        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """A pool taking one message a call while producers write the topic gets no stock (it
-    would mostly go back unused: a write may rank first), nor does one asking for more than
-    STOCK_WANT_MAX a call: each call is its own take, as before the stock."""
-    count = STOCK_BACKLOG + 4 * STOCK_SIZE
-    with _one_owner(config, auth, ring, "b-no-stock", topic_options={"shards": 1}) as (
-            topic, uid, r):
-        _backlog_written_a_while_ago(topic, [{"id": f"w{n:03}"} for n in range(count)])
-        leased = _counting_takes(r)
-        for n in range(8):  # due within the look-ahead: the write is noted
-            assert topic.enqueue(id=f"new{n}", delay_ms=3000).status_code == 201
-            [m] = topic.lease(max_messages=1, wait_ms=2000)
-            assert topic.ack(m) == 204
-        assert leased["takes"] == 8 and r.broker.stock.head(uid, (30, None)) is None, leased
-        time.sleep(STOCK_AGE_MS / 1000 + 3)
-        for _ in range(4):
-            got = topic.lease(max_messages=STOCK_WANT_MAX + 1, wait_ms=2000)
-            assert len(got) == STOCK_WANT_MAX + 1 and topic.ack_all(got)
-        assert leased["takes"] == 12 and r.broker.stock.head(uid, (30, None)) is None, leased
-
-
-def test_a_stocked_message_of_a_campaign_paused_meanwhile_goes_back_not_out(
-        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """A campaign paused while some of its messages are stocked: the next call gets none of
-    them; they go back (scheduled, their attempt not counted) and wait for the resume."""
-    count = STOCK_BACKLOG + 2 * STOCK_SIZE
-    with _one_owner(config, auth, ring, "b-stock-pause", topic_options={"shards": 1}) as (
-            topic, uid, r):
-        _backlog_written_a_while_ago(topic, [{"id": f"p{n:03}", "campaign": "spring"}
-                                             for n in range(count)])
-        for _ in range(2):
-            [m] = topic.lease(max_messages=1, wait_ms=2000)
-            assert topic.ack(m) == 204
-        found = r.broker.stock.head(uid, (30, None))
-        assert found is not None
-        stocked = found[0].leased.id
-        paused = topic.client.patch(topic.url("/campaigns/spring"), headers=topic.headers,
-                                    json={"paused": True})
-        assert paused.status_code == 200
-        time.sleep(0.6)  # the releaser's campaign controls are read at most 0.5 s ago
-        assert topic.lease(max_messages=1, wait_ms=300) == []
-        row = topic.get(stocked).get_json()
-        deadline = time.monotonic() + 5
-        while row["state"] != "scheduled":
-            assert time.monotonic() < deadline, row
-            time.sleep(0.05)
-            row = topic.get(stocked).get_json()
-        assert row["attempts"] == 0

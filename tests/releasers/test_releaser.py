@@ -274,14 +274,14 @@ def test_what_was_held_of_a_slot_whose_lease_was_not_confirmed_in_time_is_read_a
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A releaser whose slot renewals are slow (a node down) may not take messages of the
-    slot for a moment (SlotOwnership.may_prepare says no): the broker lets go of what it held
+    slot for a moment (SlotOwnership.may_take says no): the broker lets go of what it held
     there, and the walk, which has passed it, reads it again, so the message is POSTed once
     the lease is confirmed."""
     with receiving(Receiver()) as target, releaser(config, "r-unconfirmed") as r:
         topic, secret = webhook_topic(client, auth, target.url)
         stored = services.topics.get(tenant_of(services, auth), topic.name)
         slot = r._slots_of(stored)[shard_of("unconfirmed", stored.settings.shards)]
-        may_prepare = r.ownership.may_prepare
+        may_take = r.ownership.may_take
         refused: list[int] = []
 
         def unconfirmed_once(asked: int) -> bool:
@@ -289,9 +289,9 @@ def test_what_was_held_of_a_slot_whose_lease_was_not_confirmed_in_time_is_read_a
                     d.pointer.id == "unconfirmed" for d in r.broker.held_of(stored.uid)):
                 refused.append(asked)
                 return False
-            return may_prepare(asked)
+            return may_take(asked)
 
-        monkeypatch.setattr(r.ownership, "may_prepare", unconfirmed_once)
+        monkeypatch.setattr(r.ownership, "may_take", unconfirmed_once)
         assert topic.enqueue(id="unconfirmed", delay_ms=1500).status_code == 201
         assert target.wait_for(lambda got: len(got) == 1, 15), target.ids()
     assert refused == [slot] and target.ids() == ["unconfirmed"]
