@@ -22,7 +22,7 @@ from app.ops.quotas import Quotas
 from app.services import Clock, Services, system_clock_ms
 
 API_VERSION = "1.0.0"
-PUBLIC_PREFIXES = ("/healthz", "/readyz", "/metrics", "/openapi", "/docs")
+PUBLIC_PREFIXES = ("/healthz", "/readyz", "/openapi", "/docs")
 
 
 def _smorest_settings(app: Flask, config: Config) -> None:

@@ -36,6 +36,9 @@ class Config:
 
     http_host: str = "127.0.0.1"
     http_port: int = 8080
+    # where the API's gunicorn master serves its workers' Prometheus /metrics (0: none); not
+    # the API port, which tenants reach (app.gunicorn_conf)
+    api_metrics_port: int = 9463
     max_payload_bytes: int = 64 * 1024
     max_batch: int = 1000
     horizon_days: int = 365

@@ -27,6 +27,9 @@ _metrics_dir = pathlib.Path(os.environ.setdefault(
 
 _host = os.environ.get("DUETIME_HTTP_HOST", "127.0.0.1")
 bind = f"{_host}:{os.environ.get('DUETIME_HTTP_PORT', '8080')}"
+# the workers' metrics, added up, on a port of their own (app.config.Config.api_metrics_port)
+METRICS_PORT = int(os.environ.get("DUETIME_API_METRICS_PORT", "9463"))
+_metrics_servers: list[Any] = []
 workers = int(os.environ.get("DUETIME_WEB_WORKERS", "2"))
 # a request must arrive within CLIENT_TIMEOUT_S of a thread taking it, plus a second per
 # MIN_UPLOAD_BYTES_PER_S of it; each write of an answer must progress within CLIENT_TIMEOUT_S
@@ -141,6 +144,38 @@ def on_starting(server: Any) -> None:
     _metrics_dir.mkdir(parents=True, exist_ok=True)
     for stale in _metrics_dir.glob("*.db"):
         stale.unlink()
+
+
+def when_ready(server: Any) -> None:
+    """Serve every worker's metrics, added up (prometheus_client's multiprocess mode), from
+    this master process on METRICS_PORT: operators' scrapers reach it there, tenants, who
+    reach the API port, do not (its counters name every tenant's topics). The master serves
+    it, so it answers while workers restart, and only the multiprocess files are read."""
+    if not METRICS_PORT:
+        return
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    try:
+        metrics_server, _ = start_http_server(METRICS_PORT, addr=_host, registry=registry)
+    except OSError as exc:  # the API serves on; only its metrics are missing, and say why
+        server.log.warning("API metrics not served on %s:%d: %s", _host, METRICS_PORT, exc)
+        return
+    _metrics_servers.append(metrics_server)
+    server.log.info("API metrics on http://%s:%d/metrics", _host, METRICS_PORT)
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """A worker does not keep the master's metrics socket open (it would hold the port)."""
+    for metrics_server in _metrics_servers:
+        metrics_server.socket.close()
+
+
+def on_exit(server: Any) -> None:
+    for metrics_server in _metrics_servers:
+        metrics_server.shutdown()
+        metrics_server.server_close()
 
 
 def post_worker_init(worker: Any) -> None:

@@ -88,8 +88,14 @@ def test_every_pod_reads_the_settings_and_selectors_match() -> None:
 
 def test_the_api_probes_answer_on_the_served_api(served: str) -> None:
     container = _container("duetime-api")
-    [port] = container["ports"]
-    assert port["containerPort"] == 8080
+    settings = _one("ConfigMap", "duetime")["data"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8080, "metrics": int(settings["DUETIME_API_METRICS_PORT"])}
+    annotations = _one("Deployment", "duetime-api")["spec"]["template"]["metadata"][
+        "annotations"]
+    assert annotations["prometheus.io/port"] == str(ports["metrics"])
+    service_ports = _one("Service", "duetime-api")["spec"]["ports"]
+    assert [p["targetPort"] for p in service_ports] == ["http"]  # tenants never reach metrics
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         path = container[probe]["httpGet"]["path"]
         assert requests.get(served + path, timeout=10).status_code == 200, probe

@@ -1,15 +1,19 @@
-"""Prometheus metrics and the clock check on the real node: `/metrics` parses as the text
-exposition, its message counters move by exactly what the test did, delivery lag and pacing
-waits are observed, and `/readyz` reports this clock against Cassandra's."""
+"""Prometheus metrics and the clock check on the real node: a process's metrics parse as the
+text exposition, its message counters move by exactly what the test did, delivery lag and
+pacing waits are observed, and `/readyz` reports this clock against Cassandra's. A served API
+shows its workers' metrics on a port of their own, never on the API's port."""
 
 from __future__ import annotations
 
 import gc
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 
 import pytest
+from duetime_client import Client
 from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,20 +25,23 @@ from app.services import Services, system_clock_ms
 from tests.campaign_helpers import campaign
 from tests.conftest import new_tenant_key
 from tests.consumers import TopicClient, now_ms
+from tests.serving import serving
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(client: FlaskClient) -> Samples:
-    """Every sample of /metrics by (name, sorted labels); fails unless it parses."""
-    answer = client.get("/metrics")
-    assert answer.status_code == 200
-    assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+def parsed(text: str) -> Samples:
+    """Every sample of a text exposition by (name, sorted labels); fails unless it parses."""
     samples: Samples = {}
-    for family in text_string_to_metric_families(answer.get_data(as_text=True)):
+    for family in text_string_to_metric_families(text):
         for s in family.samples:
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return samples
+
+
+def scrape() -> Samples:
+    """This process's metrics, as its metrics port would serve them."""
+    return parsed(metrics.exposition().decode())
 
 
 def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
@@ -51,7 +58,7 @@ def test_message_counters_move_by_exactly_what_was_done(
     tenant, auth = new_tenant_key(services)
     topic = TopicClient(client, auth, max_attempts=1)
     labels = {"tenant": tenant, "topic": topic.name}
-    before = scrape(client)
+    before = scrape()
     now = now_ms()
     topic.batch([{"id": f"m{n}", "deliver_at": now - 10} for n in range(5)])
     topic.batch([{"id": "m0", "deliver_at": now - 10}])  # the same message again: not new
@@ -63,7 +70,7 @@ def test_message_counters_move_by_exactly_what_was_done(
                        json={"lease_token": leased[2]["lease"]["token"], "error": "boom"})
     assert nack.status_code == 204  # max_attempts 1: dead
     assert client.delete(topic.url("/messages/later"), headers=auth).status_code == 204
-    after = scrape(client)
+    after = scrape()
     assert moved(before, after, "duetime_messages_enqueued_total", **labels) == 6
     assert moved(before, after, "duetime_messages_delivered_total", **labels) == 2
     assert moved(before, after, "duetime_messages_dead_total", **labels) == 1
@@ -82,10 +89,10 @@ def test_a_paced_campaigns_wait_for_its_turn_is_observed(
     answer = client.patch(topic.url("/campaigns/slow"), headers=auth,
                           json={"max_per_second": 2})
     assert answer.status_code == 200, answer.get_json()
-    before = scrape(client)
+    before = scrape()
     assert campaign(topic, "slow")["counts"]["scheduled"] == 4
     assert len(topic.drain(4, within_s=10)) == 4  # 2 a second: the last waits about 1.5 s
-    after = scrape(client)
+    after = scrape()
     assert moved(before, after, "duetime_pacing_wait_seconds_count") == 4
     waited = moved(before, after, "duetime_pacing_wait_seconds_sum")
     # slots 0.5 s apart from the first lease, which comes a moment after deliver_at: the
@@ -104,7 +111,7 @@ def test_readyz_compares_this_clock_with_cassandras(app: Flask, config: Config) 
         assert skewed.headers["Content-Type"] == "application/problem+json"
         assert skewed.get_json()["type"].endswith("clock-skewed")
         assert int(skewed.headers["Retry-After"]) > 0
-        samples = scrape(ahead.test_client())
+        samples = scrape()
         assert samples[("duetime_clock_skew_seconds", ())] >= 1.5 * config.safety_lag_ms / 1000
     finally:
         ahead.extensions["duetime"].close()
@@ -115,7 +122,6 @@ def test_every_full_garbage_collection_is_timed(app: Flask) -> None:
     """A process made by create_app times its collections: a full collection that frees a
     hundred thousand objects in cycles is one more observation of generation 2, no longer
     than gc.collect() took (automatic collections held off meanwhile)."""
-    client = app.test_client()
     gc.disable()
     try:
         cycles = []
@@ -124,11 +130,11 @@ def test_every_full_garbage_collection_is_timed(app: Flask) -> None:
             node.append(node)
             cycles.append(node)
         del cycles, node
-        before = scrape(client)
+        before = scrape()
         started = time.perf_counter()
         freed = gc.collect(2)
         took = time.perf_counter() - started
-        after = scrape(client)
+        after = scrape()
     finally:
         gc.enable()
     assert freed >= 100_000
@@ -180,3 +186,37 @@ def test_flushes_of_several_threads_never_fail_a_request(
     metrics.flush_collections()
     assert not metrics._gc_pauses
     assert metrics.GC_PAUSE.labels("0")._sum.get() == pytest.approx(before + 0.0002)
+
+
+API_PORT, METRICS_PORT = 18095, 18096
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.headers["Content-Type"], answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def test_a_served_api_shows_its_metrics_on_their_port_and_not_on_the_api_port(
+        config: Config, services: Services) -> None:
+    tenant, auth = new_tenant_key(services)
+    with serving(config.keyspace, API_PORT, DUETIME_WEB_WORKERS="2",
+                 DUETIME_API_METRICS_PORT=str(METRICS_PORT)) as base:
+        client = Client(base, auth["Authorization"].removeprefix("Bearer "))
+        client.put_topic("counted")
+        before = parsed(_get(f"http://127.0.0.1:{METRICS_PORT}/metrics")[2])
+        for n in range(4):  # spread over both workers
+            client.enqueue("counted", n, delay_ms=3_600_000)
+        status, kind, text = _get(f"http://127.0.0.1:{METRICS_PORT}/metrics")
+        assert status == 200 and kind.startswith("text/plain; version=0.0.4")
+        after = parsed(text)
+        labels = {"tenant": tenant, "topic": "counted"}
+        assert moved(before, after, "duetime_messages_enqueued_total", **labels) == 4
+        assert moved(before, after, "duetime_http_request_duration_seconds_count",
+                     endpoint="messages.MessageCollection", method="POST", status="2xx") == 4
+        status, kind, text = _get(f"{base}/metrics")
+        assert (status, kind) == (404, "application/problem+json")
+        assert "counted" not in text
+        assert [_get(f"{base}{path}")[0] for path in ("/healthz", "/readyz", "/")] == [200] * 3

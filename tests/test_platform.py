@@ -95,7 +95,7 @@ def test_a_method_a_route_does_not_take_gets_405_naming_those_it_does(
         client: FlaskClient) -> None:
     """RFC 9110: a 405 carries Allow (a fuzzer's TRACE found it missing)."""
     for method, path, allowed in (("TRACE", "/healthz", {"GET", "HEAD", "OPTIONS"}),
-                                  ("DELETE", "/metrics", {"GET", "HEAD", "OPTIONS"})):
+                                  ("DELETE", "/readyz", {"GET", "HEAD", "OPTIONS"})):
         answer = client.open(path, method=method)
         assert answer.status_code == 405, (method, path)
         assert answer.content_type == "application/problem+json"

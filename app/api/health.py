@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Response, current_app
+from flask import current_app
 
 from app.api.json_body import Blueprint
 from app.errors import ClockSkewed, SchemaBehind
-from app.ops import clock_skew, metrics
+from app.ops import clock_skew
 from app.schemas import HealthSchema, ReadySchema
 from app.store import migrations
 
@@ -46,14 +46,3 @@ def readyz() -> dict[str, Any]:
     applied = max(m.version for m in migrations.discover())
     return {"status": "ready", "schema_version": applied, "clock_skew_ms": skew,
             "releaser_clock_gap_ms": clock_skew.releaser_gap_ms(services, skew)}
-
-
-@blp.route("/metrics")
-@blp.response(200, content_type="text/plain",
-              description="Prometheus text exposition (version 0.0.4) of every API worker of "
-                          "this host: message counters by tenant and topic, delivery lag, "
-                          "request and Cassandra latency. See README, Metrics.")
-def metrics_text() -> Response:
-    """Prometheus metrics of this API (all gunicorn workers together)."""
-    return Response(metrics.exposition(),
-                    content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -3,8 +3,9 @@ conventions: seconds, `_total` counters, base units.
 
 Every process records into prometheus_client's default registry. gunicorn workers set
 PROMETHEUS_MULTIPROC_DIR (app.gunicorn_conf), so each writes its values to files there and
-the API's `/metrics` adds up all workers (multiprocess mode); a releaser serves its own on a
-port of its own (workers.releaser, DUETIME_RELEASER_METRICS_PORT).
+the gunicorn master adds up all workers (multiprocess mode) on a port of its own
+(DUETIME_API_METRICS_PORT), not the API's; a releaser serves its own on another
+(workers.releaser, DUETIME_RELEASER_METRICS_PORT).
 
 Label cardinality is bounded: `tenant` and `topic` label the message counters, and a process
 gives its first MAX_TOPIC_SERIES (tenant, topic) pairs a series each; later pairs share the

@@ -89,14 +89,15 @@ def make_drained_topics(headers: dict[str, str], count: int, target: Receiver) -
 def measure(seconds: float) -> dict[str, Any]:
     port = os.environ.get("DUETIME_RELEASER_METRICS_PORT", "9464")
     releaser_metrics = f"http://127.0.0.1:{port}/metrics"
+    api_metrics = f"http://127.0.0.1:{os.environ.get('DUETIME_API_METRICS_PORT', '9463')}/metrics"
     cpu_before = stack_cpu_s()
-    calls_before = {"api": requests_made(f"{URL}/metrics"),
+    calls_before = {"api": requests_made(api_metrics),
                     "releaser": requests_made(releaser_metrics)}
     began = time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - began
     cores = {k: round((v - cpu_before[k]) / elapsed, 4) for k, v in stack_cpu_s().items()}
-    calls = {"api": requests_made(f"{URL}/metrics"),
+    calls = {"api": requests_made(api_metrics),
              "releaser": requests_made(releaser_metrics)}
     return {"cores": {**cores, "total": round(sum(cores.values()), 4)},
             "cassandra_requests_per_s": {k: round((calls[k] - calls_before[k]) / elapsed, 2)

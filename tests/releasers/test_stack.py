@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Config
@@ -24,6 +26,7 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 PORT = "18080"
 METRICS_PORT = "19464"  # the releaser's
+API_METRICS_PORT = "19463"
 BASE = f"http://127.0.0.1:{PORT}"
 
 
@@ -37,7 +40,8 @@ def call(method: str, path: str, key: str, body: dict[str, Any]) -> Any:
 
 def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
     env = {**os.environ, "DUETIME_HTTP_PORT": PORT, "DUETIME_KEYSPACE": config.keyspace,
-           "DUETIME_RELEASER_METRICS_PORT": METRICS_PORT}
+           "DUETIME_RELEASER_METRICS_PORT": METRICS_PORT,
+           "DUETIME_API_METRICS_PORT": API_METRICS_PORT}
     users_key = ROOT / "var" / "dev-key"
     before = users_key.read_text() if users_key.exists() else None
     up = subprocess.run(["make", "up"], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -63,7 +67,11 @@ def test_make_up_serves_the_api_and_runs_a_releaser(config: Config) -> None:
                 call("POST", "/v1/topics/stack-hooks/messages", key,
                      {"payload": n, "delay_ms": 3_600_000})
         labels = {"tenant": "stacktest", "topic": "stack-hooks"}
-        assert scrape(f"{BASE}/metrics", "duetime_messages_enqueued_total", labels) == 11
+        api_metrics = f"http://127.0.0.1:{API_METRICS_PORT}/metrics"
+        assert scrape(api_metrics, "duetime_messages_enqueued_total", labels) == 11
+        with pytest.raises(urllib.error.HTTPError) as on_api_port:  # tenants reach that one
+            urllib.request.urlopen(f"{BASE}/metrics", timeout=5)
+        assert on_api_port.value.code == 404
         released = f"http://127.0.0.1:{METRICS_PORT}/metrics"
         assert wait_until(lambda: scrape(released, "duetime_messages_delivered_total",
                                          labels) == 1, 10, every_s=0.1)
