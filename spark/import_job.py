@@ -1,4 +1,4 @@
-"""`duetime spark import`: bulk scheduling from a file, written as the API would write it.
+"""`duetime-admin spark import`: bulk scheduling from a file, written as the API would write it.
 
 extract (CSV, JSON lines or Parquet) → transform (spark.rows, the API's own checks and app's
 bucket/shard/id code) → load (the connector). Steps:

@@ -1,12 +1,17 @@
-"""Progress of a long Spark job on stderr: the phase and its tasks done / total, every few
-seconds, so a person running a million-row import sees it move."""
+"""Progress of a long Spark job on stderr, so a person running a million-row import sees it
+move: a line when a phase starts, and every few seconds one bar per running Spark stage (a
+phase may run several, one after another or at once), each with its tasks done / total, the
+rows its finished tasks read or wrote, and the time left at its pace so far. A stage's bar
+only grows, and the stage gets a last one when it has ended."""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from typing import Any
 
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark import SparkContext
 
 EVERY_S = 2.0
@@ -21,12 +26,23 @@ def bar(done: int, total: int, width: int = WIDTH) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {share:4.0%} {done:,}/{total:,}"
 
 
+def time_left(elapsed_s: float, done: int, total: int) -> str:
+    """`about 12 s left` at the pace of the elapsed_s that did `done` of `total` tasks."""
+    if done >= total:
+        return "done"
+    if not done:
+        return "time left unknown yet"
+    left = elapsed_s / done * (total - done)
+    return f"about {left:.0f} s left" if left < 120 else f"about {left / 60:.0f} min left"
+
+
 class Progress:
     def __init__(self, sc: SparkContext, every_s: float = EVERY_S) -> None:
         self.sc = sc
         self.every_s = every_s
         self.phase = "starting"
         self.started = time.monotonic()
+        self._stages: dict[int, tuple[str, float]] = {}  # running: (its phase, first seen)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
 
@@ -34,10 +50,11 @@ class Progress:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.say(f"finished in {time.monotonic() - self.started:.1f} s")
+        if exc_type is None:  # a failure says what went wrong itself (spark.failures)
+            self.say(f"finished in {time.monotonic() - self.started:.1f} s")
 
     def enter(self, phase: str) -> None:
         """Name the next phase (also shown as the job description in the Spark UI)."""
@@ -49,12 +66,35 @@ class Progress:
         print(f"[{time.monotonic() - self.started:7.1f} s] {text}", file=sys.stderr, flush=True)
 
     def _run(self) -> None:
-        tracker = self.sc.statusTracker()
         while not self._stop.wait(self.every_s):
-            done = total = 0
-            for stage_id in tracker.getActiveStageIds():
-                info = tracker.getStageInfo(stage_id)
-                if info is not None:
-                    done, total = done + info.numCompletedTasks, total + info.numTasks
-            if total:
-                self.say(f"{self.phase}: tasks {bar(done, total)}")
+            try:
+                self._look()
+            except Py4JError:  # the context is stopping: nothing more to show
+                return
+
+    def _look(self) -> None:
+        tracker = self.sc.statusTracker()
+        active = set(tracker.getActiveStageIds())
+        for stage_id in sorted(active - set(self._stages)):
+            self._stages[stage_id] = (self.phase, time.monotonic())
+        for stage_id in sorted(self._stages):
+            info = tracker.getStageInfo(stage_id)
+            phase, since = self._stages[stage_id]
+            if stage_id not in active:
+                del self._stages[stage_id]
+            if info is None:
+                continue
+            done, total = info.numCompletedTasks, info.numTasks
+            self.say(f"{phase}: stage {stage_id} tasks {bar(done, total)}, "
+                     f"{self._rows(stage_id):,} rows, " + (
+                         "ended" if stage_id not in active
+                         else time_left(time.monotonic() - since, done, total)))
+
+    def _rows(self, stage_id: int) -> int:
+        """Rows the stage's finished tasks (and the running ones at their last heartbeat)
+        read from files, tables or cache, read from a shuffle, or wrote: the largest."""
+        try:
+            data: Any = self.sc._jsc.sc().statusStore().lastStageAttempt(stage_id)
+        except Py4JJavaError:  # no longer kept: no rows to tell
+            return 0
+        return max(data.inputRecords(), data.shuffleReadRecords(), data.outputRecords())

@@ -1,4 +1,4 @@
-"""`duetime spark import EXPORT --topic T --restore`: bring back the messages of an export
+"""`duetime-admin spark import EXPORT --topic T --restore`: bring back the messages of an export
 (spark.export_job) into a topic, empty or not, idempotently.
 
 Each message keeps its id, state, deliver_at, priority, campaign, group, attempts, last error,
@@ -59,7 +59,7 @@ def read_export(spark: SparkSession, path: str) -> DataFrame:
     missing = [c for c in EXPORT_COLUMNS if c not in df.columns]
     if missing:
         raise JobFailure(INPUT, f"{path} is not a duetime export "
-                         f"(`duetime spark export`): no column {', '.join(missing)}")
+                         f"(`duetime-admin spark export`): no column {', '.join(missing)}")
     return df.select(*[F.unix_millis(c).alias(c) if c in TIMES else F.col(c)
                        for c in EXPORT_COLUMNS])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,15 +32,42 @@ from tests.waiting import wait_until
 ROWS = scaled(20_000, 100_000)
 
 
-def spark_job(config: Config, *args: str) -> dict[str, Any]:
-    """Run `duetime spark ...` on the test keyspace; its JSON summary (last stdout line)."""
+# a stage's progress bar (spark.progress): tasks done / total, rows, time left
+STAGE_BAR = re.compile(r": stage (\d+) tasks \[[#.]+\] +\d+% ([\d,]+)/([\d,]+), ([\d,]+) rows, "
+                       r"(about \d+ (?:s|min) left|time left unknown yet|ended)$")
+
+
+def stage_bars(output: str) -> dict[int, list[tuple[int, int, int, str]]]:
+    """Per Spark stage, its progress bars in order: (tasks done, tasks, rows, time left)."""
+    bars: dict[int, list[tuple[int, int, int, str]]] = {}
+    for line in output.splitlines():
+        if found := STAGE_BAR.search(line):
+            stage, done, total, rows, left = found.groups()
+            bars.setdefault(int(stage), []).append(
+                (int(done.replace(",", "")), int(total.replace(",", "")),
+                 int(rows.replace(",", "")), left))
+    return bars
+
+
+def spark_run(config: Config, *args: str) -> tuple[dict[str, Any], str]:
+    """Run `duetime-admin spark ...` on the test keyspace: its JSON summary (last stdout
+    line) and its output. Each stage's progress bar only grows."""
     env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace}
     done = subprocess.run([sys.executable, "-m", "app.cli", "spark", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "finished in" in done.stdout  # progress was shown (spark-submit merges stderr)
+    for stage, bars in stage_bars(done.stdout).items():
+        assert len({total for _, total, _, _ in bars}) == 1, (stage, bars)
+        assert [b[0] for b in bars] == sorted(b[0] for b in bars), (stage, bars)
+        assert [b[2] for b in bars] == sorted(b[2] for b in bars), (stage, bars)
     summary: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return summary
+    return summary, done.stdout
+
+
+def spark_job(config: Config, *args: str) -> dict[str, Any]:
+    """spark_run's summary."""
+    return spark_run(config, *args)[0]
 
 
 def tenant_of(services: Services, auth: dict[str, str]) -> str:
@@ -70,11 +98,14 @@ def test_import_counts_rejects_and_a_rerun_adds_nothing(
     topic = TopicClient(client, auth)
     tenant = tenant_of(services, auth)
     rejects = tmp_path / "rejects"
-    first = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant", tenant,
-                      "--campaign", "bulk", "--rejects", str(rejects))
+    first, output = spark_run(config, "import", str(path), "--topic", topic.name, "--tenant",
+                              tenant, "--campaign", "bulk", "--rejects", str(rejects))
     assert first["rows"] == ROWS
     assert first["rejected"] == expected.invalid + expected.duplicates
     assert first["imported"] == expected.good
+    bars = stage_bars(output)  # one bar per stage, none going back
+    assert len(bars) >= 2 and any(rows for b in bars.values() for _, _, rows, _ in b), output
+    assert any(left.endswith(" left") for b in bars.values() for *_, left in b), output
     rejected = list(csv.DictReader(next(rejects.glob("*.csv")).open(encoding="utf-8")))
     assert len(rejected) == first["rejected"] and first["rejects_replaced"] is False
     lines = path.read_text(encoding="utf-8").splitlines()  # the header is line 1
