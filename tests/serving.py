@@ -45,8 +45,10 @@ def serving(keyspace: str, port: int, **settings: str) -> Iterator[str]:
     """gunicorn with one worker on `port` over `keyspace`, with these DUETIME_* settings,
     ready; its base URL. Stopped on exit."""
     base = f"http://127.0.0.1:{port}"
+    # no metrics port unless asked: the default one (9463) belongs to a developer's `make up`
     process = start_api({**os.environ, "DUETIME_HTTP_PORT": str(port),
-                         "DUETIME_KEYSPACE": keyspace, "DUETIME_WEB_WORKERS": "1", **settings})
+                         "DUETIME_KEYSPACE": keyspace, "DUETIME_WEB_WORKERS": "1",
+                         "DUETIME_API_METRICS_PORT": "0", **settings})
     try:
         assert wait_ready(base, process), "API did not start"
         yield base

@@ -232,3 +232,38 @@ def test_no_route_answers_hostile_input_with_a_5xx(
         assert answer.content_type == "application/problem+json"
     if answer.get_data():
         _strict(answer.get_data(as_text=True))
+
+
+# the same, in a query parameter or a path segment of any route
+_QUERIED = sorted(
+    (method.upper(), path, [p["name"] for p in (op.get("parameters", [])
+                                                + item.get("parameters", []))
+                            if p["in"] in ("query", "path")])
+    for path, item in _SPEC["paths"].items() for method, op in item.items()
+    if method in ("get", "put", "post", "patch", "delete"))
+_hostile_text = st.one_of(
+    st.integers(4301, 5000).map(lambda n: "9" * n),
+    st.sampled_from(["NaN", "-Infinity", "1e999", "%ED%A0%80", "%F0%9F", "%00", "%0D%0A",
+                     "2026-W49-7T22:00:00Z", "-62135596800001", "18446744073709551616"]))
+
+
+@given(operation=st.sampled_from(_QUERIED), data=st.data(), hostile=_hostile_text)
+@settings(max_examples=150, derandomize=True, deadline=None,
+          suppress_health_check=list(HealthCheck))
+def test_no_query_or_path_answers_hostile_input_with_a_5xx(
+        hostile_app: tuple[Flask, dict[str, str]], operation: tuple[str, str, list[str]],
+        data: st.DataObject, hostile: str) -> None:
+    app, auth = hostile_app
+    method, path, names = operation
+    values = {"topic": "h", "message_id": "m1", "campaign": "c1", "name": "s1", "op_id": "o1"}
+    name = data.draw(st.sampled_from(names or ["x"]))
+    values[name] = hostile
+    url = path
+    for key in ("topic", "message_id", "campaign", "name", "op_id"):
+        url = url.replace("{" + key + "}", values[key])
+    if name not in values or f"{{{name}}}" not in path:
+        url += f"?{name}={hostile}"
+    answer = app.test_client().open(url, method=method, headers=auth, json={})
+    assert answer.status_code < 500, (method, url[:200], answer.get_data(as_text=True))
+    if answer.status_code >= 400:
+        assert answer.content_type == "application/problem+json"
