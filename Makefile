@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run up down test long fuzz lint typecheck openapi bench bench-import faults setup cluster-up cluster-down clean
+.PHONY: run up down test long fuzz lint typecheck openapi bench bench-import spark-s3a faults setup cluster-up cluster-down clean
 
 run:            ## install what is missing, start everything, stay in the foreground
 	@devstack/stack.sh run
@@ -53,6 +53,10 @@ bench: up       ## pull (batched and one message per request), push, push in a c
 
 bench-import: up  ## Spark import of 1,000,000 rows vs HTTP batch vs raw inserts (about 10 min)
 	$(PY) -m tests.bench.spark_import
+
+spark-s3a:      ## opt-in: hadoop-aws 3.3.4 and its AWS SDK bundle (~280 MB) into var/spark/jars, for s3a:// URLs in `duetime-admin spark`
+	mvn -B -q -f devstack/spark-s3a-pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	  -DoutputDirectory=var/spark/jars
 
 cluster-up:     ## the 3-node cluster on 127.0.0.1-3 (CQL port 9043)
 	python3 devstack/cassandra.py start cluster

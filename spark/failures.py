@@ -104,8 +104,13 @@ def require_input(spark: SparkSession, path: str) -> None:
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(hadoop_path):
+    try:
+        fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        found = fs.exists(hadoop_path)
+    except Py4JJavaError as exc:  # the file system's own failure: a store, a credential
+        raise classify(exc) or JobFailure(INPUT, "the input cannot be read: " + _first_line(
+            str(exc.java_exception))) from None
+    if not found:
         raise JobFailure(INPUT, f"no input: nothing at {path}")
 
 

@@ -174,3 +174,13 @@ def test_the_report_labels_times_in_rfc_3339_and_counts_overdue_apart(
     assert header == "starts_at,count" and RFC_3339.match(first.split(",")[0]), first
     page = (out / "index.html").read_text(encoding="utf-8")
     assert f"due before {report['as_of']}" in page and "overdue messages not included" in page
+
+
+def test_an_input_its_file_system_cannot_reach_says_so_in_one_line(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str]) -> None:
+    topic = TopicClient(client, auth)
+    done = run_spark(config, "import", "hdfs://127.0.0.1:1/sends.csv", "--topic", topic.name,
+                     "--tenant", tenant_of(services, auth))
+    [line] = said(done)
+    assert line.startswith("the input cannot be read: ") and "Connection refused" in line, line
+    assert_fails_with(done, usage.INPUT, line)
