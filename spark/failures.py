@@ -45,7 +45,8 @@ def classify(exc: BaseException) -> JobFailure | None:
     if isinstance(exc, JobFailure):
         return exc
     if isinstance(exc, StoreUnavailable):
-        return JobFailure(CASSANDRA, f"Cassandra cannot be reached: {exc.detail}")
+        return JobFailure(CASSANDRA, f"{exc.detail} (Cassandra cannot be reached: see "
+                          "DUETIME_CONTACT_POINTS and DUETIME_CQL_PORT)")
     if isinstance(exc, AnalysisException) and exc.getErrorClass() == "PATH_NOT_FOUND":
         return JobFailure(INPUT, f"no input: {_first_line(str(exc))}")
     text = str(exc.java_exception) if isinstance(exc, Py4JJavaError) else str(exc)

@@ -28,9 +28,9 @@ from tests.test_spark import stats, tenant_of
 SPARK_LOG = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN) ")
 
 
-def run_spark(config: Config, *args: str, timeout_s: float = 600
+def run_spark(config: Config, *args: str, timeout_s: float = 600, **settings: str
               ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace}
+    env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace, **settings}
     return subprocess.run([sys.executable, "-m", "app.cli", "spark", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
 
@@ -78,6 +78,16 @@ def test_an_unknown_topic_says_so_in_one_line(config: Config, services: Services
     tenant = tenant_of(services, auth)
     done = run_spark(config, "import", str(path), "--topic", "no-such-topic", "--tenant", tenant)
     assert_fails_with(done, usage.NO_TOPIC, f"no topic 'no-such-topic' for tenant {tenant!r}")
+
+
+def test_an_unreachable_cassandra_says_so_in_one_line(config: Config, tmp_path: Path) -> None:
+    path = tmp_path / "sends.csv"
+    path.write_text("recipient\nu1\n", encoding="utf-8")
+    done = run_spark(config, "import", str(path), "--topic", "any", DUETIME_CQL_PORT="1")
+    [line] = said(done)
+    assert line.endswith("(Cassandra cannot be reached: see DUETIME_CONTACT_POINTS and "
+                         "DUETIME_CQL_PORT)"), line
+    assert_fails_with(done, usage.CASSANDRA, line)
 
 
 def test_an_unreachable_master_says_so_at_once(config: Config, services: Services,
