@@ -128,6 +128,20 @@ def test_the_contracts_spellings_are_taken(client: FlaskClient, auth: dict[str, 
     assert answer.get_json()["deliver_at"] == expected
 
 
+@pytest.mark.parametrize("local_time, zone", [
+    ("2026-W49-7T22:00:00", "UTC"), ("20261206T220000", "UTC"), ("2026-12-06 22:00:00", "UTC"),
+    ("2026-12-06T22:00", "UTC"), ("2026-12-06T22:00:00Z", "UTC"), ("2026-02-30T22:00:00", "UTC"),
+    ("0001-01-01T00:00:00", "Asia/Tokyo"), ("9999-12-31T23:59:59", "America/New_York"),
+])
+def test_local_time_takes_only_a_wall_time_without_offset_within_years_1_to_9999(
+        client: FlaskClient, auth: dict[str, str], local_time: str, zone: str) -> None:
+    topic = TopicClient(client, auth)
+    answer = topic.enqueue(local_time=local_time, timezone=zone)
+    assert "local_time" in _problem(answer)["errors"]
+    taken = topic.enqueue(local_time="2026-12-06t22:00:00.5", timezone="Europe/Bucharest")
+    assert taken.get_json()["deliver_at"] == "2026-12-06T20:00:00.500Z"
+
+
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
 def test_a_body_not_declared_json_is_415(client: FlaskClient, auth: dict[str, str],
                                          content_type: str | None) -> None:
@@ -170,7 +184,8 @@ _OPERATIONS = sorted(
     if isinstance(op, dict) and "requestBody" in op)
 # bodies that pass the schema, so a hostile value in one field gets past the others
 _BASES: dict[str, dict[str, Any]] = {
-    "/messages": {"payload": 1}, "/messages:batch": {"messages": [{"payload": 1}]},
+    "/messages": {"payload": 1, "timezone": "Pacific/Kiritimati"},
+    "/messages:batch": {"messages": [{"payload": 1, "timezone": "Pacific/Kiritimati"}]},
     "/schedules/{name}": {"cron": "* * * * *", "payload": 1},
     "/leases": {"max": 1}, "/campaigns/{campaign}": {"shift_ms": 1000},
 }
@@ -184,7 +199,8 @@ _hostile = st.one_of(
     st.one_of(st.integers(max_value=MIN_MS - 1), st.integers(min_value=MAX_MS + 1)).map(str),
     st.sampled_from(["2026-W49-7T22:00:00Z", "20261206T220000Z", "2026-12-06 22:00:00Z",
                      "0000-12-31T23:59:59Z", "0001-01-01T00:00:00+23:59",
-                     "9999-12-31T23:59:59-23:59"]).map(json.dumps),
+                     "9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00",
+                     "9999-12-31T23:59:59.999"]).map(json.dumps),
 )
 
 

@@ -91,12 +91,24 @@ def resolve_wall_time(wall: dt.datetime, tz: ZoneInfo) -> int:
     return to_ms(wall.replace(tzinfo=tz, fold=0))
 
 
+# a wall time: RFC 3339's date-time without its offset
+LOCAL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?",
+                        re.ASCII)
+
+
 def parse_local_time(local_time: str, timezone: str) -> int:
-    """"2026-12-01T09:00:00" in an IANA zone → epoch ms."""
-    try:
-        wall = dt.datetime.fromisoformat(local_time)
-    except ValueError as exc:
-        raise TimeFormatError(f"not a local time: {local_time!r}") from exc
-    if wall.tzinfo is not None:
+    """"2026-12-01T09:00:00" in an IANA zone → epoch ms; an instant of years 1 to 9999 UTC."""
+    if RFC_3339.fullmatch(local_time):
         raise TimeFormatError("local_time must not carry an offset; the timezone gives it")
-    return resolve_wall_time(wall, zone(timezone))
+    if not LOCAL_TIME.fullmatch(local_time):
+        raise TimeFormatError(f"not a local time (e.g. 2026-12-01T09:00:00, no offset): "
+                              f"{local_time[:64]!r}")
+    tz = zone(timezone)
+    try:
+        wall = dt.datetime.fromisoformat(local_time.upper())
+    except ValueError as exc:  # a day or an hour that does not exist
+        raise TimeFormatError(f"not a local time: {local_time[:64]!r}") from exc
+    epoch_ms = resolve_wall_time(wall, tz)
+    if not MIN_MS <= epoch_ms <= MAX_MS:
+        raise TimeFormatError("outside years 1 to 9999 UTC in that zone")
+    return epoch_ms

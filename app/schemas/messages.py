@@ -8,6 +8,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.core.ids import CLIENT_ID, NAME
+from app.core.timeparse import LOCAL_TIME
 from app.messages.headers import (
     NAME_PATTERN,
     RESERVED_PATTERN,
@@ -45,7 +46,8 @@ class MessageInSchema(Schema):
                          metadata={"description": "RFC 3339 with offset, or epoch ms."})
     delay_ms = Int(validate=validate.Range(min=0))
     local_time = fields.String(metadata={"example": "2026-12-01T09:00:00",
-                                         "format": "date-time-local"})
+                                         "format": "date-time-local",
+                                         "pattern": f"^{LOCAL_TIME.pattern}$"})
     timezone = fields.String(metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
     quiet_hours = Bool(metadata={
         "description": "false: the topic's quiet hours do not apply (a transactional send). "
