@@ -325,8 +325,10 @@ class PushDispatcher:
                 self._settling.difference_update(_settling_key(a) for a in done)
                 self._settling.update(_settling_key(a) for a, _ in failed)
             if failed:
-                log.warning("could not record %d outcomes of topic %s; kept, written again in "
-                            "%.1f s", len(failed), topic.name, OUTCOME_RETRY_S)
+                log.warning("could not record %d outcomes of topic %s (%r); kept, written "
+                            "again in %.1f s", len(failed), topic.name,
+                            next(r for r in results if isinstance(r, Exception)),
+                            OUTCOME_RETRY_S)
                 self._unwritten += failed
             self._count("recorded", len(done))
             self._forget(done)
