@@ -157,9 +157,8 @@ class Client:
         self.close()
 
     def request(self, method: str, path: str, body: JSON | None = None,
-                idempotent: bool | None = None, raw: bool = False) -> Any:
-        """One call; the JSON answer (None for 204), or with raw its text. Retries as the
-        module says."""
+                idempotent: bool | None = None) -> Any:
+        """One call; the JSON answer (None for 204). Retries as the module says."""
         idempotent = method in ("GET", "PUT", "DELETE") if idempotent is None else idempotent
         data = None if body is None else json.dumps(body).encode()
         headers = self._headers if data is None else self._json_headers
@@ -180,7 +179,7 @@ class Client:
                     raise ApiUnreachable(f"{method} {path}: {exc}") from exc
             else:
                 if answer.status not in RETRIED_STATUSES or last:
-                    return _answer(answer, raw)
+                    return _answer(answer)
                 hinted = retry_after_s(answer.headers.get("Retry-After", ""))
                 pause_s = pause_s if hinted is None else hinted
             time.sleep(pause_s)
@@ -194,10 +193,6 @@ class Client:
     def readyz(self) -> JSON:
         """Ready: Cassandra answers, the schema is current (ApiError 503 otherwise)."""
         return dict(self.request("GET", "/readyz"))
-
-    def metrics(self) -> str:
-        """The Prometheus text of the API's /metrics."""
-        return str(self.request("GET", "/metrics", raw=True))
 
     # topics
     def put_topic(self, topic: str, **settings: Any) -> JSON:
@@ -338,9 +333,8 @@ def _topic(topic: str, route: str = "", *ids: str,
     return f"{path}?{urlencode(query)}" if query else path
 
 
-def _answer(answer: urllib3.BaseHTTPResponse, raw: bool = False) -> Any:
-    """The JSON of a 2xx answer (None when empty; with raw, its text); ApiError for the
-    others."""
+def _answer(answer: urllib3.BaseHTTPResponse) -> Any:
+    """The JSON of a 2xx answer (None when empty); ApiError for the others."""
     if answer.status >= 400:
         try:
             problem = json.loads(answer.data)
@@ -348,8 +342,6 @@ def _answer(answer: urllib3.BaseHTTPResponse, raw: bool = False) -> Any:
             problem = {"detail": answer.data[:200].decode(errors="replace")}
         raise ApiError(answer.status, problem if isinstance(problem, dict)
                        else {"detail": str(problem)[:200]})
-    if raw:
-        return answer.data.decode(errors="replace")
     return json.loads(answer.data) if answer.data else None
 
 
