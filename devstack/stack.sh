@@ -33,6 +33,10 @@ setup_venv() {
   local stamp="$VENV/.installed-$(cat setup.cfg clients/python/pyproject.toml | sha256sum | cut -c1-16)"
   [ -f "$stamp" ] && return 0
   echo "creating the virtualenv in .venv"
+  # Debian ships venv's pip bootstrap apart from Python itself
+  if [ ! -x "$VENV/bin/python" ] && ! $PY -c 'import ensurepip' 2>/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
   [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -e ./clients/python -e ".[dev,spark]"
