@@ -517,8 +517,9 @@ class Broker:
         # messages that lost to another writer (moved, cancelled: what is held may be stale)
         # leave wants unserved: the next round, at once, takes the next ones, or a backlog
         # of stale messages would cost a want one idle period each
-        leased_ids = {row.id for row, _ in taken}
-        lost = any(d.row.id not in leased_ids and d in decided for d in chunk[:len(owners)])
+        handed = {d.row.id for d in chunk[:len(owners)]}
+        lost = bool({d.row.id for d in decided if d.row.id in handed}
+                    - {row.id for row, _ in taken})
         answers: dict[int, list[Taken]] = defaultdict(list)
         for row, payload in taken:
             d, o = by_id[row.id]
