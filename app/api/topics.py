@@ -110,9 +110,8 @@ class TopicSecretRotation(MethodView):
         """Give the topic a new webhook signing secret. For `overlap_seconds` (default a
         day) the old one signs every POST too, so receivers can switch without a refused
         POST; then only the new one does. A POST is signed with the secrets of when its
-        message was prepared: one enqueued after this answer carries the new secret's
-        signature; one prepared before it (up to the prepare lead ahead of its time) the
-        secrets of then."""
+        message was taken for it (at its due time): one taken after this answer carries the
+        new secret's signature."""
         return topic_view(usecases.rotate_signing_secret(services(), tenant(), topic,
                                                          body["overlap_seconds"]))
 
