@@ -246,8 +246,8 @@ def test_a_shard_written_past_what_the_broker_holds_is_drained_one_at_a_time(
 def test_a_want_waiting_for_a_lease_to_end_is_served_when_it_ends_not_round_after_round(
         config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
     """A message held whose consumer's lease runs out in a second: a want that waits for it
-    is checked again when the lease ends (and the prepare lead before), not in a loop of
-    empty rounds through the lead; it gets the message then, once."""
+    is checked again when the lease ends, not in a loop of empty rounds; it gets the message
+    then, once."""
     with _one_owner(config, auth, ring, "b-lease-end") as (topic, _uid, r):
         topic.enqueue()
         first = topic.lease(max_messages=1, wait_ms=5000, lease_seconds=1)
