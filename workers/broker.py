@@ -126,6 +126,9 @@ class Broker:
         self.rounds = 0  # rounds served since start, for stats and tests (approximate)
         self._again: set[uuid.UUID] = set()
         self._pool = ThreadPoolExecutor(BROKER_THREADS, thread_name_prefix="broker")
+        # give-backs of answers that could not be sent run apart: a stalled process's many
+        # would otherwise queue ahead of other processes' rounds on the broker's threads
+        self._giving_back = ThreadPoolExecutor(1, thread_name_prefix="broker-give-back")
         # (monotonic s, seq, what to do then): parked topics' and webhook topics' next checks
         self._checks: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -453,7 +456,7 @@ class Broker:
                 log.warning("broker: the connection of a want closed; %d messages leased "
                             "for it go back", len(taken))
                 with contextlib.suppress(RuntimeError):  # stopping: their leases run out
-                    self._pool.submit(self._give_back, topic, taken)
+                    self._giving_back.submit(self._give_back, topic, taken)
 
     def _take_out(self, topic_uid: uuid.UUID, answering: list[_Parked]
                   ) -> tuple[list[_Parked], list[_Parked]]:
@@ -650,6 +653,7 @@ class Broker:
         with self._checks_changed:
             self._checks_changed.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._giving_back.shutdown(wait=False, cancel_futures=True)
 
 
 def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due], list[int]]:

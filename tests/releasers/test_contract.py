@@ -314,7 +314,10 @@ def test_a_stalled_api_process_holds_no_other_process_s_calls(
             asked = time.monotonic()
             [got] = other.lease(max_messages=1, wait_ms=5000)
             assert got["id"] == "mine"
-            assert time.monotonic() - asked < 2.5  # at most a send timeout (1 s) and the call
+            # the stalled sends give up after 1 s; the rest is the stalled wants' own takes on
+            # a loaded host. The old code held every broker thread: this call got nothing
+            # before its 5 s wait ran out.
+            assert time.monotonic() - asked < 4.0
         finally:
             stalled.close()
         # what could not be sent went back, its attempt not counted (what the stalled end's
