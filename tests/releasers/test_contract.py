@@ -311,13 +311,12 @@ def test_a_stalled_api_process_holds_no_other_process_s_calls(
             time.sleep(0.5)  # the answers are sent and fill the stalled end's buffers
             other = TopicClient(app.test_client(), auth)
             assert other.enqueue(id="mine").status_code == 201
-            asked = time.monotonic()
+            # within its wait: the old code held every broker thread in the stalled sends,
+            # and this call got nothing before its 5 s wait ran out (how long it takes is the
+            # bench's to say: 1.6-2.6 s on an idle dev machine, the stalled sends' 1 s and the
+            # stalled wants' own takes)
             [got] = other.lease(max_messages=1, wait_ms=5000)
             assert got["id"] == "mine"
-            # the stalled sends give up after 1 s; the rest is the stalled wants' own takes on
-            # a loaded host. The old code held every broker thread: this call got nothing
-            # before its 5 s wait ran out.
-            assert time.monotonic() - asked < 4.0
         finally:
             stalled.close()
         # what could not be sent went back, its attempt not counted (what the stalled end's
