@@ -142,11 +142,12 @@ BEFORE_MS = (20, 50, 100, 250, 500, 1000)
 
 
 def _act_before_due(topic: TopicClient, first_due: int
-                    ) -> tuple[dict[str, int], set[str], dict[str, int]]:
+                    ) -> tuple[dict[str, int], set[str], dict[str, int], set[str]]:
     """Per gap in BEFORE_MS, three messages due together (300 ms apart from the next gap's):
     one cancelled, one moved 2 s later, one left, each action sent that long before their
-    due time. Returns {id: status} of the cancels and moves, the ids left alone, and the
-    moved ones' new times (epoch ms)."""
+    due time. Returns {id: status} of the cancels and moves, the ids left alone, the moved
+    ones' new times (epoch ms), and the ids whose action was answered only at or after their
+    due time (a host too busy to send it in time: the take may rightly have won those)."""
     plan: list[tuple[int, str, str, int]] = []  # (when to act, what, id, its due time)
     kept: set[str] = set()
     for n, before in enumerate(BEFORE_MS):
@@ -161,6 +162,7 @@ def _act_before_due(topic: TopicClient, first_due: int
                 plan.append((due - before, kind, message_id, due))
     statuses: dict[str, int] = {}
     moved_to: dict[str, int] = {}
+    late: set[str] = set()
     for at, kind, message_id, due in sorted(plan):
         time.sleep(max(0.0, (at - now_ms()) / 1000))
         path = topic.url(f"/messages/{message_id}")
@@ -171,7 +173,10 @@ def _act_before_due(topic: TopicClient, first_due: int
             statuses[message_id] = topic.client.patch(
                 path, headers=topic.headers,
                 json={"deliver_at": format_ms(moved_to[message_id])}).status_code
-    return statuses, kept, moved_to
+        if now_ms() >= due:
+            late.add(message_id)
+    assert len(late) <= 3, late  # the test means something only if most came in time
+    return statuses, kept, {i: t for i, t in moved_to.items() if i not in late}, late
 
 
 def test_cancels_and_moves_just_before_the_due_time_win_against_a_long_poll(
@@ -193,15 +198,17 @@ def test_cancels_and_moves_just_before_the_due_time_win_against_a_long_poll(
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
         try:
-            statuses, kept, moved_to = _act_before_due(topic, now_ms() + 2000)
-            assert statuses == {i: (204 if i.startswith("cancel") else 200) for i in statuses}
+            statuses, kept, moved_to, late = _act_before_due(topic, now_ms() + 2000)
+            assert {i: s for i, s in statuses.items() if i not in late} == {
+                i: (204 if i.startswith("cancel") else 200) for i in statuses if i not in late}
             _wait(lambda: {m["id"] for m in got} >= kept | set(moved_to), 30,
                   "not every message left and moved was handed out")
             time.sleep(0.3)
         finally:
             stop.set()
             poller.join(10)
-        assert sorted(m["id"] for m in got) == sorted(kept | set(moved_to))  # each once
+        handed = [m["id"] for m in got if m["id"] not in late]
+        assert sorted(handed) == sorted(kept | set(moved_to))  # none cancelled, each once
         for m in got:  # TopicClient.lease checks received_at >= deliver_at
             if m["id"] in moved_to:
                 assert parse_instant(m["deliver_at"]) == moved_to[m["id"]], m
@@ -214,12 +221,13 @@ def test_cancels_and_moves_just_before_the_due_time_win_on_a_webhook_topic(
     moved one only at its new time."""
     with receiving(Receiver()) as target, _stack(config, auth, ring, "c-push-before") as (app, _r):
         topic, _secret = webhook_topic(app.test_client(), auth, target.url)
-        statuses, kept, moved_to = _act_before_due(topic, now_ms() + 2000)
-        assert statuses == {i: (204 if i.startswith("cancel") else 200) for i in statuses}
+        statuses, kept, moved_to, late = _act_before_due(topic, now_ms() + 2000)
+        assert {i: s for i, s in statuses.items() if i not in late} == {
+            i: (204 if i.startswith("cancel") else 200) for i in statuses if i not in late}
         assert target.wait_for(lambda arrivals: {a.message_id for a in arrivals}
                                >= kept | set(moved_to), 30)
         time.sleep(0.3)
-        ids = target.ids()
+        ids = [i for i in target.ids() if i not in late]
         assert sorted(ids) == sorted(kept | set(moved_to))  # none cancelled, each once
         for a in target.arrivals:
             deliver_at = parse_instant(a.headers["Duetime-Deliver-At"])
