@@ -277,7 +277,8 @@ class PushDispatcher:
             batch, ended = self._gather(OUTCOME_RETRY_S if self._unwritten else None)
             if ended and not stopping:
                 stopping, stop_by = True, time.monotonic() + STOP_OUTCOMES_S
-            again, self._unwritten = self._unwritten, []
+            with self._lock:  # they stay listed (their pointers hold the cursors) until written
+                again = list(self._unwritten)
             if again or batch:
                 self._record(again + batch)
         if self._unwritten:
@@ -322,14 +323,18 @@ class PushDispatcher:
             done = [a for (a, _), r in zip(items, results, strict=True)
                     if not isinstance(r, Exception)]
             with self._lock:
-                self._settling.difference_update(_settling_key(a) for a in done)
+                written = {_settling_key(a) for a in done}
+                self._settling.difference_update(written)
+                self._unwritten = [item for item in self._unwritten
+                                   if _settling_key(item[0]) not in written]
+                self._unwritten += [item for item in failed
+                                    if _settling_key(item[0]) not in self._settling]
                 self._settling.update(_settling_key(a) for a, _ in failed)
             if failed:
                 log.warning("could not record %d outcomes of topic %s (%r); kept, written "
                             "again in %.1f s", len(failed), topic.name,
                             next(r for r in results if isinstance(r, Exception)),
                             OUTCOME_RETRY_S)
-                self._unwritten += failed
             self._count("recorded", len(done))
             self._forget(done)
 
