@@ -26,6 +26,8 @@ class TopicSettings:
     quiet_start: str | None = None  # quiet hours "HH:MM" to "HH:MM" in quiet_timezone
     quiet_end: str | None = None
     quiet_timezone: str | None = None
+    # IANA zone of the messages that name none (app.messages.zones.effective_zone); None: UTC
+    timezone: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,10 @@ class MessageState:
     last_op: uuid.UUID | None = None  # the campaign operation that last changed it
     paced: bool = False  # moved to its delivery slot by its campaign's pacing
     group: str | None = None  # fair-delivery group (app.core.timeline.lane_of)
+    recipient: str | None = None  # who it is for (the API's id pattern)
+    # key -> value, at most 10 (app.messages.labels); left out of hash(): a dict has none
+    labels: dict[str, str] | None = dataclasses.field(default=None, hash=False)
+    timezone: str | None = None  # its recipient's IANA zone, when it names one
 
     @property
     def fair_group(self) -> str | None:
@@ -110,3 +116,27 @@ class Pointer:
     priority: int
     shard: int
     lane: int = 0  # fair-delivery lane (app.core.timeline.lane_of)
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageFilter:
+    """Which messages of a topic a search (or a filtered operation) means: every field
+    optional, all of them ANDed; `labels` are (key, value) pairs, each required. Times are
+    epoch ms: due_from_ms <= deliver_at < due_to_ms."""
+
+    state: str | None = None
+    campaign: str | None = None
+    recipient: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    due_from_ms: int | None = None
+    due_to_ms: int | None = None
+
+    def matches(self, row: MessageState) -> bool:
+        """Whether the row, as read, is one the filter means."""
+        own = row.labels or {}
+        return ((self.state is None or row.state == self.state)
+                and (self.campaign is None or row.campaign == self.campaign)
+                and (self.recipient is None or row.recipient == self.recipient)
+                and all(own.get(k) == v for k, v in self.labels)
+                and (self.due_from_ms is None or row.deliver_at_ms >= self.due_from_ms)
+                and (self.due_to_ms is None or row.deliver_at_ms < self.due_to_ms))

@@ -58,6 +58,7 @@ class Leases(MethodView):
         return {"messages": [{
             "id": m.row.id, "deliver_at": m.row.deliver_at_ms, "priority": m.row.priority,
             "campaign": m.row.campaign, "group": m.row.group,
+            "recipient": m.row.recipient, "labels": m.row.labels or {},
             "attempt": m.row.attempts, **payload_fields(m.payload),
             "lease": {"token": leasing.token_of(m.row), "expires_at": m.row.lease_expires_at_ms},
         } for m in got]}

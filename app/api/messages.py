@@ -12,7 +12,7 @@ from app.api.json_body import Blueprint
 from app.api.validation import check_message_id
 from app.errors import DuetimeError, InvalidInput, PayloadTooLarge
 from app.messages import by_id as usecases
-from app.messages import dead_letters
+from app.messages import dead_letters, search
 from app.messages import enqueue as enqueueing
 from app.models import MessageState, Payload, Topic
 from app.schedules import quiet_hours
@@ -27,6 +27,7 @@ from app.schemas.messages import (
     MessageSchema,
     RescheduleSchema,
 )
+from app.schemas.search import SearchPageSchema, SearchQuerySchema
 from app.topics.manage import get_topic_cached
 
 blp = Blueprint("messages", __name__, url_prefix="/v1/topics/<name:topic>",
@@ -41,14 +42,20 @@ def payload_fields(payload: Payload | None) -> dict[str, Any]:
     return {key: payload.as_api_value(), "headers": payload.headers}
 
 
-def message_view(topic: Topic, row: MessageState, payload: Payload | None) -> dict[str, Any]:
+def summary_view(topic: Topic, row: MessageState) -> dict[str, Any]:
+    """A message as the API shows it, without its payload (search pages)."""
     return {
         "id": row.id, "topic": topic.name, "state": row.state, "deliver_at": row.deliver_at_ms,
         "priority": row.priority, "campaign": row.campaign, "group": row.group,
+        "recipient": row.recipient, "labels": row.labels or {}, "timezone": row.timezone,
         "attempts": row.attempts,
         "created_at": row.created_at_ms, "updated_at": row.updated_at_ms,
-        "last_error": row.last_error, **payload_fields(payload),
+        "last_error": row.last_error,
     }
+
+
+def message_view(topic: Topic, row: MessageState, payload: Payload | None) -> dict[str, Any]:
+    return {**summary_view(topic, row), **payload_fields(payload)}
 
 
 def _new(data: dict[str, Any], quiet: QuietHours | None) -> enqueueing.NewMessage:
@@ -81,6 +88,23 @@ class MessageCollection(MethodView):
             raise result.error
         return {"id": result.id, "deliver_at": result.deliver_at_ms,
                 "state": result.state}, result.status
+
+    @blp.doc(security=SECURITY)
+    @blp.arguments(SearchQuerySchema(), location="query")
+    @blp.response(200, SearchPageSchema)
+    def get(self, query: dict[str, Any], topic: str) -> dict[str, Any]:
+        """Find the topic's messages by state, campaign, recipient, labels and due time.
+
+        Every filter is optional and those given are ANDed (`label` may repeat: each is
+        required). Pages come in storage order (by a hash of each message's home partition,
+        then by id): the same for every page, not time order. Follow `next_page_token`
+        until it is null; paging shows no message twice and skips none that matches
+        throughout, while messages change state between pages. A message that starts or
+        stops matching meanwhile shows if the search reaches it while it matches."""
+        found = get_topic_cached(services(), tenant(), topic)
+        rows, token = search.search(services(), found, search.filter_of(query),
+                                    query["limit"], query.get("page_token"))
+        return {"messages": [summary_view(found, r) for r in rows], "next_page_token": token}
 
 
 # One instance for every item: building a marshmallow schema deep-copies its fields, which

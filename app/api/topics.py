@@ -10,6 +10,7 @@ from app.api.common import SECURITY, services, tenant
 from app.api.json_body import Blueprint
 from app.api.validation import check_name
 from app.delivery import signing
+from app.messages.zones import DEFAULT_ZONE
 from app.models import Topic
 from app.schemas.topics import (
     LagQuerySchema,
@@ -26,7 +27,7 @@ from app.topics import manage as usecases
 blp = Blueprint("topics", __name__, url_prefix="/v1/topics",
                 description="Topics: a tenant's timelines of messages.")
 
-_FLAT = ("lease_seconds", "max_attempts", "shards")
+_FLAT = ("lease_seconds", "max_attempts", "shards", "timezone")
 _NESTED = {"retry": ("backoff_seconds", "max_backoff_seconds"),
            "delivery": ("mode", "url", "timeout_seconds")}
 _NESTED_FIELD = {("delivery", "mode"): "delivery_mode", ("delivery", "url"): "delivery_url",
@@ -47,6 +48,7 @@ def topic_view(topic: Topic) -> dict[str, Any]:
             topic.previous_secret_until_ms if topic.previous_secret else None),
         "quiet_hours": None if s.quiet_start is None else {
             "start": s.quiet_start, "end": s.quiet_end, "timezone": s.quiet_timezone},
+        "timezone": s.timezone or DEFAULT_ZONE,
         "created_at": topic.created_at_ms, "updated_at": topic.updated_at_ms,
     }
 

@@ -63,6 +63,9 @@ class NewMessage:
     content_hash: str
     group: str | None = None  # fair-delivery group (app.delivery.fairness)
     if_exists: str = "reject"  # what a taken client id does: reject, replace or keep
+    recipient: str | None = None
+    labels: dict[str, str] | None = None  # None when it has none
+    timezone: str | None = None  # its own IANA zone, when it names one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +147,10 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
     return NewMessage(data.get("id"), deliver, int(data.get("priority", 100)),
                       data.get("campaign"), payload_of(data, max_payload_bytes), digest[:32],
-                      data.get("group"), data.get("if_exists", "reject"))
+                      data.get("group"), data.get("if_exists", "reject"),
+                      recipient=data.get("recipient"),
+                      labels=dict(data["labels"]) if data.get("labels") else None,
+                      timezone=data.get("timezone"))
 
 
 def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:
@@ -154,7 +160,8 @@ def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> Mess
         due_at_ms=placement_ms(m.deliver_at_ms, now_ms), deliver_at_ms=m.deliver_at_ms,
         priority=m.priority, campaign=m.campaign, shard=shard_of(message_id, topic.settings.shards),
         attempts=0, content_hash=m.content_hash, lease_token=None, lease_expires_at_ms=None,
-        consumer=None, last_error=None, created_at_ms=now_ms, updated_at_ms=now_ms, group=m.group)
+        consumer=None, last_error=None, created_at_ms=now_ms, updated_at_ms=now_ms, group=m.group,
+        recipient=m.recipient, labels=m.labels, timezone=m.timezone)
 
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:
@@ -445,7 +452,8 @@ def _replace(services: Services, topic: Topic, found: MessageState,
     stage) become row's, in one conditional write over the version read, its pointer first
     (app.messages.transitions.apply_transition). A reader that took the old version has the old
     payload and time; one that finds the new pointer reads the new row: never a mix. 409
-    once it is leased or finished; counters and the campaigns' counts follow the move."""
+    once it is leased or finished; counters and the campaigns' counts follow the move.
+    Recipient, labels and timezone are content too: they are replaced with it."""
     for _ in range(RETRIES_ON_RACE):
         if found.content_hash == row.content_hash:
             return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
@@ -456,7 +464,8 @@ def _replace(services: Services, topic: Topic, found: MessageState,
         new = dataclasses.replace(
             found, version=found.version + 1, due_at_ms=placement_ms(row.deliver_at_ms, now),
             deliver_at_ms=row.deliver_at_ms, priority=row.priority, campaign=row.campaign,
-            group=row.group, content_hash=row.content_hash, updated_at_ms=now)
+            group=row.group, content_hash=row.content_hash, updated_at_ms=now,
+            recipient=row.recipient, labels=row.labels, timezone=row.timezone)
         try:
             apply_transition(services, topic, new, moved=True, before=found)
         except Conflict:  # leased, cancelled or replaced meanwhile: decide again

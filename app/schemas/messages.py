@@ -24,6 +24,20 @@ _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
 IF_EXISTS = ("reject", "replace", "keep")
 
 
+MAX_LABELS = 10
+MAX_LABEL_VALUE = 64
+LABELS_JSON = {"maxProperties": MAX_LABELS, "propertyNames": {"pattern": NAME.pattern},
+               "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_VALUE}}
+
+
+def labels_field(**kwargs: Any) -> fields.Dict:
+    """A message's labels: at most 10 key: value pairs, keys names (the topic name pattern),
+    values up to 64 characters."""
+    return fields.Dict(keys=fields.String(validate=validate.Regexp(NAME)),
+                       values=fields.String(validate=validate.Length(max=MAX_LABEL_VALUE)),
+                       validate=validate.Length(max=MAX_LABELS), **kwargs)
+
+
 class MessageInSchema(Schema):
     """One message. Give at most one of deliver_at, delay_ms or local_time (+ timezone); none
     means due now. Give payload (any JSON) or payload_base64 (binary). local_time is a wall
@@ -38,7 +52,8 @@ class MessageInSchema(Schema):
                       "propertyNames": {"minLength": 1, "maxLength": 128,
                                         "pattern": NAME_PATTERN,
                                         "not": {"pattern": RESERVED_PATTERN}},
-                      "additionalProperties": {"pattern": VALUE_PATTERN}}}}
+                      "additionalProperties": {"pattern": VALUE_PATTERN}},
+                      "labels": LABELS_JSON}}
 
     id = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
         "description": "Client id (idempotency key); generated (time-ordered) if absent."})
@@ -48,7 +63,10 @@ class MessageInSchema(Schema):
     local_time = fields.String(metadata={"example": "2026-12-01T09:00:00",
                                          "format": "date-time-local",
                                          "pattern": f"^{LOCAL_TIME.pattern}$"})
-    timezone = fields.String(metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
+    timezone = fields.String(metadata={
+        "example": "Europe/Bucharest", "format": ZONE_FORMAT,
+        "description": "The recipient's IANA zone; when absent, the topic's `timezone` "
+                       "(UTC unless set) is the message's zone."})
     quiet_hours = Bool(metadata={
         "description": "false: the topic's quiet hours do not apply (a transactional send). "
                        "Otherwise a message due inside them is placed at their end, in its "
@@ -59,6 +77,14 @@ class MessageInSchema(Schema):
     priority = Int(load_default=100, validate=validate.Range(0, 65535),
                               metadata={"description": "Lower is handed out first."})
     campaign = fields.String(validate=validate.Regexp(NAME))
+    recipient = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
+        "description": "Who the message is for (the id pattern): found again with "
+                       "GET /messages?recipient=."})
+    labels = labels_field(metadata={
+        "description": "At most 10 key: value pairs (keys: the name pattern; values: up to "
+                       "64 characters), found again with GET /messages?label=key:value. "
+                       "Kept by moves and shown by GET and leases; replaced as a whole by "
+                       "if_exists replace."})
     group = fields.String(validate=validate.Regexp(NAME), metadata={
         "description": "Fair-delivery group (default: the campaign). When due messages pile "
                        "up, each lease pass hands them out round-robin across groups within "
@@ -132,7 +158,9 @@ class BatchOutSchema(Schema):
     results = fields.List(fields.Nested(BatchItemSchema), required=True)
 
 
-class MessageSchema(Schema):
+class MessageSummarySchema(Schema):
+    """A message without its payload (search pages)."""
+
     id = fields.String(required=True)
     topic = fields.String(required=True)
     state = fields.String(required=True, validate=validate.OneOf(
@@ -141,14 +169,24 @@ class MessageSchema(Schema):
     priority = Int(required=True)
     campaign = fields.String(allow_none=True)
     group = fields.String(allow_none=True)
+    recipient = fields.String(allow_none=True)
+    labels = fields.Dict(keys=fields.String(), values=fields.String(), metadata={
+        "description": "Its labels ({} when none)."})
+    timezone = fields.String(allow_none=True, metadata={
+        "description": "Its own zone as given (null: none given, so the topic's applies)."})
     attempts = Int(required=True)
+    created_at = Instant(required=True)
+    updated_at = Instant(required=True)
+    last_error = fields.String(allow_none=True)
+
+
+class MessageSchema(MessageSummarySchema):
+    """A message with its payload."""
+
     payload = fields.Raw(allow_none=True)
     payload_base64 = fields.String(metadata={"description": "Instead of payload, for binary.",
                                              "format": "byte"})
     headers = fields.Dict(keys=fields.String(), values=fields.String())
-    created_at = Instant(required=True)
-    updated_at = Instant(required=True)
-    last_error = fields.String(allow_none=True)
 
 
 class DeadQuerySchema(Schema):
@@ -199,6 +237,9 @@ class LeasedMessageSchema(Schema):
     priority = Int(required=True)
     campaign = fields.String(allow_none=True)
     group = fields.String(allow_none=True)
+    recipient = fields.String(allow_none=True)
+    labels = fields.Dict(keys=fields.String(), values=fields.String(),
+                         metadata={"description": "Its labels ({} when none)."})
     attempt = Int(required=True)
     lease = fields.Nested(LeaseSchema, required=True)
 

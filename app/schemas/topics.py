@@ -88,6 +88,10 @@ class TopicPutSchema(Schema):
         "secret's key; it can be replayed, and goes in a later minor version). "
         "2xx within timeout_seconds = delivered; anything else is retried after the retry "
         "backoff (exponential, equal jitter), dead after max_attempts with last_error kept.")})
+    timezone = fields.String(load_default=None, validate=known_zone, metadata={
+        "example": "America/New_York", "format": ZONE_FORMAT,
+        "description": "The IANA zone of the topic's messages that name no `timezone` of "
+                       "their own (default UTC): the recipient's wall clock for them."})
     quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, metadata={
         "description": "Quiet hours; null removes them. Applied when a message is enqueued "
                        "or imported (a message with quiet_hours: false is exempt), not when "
@@ -107,6 +111,8 @@ class TopicSchema(Schema):
     previous_signing_secret_expires_at = Instant(allow_none=True, required=True, metadata={
         "description": "Until when the secret a rotation replaced signs too; null when none."})
     quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, required=True)
+    timezone = fields.String(required=True, metadata={
+        "format": ZONE_FORMAT, "description": "Zone of messages that name none (UTC unless set)."})
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
 

@@ -35,15 +35,18 @@ from app.store.session import BatchRun, CassandraSession, item_errors
 _COLUMNS = [
     "state", "version", "due_at", "deliver_at", "priority", "campaign", "shard", "attempts",
     "content_hash", "lease_token", "lease_expires_at", "consumer", "last_error", "created_at",
-    "updated_at", "last_op", "paced", "delivery_group",
+    "updated_at", "last_op", "paced", "delivery_group", "recipient", "timezone",
 ]
 _TIMES = {"due_at", "deliver_at", "lease_expires_at", "created_at", "updated_at"}
-_SELECT = f"SELECT topic_uid, id, {', '.join(_COLUMNS)} FROM {{ks}}.message_states"
-_VALUES = (f"(topic_uid, home, id, {', '.join(_COLUMNS)}) "
-           f"VALUES (?, ?, ?, {', '.join('?' for _ in _COLUMNS)})")
+# labels, a map, apart from _COLUMNS: a transition adds its entries (labels + ?), which
+# writes no deletion marker, where setting the whole map would (_label_params)
+_SELECT = f"SELECT topic_uid, id, {', '.join(_COLUMNS)}, labels FROM {{ks}}.message_states"
+_VALUES = (f"(topic_uid, home, id, {', '.join(_COLUMNS)}, labels) "
+           f"VALUES (?, ?, ?, {', '.join('?' for _ in _COLUMNS)}, ?)")
 _INSERT = f"INSERT INTO {{ks}}.message_states {_VALUES} IF NOT EXISTS USING TTL ?"
 _CAS = (
-    f"UPDATE {{ks}}.message_states USING TTL ? SET {', '.join(f'{c} = ?' for c in _COLUMNS)} "
+    f"UPDATE {{ks}}.message_states USING TTL ? SET {', '.join(f'{c} = ?' for c in _COLUMNS)}, "
+    "labels = labels + ?, labels = labels - ? "
     "WHERE topic_uid = ? AND home = ? AND id = ? IF version = ?"
 )
 # An ack needs no read first: the lease token carries the version it was leased at (and the
@@ -148,6 +151,8 @@ def _row_to_state(row: dict[str, Any], topic_uid: uuid.UUID | None = None) -> Me
         consumer=values["consumer"], last_error=values["last_error"],
         created_at_ms=values["created_at"], updated_at_ms=values["updated_at"],
         last_op=values["last_op"], paced=bool(values["paced"]), group=values["delivery_group"],
+        recipient=values["recipient"], timezone=values["timezone"],
+        labels=dict(row["labels"]) if row["labels"] else None,
     )
 
 
@@ -176,8 +181,16 @@ def _values(m: MessageState) -> list[Any]:
         m.last_error, m.created_at_ms, m.updated_at_ms,
         # a transition carries last_op forward; unset, not null, keeps it without a tombstone
         UNSET_VALUE if m.last_op is None else m.last_op, m.paced,
-        UNSET_VALUE if m.group is None else m.group,
+        UNSET_VALUE if m.group is None else m.group, m.recipient, m.timezone,
     ]
+
+
+def _label_params(m: MessageState, before: MessageState | None) -> tuple[Any, Any]:
+    """(entries to add, keys to remove) of a transition's labels. Every transition adds the
+    row's entries again, so their TTL follows the row's; only a replace that drops a key
+    removes it (a cell tombstone each). Unset where there is nothing to add or remove."""
+    gone = set(before.labels or {}) - set(m.labels or {}) if before is not None else set()
+    return m.labels or UNSET_VALUE, gone or UNSET_VALUE
 
 
 def _at(row: MessageState | None, version: int) -> MessageState | None:
@@ -228,7 +241,8 @@ class MessageStore:
     def _params(self, m: MessageState, ttl: int) -> tuple[Any, ...]:
         # unset, not null: a null in an insert writes a tombstone cell for nothing
         return (m.topic_uid, home_of(m.id), m.id,
-                *(UNSET_VALUE if v is None else v for v in _column_values(m)), ttl)
+                *(UNSET_VALUE if v is None else v for v in _column_values(m)),
+                m.labels or UNSET_VALUE, ttl)
 
     def _conditional(self, cql: str, entries: Sequence[tuple[Home, str, Sequence[Any]]],
                      holds: Callable[[int, dict[str, Any] | None], bool]) -> list[Any]:
@@ -357,6 +371,7 @@ class MessageStore:
         known = before or {}
         entries = [(_home(m.topic_uid, m.id), m.id,
                     (ttl, *_column_values(m, _at(known.get(m.id), expected)),
+                     *_label_params(m, _at(known.get(m.id), expected)),
                      m.topic_uid, home_of(m.id), m.id, expected))
                    for m, expected, ttl in changes]
 

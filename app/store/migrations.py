@@ -132,8 +132,12 @@ def apply(db: CassandraSession, schema_dir: Path = SCHEMA_DIR) -> list[Migration
 
 
 def _qualify(statement: str, keyspace: str) -> str:
-    """Prefix the table of a CREATE/DROP/ALTER TABLE/INDEX with the keyspace (files name no
-    keyspace)."""
+    """Prefix the table of a CREATE/DROP/ALTER TABLE, TYPE or view, and the table a CREATE
+    [CUSTOM] INDEX is ON, with the keyspace (files name no keyspace; an index's own name
+    takes none: it lives in its table's keyspace)."""
+    if re.match(r"^CREATE\s+(?:CUSTOM\s+)?INDEX\b", statement, flags=re.IGNORECASE):
+        return re.sub(r"\bON\s+(\w+)\s*\(", rf"ON {keyspace}.\1 (", statement, count=1,
+                      flags=re.IGNORECASE)
     return re.sub(
         r"^((?:CREATE|DROP)\s+(?:TABLE|INDEX|TYPE|MATERIALIZED VIEW)\s+IF\s+(?:NOT\s+)?EXISTS\s+"
         r"|ALTER\s+TABLE\s+)(\w+)",

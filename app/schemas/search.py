@@ -1,0 +1,90 @@
+"""Search schemas (openapi.yaml: GET /v1/topics/{topic}/messages)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+
+from app.core.ids import CLIENT_ID, NAME
+from app.core.timeparse import RFC_3339
+from app.models import STATES
+from app.schemas.fields import Instant
+from app.schemas.messages import MAX_LABEL_VALUE, MAX_LABELS, MessageSummarySchema
+
+MAX_SEARCH_LIMIT = 1000
+LABEL_FILTER = f"^[a-z0-9][a-z0-9_.-]{{0,63}}:.{{0,{MAX_LABEL_VALUE}}}$"
+
+
+_EPOCH_MS = re.compile(r"^-?[0-9]{1,16}$")
+
+
+class QueryInstant(Instant):
+    """A time in a query string: RFC 3339 with offset, or epoch milliseconds in digits."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        metadata = kwargs.pop("metadata", {})
+        metadata.update(type="string", pattern=f"^(-?[0-9]{{1,16}}|{RFC_3339.pattern})$")
+        super().__init__(metadata=metadata, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, str) and _EPOCH_MS.match(value):
+            value = int(value)
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+def _label_problem(text: str) -> str | None:
+    key, sep, value = text.partition(":")
+    if not sep or not NAME.match(key):
+        return f"{text[:80]!r} is not key:value with a key of the name pattern."
+    if len(value) > MAX_LABEL_VALUE:
+        return f"The value of {key!r} is over {MAX_LABEL_VALUE} characters."
+    return None
+
+
+class SearchQuerySchema(Schema):
+    """Every filter is optional; those given are ANDed."""
+
+    state = fields.String(validate=validate.OneOf(STATES))
+    campaign = fields.String(validate=validate.Regexp(NAME))
+    recipient = fields.String(validate=validate.Regexp(CLIENT_ID))
+    label = fields.List(fields.String(metadata={"pattern": LABEL_FILTER}),
+                        validate=validate.Length(max=MAX_LABELS), metadata={
+        "description": "key:value (split at the first colon); repeat it for several labels, "
+                       "each required (at most 10, each key once)."})
+    due_from = QueryInstant(metadata={
+        "description": "Only messages whose deliver_at is at or after this."})
+    due_to = QueryInstant(metadata={
+        "description": "Only messages whose deliver_at is before this."})
+    limit = fields.Integer(load_default=100, validate=validate.Range(1, MAX_SEARCH_LIMIT),
+                           metadata={"description": "At most this many a page (1-1000, "
+                                                    "default 100)."})
+    page_token = fields.String(validate=validate.Length(1, 512), metadata={
+        "description": "next_page_token of the previous page, with the same filters."})
+
+    @validates_schema
+    def _labels_and_times(self, data: dict[str, Any], **kwargs: Any) -> None:
+        labels = data.get("label") or []
+        problems = [p for p in map(_label_problem, labels) if p]
+        if problems:
+            raise ValidationError(problems, "label")
+        keys = [t.partition(":")[0] for t in labels]
+        if len(set(keys)) != len(keys):
+            raise ValidationError("A label key is named twice.", "label")
+        if data.get("due_from") is not None and data.get("due_to") is not None \
+                and data["due_to"] <= data["due_from"]:
+            raise ValidationError("Must be after due_from.", "due_to")
+
+
+class SearchPageSchema(Schema):
+    messages = fields.List(fields.Nested(MessageSummarySchema), required=True, metadata={
+        "description": "The matching messages of this page, without payloads (GET one for "
+                       "its payload), in storage order: by a hash of the message's home "
+                       "partition, then by id. The order is the same for every page of a "
+                       "search but is not time order."})
+    next_page_token = fields.String(required=True, allow_none=True, metadata={
+        "description": "Give it as page_token for the next page; null when this is the "
+                       "last. A page may hold fewer than `limit` messages while more follow. "
+                       "Paging never shows a message twice and never skips one that matches "
+                       "throughout, however messages change meanwhile."})
