@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run up down test long fuzz lint typecheck openapi bench bench-import spark-s3a faults setup cluster-up cluster-down clean
+.PHONY: run up down test long fuzz lint typecheck openapi bench bench-import bench-search spark-s3a faults setup cluster-up cluster-down clean
 
 run:            ## install what is missing, start everything, stay in the foreground
 	@devstack/stack.sh run
@@ -53,6 +53,9 @@ bench: up       ## pull (batched and one message per request), push, push in a c
 
 bench-import: up  ## Spark import of 1,000,000 rows vs HTTP batch vs raw inserts (about 10 min)
 	$(PY) -m tests.bench.spark_import
+
+bench-search: setup  ## search of a topic of BENCH_SEARCH_ARGS messages (1,000,000) by label and by recipient, first page p50/p99, and the indexes' write cost; an API of its own on port 8097 (loading a million takes many minutes)
+	$(PY) -m tests.bench.search $(BENCH_SEARCH_ARGS)
 
 spark-s3a:      ## opt-in: hadoop-aws 3.3.4 and its AWS SDK bundle (~280 MB) into var/spark/jars, for s3a:// URLs in `duetime-admin spark`
 	mvn -B -q -f devstack/spark-s3a-pom.xml dependency:copy-dependencies -DincludeScope=runtime \

@@ -2,9 +2,10 @@
 lives beyond the cluster or a move to another topic (`duetime-admin spark import --restore`).
 
 One row a message (EXPORT_COLUMNS): its id, state, times, priority, campaign, group,
-attempts, last error and payload (bytes, encoding, headers). A leased message is written as
-leased with its lease's expiry; restoring it makes it scheduled again at that time (the
-lease itself, held by a consumer of the old topic, does not travel).
+attempts, last error, payload (bytes, encoding, headers), recipient, labels and timezone.
+A leased message is written as leased with its lease's expiry; restoring it makes it
+scheduled again at that time (the lease itself, held by a consumer of the old topic, does
+not travel).
 
 A message's home is any of 2^20 partitions, so the job reads the whole message_states table,
 token range by token range in parallel, and keeps the topic's rows: its cost follows the
@@ -30,7 +31,10 @@ from spark.progress import Progress
 
 EXPORT_COLUMNS = ("id", "state", "deliver_at", "due_at", "lease_expires_at", "priority",
                   "campaign", "group", "attempts", "last_error", "created_at", "updated_at",
-                  "payload", "encoding", "headers", "content_hash")
+                  "payload", "encoding", "headers", "content_hash", "recipient", "labels",
+                  "timezone")
+# columns an export made before they existed lacks: a restore reads them as null
+LATER_COLUMNS = ("recipient", "labels", "timezone")
 
 
 def topic_messages(spark: SparkSession, config: Config, topic: Topic) -> DataFrame:
@@ -43,7 +47,8 @@ def topic_messages(spark: SparkSession, config: Config, topic: Topic) -> DataFra
     return joined.select(
         "id", "state", "deliver_at", "due_at", "lease_expires_at", "priority", "campaign",
         F.col("delivery_group").alias("group"), "attempts", "last_error", "created_at",
-        "updated_at", "payload", "encoding", "headers", "content_hash")
+        "updated_at", "payload", "encoding", "headers", "content_hash", "recipient",
+        "labels", "timezone")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -59,7 +59,9 @@ PARSED = T.StructType([
     T.StructField("encoding", T.StringType()), T.StructField("created_at", T.LongType()),
     T.StructField("ttl", T.IntegerType()), T.StructField("payload_ttl", T.IntegerType()),
     T.StructField("spread", T.IntegerType()), T.StructField("home", T.IntegerType()),
-    T.StructField("requested_at", T.LongType()),
+    T.StructField("recipient", T.StringType()),
+    T.StructField("labels", T.MapType(T.StringType(), T.StringType())),
+    T.StructField("timezone", T.StringType()),
 ])
 
 
@@ -107,9 +109,10 @@ def _transform(settings: ImportSettings, fmt: str, columns: list[str], rows: Any
             yield (line, None, text, out["id"], out["shard"], out["bucket"], out["due_at"],
                    out["deliver_at"], out["priority"], out["campaign"], out["content_hash"],
                    out["payload"], out["encoding"], out["created_at"], out["ttl"],
-                   out["payload_ttl"], out["spread"], out["home"], out["requested_at"])
+                   out["payload_ttl"], out["spread"], out["home"], out["recipient"],
+                   out["labels"], out["timezone"])
         except Reject as reason:
-            yield (line, str(reason), text) + (None,) * 16
+            yield (line, str(reason), text) + (None,) * (len(PARSED.fields) - 3)
 
 
 def validate(spark: SparkSession, raw: DataFrame, settings: ImportSettings, fmt: str
@@ -253,11 +256,7 @@ def load(progress: Progress, config: Config, placed: DataFrame,
         ms("due_at").alias("due_at"), ms("deliver_at").alias("deliver_at"), "priority",
         "campaign", "delivery_group", "shard", "attempts", "last_error", "content_hash",
         ms("created_at").alias("created_at"), ms("updated_at").alias("updated_at"), "ttl",
-        F.lit(writetime_us).cast("long").alias("wt"),
-        # the deliver_at a row asked for when the send window moved it (an import's rows;
-        # a restore's carry none)
-        (ms("requested_at") if "requested_at" in every.columns
-         else F.lit(None).cast("timestamp")).alias("requested_at"))
+        "recipient", "labels", "timezone", F.lit(writetime_us).cast("long").alias("wt"))
     save(states, config, "message_states", ttl="ttl", writetime="wt")
     progress.enter("writing the campaign index")
     campaigns = every.filter(F.col("campaign").isNotNull()).select(

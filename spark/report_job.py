@@ -4,7 +4,9 @@ For one topic (optionally one campaign): messages per state, scheduled messages 
 before the report's time, `as_of`) and upcoming (due from then on) per minute and per hour,
 delivery lag percentiles per campaign (lag = when the message was marked delivered minus
 its deliver_at, in ms), the attempts distribution, and the campaign funnel (per campaign and
-minute: messages that entered, and that ended delivered, dead or cancelled). Each metric is
+minute: messages that entered, and that ended delivered, dead or cancelled), and the
+audience: messages per label (key, value) and state, per time zone (the message's own, else
+the topic's) and state, and distinct recipients per state. Each metric is
 written as Parquet and CSV under OUT/<metric>/, plus OUT/index.html with PNG charts. Prints a
 JSON summary last. Times are UTC: Parquet timestamps, RFC 3339 text in the CSV, the summary
 and the page (a per-minute or per-hour row is labelled by the time it starts, `starts_at`).
@@ -24,13 +26,16 @@ from pyspark.sql import types as T
 
 from app.config import Config
 from app.core.timeline import MS_PER_HOUR, MS_PER_MINUTE
+from app.messages.zones import DEFAULT_ZONE
 from spark import charts, failures, usage
 from spark import session as sessions
 from spark.progress import Progress
 
 
-def messages_of(spark: Any, config: Config, topic_uid: str, campaign: str | None) -> DataFrame:
-    """The topic's state rows. Their partition key is (topic_uid, id), so this is a scan of
+def messages_of(spark: Any, config: Config, topic_uid: str, campaign: str | None,
+                default_zone: str = DEFAULT_ZONE) -> DataFrame:
+    """The topic's state rows (`zone`: the message's own timezone, else default_zone, the
+    topic's). Their partition key is (topic_uid, id), so this is a scan of
     the table filtered by topic: the price of analytics on the live table."""
     df = sessions.table(spark, config, "message_states").filter(F.col("topic_uid") == topic_uid)
     if campaign:
@@ -39,7 +44,8 @@ def messages_of(spark: Any, config: Config, topic_uid: str, campaign: str | None
     return df.select("id", "state", "attempts", "campaign", ms("due_at").alias("due_at_ms"),
                      ms("deliver_at").alias("deliver_at_ms"),
                      ms("created_at").alias("created_at_ms"),
-                     ms("updated_at").alias("updated_at_ms"))
+                     ms("updated_at").alias("updated_at_ms"), "recipient", "labels",
+                     F.coalesce("timezone", F.lit(default_zone)).alias("zone"))
 
 
 def state_counts(df: DataFrame) -> DataFrame:
@@ -92,6 +98,25 @@ def funnel(df: DataFrame, slot_ms: int) -> DataFrame:
             .orderBy("campaign", "slot"))
 
 
+def per_label(df: DataFrame) -> DataFrame:
+    """Messages per label (key, value) and state; a message counts once for each label."""
+    return (df.select(F.explode("labels").alias("key", "value"), "state")
+            .groupBy("key", "value", "state").count().orderBy("key", "value", "state"))
+
+
+def per_zone(df: DataFrame) -> DataFrame:
+    """Messages per time zone (their own, else the topic's) and state."""
+    return df.groupBy("zone", "state").count().orderBy("zone", "state")
+
+
+def recipients(df: DataFrame) -> DataFrame:
+    """Per state: messages with a recipient, and how many distinct recipients they have."""
+    return (df.filter(F.col("recipient").isNotNull()).groupBy("state")
+            .agg(F.count("*").alias("messages"),
+                 F.countDistinct("recipient").alias("recipients"))
+            .orderBy("state"))
+
+
 def attempts(df: DataFrame) -> DataFrame:
     return df.groupBy("attempts").count().orderBy("attempts")
 
@@ -129,7 +154,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     now = services.clock()
     with Progress(spark.sparkContext) as progress:
         progress.enter(f"reading the messages of {args.topic}")
-        df = messages_of(spark, config, str(topic.uid), args.campaign).cache()
+        df = messages_of(spark, config, str(topic.uid), args.campaign,
+                         topic.settings.timezone or DEFAULT_ZONE).cache()
         progress.enter("computing the report")
         results = {
             "states": write(state_counts(df), out, "states"),
@@ -141,6 +167,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lag_per_campaign": write(lag_per_campaign(df), out, "lag_per_campaign"),
             "attempts": write(attempts(df), out, "attempts"),
             "funnel": write(funnel(df, MS_PER_MINUTE), out, "funnel", MS_PER_MINUTE),
+            "labels": write(per_label(df), out, "labels"),
+            "zones": write(per_zone(df), out, "zones"),
+            "recipients": write(recipients(df), out, "recipients"),
         }
         progress.enter(f"drawing {out / 'index.html'}")
         draw(out, args, results, rfc_3339(now))
@@ -152,7 +181,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "attempts": {r["attempts"]: r["count"] for r in results["attempts"]},
             "upcoming_per_hour": {r["starts_at"]: r["count"]
                                   for r in results["upcoming_per_hour"]},
-            "funnel": funnel_totals(results["funnel"])}
+            "funnel": funnel_totals(results["funnel"]),
+            "labels": results["labels"], "zones": results["zones"],
+            "recipients": results["recipients"]}
 
 
 def funnel_totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -196,6 +227,9 @@ def draw(out: Path, args: argparse.Namespace, results: dict[str, list[dict[str, 
         ("Delivery lag per campaign (ms)", images["lag"], lag),
         ("Attempts distribution", images["attempts"], tries),
         ("Campaign funnel (per minute, UTC)", images["funnel"], results["funnel"][:200]),
+        ("Messages per label and state", None, results["labels"][:200]),
+        ("Messages per time zone and state", None, results["zones"][:200]),
+        ("Recipients per state", None, results["recipients"]),
     ])
 
 

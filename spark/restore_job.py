@@ -27,7 +27,7 @@ from app.store import dead_letters
 from app.store.dead_letters import MS_PER_WEEK
 from spark import import_job
 from spark import session as sessions
-from spark.export_job import EXPORT_COLUMNS
+from spark.export_job import EXPORT_COLUMNS, LATER_COLUMNS
 from spark.failures import JobFailure, require_input
 from spark.progress import Progress
 from spark.rows import ImportSettings, Reject, restored
@@ -48,6 +48,9 @@ RESTORED = T.StructType([
     T.StructField("state", T.StringType()), T.StructField("attempts", T.IntegerType()),
     T.StructField("last_error", T.StringType()), T.StructField("ttl", T.IntegerType()),
     T.StructField("spread", T.IntegerType()), T.StructField("payload_ttl", T.IntegerType()),
+    T.StructField("recipient", T.StringType()),
+    T.StructField("labels", T.MapType(T.StringType(), T.StringType())),
+    T.StructField("timezone", T.StringType()),
 ])
 _FIELDS = [f.name for f in RESTORED.fields[3:]]
 
@@ -56,6 +59,10 @@ def read_export(spark: SparkSession, path: str) -> DataFrame:
     """An export's rows, times as epoch ms. JobFailure when the files are not an export."""
     require_input(spark, path)
     df = spark.read.parquet(path)
+    for name in LATER_COLUMNS:
+        if name not in df.columns:
+            df = df.withColumn(name, F.lit(None).cast(
+                "map<string,string>" if name == "labels" else "string"))
     missing = [c for c in EXPORT_COLUMNS if c not in df.columns]
     if missing:
         raise JobFailure(INPUT, f"{path} is not a duetime export "

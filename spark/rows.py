@@ -6,9 +6,11 @@ app.messages.enqueue.new_message), and the state row, shard and bucket come from
 so an imported message is
 indistinguishable from one enqueued over HTTP (apart from its deterministic id).
 
-File columns: recipient (required); payload (JSON text) or, without it, every other column
-becomes a field of a JSON payload (template fields); at most one of deliver_at (RFC 3339 or
-epoch ms), delay_ms, or local_time + timezone (none: due now); optional id, priority, campaign.
+File columns: recipient (required; the message's recipient, the API's id pattern); payload
+(JSON text) or, without it, every other column becomes a field of a JSON payload (template
+fields); at most one of deliver_at (RFC 3339 or epoch ms), delay_ms, or local_time +
+timezone (none: due now); timezone alone names the recipient's zone; optional id, priority,
+campaign, labels (a JSON object of at most 10 key: value pairs).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from app.core.timeline import MS_PER_DAY, bucket_of, campaign_spread, shard_of, 
 from app.errors import DuetimeError
 from app.messages.enqueue import new_message, state_row
 from app.models import Topic
+from app.schedules import quiet_hours
 from app.schemas.messages import MessageInSchema
 
 TIME_COLUMNS = ("deliver_at", "delay_ms", "local_time", "timezone")
-RESERVED = {"id", "recipient", "payload", "priority", "campaign", *TIME_COLUMNS}
+RESERVED = {"id", "recipient", "payload", "priority", "campaign", "labels", *TIME_COLUMNS}
 _SCHEMA = MessageInSchema()
 
 
@@ -78,6 +81,14 @@ def _payload(raw: dict[str, Any]) -> Any:
     return {k: v for k, v in raw.items() if k not in RESERVED - {"recipient"} and v is not None}
 
 
+def _labels(text: Any) -> Any:
+    """The labels column: a JSON object (its entries are checked as the API checks them)."""
+    try:
+        return json.loads(str(text))
+    except json.JSONDecodeError as exc:
+        raise Reject(f"labels: not JSON ({exc.msg})") from exc
+
+
 def message_fields(raw: dict[str, Any], campaign: str | None) -> dict[str, Any]:
     """The API's message body for a file row (before the API's own validation)."""
     if not _present(raw, "recipient"):
@@ -92,6 +103,9 @@ def message_fields(raw: dict[str, Any], campaign: str | None) -> dict[str, Any]:
         "payload": _payload(raw), **times}
     if campaign:
         body["campaign"] = campaign
+    body["recipient"] = recipient
+    if _present(raw, "labels"):
+        body["labels"] = _labels(raw["labels"])
     if _present(raw, "priority"):
         try:
             body["priority"] = int(str(raw["priority"]).strip())
@@ -113,7 +127,8 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
     except ValidationError as err:
         raise Reject(_reason(err)) from err
     try:
-        m = new_message(data, s.now_ms, s.max_payload_bytes, s.horizon_days, s.topic)
+        m = new_message(data, s.now_ms, s.max_payload_bytes, s.horizon_days,
+                        quiet_hours.of_topic(s.topic.settings))
     except DuetimeError as err:
         raise Reject(err.detail) from err
     row = state_row(s.topic, m, data["id"], s.now_ms)
@@ -121,8 +136,8 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
         "id": row.id, "home": home_of(row.id), "shard": row.shard,
         "bucket": bucket_of(row.due_at_ms, s.bucket_ms),
         "due_at": row.due_at_ms, "deliver_at": row.deliver_at_ms, "priority": row.priority,
-        "requested_at": row.requested_at_ms,
         "campaign": row.campaign, "content_hash": row.content_hash, "payload": m.payload.data,
+        "recipient": row.recipient, "labels": row.labels, "timezone": row.timezone,
         "encoding": m.payload.encoding, "created_at": s.now_ms,
         "ttl": ttl_s(row.due_at_ms, s.now_ms, s.retention_days),
         "spread": campaign_spread(row.id),
@@ -156,6 +171,8 @@ def restored(row: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
         "bucket": bucket_of(due, s.bucket_ms), "due_at": due, "deliver_at": row["deliver_at"],
         "priority": row["priority"] if row.get("priority") is not None else 100,
         "campaign": row.get("campaign"), "delivery_group": row.get("group"),
+        "recipient": row.get("recipient"), "labels": row.get("labels") or None,
+        "timezone": row.get("timezone"),
         "content_hash": row.get("content_hash") or "", "payload": bytes(row["payload"]),
         "encoding": row.get("encoding") or "json", "headers": row.get("headers"),
         "created_at": row.get("created_at") or s.now_ms,

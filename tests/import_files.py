@@ -22,15 +22,16 @@ class Expected:
 
 
 def write_csv(path: Path, rows: int, first_due_ms: int, spread_ms: int,
-              bad_every: int = 0) -> Expected:
+              bad_every: int = 0, labelled: bool = False) -> Expected:
     """rows data rows due over [first_due_ms, first_due_ms + spread_ms). With bad_every, every
     bad_every-th row is invalid (cycling through three kinds) and the row after each 7th
-    invalid one repeats the last valid row exactly."""
+    invalid one repeats the last valid row exactly. labelled: rows carry a labels column
+    (tier gold on even rows, free on odd ones) and a timezone (Asia/Tokyo on odd rows)."""
     invalid = duplicates = 0
     last_valid: list[str] = []
     with path.open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
-        out.writerow(HEADER)
+        out.writerow(HEADER + (["labels", "timezone"] if labelled else []))
         for i in range(rows):
             due = str(first_due_ms + i * spread_ms // max(rows, 1))
             row = [f"user{i}", f"Hello {i}", due, str(i % 7)]
@@ -44,5 +45,8 @@ def write_csv(path: Path, rows: int, first_due_ms: int, spread_ms: int,
                 duplicates += 1
             else:
                 last_valid = row
+            if labelled:
+                row = [*row, f'{{"tier": "{"free" if i % 2 else "gold"}"}}',
+                       "Asia/Tokyo" if i % 2 else ""]
             out.writerow(row)
     return Expected(rows, invalid, duplicates)

@@ -111,3 +111,27 @@ def test_dead_messages_listed_and_retried_and_lag_shown(
     assert code == 0 and len(json.loads(out)) == 3
     code, out, _ = duetime("lag", "jobs", "--minutes", "3")
     assert code == 0 and out.splitlines()[0].split()[:4] == ["from", "count", "p50_ms", "p99_ms"]
+
+
+def test_messages_found_by_label_and_state_as_a_table(duetime) -> None:  # type: ignore[no-untyped-def]
+    client = duetime.client
+    client.put_topic("sends")
+    client.enqueue_batch("sends", [
+        {"id": f"s{n}", "payload": {"n": n}, "delay_ms": 600_000, "labels": {"wave": str(n % 2)},
+         **({"recipient": f"r{n}"} if n else {})} for n in range(5)])
+    client.cancel("sends", "s2")
+    code, out, _ = duetime("messages", "sends", "--label", "wave:0", "--state", "scheduled")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["id", "state", "deliver_at", "recipient",
+                                              "campaign", "labels"]
+    rows = sorted(line.split() for line in lines[1:])
+    assert [r[0] for r in rows] == ["s0", "s4"]  # s2 is cancelled, s1 and s3 wave 1
+    assert rows[0][3:] == ["-", "-", "wave:0"] and rows[1][3] == "r4"
+    code, out, _ = duetime("messages", "sends", "--recipient", "r3", "--json")
+    assert code == 0 and [m["id"] for m in json.loads(out)] == ["s3"]
+    # the client pages through everything, each once
+    assert sorted(m["id"] for m in client.iter_messages("sends", page_size=2)) == [
+        f"s{n}" for n in range(5)]
+    code, _, err = duetime("messages", "sends", "--label", "no-colon")
+    assert code == 1 and "label" in err
+    assert duetime("messages", "sends", "--limit", "2", "--json")[0] == 0

@@ -167,7 +167,7 @@ def test_imported_messages_are_released_and_the_report_matches_the_api(
                                       retry={"backoff_seconds": 0.2, "max_backoff_seconds": 1})
         path = tmp_path / "soon.csv"
         # due from 25 s on: Spark's start-up and the import happen before the first is due
-        expected = write_csv(path, 300, now_ms() + 25_000, 3_000)
+        expected = write_csv(path, 300, now_ms() + 25_000, 3_000, labelled=True)
         summary = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant",
                             tenant_of(services, auth), "--campaign", "soon")
         assert summary["imported"] == expected.good == 300
@@ -192,6 +192,14 @@ def test_imported_messages_are_released_and_the_report_matches_the_api(
     assert 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"]
     assert report["funnel"] == {"soon": {"entered": 300, "delivered": 300, "dead": 0,
                                          "cancelled": 0}}
+    # the audience: labels, zones (a row's own, else the topic's UTC) and recipients
+    assert {(r["key"], r["value"], r["state"]): r["count"] for r in report["labels"]} == {
+        ("tier", "gold", "delivered"): 150, ("tier", "free", "delivered"): 150}
+    assert {(r["zone"], r["count"]) for r in report["zones"]} == {("UTC", 150),
+                                                                   ("Asia/Tokyo", 150)}
+    assert report["recipients"] == [{"state": "delivered", "messages": 300, "recipients": 300}]
+    shown = {(b["recipient"], b["labels"]["tier"], b["timezone"]) for b in reads}
+    assert ("user1", "free", "Asia/Tokyo") in shown and ("user0", "gold", None) in shown
     page = (tmp_path / "report" / "index.html").read_text()
     assert "states.png" in page and (tmp_path / "report" / "lag.png").stat().st_size > 1000
     assert "funnel.png" in page and (tmp_path / "report" / "funnel.png").stat().st_size > 1000

@@ -27,7 +27,7 @@ UNIT = scaled(2_000, 10_000)
 DELIVERED, DEAD, LEASED, LATER, GONE = 2 * UNIT, UNIT, UNIT, 4 * UNIT, 2 * UNIT
 TOTAL = DELIVERED + DEAD + LEASED + LATER + GONE
 COMPARED = ("state", "deliver_at_ms", "priority", "campaign", "group", "attempts",
-            "last_error", "content_hash", "created_at_ms")
+            "last_error", "content_hash", "created_at_ms", "recipient", "labels", "timezone")
 
 
 def _enqueue(topic: TopicClient, messages: list[dict[str, Any]]) -> None:
@@ -56,7 +56,9 @@ def _source_topic(app: Flask, services: Services, auth: dict[str, str]) -> Topic
     topic = TopicClient(client, auth, max_attempts=1, lease_seconds=3600)
     later = now_ms() + 3_600_000
     _enqueue(topic, [{"id": f"later-{n}", "deliver_at": later + n, "payload": {"later": n},
-                      **({"campaign": "spring", "group": f"g{n % 3}"} if n % 2 else {})}
+                      **({"campaign": "spring", "group": f"g{n % 3}"} if n % 2 else {}),
+                      **({"recipient": f"r{n}", "labels": {"tier": "gold", "n": str(n)},
+                          "timezone": "Asia/Tokyo"} if n % 3 == 0 else {})}
                      for n in range(LATER)])
     _enqueue(topic, [{"id": f"gone-{n}", "deliver_at": later, "campaign": "gone",
                       "payload": {"gone": n}} for n in range(GONE)])

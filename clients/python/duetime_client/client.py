@@ -39,7 +39,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -272,6 +272,28 @@ class Client:
             {"lease_token": message["lease"]["token"], "lease_seconds": lease_seconds},
             idempotent=True))
 
+    def search_messages(self, topic: str, limit: int = 100, page_token: str | None = None,
+                        **filters: Any) -> JSON:
+        """One page of the topic's messages that match every filter given: state, campaign,
+        recipient, label ("key:value", or a list of them, each required), due_from and
+        due_to (RFC 3339 or epoch ms; due_from <= deliver_at < due_to). The answer:
+        {messages (without payloads), next_page_token (None on the last page)}."""
+        query = {k: v for k, v in filters.items() if v is not None}
+        query["limit"] = limit
+        if page_token is not None:
+            query["page_token"] = page_token
+        return dict(self.request("GET", _topic(topic, "/messages", query=query)))
+
+    def iter_messages(self, topic: str, page_size: int = 100, **filters: Any) -> Iterator[JSON]:
+        """Every matching message (search_messages' filters), page after page, each once."""
+        token = None
+        while True:
+            page = self.search_messages(topic, page_size, token, **filters)
+            yield from page["messages"]
+            token = page["next_page_token"]
+            if token is None:
+                return
+
     def dead_letters(self, topic: str, limit: int = 50) -> list[JSON]:
         """The topic's dead messages, most recently dead first, with their last_error."""
         return list(self.request("GET", _topic(topic, "/dead-letters", query={"limit": limit}))[
@@ -330,7 +352,7 @@ def _topic(topic: str, route: str = "", *ids: str,
     """/v1/topics/TOPIC then route with each `{}` replaced by the next of ids, every name
     and id percent-encoded (route's own words, like `messages:batch`, as they are)."""
     path = f"/v1/topics/{_seg(topic)}" + route.format(*(_seg(i) for i in ids))
-    return f"{path}?{urlencode(query)}" if query else path
+    return f"{path}?{urlencode(query, doseq=True)}" if query else path
 
 
 def _answer(answer: urllib3.BaseHTTPResponse) -> Any:

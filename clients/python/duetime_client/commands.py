@@ -12,6 +12,8 @@ scripts:
   duetime campaigns TOPIC [NAME] [--pause | --resume | --rate N | --cancel | --shift-ms MS]
                     [--wait]  (follows a cancel or shift to its end with a progress bar)
   duetime dead TOPIC [--limit N] | retry TOPIC ID | lag TOPIC [--minutes N]
+  duetime messages TOPIC [--state S] [--campaign C] [--recipient R] [--label KEY:VALUE ...]
+                   [--due-from T] [--due-to T] [--limit N]  (finds messages; a table)
   duetime schedules TOPIC [NAME] [--cron CRON --payload JSON [--timezone Z] [--priority N]
                     [--campaign C] [--start-at T] [--end-at T] [--misfire M] | --delete]
   duetime tail TOPIC       (consumes: leases, prints and acks each message as it comes due)
@@ -35,11 +37,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from duetime_client.client import ApiError, ApiTimeout, ApiUnreachable, Client
-from duetime_client.output import format_ms, human, problem_text
+from duetime_client.output import format_ms, human, problem_text, table
 from duetime_client.progress import ProgressBar
 
 COMMANDS = ("topics", "enqueue", "get", "cancel", "reschedule", "stats", "campaigns",
-            "schedules", "tail", "dead", "retry", "lag")
+            "schedules", "tail", "dead", "retry", "lag", "messages")
 WAIT_POLL_S = 0.5
 DEV_KEY = Path("var") / "dev-key"
 # topics' plain setting flags: (flag, type, the setting's path in the topic)
@@ -118,6 +120,17 @@ def add_parsers(sub: Any) -> None:
     p = command("dead", "a topic's dead messages, most recently dead first")
     p.add_argument("topic")
     p.add_argument("--limit", type=int, default=50)
+    p = command("messages", "find a topic's messages by state, campaign, recipient, labels "
+                "and due time (every filter given must hold)")
+    p.add_argument("topic")
+    p.add_argument("--state", choices=["scheduled", "leased", "delivered", "cancelled", "dead"])
+    p.add_argument("--campaign")
+    p.add_argument("--recipient")
+    p.add_argument("--label", action="append", metavar="KEY:VALUE",
+                   help="a label the messages carry (repeat it: each is required)")
+    p.add_argument("--due-from", help="deliver_at at or after this (RFC 3339 or epoch ms)")
+    p.add_argument("--due-to", help="deliver_at before this (RFC 3339 or epoch ms)")
+    p.add_argument("--limit", type=int, default=100, help="show at most this many (100)")
     p = command("retry", "bring a dead message back (due now, attempts from 0)")
     p.add_argument("topic")
     p.add_argument("id")
@@ -323,6 +336,31 @@ def _schedules(client: Client, args: argparse.Namespace) -> Any:
                                json_argument("--payload", args.payload), **fields)
 
 
+MESSAGE_COLUMNS = ["id", "state", "deliver_at", "recipient", "campaign", "labels"]
+
+
+def _messages(client: Client, args: argparse.Namespace) -> Any:
+    """Up to --limit matching messages (pages of at most 1,000): for people a table, labels
+    as key:value (`-` for what a message lacks); for scripts the messages as the API shows
+    them."""
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    found = []
+    for message in client.iter_messages(
+            args.topic, min(args.limit, 1000), state=args.state, campaign=args.campaign,
+            recipient=args.recipient, label=args.label, due_from=args.due_from,
+            due_to=args.due_to):
+        found.append(message)
+        if len(found) == args.limit:
+            break
+    if args.json:
+        return found
+    rows = [{**m, "labels": " ".join(f"{k}:{v}" for k, v in (m.get("labels") or {}).items())
+             or None} for m in found]
+    print(table(rows, MESSAGE_COLUMNS))
+    return None
+
+
 def _tail(client: Client, args: argparse.Namespace) -> None:
     done = 0
     while not args.count or done < args.count:
@@ -350,4 +388,5 @@ _HANDLERS: dict[str, Callable[[Client, argparse.Namespace], Any]] = {
     "dead": lambda c, a: c.dead_letters(a.topic, a.limit),
     "retry": lambda c, a: c.retry(a.topic, a.id),
     "lag": lambda c, a: c.lag(a.topic, a.minutes),
+    "messages": _messages,
 }
