@@ -26,6 +26,9 @@ class TopicSettings:
     quiet_start: str | None = None  # quiet hours "HH:MM" to "HH:MM" in quiet_timezone
     quiet_end: str | None = None
     quiet_timezone: str | None = None
+    # the send window's stored form (app.core.send_window.SendWindow.text); set instead of
+    # quiet hours, never with them
+    send_window: str | None = None
     # IANA zone of the messages that name none (app.messages.zones.effective_zone); None: UTC
     timezone: str | None = None
 
@@ -81,6 +84,11 @@ class MessageState:
     last_op: uuid.UUID | None = None  # the campaign operation that last changed it
     paced: bool = False  # moved to its delivery slot by its campaign's pacing
     group: str | None = None  # fair-delivery group (app.core.timeline.lane_of)
+    # send windows (app.messages.send_windows): the message's own window (stored form, or
+    # "false": exempt; None: the topic's), and the deliver_at it asked for when its window
+    # moved it
+    send_window: str | None = None
+    requested_at_ms: int | None = None
     recipient: str | None = None  # who it is for (the API's id pattern)
     # key -> value, at most 10 (app.messages.labels); left out of hash(): a dict has none
     labels: dict[str, str] | None = dataclasses.field(default=None, hash=False)

@@ -54,7 +54,8 @@ def _new_message(r: Any) -> NewMessage:
     return NewMessage(id=r["id"], deliver_at_ms=r["deliver_at"], priority=r["priority"],
                       campaign=r["campaign"],
                       payload=Payload(bytes(r["payload"]), r["encoding"], {}),
-                      content_hash=r["content_hash"], if_exists="replace")
+                      content_hash=r["content_hash"], if_exists="replace",
+                      requested_ms=r["requested_at"])
 
 
 def replace(spark: SparkSession, services: Services, topic: Topic, rows: DataFrame

@@ -62,6 +62,7 @@ PARSED = T.StructType([
     T.StructField("recipient", T.StringType()),
     T.StructField("labels", T.MapType(T.StringType(), T.StringType())),
     T.StructField("timezone", T.StringType()),
+    T.StructField("requested_at", T.LongType()),
 ])
 
 
@@ -110,7 +111,7 @@ def _transform(settings: ImportSettings, fmt: str, columns: list[str], rows: Any
                    out["deliver_at"], out["priority"], out["campaign"], out["content_hash"],
                    out["payload"], out["encoding"], out["created_at"], out["ttl"],
                    out["payload_ttl"], out["spread"], out["home"], out["recipient"],
-                   out["labels"], out["timezone"])
+                   out["labels"], out["timezone"], out["requested_at"])
         except Reject as reason:
             yield (line, str(reason), text) + (None,) * (len(PARSED.fields) - 3)
 
@@ -256,7 +257,11 @@ def load(progress: Progress, config: Config, placed: DataFrame,
         ms("due_at").alias("due_at"), ms("deliver_at").alias("deliver_at"), "priority",
         "campaign", "delivery_group", "shard", "attempts", "last_error", "content_hash",
         ms("created_at").alias("created_at"), ms("updated_at").alias("updated_at"), "ttl",
-        "recipient", "labels", "timezone", F.lit(writetime_us).cast("long").alias("wt"))
+        "recipient", "labels", "timezone", F.lit(writetime_us).cast("long").alias("wt"),
+        # the deliver_at a row asked for when the send window moved it (an import's rows;
+        # a restore's carry none)
+        (ms("requested_at") if "requested_at" in every.columns
+         else F.lit(None).cast("timestamp")).alias("requested_at"))
     save(states, config, "message_states", ttl="ttl", writetime="wt")
     progress.enter("writing the campaign index")
     campaigns = every.filter(F.col("campaign").isNotNull()).select(

@@ -26,7 +26,6 @@ from app.core.timeline import MS_PER_DAY, bucket_of, campaign_spread, shard_of, 
 from app.errors import DuetimeError
 from app.messages.enqueue import new_message, state_row
 from app.models import Topic
-from app.schedules import quiet_hours
 from app.schemas.messages import MessageInSchema
 
 TIME_COLUMNS = ("deliver_at", "delay_ms", "local_time", "timezone")
@@ -127,8 +126,7 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
     except ValidationError as err:
         raise Reject(_reason(err)) from err
     try:
-        m = new_message(data, s.now_ms, s.max_payload_bytes, s.horizon_days,
-                        quiet_hours.of_topic(s.topic.settings))
+        m = new_message(data, s.now_ms, s.max_payload_bytes, s.horizon_days, s.topic)
     except DuetimeError as err:
         raise Reject(err.detail) from err
     row = state_row(s.topic, m, data["id"], s.now_ms)
@@ -136,6 +134,7 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
         "id": row.id, "home": home_of(row.id), "shard": row.shard,
         "bucket": bucket_of(row.due_at_ms, s.bucket_ms),
         "due_at": row.due_at_ms, "deliver_at": row.deliver_at_ms, "priority": row.priority,
+        "requested_at": row.requested_at_ms,
         "campaign": row.campaign, "content_hash": row.content_hash, "payload": m.payload.data,
         "recipient": row.recipient, "labels": row.labels, "timezone": row.timezone,
         "encoding": m.payload.encoding, "created_at": s.now_ms,

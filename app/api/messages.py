@@ -15,8 +15,6 @@ from app.messages import by_id as usecases
 from app.messages import dead_letters, search
 from app.messages import enqueue as enqueueing
 from app.models import MessageState, Payload, Topic
-from app.schedules import quiet_hours
-from app.schedules.quiet_hours import QuietHours
 from app.schemas.messages import (
     BatchInSchema,
     BatchOutSchema,
@@ -51,6 +49,8 @@ def summary_view(topic: Topic, row: MessageState) -> dict[str, Any]:
         "attempts": row.attempts,
         "created_at": row.created_at_ms, "updated_at": row.updated_at_ms,
         "last_error": row.last_error,
+        **({} if row.requested_at_ms is None
+           else {"requested_deliver_at": row.requested_at_ms}),
     }
 
 
@@ -58,10 +58,10 @@ def message_view(topic: Topic, row: MessageState, payload: Payload | None) -> di
     return {**summary_view(topic, row), **payload_fields(payload)}
 
 
-def _new(data: dict[str, Any], quiet: QuietHours | None) -> enqueueing.NewMessage:
+def _new(data: dict[str, Any], topic: Topic) -> enqueueing.NewMessage:
     cfg = services().config
     return enqueueing.new_message(data, services().clock(), cfg.max_payload_bytes,
-                                  cfg.horizon_days, quiet)
+                                  cfg.horizon_days, topic)
 
 
 def problem_body(error: DuetimeError) -> dict[str, Any]:
@@ -83,7 +83,7 @@ class MessageCollection(MethodView):
         """Put one message on the timeline."""
         services().quotas.admit(tenant(), "messages")
         found = get_topic_cached(services(), tenant(), topic)
-        result = enqueue_groups().submit(found, _new(body, quiet_hours.of_topic(found.settings)))
+        result = enqueue_groups().submit(found, _new(body, found))
         if result.error is not None:
             raise result.error
         return {"id": result.id, "deliver_at": result.deliver_at_ms,
@@ -112,10 +112,9 @@ class MessageCollection(MethodView):
 _ITEM_SCHEMA = MessageInSchema()
 
 
-def _batch_item(raw: dict[str, Any], quiet: QuietHours | None
-                ) -> enqueueing.NewMessage | DuetimeError:
+def _batch_item(raw: dict[str, Any], topic: Topic) -> enqueueing.NewMessage | DuetimeError:
     try:
-        return _new(_ITEM_SCHEMA.load(raw), quiet)
+        return _new(_ITEM_SCHEMA.load(raw), topic)
     except ValidationError as exc:
         return InvalidInput("The message has invalid fields.", exc.normalized_messages())
     except DuetimeError as exc:
@@ -135,8 +134,7 @@ class MessageBatch(MethodView):
             raise PayloadTooLarge(f"{len(body['messages'])} messages; a batch holds {limit}.")
         services().quotas.admit(tenant(), "messages", len(body["messages"]))
         found = get_topic_cached(services(), tenant(), topic)
-        quiet = quiet_hours.of_topic(found.settings)
-        parsed = [_batch_item(raw, quiet) for raw in body["messages"]]
+        parsed = [_batch_item(raw, found) for raw in body["messages"]]
         good = [p for p in parsed if isinstance(p, enqueueing.NewMessage)]
         done = iter(enqueueing.enqueue(services(), found, good))
         results = []

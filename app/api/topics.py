@@ -9,7 +9,9 @@ from flask.views import MethodView
 from app.api.common import SECURITY, services, tenant
 from app.api.json_body import Blueprint
 from app.api.validation import check_name
+from app.core.send_window import SendWindow
 from app.delivery import signing
+from app.messages.send_windows import stored_window
 from app.messages.zones import DEFAULT_ZONE
 from app.models import Topic
 from app.schemas.topics import (
@@ -48,6 +50,7 @@ def topic_view(topic: Topic) -> dict[str, Any]:
             topic.previous_secret_until_ms if topic.previous_secret else None),
         "quiet_hours": None if s.quiet_start is None else {
             "start": s.quiet_start, "end": s.quiet_end, "timezone": s.quiet_timezone},
+        "send_window": None if s.send_window is None else stored_window(s.send_window).api(),
         "timezone": s.timezone or DEFAULT_ZONE,
         "created_at": topic.created_at_ms, "updated_at": topic.updated_at_ms,
     }
@@ -61,10 +64,16 @@ def _changes(body: dict[str, Any]) -> dict[str, Any]:
             value = (body.get(group) or {}).get(name)
             if value is not None:
                 changes[_NESTED_FIELD.get((group, name), name)] = value
+    # one window a topic: setting either spelling removes the other (the schema refuses both)
     if "quiet_hours" in body:  # given as null: removed
         quiet = body["quiet_hours"] or {}
         changes.update(quiet_start=quiet.get("start"), quiet_end=quiet.get("end"),
-                       quiet_timezone=quiet.get("timezone"))
+                       quiet_timezone=quiet.get("timezone"), send_window=None)
+    if "send_window" in body:  # given as null: removed
+        window = body["send_window"]
+        changes.update(quiet_start=None, quiet_end=None, quiet_timezone=None,
+                       send_window=None if window is None else SendWindow.parse(
+                           window["days"], window["start"], window["end"]).text())
     return changes
 
 

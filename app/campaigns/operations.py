@@ -11,7 +11,9 @@ own messages), and nothing changes behind the counters' back.
   stopped: it is counted as delivering, and should that POST fail, the next take cancels it
   (the campaign is marked cancelled before the operation starts). Nothing is leased ahead of
   its hand-out, so every message not handed out yet is reached.
-- shift: a scheduled message moves by shift_ms, never to before now (pointer first).
+- shift: a scheduled message moves by shift_ms, never to before now (pointer first): the time
+  it asked for moves (deliver_at, or the time its send window moved it from), then the
+  window places it again (app.messages.send_windows).
 - resume: a waiting message due by now moves to now, where every reader finds it again:
   while its campaign was paused, passes left it behind their cursors.
 """
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from app.core.timeline import placement_ms, ttl_s
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
+from app.messages.send_windows import place_row
 from app.messages.transitions import count_moves, finished, place_then
 from app.models import MessageState, Topic
 from app.services import Services
@@ -53,7 +56,7 @@ def _cancelled(op: Operation, row: MessageState, now: int) -> MessageState:
                                lease_expires_at_ms=None, updated_at_ms=now, last_op=op.id)
 
 
-def _decide(op: Operation, row: MessageState, now: int, progress: Progress
+def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: Progress
             ) -> MessageState | None:
     """The row this operation makes of `row` (None: leave it), counting what it finds."""
     if row.last_op == op.id:
@@ -70,10 +73,13 @@ def _decide(op: Operation, row: MessageState, now: int, progress: Progress
         if row.state != "scheduled":
             progress.cover(row.deliver_at_ms)
             return None
-        deliver = max(row.deliver_at_ms + op.shift_ms, now)
-        return dataclasses.replace(row, version=row.version + 1, deliver_at_ms=deliver,
-                                   due_at_ms=placement_ms(deliver, now), updated_at_ms=now,
-                                   last_op=op.id)
+        asked = row.deliver_at_ms if row.requested_at_ms is None else row.requested_at_ms
+        placed = place_row(topic, row, max(asked + op.shift_ms, now), now)
+        return dataclasses.replace(row, version=row.version + 1,
+                                   deliver_at_ms=placed.deliver_at_ms,
+                                   requested_at_ms=placed.requested_ms,
+                                   due_at_ms=placement_ms(placed.deliver_at_ms, now),
+                                   updated_at_ms=now, last_op=op.id)
     waiting = row.state == "scheduled" or (
         row.state == "leased" and (row.lease_expires_at_ms or 0) <= now)
     if not waiting or row.due_at_ms > now:
@@ -95,7 +101,7 @@ def apply(services: Services, topic: Topic, op: Operation, ids: Sequence[str]) -
         now = services.clock()
         changes = [(row, new) for row in rows.values()
                    if row.campaign == op.campaign
-                   and (new := _decide(op, row, now, progress)) is not None]
+                   and (new := _decide(topic, op, row, now, progress)) is not None]
         pending = [row.id for row, new in _write(services, topic, changes, now, progress)]
         if not pending:
             return progress

@@ -28,6 +28,7 @@ from app.errors import (
     StoreUnavailable,
 )
 from app.messages import dead_letters
+from app.messages.send_windows import retry_due
 from app.messages.transitions import (
     apply_transition,
     count_moves,
@@ -425,8 +426,9 @@ def _ack_on_read(services: Services, topic: Topic, presented: list[tuple[int, st
 
 def nack(services: Services, topic: Topic, message_id: str, token: str,
          delay_ms: int | None, error: str | None) -> None:
-    """Give the message back: due again after delay_ms (or the topic's backoff), or dead once
-    it has had max_attempts leases."""
+    """Give the message back: due again after delay_ms (or the topic's backoff), moved to its
+    send window's next opening when that falls outside it, or dead once it has had
+    max_attempts leases."""
     row = _held(services, topic, message_id, token)
     now = services.clock()
     if attempts_used_up(topic, row):
@@ -441,7 +443,8 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         row.attempts, s.backoff_seconds, s.max_backoff_seconds)
     again = dataclasses.replace(
         row, state="scheduled", version=row.version + 1,
-        due_at_ms=placement_ms(now + delay, now), lease_token=None, lease_expires_at_ms=None,
+        due_at_ms=placement_ms(retry_due(topic, row, now + delay), now), lease_token=None,
+        lease_expires_at_ms=None,
         last_error=error if error is not None else row.last_error, updated_at_ms=now)
     apply_transition(services, topic, again, moved=True, before=row)
     count_moves(services, topic, [("leased", "scheduled", row.campaign)])

@@ -18,6 +18,7 @@ from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.delivery import leasing
 from app.delivery.scan import Due
 from app.messages import dead_letters
+from app.messages.send_windows import retry_due
 from app.messages.transitions import count_moves, finished, place_then
 from app.models import MessageState, Payload, Topic
 from app.services import Services
@@ -69,13 +70,15 @@ def _next_row(topic: Topic, o: PushOutcome, now: int, rng: random.Random) -> Mes
     return dataclasses.replace(
         row, state="scheduled", version=row.version + 1, lease_token=None,
         lease_expires_at_ms=None, last_error=error, updated_at_ms=now,
-        due_at_ms=placement_ms(now + jittered_backoff_ms(row.attempts, topic, rng), now))
+        due_at_ms=placement_ms(
+            retry_due(topic, row, now + jittered_backoff_ms(row.attempts, topic, rng)), now))
 
 
 def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome],
                     rng: random.Random) -> list[bool | Exception]:
     """Apply each outcome as an LWT over the leased version: delivered, due again after the
-    backoff (its pointer written first), or dead after max_attempts with the error kept.
+    backoff (its pointer written first; at its send window's next opening when the backoff
+    ends outside it), or dead after max_attempts with the error kept.
     Per outcome: True applied, False the lease had moved on, or the exception."""
     now = services.clock()
     rows = [_next_row(topic, o, now, rng) for o in outcomes]

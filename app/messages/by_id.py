@@ -6,6 +6,7 @@ import dataclasses
 
 from app.core.timeline import MS_PER_DAY, placement_ms
 from app.errors import Conflict, InvalidInput, NotFound
+from app.messages.send_windows import place_row
 from app.messages.transitions import apply_transition, count_moves
 from app.models import MessageState, Payload, Topic
 from app.services import Services
@@ -62,20 +63,27 @@ def cancel(services: Services, topic: Topic, message_id: str) -> None:
 
 def reschedule(services: Services, topic: Topic, message_id: str,
                deliver_at_ms: int) -> MessageState:
-    """Move a scheduled message to deliver_at_ms (its pointer first, then the LWT).
+    """Move a scheduled message to deliver_at_ms (its pointer first, then the LWT), or to its
+    send window's next opening when that time is outside it (app.messages.send_windows).
     409 unless it is scheduled."""
     now = services.clock()
-    if deliver_at_ms > now + services.config.horizon_days * MS_PER_DAY:
-        raise InvalidInput("The delivery time is beyond the horizon.",
-                           {"deliver_at": [f"At most {services.config.horizon_days} days ahead."]})
+    horizon = now + services.config.horizon_days * MS_PER_DAY
+    beyond = InvalidInput("The delivery time is beyond the horizon.",
+                          {"deliver_at": [f"At most {services.config.horizon_days} days ahead."]})
+    if deliver_at_ms > horizon:
+        raise beyond
     row = services.messages.get(topic.uid, message_id)
     if row is None:
         raise NotFound(f"No message {message_id!r}.")
     if row.state != "scheduled":
         raise Conflict(f"Message {message_id!r} is {row.state}; only scheduled ones move.")
+    placed = place_row(topic, row, deliver_at_ms, now)
+    if placed.deliver_at_ms > horizon:
+        raise beyond
     moved = dataclasses.replace(row, version=row.version + 1,
-                                due_at_ms=placement_ms(deliver_at_ms, now),
-                                deliver_at_ms=deliver_at_ms, updated_at_ms=now)
+                                due_at_ms=placement_ms(placed.deliver_at_ms, now),
+                                deliver_at_ms=placed.deliver_at_ms,
+                                requested_at_ms=placed.requested_ms, updated_at_ms=now)
     apply_transition(services, topic, moved, moved=True, before=row)
     services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
     services.counts.add_upcoming(topic.uid, [moved.due_at_ms])

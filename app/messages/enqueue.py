@@ -34,13 +34,13 @@ from app.core.ids import SHARED_BELOW, homes_for_request, new_message_id
 from app.core.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
 from app.core.timeparse import TimeFormatError, parse_local_time, zone
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
+from app.messages import send_windows
 from app.messages.transitions import (
     apply_transition,
     count_moves,
     count_replace,
 )
 from app.models import MessageState, Payload, Pointer, Topic
-from app.schedules.quiet_hours import QuietHours
 from app.services import Services
 from app.store.messages import PayloadRow, Staging
 
@@ -63,6 +63,10 @@ class NewMessage:
     content_hash: str
     group: str | None = None  # fair-delivery group (app.delivery.fairness)
     if_exists: str = "reject"  # what a taken client id does: reject, replace or keep
+    # its own send window as its row keeps it (app.messages.send_windows.own_window), and
+    # the deliver_at it asked for when the window moved it
+    send_window: str | None = None
+    requested_ms: int | None = None
     recipient: str | None = None
     labels: dict[str, str] | None = None  # None when it has none
     timezone: str | None = None  # its own IANA zone, when it names one
@@ -127,18 +131,21 @@ def payload_of(data: dict[str, Any], max_bytes: int) -> Payload:
 
 
 def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
-                horizon_days: int, quiet: QuietHours | None = None) -> NewMessage:
+                horizon_days: int, topic: Topic | None = None) -> NewMessage:
     """Turn one schema-validated message dict into a NewMessage (raises 400/413 errors).
-    With the topic's quiet hours, a message due inside them is placed at their end (unless
-    it says quiet_hours: false), in its own timezone when it names one."""
-    deliver = _deliver_at(data, now_ms)
+    Given its topic, a message due outside its send window (its own, else the topic's, or
+    none with send_window or quiet_hours false) is placed at the window's next opening, in
+    the message's zone (app.messages.send_windows)."""
+    asked = _deliver_at(data, now_ms)
+    own = send_windows.own_window(data)
     try:
         if "timezone" in data:
             zone(data["timezone"])
-        if quiet is not None and data.get("quiet_hours", True):
-            deliver = quiet.place(deliver, data.get("timezone"))
+        rule = None if topic is None else send_windows.rule(topic, own, data.get("timezone"))
     except TimeFormatError as exc:
         raise InvalidInput(str(exc), {"timezone": [str(exc)]}) from exc
+    placed = send_windows.place(rule, asked, now_ms)
+    deliver = placed.deliver_at_ms
     if deliver > now_ms + horizon_days * MS_PER_DAY:
         field = next((f for f in ("deliver_at", "delay_ms", "local_time") if f in data), "time")
         raise InvalidInput(f"The delivery time is more than {horizon_days} days ahead.",
@@ -147,8 +154,8 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
     return NewMessage(data.get("id"), deliver, int(data.get("priority", 100)),
                       data.get("campaign"), payload_of(data, max_payload_bytes), digest[:32],
-                      data.get("group"), data.get("if_exists", "reject"),
-                      recipient=data.get("recipient"),
+                      data.get("group"), data.get("if_exists", "reject"), own,
+                      placed.requested_ms, recipient=data.get("recipient"),
                       labels=dict(data["labels"]) if data.get("labels") else None,
                       timezone=data.get("timezone"))
 
@@ -161,6 +168,7 @@ def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> Mess
         priority=m.priority, campaign=m.campaign, shard=shard_of(message_id, topic.settings.shards),
         attempts=0, content_hash=m.content_hash, lease_token=None, lease_expires_at_ms=None,
         consumer=None, last_error=None, created_at_ms=now_ms, updated_at_ms=now_ms, group=m.group,
+        send_window=m.send_window, requested_at_ms=m.requested_ms,
         recipient=m.recipient, labels=m.labels, timezone=m.timezone)
 
 
@@ -465,6 +473,7 @@ def _replace(services: Services, topic: Topic, found: MessageState,
             found, version=found.version + 1, due_at_ms=placement_ms(row.deliver_at_ms, now),
             deliver_at_ms=row.deliver_at_ms, priority=row.priority, campaign=row.campaign,
             group=row.group, content_hash=row.content_hash, updated_at_ms=now,
+            send_window=row.send_window, requested_at_ms=row.requested_at_ms,
             recipient=row.recipient, labels=row.labels, timezone=row.timezone)
         try:
             apply_transition(services, topic, new, moved=True, before=found)

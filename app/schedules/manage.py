@@ -1,7 +1,7 @@
 """Recurring schedules: each fire is an ordinary message `{name}:{fire time in epoch ms}`,
-due at the fire time (placed at the end of the topic's quiet hours, in the schedule's zone,
-if it falls inside them), produced AHEAD_MS before it by the releaser owning the schedule's
-slot (produce()).
+due at the fire time (placed at the next opening of the topic's send window, in the
+schedule's zone, if it falls outside it), produced AHEAD_MS before it by the releaser owning
+the schedule's slot (produce()).
 
 A fire is produced exactly once however many releasers run: its id is deterministic
 (IF NOT EXISTS), and the schedule's cursor next_fire moves only by LWT from the value read.
@@ -26,11 +26,11 @@ from typing import Any
 from app.core.timeline import MS_PER_DAY, placement_ms, schedule_slot_of, ttl_s
 from app.core.timeparse import TimeFormatError
 from app.errors import Conflict, InvalidInput, NotFound
+from app.messages import send_windows
 from app.messages.by_id import cancel
 from app.messages.enqueue import NewMessage, enqueue, payload_of
 from app.messages.transitions import finished, place_then
 from app.models import MessageState, Payload, Topic
-from app.schedules import quiet_hours
 from app.schedules.cron import Cron, CronError
 from app.services import Services
 from app.store.schedules import Schedule
@@ -178,14 +178,13 @@ def rewrite_fires(services: Services, topic: Topic, old: Schedule, new: Schedule
 
 def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageState]) -> None:
     now = services.clock()
-    quiet = quiet_hours.of_topic(topic.settings)
     changed = []
     for row in rows:
-        m = fire_message(s, _fire_time(row.id), quiet)
+        m = fire_message(s, _fire_time(row.id), topic)
         changed.append(dataclasses.replace(
             row, version=row.version + 1, content_hash=m.content_hash, priority=m.priority,
             deliver_at_ms=m.deliver_at_ms, due_at_ms=placement_ms(m.deliver_at_ms, now),
-            updated_at_ms=now))
+            requested_at_ms=m.requested_ms, updated_at_ms=now))
     retention = services.config.retention_days
     errors = services.messages.stage(topic.uid, [
         (topic.uid, r.id, r.content_hash, Payload(s.payload, s.encoding, {}),
@@ -203,13 +202,19 @@ def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageSt
     finished(services, topic, [r for r, ok in zip(placed, outcomes, strict=True) if ok is True])
 
 
-def fire_message(s: Schedule, fire_ms: int, quiet: quiet_hours.QuietHours | None) -> NewMessage:
-    """The message of one fire: the same for every releaser that makes it."""
-    deliver = quiet.place(fire_ms, s.timezone) if quiet is not None else fire_ms
+def fire_message(s: Schedule, fire_ms: int, topic: Topic | None) -> NewMessage:
+    """The message of one fire: the same for every releaser that makes it. Given its topic,
+    a fire outside the topic's send window goes to the window's next opening, read in the
+    schedule's zone; judged at the fire time itself, not at the releaser's clock, so every
+    releaser places it alike."""
+    rule = None if topic is None else send_windows.rule(topic, None, s.timezone)
+    placed = send_windows.place(rule, fire_ms, fire_ms)
+    deliver = placed.deliver_at_ms
     digest = hashlib.sha256(repr((s.payload, s.encoding, s.priority, s.campaign,
                                   deliver)).encode()).hexdigest()[:32]
     return NewMessage(fire_id(s.name, fire_ms), deliver, s.priority, s.campaign,
-                      Payload(s.payload, s.encoding, {}), digest)
+                      Payload(s.payload, s.encoding, {}), digest,
+                      requested_ms=placed.requested_ms)
 
 
 def plan(fires: list[int], now: int, misfire: str) -> list[int]:
@@ -276,8 +281,7 @@ def _enqueue_fires(services: Services, topic: Topic,
     """List, then enqueue, the fires of several schedules at once. Returns the schedules
     (by name) any of whose fires failed, with why."""
     now = services.clock()
-    quiet = quiet_hours.of_topic(topic.settings)
-    made = [(s.name, fire_message(s, f, quiet)) for s, fires in fires_of for f in fires]
+    made = [(s.name, fire_message(s, f, topic)) for s, fires in fires_of for f in fires]
     if not made:
         return {}
     failed: dict[str, str] = {}

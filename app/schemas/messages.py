@@ -17,6 +17,7 @@ from app.messages.headers import (
 )
 from app.schemas.fields import ZONE_FORMAT, Bool, Instant, Int
 from app.schemas.rules import at_most_one, exactly_one, needs
+from app.schemas.windows import WindowOrFalse
 
 _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
 
@@ -43,9 +44,11 @@ class MessageInSchema(Schema):
     means due now. Give payload (any JSON) or payload_base64 (binary). local_time is a wall
     time without offset in `timezone`: a time in a DST gap moves forward by the gap's length,
     a time in a DST fold takes its first occurrence. `timezone` alone (with another time or
-    none) names the recipient's zone for the topic's quiet hours."""
+    none) names the recipient's zone for the send window. Give at most one of send_window
+    and quiet_hours (both: 400)."""
 
     JSON_RULES = {"allOf": [at_most_one(*_TIME_FIELDS), needs("local_time", "timezone"),
+                            at_most_one("send_window", "quiet_hours"),
                             needs("if_exists", "id"), exactly_one("payload", "payload_base64")],
                   "properties": {"headers": {
                       "maxProperties": 32,
@@ -68,9 +71,9 @@ class MessageInSchema(Schema):
         "description": "The recipient's IANA zone; when absent, the topic's `timezone` "
                        "(UTC unless set) is the message's zone."})
     quiet_hours = Bool(metadata={
-        "description": "false: the topic's quiet hours do not apply (a transactional send). "
-                       "Otherwise a message due inside them is placed at their end, in its "
-                       "own timezone if it has one; its deliver_at shows where."})
+        "description": "false: the topic's send window (or quiet hours) does not apply, as "
+                       "send_window: false (the older spelling). true: as if not given."})
+    send_window = WindowOrFalse()
     payload = fields.Raw(allow_none=True, metadata={
         "description": "Any JSON value, nested at most 64 levels deep (deeper: 400)."})
     payload_base64 = fields.String(metadata={"format": "byte"})
@@ -126,6 +129,8 @@ class MessageInSchema(Schema):
             raise ValidationError("local_time needs a timezone.", "timezone")
         if "if_exists" in data and "id" not in data:
             raise ValidationError("if_exists needs an id.", "if_exists")
+        if "send_window" in data and "quiet_hours" in data:
+            raise ValidationError("Give send_window or quiet_hours, not both.", "send_window")
         if ("payload" in data) == ("payload_base64" in data):
             raise ValidationError("Give exactly one of payload or payload_base64.", "payload")
 
@@ -178,6 +183,11 @@ class MessageSummarySchema(Schema):
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
     last_error = fields.String(allow_none=True)
+    requested_deliver_at = Instant(metadata={
+        "description": "The delivery time asked for, present only when the send window (or "
+                       "quiet hours) moved the message: deliver_at is then the window's "
+                       "opening it was placed at. A move (PATCH, campaign shift) sets both "
+                       "anew; a retry's backoff changes neither."})
 
 
 class MessageSchema(MessageSummarySchema):

@@ -6,23 +6,9 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from app.schedules.quiet_hours import HH_MM
 from app.schemas.fields import ZONE_FORMAT, Instant, Int, known_zone
-
-
-class QuietHoursSchema(Schema):
-    """A daily window [start, end) in which no message of the topic is due: one that would be
-    is placed at `end` (the next one on that wall clock). It wraps midnight when end <= start.
-    The wall clock is the message's own `timezone` when it has one, else this `timezone`. An
-    end that falls in a DST gap moves forward by the gap's length; one that exists twice
-    takes its first occurrence."""
-
-    start = fields.String(required=True, validate=validate.Regexp(HH_MM, error="Must be HH:MM."),
-                          metadata={"example": "21:00"})
-    end = fields.String(required=True, validate=validate.Regexp(HH_MM, error="Must be HH:MM."),
-                        metadata={"example": "08:00"})
-    timezone = fields.String(load_default="UTC", validate=known_zone,
-                             metadata={"example": "Europe/Bucharest", "format": ZONE_FORMAT})
+from app.schemas.rules import at_most_one
+from app.schemas.windows import WINDOW_RULES, QuietHoursSchema, SendWindowSchema
 
 
 class RetrySchema(Schema):
@@ -63,7 +49,9 @@ class DeliverySchema(Schema):
 class TopicPutSchema(Schema):
     """All optional. On create, omitted fields take the defaults shown; on update, omitted
     fields keep their current values. Changing `shards` of a topic with scheduled or leased
-    messages answers 409."""
+    messages answers 409. send_window and quiet_hours together answer 400."""
+
+    JSON_RULES = at_most_one("send_window", "quiet_hours")
 
     lease_seconds = Int(load_default=None,
                                    validate=validate.Range(1, 43_200),
@@ -93,9 +81,20 @@ class TopicPutSchema(Schema):
         "description": "The IANA zone of the topic's messages that name no `timezone` of "
                        "their own (default UTC): the recipient's wall clock for them."})
     quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, metadata={
-        "description": "Quiet hours; null removes them. Applied when a message is enqueued "
-                       "or imported (a message with quiet_hours: false is exempt), not when "
-                       "it is rescheduled or its campaign shifted."})
+        "description": "The older spelling of send_window: quiet hours [start, end) daily "
+                       "are the send window [end, start) every day, applied wherever a "
+                       "send window is, read in the message's timezone, else this "
+                       "timezone. Setting them removes the send_window; null removes them. "
+                       "Not together with send_window (400)."})
+    send_window = fields.Nested(SendWindowSchema, allow_none=True, metadata={
+        "description": WINDOW_RULES + " Setting it removes quiet hours; null removes it. A "
+                       "message's own send_window replaces it; a message with send_window "
+                       "(or quiet_hours) false is exempt."})
+
+    @validates_schema
+    def _one_window(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if "send_window" in data and "quiet_hours" in data:
+            raise ValidationError("Give send_window or quiet_hours, not both.", "send_window")
 
 
 class TopicSchema(Schema):
@@ -110,7 +109,10 @@ class TopicSchema(Schema):
         "Webhooks), as the reference libraries take it.")})
     previous_signing_secret_expires_at = Instant(allow_none=True, required=True, metadata={
         "description": "Until when the secret a rotation replaced signs too; null when none."})
-    quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, required=True)
+    quiet_hours = fields.Nested(QuietHoursSchema, allow_none=True, required=True, metadata={
+        "description": "As set (null when a send_window or nothing is)."})
+    send_window = fields.Nested(SendWindowSchema, allow_none=True, required=True, metadata={
+        "description": "As set (null when quiet hours or nothing are)."})
     timezone = fields.String(required=True, metadata={
         "format": ZONE_FORMAT, "description": "Zone of messages that name none (UTC unless set)."})
     created_at = Instant(required=True)

@@ -35,9 +35,11 @@ from app.store.session import BatchRun, CassandraSession, item_errors
 _COLUMNS = [
     "state", "version", "due_at", "deliver_at", "priority", "campaign", "shard", "attempts",
     "content_hash", "lease_token", "lease_expires_at", "consumer", "last_error", "created_at",
-    "updated_at", "last_op", "paced", "delivery_group", "recipient", "timezone",
+    "updated_at", "last_op", "paced", "delivery_group", "send_window", "requested_at",
+    "recipient", "timezone",
 ]
-_TIMES = {"due_at", "deliver_at", "lease_expires_at", "created_at", "updated_at"}
+_TIMES = {"due_at", "deliver_at", "lease_expires_at", "created_at", "updated_at",
+          "requested_at"}
 # labels, a map, apart from _COLUMNS: a transition adds its entries (labels + ?), which
 # writes no deletion marker, where setting the whole map would (_label_params)
 _SELECT = f"SELECT topic_uid, id, {', '.join(_COLUMNS)}, labels FROM {{ks}}.message_states"
@@ -151,6 +153,7 @@ def _row_to_state(row: dict[str, Any], topic_uid: uuid.UUID | None = None) -> Me
         consumer=values["consumer"], last_error=values["last_error"],
         created_at_ms=values["created_at"], updated_at_ms=values["updated_at"],
         last_op=values["last_op"], paced=bool(values["paced"]), group=values["delivery_group"],
+        send_window=values["send_window"], requested_at_ms=values["requested_at"],
         recipient=values["recipient"], timezone=values["timezone"],
         labels=dict(row["labels"]) if row["labels"] else None,
     )
@@ -181,7 +184,10 @@ def _values(m: MessageState) -> list[Any]:
         m.last_error, m.created_at_ms, m.updated_at_ms,
         # a transition carries last_op forward; unset, not null, keeps it without a tombstone
         UNSET_VALUE if m.last_op is None else m.last_op, m.paced,
-        UNSET_VALUE if m.group is None else m.group, m.recipient, m.timezone,
+        UNSET_VALUE if m.group is None else m.group,
+        # written again by every change, so their TTL follows the row's as due_at's does; a
+        # null in both before and after is left unset (_column_values)
+        m.send_window, m.requested_at_ms, m.recipient, m.timezone,
     ]
 
 

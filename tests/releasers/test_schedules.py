@@ -19,9 +19,8 @@ from flask.testing import FlaskClient
 from app.config import Config
 from app.core.timeline import schedule_slot_of
 from app.core.timeparse import format_ms, parse_instant, parse_local_time
-from app.models import MessageState
+from app.models import MessageState, Topic, TopicSettings
 from app.schedules.manage import MISFIRE_GRACE_MS, fire_message, fires_index, produce
-from app.schedules.quiet_hours import QuietHours
 from app.services import Services
 from app.store.schedules import Schedule
 from tests.campaign_helpers import topic_uid
@@ -189,13 +188,15 @@ def test_a_replace_rewrites_waiting_fires_and_a_delete_stops_them(
 
 
 def test_a_fire_inside_quiet_hours_is_placed_at_their_end_in_the_schedules_zone() -> None:
-    night = QuietHours.parse("21:00", "08:00", "UTC")
+    night = Topic("t", "quiet", uuid.uuid4(), TopicSettings(
+        quiet_start="21:00", quiet_end="08:00", quiet_timezone="UTC"), "", 0, 0)
     s = Schedule(uuid.uuid4(), "late", "0 22 * * *", "Europe/Bucharest", b"1", "json", 100,
                  None, None, None, "fire_once", 1, None, 0, 0)
     fire = parse_local_time("2027-01-05T22:00:00", "Europe/Bucharest")
     m = fire_message(s, fire, night)
     assert m.id == f"late:{fire}"  # the id names the fire time
     assert m.deliver_at_ms == parse_local_time("2027-01-06T08:00:00", "Europe/Bucharest")
+    assert m.requested_ms == fire  # what GET shows as requested_deliver_at
     assert fire_message(s, fire, None).deliver_at_ms == fire
     assert m.content_hash == fire_message(s, fire, night).content_hash  # same for everyone
 
