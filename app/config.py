@@ -43,6 +43,10 @@ class Config:
     max_batch: int = 1000
     horizon_days: int = 365
     max_wait_ms: int = 30_000
+    # lease calls one API process holds waiting (long polls), in all and per tenant: each
+    # holds a request thread (app.delivery.waits); past them 503 and 429, with Retry-After
+    api_waits: int = 1000
+    api_waits_per_tenant: int = 250
     min_lease_s: int = 1
     max_lease_s: int = 12 * 3600
     key_cache_s: float = 30.0
@@ -109,7 +113,8 @@ def _validate(config: Config) -> None:
         raise ConfigError("DUETIME_CONTACT_POINTS must name at least one host")
     positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
                 "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
-                "release_idle_ms", "topic_refresh_ms", "webhook_concurrency")
+                "release_idle_ms", "topic_refresh_ms", "webhook_concurrency", "api_waits",
+                "api_waits_per_tenant")
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"DUETIME_{name.upper()} must be > 0")

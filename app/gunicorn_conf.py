@@ -4,11 +4,13 @@ The app is loaded in each worker after fork (no preload), so every worker makes 
 Cassandra session on first use: the driver's connections must never cross a fork.
 """
 
+import contextlib
 import gc
 import json
 import math
 import os
 import pathlib
+import resource
 import socket
 import tempfile
 import threading
@@ -130,7 +132,15 @@ def write_problem(sock: Any, status: int, reason: str, detail: str) -> None:
 # the workers' handle_error writes every answer of gunicorn's own through this function
 util.write_error = write_problem
 worker_class = ClientDeadlineWorker
-threads = int(os.environ.get("DUETIME_WEB_THREADS", "32"))
+# threads for short calls, plus one for each long poll the worker may hold (app.delivery.waits):
+# the waits can never take the threads health checks, enqueues and acks need. gthread starts
+# a thread only when every started one is busy, so an idle worker has few. (Read here, not
+# through app.config: importing the app would load prometheus_client before the environment
+# above is set, and its values would not be shared.) The default is Config.api_waits.
+_waits = int(os.environ.get("DUETIME_API_WAITS") or 1000)
+threads = int(os.environ.get("DUETIME_WEB_THREADS", "32")) + _waits
+worker_connections = threads + 1000  # open connections a worker takes (idle keep-alives too)
+THREAD_STACK_BYTES = 1024 * 1024  # what a thread may use of its stack (memory is touched pages)
 preload_app = False
 timeout = 60
 graceful_timeout = 35
@@ -167,9 +177,15 @@ def when_ready(server: Any) -> None:
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    """A worker does not keep the master's metrics socket open (it would hold the port)."""
+    """A worker does not keep the master's metrics socket open (it would hold the port). Its
+    threads, made after this, reserve THREAD_STACK_BYTES of address space each, not the
+    default 8 MiB, and it may open as many files as the host allows (one per connection)."""
     for metrics_server in _metrics_servers:
         metrics_server.socket.close()
+    threading.stack_size(THREAD_STACK_BYTES)
+    _, most = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
 
 
 def on_exit(server: Any) -> None:

@@ -14,6 +14,7 @@ from app.config import Config
 from app.core.ids import SharedHomes
 from app.delivery.desk import Desk
 from app.delivery.scan import DueScanner
+from app.delivery.waits import Waits
 from app.delivery.wakeups import Waker
 from app.messages.placement import PointerPlacer
 from app.ops.cluster_clock import ClusterClock
@@ -74,6 +75,7 @@ class Services:
         self.dead_letters = DeadLetterStore(self.db, config.retention_days)
         self.lag_minutes = LagStore(self.db)
         self.lag = LagLog(self.lag_minutes, clock)
+        self.waits = Waits(config.api_waits, config.api_waits_per_tenant)
         self.desk = Desk(OwnershipStore(self.db, config.release_ring), config.release_slots,
                          clock, handover_s=2 * config.release_lease_ms / 1000)
         self.placer = PointerPlacer(self.timeline, config, self.cluster_clock.now,

@@ -38,7 +38,8 @@ OWNERS_EVERY_S = 1.0
 UNSERVED_EVERY_S = 0.05  # a shard with no reachable owner: its owner read again after this
 CONNECT_TIMEOUT_S = 1.0
 RETRY_AFTER_S = 2.0  # an address that refused a connection is not tried again before this
-ANSWER_GRACE_S = 2.0  # an owner answers a want by its wait; past this more, the call leaves
+ANSWER_GRACE_S = 0.5  # an owner answers a want by its wait; past this more, the call leaves
+GONE_EVERY_S = 0.5  # a waiting call looks this often whether its client is still there
 MAX_WRITTEN = 100_000  # topics whose last write a process remembers
 log = logging.getLogger(__name__)
 
@@ -205,12 +206,27 @@ class _Call:
         elif opened and not taken:
             self._grant_next(link)
 
-    def wait(self, timeout_s: float) -> list[Taken]:
+    def wait(self, timeout_s: float, gone: Callable[[], bool]) -> list[Taken]:
+        """What the owners brought within timeout_s; the wait ends sooner, with nothing
+        more, once gone() says the call's client left (looked at every GONE_EVERY_S)."""
+        deadline = time.monotonic() + timeout_s
         with self._cond:
-            self._cond.wait_for(lambda: bool(self._got) or self._answered >= self._expected,
-                                timeout_s)
+            while True:
+                left = deadline - time.monotonic()
+                if self._cond.wait_for(self._done, min(left, GONE_EVERY_S)) or left <= 0:
+                    break
+                self._cond.release()
+                try:
+                    client_left = gone()
+                finally:
+                    self._cond.acquire()
+                if client_left:
+                    break
             self._open = False
             return self._got
+
+    def _done(self) -> bool:
+        return bool(self._got) or self._answered >= self._expected
 
 
 class Desk:
@@ -246,10 +262,12 @@ class Desk:
             self._written[topic_uid] = self.clock()
 
     def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int, consumer: str | None,
-             give_back: Callable[[list[Taken]], object]) -> list[Taken] | None:
+             give_back: Callable[[list[Taken]], object],
+             gone: Callable[[], bool] = lambda: False) -> list[Taken] | None:
         """Up to n messages leased by the topic's owners for lease_s to consumer; None when
         no owner could be asked for handover_s. give_back(taken) makes what comes past n, or
-        after the call left, due again at once."""
+        after the call left, due again at once. The wait ends early once gone() (the
+        client closed its connection)."""
         links = self._links_of(topic)
         if not links:
             return [] if self._handing_over(topic) else None
@@ -270,8 +288,10 @@ class Desk:
                 call.answer(link, None)
         if not call.asked:
             return None
-        got = call.wait(wait_ms / 1000 + ANSWER_GRACE_S)
-        if len(call.asked) > 1:  # the other owners' wants would take messages nobody waits for
+        got = call.wait(wait_ms / 1000 + ANSWER_GRACE_S, gone)
+        if len(call.asked) > 1 or not got:
+            # the other owners' wants, or that of a call that left early, would take
+            # messages nobody waits for
             for link, want_id in call.asked:
                 link.withdraw(want_id)
         if len(got) > n:

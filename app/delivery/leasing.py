@@ -66,24 +66,30 @@ class Hold:
 
 
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
-          lease_s: int, consumer: str | None) -> list[Leased]:
+          lease_s: int, consumer: str | None,
+          gone: Callable[[], bool] = lambda: False) -> list[Leased]:
     """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll).
     The releasers owning the topic's shards find and take them (app.delivery.desk, workers.broker).
     NoReleaser (503)
     when no owner could be reached within the wait. Webhook topics are delivered by the
-    releasers only: leasing one is a 409."""
+    releasers only: leasing one is a 409. A call whose client left (gone(), looked at every
+    half second) ends with nothing; what was leased for it goes back, its attempt not
+    counted."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
     deadline = time.monotonic() + wait_ms / 1000
     while True:
         left_ms = max(0, round((deadline - time.monotonic()) * 1000))
         taken = services.desk.want(topic, max_messages, left_ms, lease_s, consumer,
-                                   functools.partial(give_back, services, topic))
+                                   functools.partial(give_back, services, topic), gone)
+        if taken and gone():
+            give_back(services, topic, taken)
+            return []
         if taken:
             services.lag.observe(topic.uid, "pull", [services.clock() - t.due_ms
                                                      for t in taken])
             return [Leased(t.leased, t.payload, t.due_ms) for t in taken]
-        if deadline - time.monotonic() <= BROKER_RETRY_S:
+        if deadline - time.monotonic() <= BROKER_RETRY_S or gone():
             if taken is None:
                 raise NoReleaser(f"No releaser serving topic {topic.name!r} could be "
                                  "reached; retry.")

@@ -92,6 +92,9 @@ RELEASER_STEP_DURATION = Histogram(
 SLOTS_OWNED = Gauge(
     "duetime_release_slots_owned", "Release slots this releaser holds the lease of.",
     multiprocess_mode="livesum")
+LEASE_WAITS = Gauge(
+    "duetime_lease_waits", "Lease calls waiting for messages (long polls) in the API.",
+    multiprocess_mode="livesum")
 TIMERS_ARMED = Gauge(
     "duetime_timers_armed", "Messages leased for their POST (taken at their due time) whose "
     "outcome is not back yet, in this releaser.", multiprocess_mode="livesum")
