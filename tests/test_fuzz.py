@@ -57,7 +57,7 @@ def api_schema(config: Config) -> Iterator[Any]:
 schema = schemathesis.pytest.from_fixture("api_schema")
 
 
-@schemathesis.auth()
+@schema.auth()
 class TenantKey:
     """The fuzz tenant's key on every generated request (the ignored-auth check then sends
     the same request without it and with a wrong one)."""

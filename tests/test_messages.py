@@ -136,7 +136,7 @@ def test_bad_input_is_4xx_problem_naming_the_field_and_writes_nothing(
         ({"id": "b8"}, 400, "payload"),
         ({"id": "b9", "payload": 1, "local_time": "2026-12-01T09:00:00"}, 400, "timezone"),
         ({"id": "b10", "payload": 1, "local_time": "2026-12-01T09:00:00",
-          "timezone": "Nowhere/Land"}, 400, "local_time"),
+          "timezone": "Nowhere/Land"}, 400, "timezone"),
         ({"id": "b11", "payload": "x" * 70_000}, 413, None),
         ({"id": "b12", "payload_base64": "***"}, 400, "payload_base64"),
         ({"id": "b13", "payload": _nested(65)}, 400, "payload"),

@@ -9,9 +9,10 @@ from apispec import BasePlugin
 from flask import Flask, Response
 from flask_smorest import Api
 from flask_smorest.utils import prepare_response
-from marshmallow import Schema
+from marshmallow import Schema, fields
 
 from app.schemas import ProblemSchema
+from app.schemas.fields import ZONE_FORMAT, ZONES
 
 PROBLEM_TYPE = "application/problem+json"
 
@@ -32,6 +33,24 @@ class CrossFieldRules(BasePlugin):
         return {key: _merged(definition.get(key), value) for key, value in rules.items()} or None
 
 
+ZONE_COMPONENT = "TimeZone"
+
+
+def zone_reference(self: Any, field: fields.Field, ret: dict[str, Any],
+                   **kwargs: Any) -> dict[str, Any]:
+    """An apispec attribute function: a field of ZONE_FORMAT is documented as a reference to
+    the TimeZone component (the enum of the zones the server takes), so that the ~600 names
+    are in the document once. The type and format the other attribute functions gave it
+    are the component's; null stays allowed where the field takes it."""
+    if ret.get("format") != ZONE_FORMAT:
+        return {}
+    nullable = "null" in (ret.get("type") or [])
+    for key in ("type", "format", "enum"):
+        ret.pop(key, None)
+    reference = {"$ref": f"#/components/schemas/{ZONE_COMPONENT}"}
+    return {"anyOf": [reference, {"type": "null"}]} if nullable else reference
+
+
 def _merged(generated: Any, extra: Any) -> Any:
     """extra over generated, dicts key by key (a rule on one property keeps the others)."""
     if isinstance(generated, dict) and isinstance(extra, dict):
@@ -48,6 +67,11 @@ class DuetimeApi(Api):
 
     def __init__(self, app: Flask) -> None:
         super().__init__(app, spec_kwargs={"extra_plugins": [CrossFieldRules()]})
+        self.spec.components.schema(ZONE_COMPONENT, {
+            "type": "string", "format": ZONE_FORMAT, "enum": list(ZONES),
+            "description": "An IANA time zone: one of the tzdata package's zones, which the "
+                           "server takes (any other name: 400)."})
+        self.ma_plugin.converter.add_attribute_function(zone_reference)
 
     def _register_responses(self) -> None:
         for status in http.HTTPStatus:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Any
 
 from marshmallow import ValidationError, fields
@@ -17,11 +18,20 @@ from app.core.timeparse import (
 )
 
 ZONE_FORMAT = "iana-time-zone"  # the format of a field naming a zone, e.g. Europe/Bucharest
+# The zones a field of ZONE_FORMAT takes: the list of the tzdata package (a dependency), the
+# same on every machine, which openapi.yaml gives as the TimeZone enum (app.api.openapi_file);
+# not the system's zoneinfo, which adds names of its own (localtime).
+ZONES: tuple[str, ...] = tuple(sorted(
+    resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8").split()))
+_ZONE_SET = frozenset(ZONES)
 
 
 def known_zone(value: str) -> None:
-    """A marshmallow validator: an IANA time zone this machine knows (tzdata)."""
+    """A marshmallow validator: an IANA time zone of ZONES (tzdata's list, the document's
+    TimeZone enum) that loads."""
     try:
+        if value not in _ZONE_SET:
+            raise TimeFormatError(f"unknown IANA time zone: {value!r}")
         zone(value)
     except TimeFormatError as exc:
         raise ValidationError(str(exc)) from exc

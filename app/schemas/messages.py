@@ -15,7 +15,7 @@ from app.messages.headers import (
     VALUE_PATTERN,
     header_problems,
 )
-from app.schemas.fields import ZONE_FORMAT, Bool, Instant, Int
+from app.schemas.fields import ZONE_FORMAT, Bool, Instant, Int, known_zone
 from app.schemas.rules import at_most_one, exactly_one, needs
 from app.schemas.windows import WindowOrFalse
 
@@ -66,7 +66,7 @@ class MessageInSchema(Schema):
     local_time = fields.String(metadata={"example": "2026-12-01T09:00:00",
                                          "format": "date-time-local",
                                          "pattern": f"^{LOCAL_TIME.pattern}$"})
-    timezone = fields.String(metadata={
+    timezone = fields.String(validate=known_zone, metadata={
         "example": "Europe/Bucharest", "format": ZONE_FORMAT,
         "description": "The recipient's IANA zone; when absent, the topic's `timezone` "
                        "(UTC unless set) is the message's zone."})

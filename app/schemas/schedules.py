@@ -35,6 +35,7 @@ class SchedulePutSchema(Schema):
     campaign = fields.String(validate=validate.Regexp(NAME))
     start_at = Instant(epoch_ms_in=True, metadata={"description": "No fire before it."})
     end_at = Instant(epoch_ms_in=True, metadata={
+        "example": "2027-06-30T17:00:00Z",
         "description": "No fire after it. Must be after start_at (else 400: a relation "
                        "between two fields that JSON Schema cannot state)."})
     misfire = fields.String(load_default="fire_once",

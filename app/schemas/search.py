@@ -56,6 +56,7 @@ class SearchQuerySchema(Schema):
     due_from = QueryInstant(metadata={
         "description": "Only messages whose deliver_at is at or after this."})
     due_to = QueryInstant(metadata={
+        "example": "2026-12-02T09:00:00.250Z",  # after due_from's: the example is accepted
         "description": "Only messages whose deliver_at is before this."})
     limit = fields.Integer(load_default=100, validate=validate.Range(1, MAX_SEARCH_LIMIT),
                            metadata={"description": "At most this many a page (1-1000, "
