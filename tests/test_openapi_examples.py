@@ -97,3 +97,23 @@ def test_zone_fields_take_the_documented_zones(app: Flask, client: FlaskClient,
         batch = client.post(f"{base}/messages:batch", json={"messages": [message]},
                             headers=auth).get_json()
         assert batch["results"][0]["status"] == 400, zone
+
+
+def test_links_lead_to_every_operation_on_something_created(app: Flask) -> None:
+    """The document's links are valid (schemathesis builds its state machine from them, which
+    fails on a link to no operation or to a parameter it does not take), and every operation
+    on a message, campaign, schedule or operation has one leading to it, from the calls that
+    create or list them."""
+    schema = schemathesis.openapi.from_wsgi("/openapi.yaml", app)
+    schema.as_state_machine()  # raises on an invalid link
+    spec = app.test_client().get("/openapi.json").get_json()
+    targets = {link["operationRef"] for ops in spec["paths"].values()
+               for op in ops.values() if isinstance(op, dict)
+               for response in op.get("responses", {}).values()
+               for link in response.get("links", {}).values()}
+    for path, ops in spec["paths"].items():
+        if not any(p in path for p in ("{message_id}", "{campaign}", "{name}", "{op_id}")):
+            continue
+        for method in set(ops) - {"parameters"}:
+            ref = "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method
+            assert ref in targets, f"no link leads to {method.upper()} {path}"

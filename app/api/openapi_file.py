@@ -11,6 +11,7 @@ from flask_smorest import Api
 from flask_smorest.utils import prepare_response
 from marshmallow import Schema, fields
 
+from app.api.links import Links
 from app.schemas import ProblemSchema
 from app.schemas.fields import ZONE_FORMAT, ZONES
 
@@ -66,7 +67,7 @@ class DuetimeApi(Api):
     ERROR_SCHEMA = ProblemSchema
 
     def __init__(self, app: Flask) -> None:
-        super().__init__(app, spec_kwargs={"extra_plugins": [CrossFieldRules()]})
+        super().__init__(app, spec_kwargs={"extra_plugins": [CrossFieldRules(), Links()]})
         self.spec.components.schema(ZONE_COMPONENT, {
             "type": "string", "format": ZONE_FORMAT, "enum": list(ZONES),
             "description": "An IANA time zone: one of the tzdata package's zones, which the "
