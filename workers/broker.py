@@ -51,7 +51,7 @@ from app.delivery.leasing import (
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.models import Pointer, Topic
 from app.services import Services
-from workers.broker_server import BrokerServer
+from workers.broker_server import BrokerServer, Reply
 from workers.held import HeldMessages, ready_ms
 from workers.push import PushDispatcher
 
@@ -75,7 +75,6 @@ UNDECIDED_RETRY_MS = 100  # a take left undecided (a write failed) is tried agai
 BROKER_THREADS = 4
 log = logging.getLogger("duetime.broker")
 
-Reply = Callable[[bytes], None]
 
 
 class _Parked:
@@ -353,8 +352,7 @@ class Broker:
                     p.offered = True
                     lines.append((p, broker_wire.encode_offer(p.want.id)))
         for p, line in lines:
-            with contextlib.suppress(OSError):  # closed: the link's wants are forgotten
-                p.reply(line)
+            p.reply(line)  # not sent: the link closed, and its wants are forgotten
 
     def _push(self, topic: Topic) -> None:
         """One round of a webhook topic: what is due now, in fair order, up to the POST
@@ -447,16 +445,20 @@ class Broker:
 
     def _hand(self, parked: _Parked, line: bytes, topic: Topic | None,
               taken: list[Taken]) -> None:
-        """Send a want's answer; what it carried goes back at once when its connection is
-        gone (the API process closed it or died), not when those leases run out."""
-        try:
+        """Send a want's answer (its connection's outbox sends it: no round waits on an API
+        process); what it carried goes back at once if it is not sent whole (the API process
+        closed the connection, died, or stopped reading), not when those leases run out."""
+        if not taken or topic is None:
             parked.reply(line)
-        except OSError:
-            if taken and topic is not None:
-                log.warning("broker: the connection of a want closed; %d messages leased "
-                            "for it go back", len(taken))
-                with contextlib.suppress(RuntimeError):  # stopping: their leases run out
-                    self._giving_back.submit(self._give_back, topic, taken)
+            return
+
+        def unsent() -> None:
+            log.warning("broker: the connection of a want closed; %d messages leased for it "
+                        "go back", len(taken))
+            with contextlib.suppress(RuntimeError):  # stopping: their leases run out
+                self._giving_back.submit(self._give_back, topic, taken)
+
+        parked.reply(line, unsent)
 
     def _take_out(self, topic_uid: uuid.UUID, answering: list[_Parked]
                   ) -> tuple[list[_Parked], list[_Parked]]:

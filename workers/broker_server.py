@@ -1,12 +1,15 @@
 """The broker's end of the API processes' connections (app.delivery.broker_wire): a hello
 with the releaser's token first (any other connection is closed), then wants and withdrawals
-in, answers out, one line each; a closed connection's wants are forgotten. An answer that
-cannot be written within broker_wire.SEND_TIMEOUT_S (the API process is stopped, or cut off)
-closes the connection: no broker thread waits longer on one process.
+in, answers out, one line each; a closed connection's wants are forgotten. Answers go out
+through the connection's outbox, sent in order by a thread of its own: a round that answers
+a stopped or cut-off API process hands its lines over and goes on, never waits on it. A
+send that makes no progress for broker_wire.SEND_TIMEOUT_S closes the connection, and each
+line not sent whole tells its sender (`unsent`), which gives back what it carried.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
 import logging
@@ -23,12 +26,22 @@ HELLO_TIMEOUT_S = 2.0  # a connection that sends no hello within this is closed
 log = logging.getLogger("duetime.broker")
 
 
+Unsent = Callable[[], object]
+
+
+class Reply(Protocol):
+    """Send a line to the want's API process, without waiting; if it is not sent whole
+    (the connection failed or closed first), unsent() is called, once."""
+
+    def __call__(self, line: bytes, unsent: Unsent | None = None) -> None: ...
+
+
 class Wanted(Protocol):
     """What the server tells the broker (workers.broker.Broker)."""
 
     token: str
 
-    def want(self, want: Want, reply: Callable[[bytes], None], link: int) -> None: ...
+    def want(self, want: Want, reply: Reply, link: int) -> None: ...
 
     def withdraw(self, link: int, want_id: int) -> None: ...
 
@@ -37,27 +50,69 @@ class Wanted(Protocol):
     def forget_link(self, link: int) -> None: ...
 
 
+class _Outbox:
+    """The lines to one API process, sent in order by a thread of its own. A line whose
+    send fails (no progress for SEND_TIMEOUT_S, or the connection reset) closes the
+    connection: the API process cannot read a line cut short. A line sent whole is in
+    flight to its process (an answer in flight, as in SQS); one cut short or never sent
+    calls its unsent()."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._cond = threading.Condition()
+        self._lines: collections.deque[tuple[bytes, Unsent | None]] = collections.deque()
+        self._closed = False
+        threading.Thread(target=self._send_loop, name="broker-outbox", daemon=True).start()
+
+    def put(self, line: bytes, unsent: Unsent | None = None) -> None:
+        with self._cond:
+            if not self._closed:
+                self._lines.append((line, unsent))
+                self._cond.notify()
+                return
+        if unsent is not None:
+            unsent()
+
+    def close(self) -> None:
+        """No more sends; every line not sent calls its unsent()."""
+        with self._cond:
+            self._closed = True
+            left = list(self._lines)
+            self._lines.clear()
+            self._cond.notify()
+        for _, unsent in left:
+            if unsent is not None:
+                unsent()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._lines) or self._closed)
+                if not self._lines:
+                    return
+                line, unsent = self._lines.popleft()
+            try:
+                self._sock.sendall(line)
+            except OSError as exc:
+                log.warning("broker: a connection closed, a send failed: %r", exc)
+                # its reader then ends, and the broker forgets the connection's wants
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                if unsent is not None:
+                    unsent()
+                self.close()
+                return
+
+
 class _Handler(socketserver.StreamRequestHandler):
-    """One API process's connection: wants in, answers out."""
+    """One API process's connection: wants in, answers out through its outbox."""
 
     server: BrokerServer
 
     def handle(self) -> None:
         link = id(self)
-        lock = threading.Lock()
         sock = self.request
-
-        def reply(line: bytes) -> None:
-            with lock:
-                try:
-                    sock.sendall(line)
-                except OSError:
-                    # a line cut short leaves the stream unreadable: the connection ends,
-                    # its reader forgets its wants, and the caller gives back what it carried
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
-                    raise
-
+        outbox = _Outbox(sock)
         self.server.opened(sock)
         try:
             if not self._introduced():
@@ -66,17 +121,17 @@ class _Handler(socketserver.StreamRequestHandler):
                 return
             for line in self.rfile:
                 try:
-                    self._dispatch(broker_wire.decode_line(line), reply, link)
+                    self._dispatch(broker_wire.decode_line(line), outbox.put, link)
                 except (ValueError, KeyError, TypeError):
                     log.warning("broker: malformed line dropped")
         except OSError:
             pass
         finally:
             self.server.broker.forget_link(link)
+            outbox.close()
             self.server.closed(sock)
 
-    def _dispatch(self, message: dict[str, Any], reply: Callable[[bytes], None],
-                  link: int) -> None:
+    def _dispatch(self, message: dict[str, Any], reply: Reply, link: int) -> None:
         """Hand one line to the broker: a withdraw, a grant, or else a want."""
         broker = self.server.broker
         if (withdrawn := broker_wire.decode_notice(message, "withdraw")) is not None:

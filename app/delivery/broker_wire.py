@@ -20,6 +20,7 @@ by the releaser. Times are epoch ms.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import socket
@@ -33,6 +34,10 @@ from app.models import MessageState, Payload
 # cut-off peer, whose buffers filled, never holds the writer's thread (and every call or
 # round waiting behind it) for longer.
 SEND_TIMEOUT_S = 1.0
+# TCP keep-alive of the links: first probe after 10 s idle, then every 5 s, 3 unanswered
+# probes close it (a peer gone with its host or network found within KEEPALIVE_S)
+KEEPALIVE = (10, 5, 3)
+KEEPALIVE_S = KEEPALIVE[0] + KEEPALIVE[1] * KEEPALIVE[2]
 _UUIDS = ("topic_uid", "lease_token", "last_op")
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(MessageState))
 
@@ -72,12 +77,20 @@ class Taken:
 
 def bound_sends(sock: socket.socket, timeout_s: float = SEND_TIMEOUT_S) -> None:
     """Make every send on this blocking socket fail (OSError) once it has made no progress
-    for timeout_s, and send small lines at once (no Nagle wait). Reads stay blocking: a
-    reader thread waits for lines, nobody waits on it."""
+    for timeout_s, and send small lines at once (no Nagle wait). Reads stay blocking, as a
+    connection may rightly be idle for hours: a reader thread waits for lines and nobody
+    waits on it (a call waits for its answer by its own deadline); a peer whose host or
+    network is gone is found by TCP keep-alive within KEEPALIVE_S, and its reads fail."""
     seconds = int(timeout_s)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
                     struct.pack("ll", seconds, int((timeout_s - seconds) * 1_000_000)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle, every, probes = KEEPALIVE
+    with contextlib.suppress(AttributeError, OSError):  # the TCP_KEEP* options are Linux's
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, every)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
 
 
 def encode_hello(token: str) -> bytes:

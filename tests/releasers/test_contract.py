@@ -319,18 +319,68 @@ def test_a_stalled_api_process_holds_no_other_process_s_calls(
             time.sleep(0.5)  # the answers are sent and fill the stalled end's buffers
             other = TopicClient(app.test_client(), auth)
             assert other.enqueue(id="mine").status_code == 201
-            # within its wait: the old code held every broker thread in the stalled sends,
-            # and this call got nothing before its 5 s wait ran out (how long it takes is the
-            # bench's to say: 1.6-2.6 s on an idle dev machine, the stalled sends' 1 s and the
-            # stalled wants' own takes)
+            # within a second: rounds hand their answers to the connections' outboxes and go
+            # on (the old code held every broker thread in the stalled sends, and this call
+            # got nothing within its 5 s wait; then 1.6-2.6 s, a send timeout per thread)
+            started = time.monotonic()
             [got] = other.lease(max_messages=1, wait_ms=5000)
-            assert got["id"] == "mine"
+            assert got["id"] == "mine" and time.monotonic() - started < 1.0
         finally:
             stalled.close()
         # what could not be sent went back, its attempt not counted (what the stalled end's
         # buffers took is in flight to it, as an answer to a consumer that went away)
         again = [m for t in stalled_topics for m in t.lease(max_messages=4, wait_ms=1000)]
         assert len(again) >= 4 and {m["attempt"] for m in again} == {1}
+
+
+STOP_PORT = 18098
+
+
+def test_a_sigstopped_api_process_delays_no_other_process_s_call(
+        config: Config, services: Any, auth: dict[str, str], ring: dict[str, Any]) -> None:
+    """A gunicorn API process is stopped (SIGSTOP) while its long polls on six topics wait,
+    and 18 MB of due messages are taken for them: more than its sockets' buffers hold, so
+    the releaser's sends to it stall, on more topics than the broker has round threads.
+    Another API process's long poll gets its message within a second of its due time
+    meanwhile; once the stopped process goes on, it answers again."""
+    import os
+    import signal
+
+    from tests.faults.stack import children
+
+    tenant = f"stop{now_ms()}"
+    http = _Http(f"http://127.0.0.1:{STOP_PORT}", services.keys.create(tenant))
+    big = {"blob": "x" * 60_000}
+    with _served_stack(config, ring, ["c-stop"], port=STOP_PORT, workers=1) as (api_process, _):
+        names = [f"stopped{n}" for n in range(6)]
+        for name in names:
+            assert http.call("PUT", f"/v1/topics/{name}", {}).status == 201
+        waiting = [threading.Thread(target=http.call, daemon=True, args=(
+            "POST", f"/v1/topics/{name}/leases", {"max": 25, "wait_ms": 8000}))
+            for name in names for _ in range(2)]
+        for w in waiting:
+            w.start()
+        time.sleep(1.0)  # the waits are parked at the releaser
+        [worker] = children(api_process.pid)
+        app = api(config, ring)
+        try:
+            os.kill(worker, signal.SIGSTOP)
+            key = {"Authorization": http.headers["Authorization"]}
+            for name in names:
+                stopped = TopicClient(app.test_client(), key, name=name)
+                for _ in range(2):
+                    assert len(stopped.batch([{"payload": big} for _ in range(25)])) == 25
+            other = TopicClient(app.test_client(), auth)
+            due = now_ms() + 1500
+            assert other.enqueue(id="mine", deliver_at=format_ms(due)).status_code == 201
+            [got] = other.lease(max_messages=1, wait_ms=5000)
+            assert got["id"] == "mine" and got["received_at"] - due < 1000, got
+        finally:
+            os.kill(worker, signal.SIGCONT)
+            app.extensions["duetime"].close()
+        assert http.call("GET", "/healthz").status == 200
+        for w in waiting:
+            w.join(15)
 
 
 def test_sends_that_make_no_progress_fail_within_the_timeout() -> None:
@@ -432,10 +482,11 @@ class _Http:
 
 
 @contextmanager
-def _served_stack(config: Config, ring: dict[str, Any], members: list[str]
+def _served_stack(config: Config, ring: dict[str, Any], members: list[str],
+                  port: int = KILL_PORT, workers: int = 2
                   ) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """gunicorn with two workers on KILL_PORT and releaser processes `members`, on the test
-    keyspace and ring: (the API process, {member: its process})."""
+    """gunicorn with `workers` workers on `port` and releaser processes `members`, on the
+    test keyspace and ring: (the API process, {member: its process})."""
     import os
     import subprocess
     import sys
@@ -443,17 +494,17 @@ def _served_stack(config: Config, ring: dict[str, Any], members: list[str]
     from tests.serving import ROOT, start_api, wait_ready
 
     env = {**os.environ, "DUETIME_KEYSPACE": config.keyspace,
-           "DUETIME_HTTP_PORT": str(KILL_PORT), "DUETIME_WEB_WORKERS": "2",
+           "DUETIME_HTTP_PORT": str(port), "DUETIME_WEB_WORKERS": str(workers),
            "DUETIME_RELEASE_RING": str(ring["release_ring"]), "DUETIME_RELEASE_SLOTS": str(SLOTS),
            "DUETIME_RELEASE_LEASE_MS": "2000", "DUETIME_RELEASE_RESCAN_MS": "50",
            "DUETIME_WAKE_PORT": "0", "DUETIME_RELEASER_METRICS_PORT": "0",
-           "DUETIME_RATE_LIMIT_PER_S": "0"}
+           "DUETIME_RATE_LIMIT_PER_S": "0", "DUETIME_API_METRICS_PORT": "0"}
     api_process = start_api(env)
     processes = {m: subprocess.Popen([sys.executable, "-m", "app.cli", "releaser", "--member", m],
                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL) for m in members}
     try:
-        assert wait_ready(f"http://127.0.0.1:{KILL_PORT}", api_process), "API did not start"
+        assert wait_ready(f"http://127.0.0.1:{port}", api_process), "API did not start"
         yield api_process, processes
     finally:
         for process in [*processes.values(), api_process]:
