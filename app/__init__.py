@@ -119,11 +119,12 @@ def create_app(config: Config | None = None, clock: Clock = system_clock_ms) -> 
         health,
         leases,
         messages,
+        operations,
         schedules,
         topics,
     )
 
-    for module in (health, topics, messages, leases, campaigns, schedules):
+    for module in (health, topics, messages, leases, campaigns, operations, schedules):
         smorest.register_blueprint(module.blp)
     openapi_file.register(app, smorest)
     docs_assets.register(app)

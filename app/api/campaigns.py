@@ -1,15 +1,15 @@
-"""/v1/topics/{topic}/campaigns and /operations views."""
+"""/v1/topics/{topic}/campaigns views (their operations are followed in app.api.operations)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from flask import Response, jsonify, url_for
+from flask import Response, jsonify
 from flask.views import MethodView
 
 from app.api.common import SECURITY, services, tenant
 from app.api.json_body import Blueprint
+from app.api.operations import accepted as _accepted
 from app.api.validation import check_name
 from app.campaigns import manage as usecases
 from app.schemas.campaigns import (
@@ -17,23 +17,11 @@ from app.schemas.campaigns import (
     CampaignPatchSchema,
     CampaignSchema,
     OperationAcceptedSchema,
-    OperationSchema,
 )
-from app.store.operations import Operation
 from app.topics.manage import get_topic_cached
 
 blp = Blueprint("campaigns", __name__, url_prefix="/v1/topics/<name:topic>",
                 description="Campaigns: watch, cancel, shift, pause a send of many messages.")
-
-
-def operation_view(op: Operation) -> dict[str, Any]:
-    return {k: v for k, v in dataclasses.asdict(op).items()
-            if k in OperationSchema().fields}
-
-
-def _accepted(topic: str, op: Operation) -> tuple[dict[str, Any], int, dict[str, str]]:
-    location = url_for("campaigns.OperationItem", topic=topic, op_id=str(op.id))
-    return {"operation": operation_view(op)}, 202, {"Location": location}
 
 
 @blp.route("/campaigns")
@@ -90,13 +78,3 @@ class CampaignItem(MethodView):
             answer.headers.update(headers)
             return answer
         return usecases.set_controls(services(), found, campaign, body)
-
-
-@blp.route("/operations/<string:op_id>")
-class OperationItem(MethodView):
-    @blp.doc(security=SECURITY)
-    @blp.response(200, OperationSchema)
-    def get(self, topic: str, op_id: str) -> dict[str, Any]:
-        """A campaign operation's progress."""
-        found = get_topic_cached(services(), tenant(), topic)
-        return operation_view(usecases.get_operation(services(), found, op_id))

@@ -126,20 +126,43 @@ def set_controls(services: Services, topic: Topic, name: str,
     """Pause or resume, and set or clear max_per_second. Resuming starts an operation that
     brings the messages that came due while paused back to now (409 while another operation
     runs). A cancelled campaign has nothing left to hold back or pace: 409."""
-    c = get_campaign(services, topic, name)
+    _control(services, topic, get_campaign(services, topic, name), changes)
+    return campaign_view(services, topic, name)
+
+
+def _control(services: Services, topic: Topic, c: Campaign,
+             changes: dict[str, Any]) -> Operation | None:
+    """set_controls' change of campaign c; the resume operation it started, if any."""
     if c.cancelled:
-        raise Conflict(f"Campaign {name!r} is cancelled.")
+        raise Conflict(f"Campaign {c.name!r} is cancelled.")
     paused = changes.get("paused", c.paused)
     rate = changes.get("max_per_second", c.max_per_second)
     resuming = c.paused and not paused
     if resuming and c.op_id is not None:
         raise _busy(c)
     if not services.campaigns.set_controls(topic.uid, c, paused, rate, services.clock()):
-        raise Conflict(f"Campaign {name!r} changed concurrently; retry.")
+        raise Conflict(f"Campaign {c.name!r} changed concurrently; retry.")
     services.campaign_rules.forget(topic.uid)
     if resuming:
-        start_operation(services, topic, dataclasses.replace(c, paused=False), "resume")
-    return campaign_view(services, topic, name)
+        return start_operation(services, topic, dataclasses.replace(c, paused=False),
+                               "resume")
+    return None
+
+
+def pause_or_resume(services: Services, topic: Topic, name: str, paused: bool) -> Operation:
+    """Pause or resume the campaign as PATCH {paused} does, as an operation: a resume's
+    background operation, or one that has already succeeded (a pause, which changes no
+    message, or a resume of a campaign not paused)."""
+    c = get_campaign(services, topic, name)
+    started = _control(services, topic, c, {"paused": paused})
+    if started is not None:
+        return started
+    now = services.clock()
+    done = Operation(topic_uid=topic.uid, id=uuid.uuid1(), tenant=topic.tenant,
+                     topic=topic.name, kind="pause" if paused else "resume", campaign=name,
+                     state="succeeded", started_at=now, finished_at=now, walked=True)
+    services.operations.record(done)
+    return done
 
 
 def get_operation(services: Services, topic: Topic, op_id: str) -> Operation:
@@ -189,7 +212,7 @@ def covered(services: Services, topic: Topic, rows: list[MessageState]
                              if r.state == "cancelled" else r)
         spans.append((c, (min(r.deliver_at_ms for r in now_rows),
                           max(r.deliver_at_ms for r in now_rows))))
-    _widen(services, topic, spans)
+    widen(services, topic, spans)
     return outcome
 
 
@@ -199,7 +222,7 @@ def _read_or_create(services: Services, topic: Topic, name: str) -> Campaign:
         topic.uid, name, services.clock())
 
 
-def _widen(services: Services, topic: Topic, spans: list[tuple[Campaign, Span]]) -> None:
+def widen(services: Services, topic: Topic, spans: list[tuple[Campaign, Span]]) -> None:
     """Widen each campaign's bounds to cover its span: the generation in force, and the one
     a running shift is filling."""
     widened = {(c.name, gen): span for c, span in spans for gen in _generations(c)}
@@ -257,7 +280,7 @@ def record_import(services: Services, topic: Topic, added: dict[str, tuple[int, 
             warnings.append(f"campaign {name!r} began an operation ({c.op_kind}) during the "
                             "import")
         spans.append((c, (first, last)))
-    _widen(services, topic, spans)
+    widen(services, topic, spans)
     services.campaigns.add_counts(topic.uid, states or {
         name: {"scheduled": count} for name, (count, _, _) in added.items()})
     return warnings

@@ -51,9 +51,26 @@ class Progress:
             min(s[0], deliver_at_ms), max(s[1], deliver_at_ms))
 
 
-def _cancelled(op: Operation, row: MessageState, now: int) -> MessageState:
+def cancelled(op: Operation, row: MessageState, now: int) -> MessageState:
     return dataclasses.replace(row, state="cancelled", version=row.version + 1, lease_token=None,
                                lease_expires_at_ms=None, updated_at_ms=now, last_op=op.id)
+
+
+def asked_ms(row: MessageState) -> int:
+    """The time a message asked for: its deliver_at, or the time its send window moved it
+    from."""
+    return row.deliver_at_ms if row.requested_at_ms is None else row.requested_at_ms
+
+
+def shifted(topic: Topic, op: Operation, row: MessageState, asked: int, now: int
+            ) -> MessageState:
+    """A scheduled row moved to ask for `asked` (never before now), placed by its send
+    window, marked with the operation."""
+    placed = place_row(topic, row, max(asked, now), now)
+    return dataclasses.replace(row, version=row.version + 1, deliver_at_ms=placed.deliver_at_ms,
+                               requested_at_ms=placed.requested_ms,
+                               due_at_ms=placement_ms(placed.deliver_at_ms, now),
+                               updated_at_ms=now, last_op=op.id)
 
 
 def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: Progress
@@ -67,19 +84,13 @@ def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: 
         if being_delivered(row):
             progress.delivering += 1
         elif row.state in ("scheduled", "leased"):
-            return _cancelled(op, row, now)
+            return cancelled(op, row, now)
         return None
     if op.kind == "shift":
         if row.state != "scheduled":
             progress.cover(row.deliver_at_ms)
             return None
-        asked = row.deliver_at_ms if row.requested_at_ms is None else row.requested_at_ms
-        placed = place_row(topic, row, max(asked + op.shift_ms, now), now)
-        return dataclasses.replace(row, version=row.version + 1,
-                                   deliver_at_ms=placed.deliver_at_ms,
-                                   requested_at_ms=placed.requested_ms,
-                                   due_at_ms=placement_ms(placed.deliver_at_ms, now),
-                                   updated_at_ms=now, last_op=op.id)
+        return shifted(topic, op, row, asked_ms(row) + op.shift_ms, now)
     waiting = row.state == "scheduled" or (
         row.state == "leased" and (row.lease_expires_at_ms or 0) <= now)
     if not waiting or row.due_at_ms > now:
@@ -102,13 +113,13 @@ def apply(services: Services, topic: Topic, op: Operation, ids: Sequence[str]) -
         changes = [(row, new) for row in rows.values()
                    if row.campaign == op.campaign
                    and (new := _decide(topic, op, row, now, progress)) is not None]
-        pending = [row.id for row, new in _write(services, topic, changes, now, progress)]
+        pending = [row.id for row, new in write(services, topic, changes, now, progress)]
         if not pending:
             return progress
     raise StoreUnavailable(f"{len(pending)} messages of campaign {op.campaign!r} kept changing")
 
 
-def _write(services: Services, topic: Topic, changes: list[tuple[MessageState, MessageState]],
+def write(services: Services, topic: Topic, changes: list[tuple[MessageState, MessageState]],
            now: int, progress: Progress) -> list[tuple[MessageState, MessageState]]:
     """Apply the changes (moved rows' pointers first); count what applied; return the
     changes that lost to another transition."""

@@ -7,6 +7,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.schemas.fields import Bool, Instant, Int
+from app.schemas.search import MessageFilterSchema
 from app.schemas.topics import CountsSchema
 
 MAX_SHIFT_MS = 365 * 86_400_000
@@ -71,19 +72,28 @@ class CampaignPatchSchema(Schema):
 
 class OperationSchema(Schema):
     id = fields.UUID(required=True)
-    kind = fields.String(required=True, validate=validate.OneOf(["cancel", "shift", "resume"]),
-                         metadata={"description": "resume: started by un-pausing."})
-    campaign = fields.String(required=True)
+    kind = fields.String(required=True, validate=validate.OneOf(
+        ["cancel", "shift", "pause", "resume"]), metadata={
+        "description": "resume: started by un-pausing a campaign. pause: only through POST "
+                       "/operations, done at once."})
+    campaign = fields.String(required=True, allow_none=True, metadata={
+        "description": "The campaign it acts on; null for an operation on a filter."})
+    filter = fields.Nested(MessageFilterSchema, allow_none=True, metadata={
+        "description": "The filter it acts on (POST /operations); null or absent for an "
+                       "operation on a campaign."})
     state = fields.String(required=True,
                           validate=validate.OneOf(["running", "succeeded", "failed"]))
     processed = Int(required=True, metadata={
-        "description": "Messages of the campaign looked at so far."})
+        "description": "Messages looked at so far: of the campaign, or matching the filter "
+                       "when it reached them."})
     changed = Int(required=True, metadata={
         "description": "Messages this operation cancelled or moved."})
     delivering = Int(required=True, metadata={
-        "description": "Cancel: messages found being POSTed to the webhook, which a cancel "
-                       "can no longer stop (counted as they end: delivered, or cancelled if "
-                       "the POST fails)."})
+        "description": "Cancel of a campaign: messages found being POSTed to the webhook, "
+                       "which a cancel can no longer stop (counted as they end: delivered, "
+                       "or cancelled if the POST fails). Cancel of a filter: messages found "
+                       "handed out (leased to a pull consumer whose lease runs, or being "
+                       "POSTed), left to their consumer's ack or nack."})
     shift_ms = Int(required=True)
     started_at = Instant(required=True)
     finished_at = Instant(allow_none=True)

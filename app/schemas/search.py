@@ -43,12 +43,41 @@ def _label_problem(text: str) -> str | None:
     return None
 
 
-class SearchQuerySchema(Schema):
-    """Every filter is optional; those given are ANDed."""
+class MessageFilterSchema(Schema):
+    """Which messages of a topic: every filter optional, those given ANDed. The one
+    validation of a search's query (SearchQuerySchema) and of a filtered operation's
+    `filter` (a JSON object: times also as epoch ms integers)."""
 
     state = fields.String(validate=validate.OneOf(STATES))
     campaign = fields.String(validate=validate.Regexp(NAME))
     recipient = fields.String(validate=validate.Regexp(CLIENT_ID))
+    label = fields.List(fields.String(metadata={"pattern": LABEL_FILTER}),
+                        validate=validate.Length(max=MAX_LABELS), metadata={
+        "description": "key:value (split at the first colon); several labels are each "
+                       "required (at most 10, each key once)."})
+    due_from = Instant(epoch_ms_in=True, metadata={
+        "description": "Only messages whose deliver_at is at or after this."})
+    due_to = Instant(epoch_ms_in=True, metadata={
+        "example": "2026-12-02T09:00:00.250Z",  # after due_from's: the example is accepted
+        "description": "Only messages whose deliver_at is before this."})
+
+    @validates_schema
+    def _labels_and_times(self, data: dict[str, Any], **kwargs: Any) -> None:
+        labels = data.get("label") or []
+        problems = [p for p in map(_label_problem, labels) if p]
+        if problems:
+            raise ValidationError(problems, "label")
+        keys = [t.partition(":")[0] for t in labels]
+        if len(set(keys)) != len(keys):
+            raise ValidationError("A label key is named twice.", "label")
+        if data.get("due_from") is not None and data.get("due_to") is not None \
+                and data["due_to"] <= data["due_from"]:
+            raise ValidationError("Must be after due_from.", "due_to")
+
+
+class SearchQuerySchema(MessageFilterSchema):
+    """The filters of MessageFilterSchema as query parameters (label repeated), and paging."""
+
     label = fields.List(fields.String(metadata={"pattern": LABEL_FILTER}),
                         validate=validate.Length(max=MAX_LABELS), metadata={
         "description": "key:value (split at the first colon); repeat it for several labels, "
@@ -63,19 +92,6 @@ class SearchQuerySchema(Schema):
                                                     "default 100)."})
     page_token = fields.String(validate=validate.Length(1, 512), metadata={
         "description": "next_page_token of the previous page, with the same filters."})
-
-    @validates_schema
-    def _labels_and_times(self, data: dict[str, Any], **kwargs: Any) -> None:
-        labels = data.get("label") or []
-        problems = [p for p in map(_label_problem, labels) if p]
-        if problems:
-            raise ValidationError(problems, "label")
-        keys = [t.partition(":")[0] for t in labels]
-        if len(set(keys)) != len(keys):
-            raise ValidationError("A label key is named twice.", "label")
-        if data.get("due_from") is not None and data.get("due_to") is not None \
-                and data["due_to"] <= data["due_from"]:
-            raise ValidationError("Must be after due_from.", "due_to")
 
 
 class SearchPageSchema(Schema):

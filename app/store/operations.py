@@ -1,4 +1,5 @@
-"""Background campaign operations: their rows (LWT only) and the list of unfinished ones.
+"""Background operations (of a campaign, or of the messages a filter matches): their rows
+(LWT only) and the list of unfinished ones.
 
 Guarantees:
 - one process runs an operation at a time: claim applies only while the operation runs and
@@ -24,23 +25,27 @@ from app.store.session import CassandraSession
 PENDING_PART = 0  # all unfinished operations share one small partition
 _COLUMNS = ("topic_uid", "id", "tenant", "topic", "kind", "campaign", "state", "shift_ms",
             "processed", "changed", "delivering", "new_gen", "walked", "after_id", "not_before",
-            "owner", "lease_until", "started_at", "finished_at", "error")
+            "owner", "lease_until", "started_at", "finished_at", "error", "filter", "page_ids")
 _TIMES = {"not_before", "lease_until", "started_at", "finished_at"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Operation:
-    """One cancel, shift or resume of a campaign. Times epoch ms; shift_ms a duration in ms.
-    Progress: processed members of the campaign index, changed messages, delivering (being
-    delivered when a cancel reached them). Position: the last id of the campaign index done
-    (after_id), and whether the walk of the index is over (walked)."""
+    """One cancel, shift, pause or resume of a campaign, or of the messages a filter matches.
+    Times epoch ms; shift_ms a duration in ms. Progress: processed messages looked at (members
+    of the campaign index, or matches of the filter), changed messages, delivering (handed out
+    when a cancel reached them). Position: the last id of the campaign index done, or for a
+    filter the search's page token after the last page done (after_id); whether the walk is
+    over (walked). A filtered operation has campaign None and its filter as canonical JSON
+    (app.messages.filtered_ops); page_ids are the ids of the page being applied (None between
+    pages)."""
 
     topic_uid: uuid.UUID
     id: uuid.UUID
     tenant: str
     topic: str
     kind: str
-    campaign: str
+    campaign: str | None
     state: str = "running"
     shift_ms: int = 0
     processed: int = 0
@@ -55,6 +60,8 @@ class Operation:
     started_at: int = 0
     finished_at: int | None = None
     error: str | None = None
+    filter: str | None = None
+    page_ids: tuple[str, ...] | None = None
 
 
 def _operation(row: dict[str, Any]) -> Operation:
@@ -64,7 +71,12 @@ def _operation(row: dict[str, Any]) -> Operation:
         values[name] = values[name] or 0
     values["walked"] = bool(values["walked"])
     values["after_id"] = values["after_id"] or ""
+    values["page_ids"] = None if values["page_ids"] is None else tuple(values["page_ids"])
     return Operation(**values)
+
+
+def _stored(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 class OperationStore:
@@ -73,7 +85,7 @@ class OperationStore:
 
     def record(self, op: Operation) -> None:
         """Write a new operation's row (not yet listed for the runners)."""
-        values = [getattr(op, c) for c in _COLUMNS]
+        values = [_stored(getattr(op, c)) for c in _COLUMNS]
         self.db.execute(
             f"INSERT INTO {{ks}}.operations ({', '.join(_COLUMNS)}) "
             f"VALUES ({', '.join('?' for _ in _COLUMNS)}) IF NOT EXISTS", values)
@@ -106,14 +118,14 @@ class OperationStore:
         return bool(rows[0]["[applied]"])
 
     def checkpoint(self, op: Operation, lease_until_ms: int) -> bool:
-        """Store op's progress and position and renew its runner's lease; False when op.owner
-        no longer holds it."""
+        """Store op's progress and position (and the page it is applying, if any) and renew
+        its runner's lease; False when op.owner no longer holds it."""
         rows = self.db.execute(
             "UPDATE {ks}.operations SET processed = ?, changed = ?, delivering = ?, walked = ?, "
-            "after_id = ?, lease_until = ? WHERE topic_uid = ? AND id = ? "
+            "after_id = ?, page_ids = ?, lease_until = ? WHERE topic_uid = ? AND id = ? "
             "IF owner = ? AND state = 'running'",
             (op.processed, op.changed, op.delivering, op.walked, op.after_id,
-             lease_until_ms, op.topic_uid, op.id, op.owner))
+             _stored(op.page_ids), lease_until_ms, op.topic_uid, op.id, op.owner))
         return bool(rows[0]["[applied]"])
 
     def finish(self, op: Operation, state: str, error: str | None, now_ms: int) -> bool:

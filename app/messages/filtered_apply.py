@@ -1,0 +1,96 @@
+"""What a filtered operation (cancel or shift) does to each message of a page.
+
+As a campaign operation's steps (app.campaigns.operations): each change is an LWT over the
+version read, marked last_op = the operation's id; a row already marked is counted as
+changed and left alone, so a page applied again (by a runner that took over) changes no
+message twice and its counts are exact. A row that no longer matches the filter when it is
+read is left alone and not counted as changed.
+
+- cancel: a message waiting to be handed out (scheduled, or leased with its lease run out,
+  waiting for its retry) becomes cancelled. One handed out and not finished (leased to a
+  pull consumer whose lease runs, or whose POST has started: app.messages.by_id.
+  being_delivered) is counted as delivering and left to its consumer: its ack delivers it,
+  its nack puts it back, uncancelled. Every hand-out is an LWT over the row's version, which
+  the cancel changed, so no message this operation counted as changed is handed out after.
+- shift: a scheduled message moves by shift_ms from the time it asked for, never to before
+  now, then its send window places it (app.messages.send_windows); one the shift would move
+  past the horizon stays where it is (looked at, not changed). The campaigns of moved
+  messages widen their bounds to cover them (bounds may end wider than the messages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.campaigns import manage as campaigns
+from app.campaigns import operations as campaign_ops
+from app.campaigns.operations import Progress
+from app.core.timeline import MS_PER_DAY
+from app.errors import StoreUnavailable
+from app.messages.by_id import being_delivered
+from app.models import MessageFilter, MessageState, Topic
+from app.services import Services
+from app.store.campaigns import Campaign, Span
+from app.store.operations import Operation
+
+
+def _decide(topic: Topic, op: Operation, flt: MessageFilter, row: MessageState, now: int,
+            horizon: int, progress: Progress) -> MessageState | None:
+    """The row this operation makes of `row` (None: leave it), counting what it finds."""
+    if row.last_op == op.id:
+        progress.changed += 1
+        return None
+    if not flt.matches(row):
+        return None
+    if op.kind == "cancel":
+        if being_delivered(row) or (
+                row.state == "leased" and (row.lease_expires_at_ms or 0) > now):
+            progress.delivering += 1
+            return None
+        if row.state in ("scheduled", "leased"):
+            return campaign_ops.cancelled(op, row, now)
+        return None
+    asked = campaign_ops.asked_ms(row) + op.shift_ms
+    if row.state != "scheduled" or asked > horizon:
+        return None
+    return campaign_ops.shifted(topic, op, row, asked, now)
+
+
+def apply(services: Services, topic: Topic, op: Operation, flt: MessageFilter,
+          rows: Sequence[MessageState]) -> Progress:
+    """Apply op to `rows` (one page, as read by the search or by id). Rows that changed
+    under a step are read and decided again; raises StoreUnavailable if some still could not
+    be settled, so the page is applied again later."""
+    progress = Progress()
+    pending = list(rows)
+    moved: list[MessageState] = [r for r in rows if r.last_op == op.id]
+    for _ in range(campaign_ops.ROUNDS):
+        now = services.clock()
+        horizon = now + services.config.horizon_days * MS_PER_DAY
+        changes = [(row, new) for row in pending
+                   if (new := _decide(topic, op, flt, row, now, horizon, progress)) is not None]
+        lost = {row.id for row, _ in campaign_ops.write(services, topic, changes, now,
+                                                        progress)}
+        moved += [new for row, new in changes if row.id not in lost]
+        if not lost:
+            if op.kind == "shift":
+                _widen(services, topic, moved)
+            return progress
+        pending = list(services.messages.get_many(topic.uid, sorted(lost)).values())
+    raise StoreUnavailable(f"messages of operation {op.id} kept changing")
+
+
+def _widen(services: Services, topic: Topic, moved: list[MessageState]) -> None:
+    """Widen the bounds of the moved messages' campaigns to cover where they are now."""
+    spans: dict[str, Span] = {}
+    for r in moved:
+        if r.campaign:
+            s = spans.get(r.campaign)
+            spans[r.campaign] = (r.deliver_at_ms, r.deliver_at_ms) if s is None else (
+                min(s[0], r.deliver_at_ms), max(s[1], r.deliver_at_ms))
+    found: list[tuple[Campaign, Span]] = []
+    for name, span in spans.items():
+        c = services.campaigns.get(topic.uid, name)
+        if c is not None:
+            found.append((c, span))
+    campaigns.widen(services, topic, found)
