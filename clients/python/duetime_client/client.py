@@ -331,6 +331,21 @@ class Client:
     def operation(self, topic: str, operation_id: str) -> JSON:
         return dict(self.request("GET", _topic(topic, "/operations/{}", operation_id)))
 
+    # operations on the messages a filter matches
+    def start_operation(self, topic: str, kind: str, shift_ms: int | None = None,
+                        **filters: Any) -> JSON:
+        """Start kind ("cancel", "shift" with shift_ms, "pause" or "resume" with campaign
+        alone) on the messages matching every filter given (search_messages' filters; label
+        "key:value" or a list of them). The answer is {operation}; follow it with
+        operation()."""
+        flt = {k: v for k, v in filters.items() if v is not None}
+        if isinstance(flt.get("label"), str):
+            flt["label"] = [flt["label"]]
+        body: dict[str, Any] = {"kind": kind, "filter": flt}
+        if shift_ms is not None:
+            body["shift_ms"] = shift_ms
+        return dict(self.request("POST", _topic(topic, "/operations"), body))
+
     # schedules
     def put_schedule(self, topic: str, name: str, cron: str, payload: Any,
                      **fields: Any) -> JSON:

@@ -14,6 +14,11 @@ scripts:
   duetime dead TOPIC [--limit N] | retry TOPIC ID | lag TOPIC [--minutes N]
   duetime messages TOPIC [--state S] [--campaign C] [--recipient R] [--label KEY:VALUE ...]
                    [--due-from T] [--due-to T] [--limit N]  (finds messages; a table)
+  duetime operations cancel|shift|pause|resume TOPIC [--state S] [--campaign C]
+                     [--recipient R] [--label KEY:VALUE ...] [--due-from T] [--due-to T]
+                     [--shift-ms MS] [--wait]  (acts on the messages the filters match;
+                     --wait follows it to its end with a progress bar)
+  duetime operations show TOPIC ID [--wait]
   duetime schedules TOPIC [NAME] [--cron CRON --payload JSON [--timezone Z] [--priority N]
                     [--campaign C] [--start-at T] [--end-at T] [--misfire M] | --delete]
   duetime tail TOPIC       (consumes: leases, prints and acks each message as it comes due)
@@ -41,7 +46,7 @@ from duetime_client.output import format_ms, human, problem_text, table
 from duetime_client.progress import ProgressBar
 
 COMMANDS = ("topics", "enqueue", "get", "cancel", "reschedule", "stats", "campaigns",
-            "schedules", "tail", "dead", "retry", "lag", "messages")
+            "schedules", "tail", "dead", "retry", "lag", "messages", "operations")
 WAIT_POLL_S = 0.5
 DEV_KEY = Path("var") / "dev-key"
 # topics' plain setting flags: (flag, type, the setting's path in the topic)
@@ -123,14 +128,17 @@ def add_parsers(sub: Any) -> None:
     p = command("messages", "find a topic's messages by state, campaign, recipient, labels "
                 "and due time (every filter given must hold)")
     p.add_argument("topic")
-    p.add_argument("--state", choices=["scheduled", "leased", "delivered", "cancelled", "dead"])
-    p.add_argument("--campaign")
-    p.add_argument("--recipient")
-    p.add_argument("--label", action="append", metavar="KEY:VALUE",
-                   help="a label the messages carry (repeat it: each is required)")
-    p.add_argument("--due-from", help="deliver_at at or after this (RFC 3339 or epoch ms)")
-    p.add_argument("--due-to", help="deliver_at before this (RFC 3339 or epoch ms)")
+    _filter_flags(p)
     p.add_argument("--limit", type=int, default=100, help="show at most this many (100)")
+    p = command("operations", "cancel, shift, pause or resume the messages the filters match "
+                "(every filter given must hold), or show an operation")
+    p.add_argument("action", choices=["cancel", "shift", "pause", "resume", "show"])
+    p.add_argument("topic")
+    p.add_argument("id", nargs="?", help="show: the operation's id")
+    _filter_flags(p)
+    p.add_argument("--shift-ms", type=int, help="shift: move each message by this many ms")
+    p.add_argument("--wait", action="store_true",
+                   help="follow the operation to its end with a progress bar")
     p = command("retry", "bring a dead message back (due now, attempts from 0)")
     p.add_argument("topic")
     p.add_argument("id")
@@ -152,6 +160,17 @@ def add_parsers(sub: Any) -> None:
     p = command("tail", "consume a pull topic: print and ack each message as it comes due")
     p.add_argument("topic")
     p.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
+
+
+def _filter_flags(p: argparse.ArgumentParser) -> None:
+    """The search's filters as flags (`messages`, `operations`)."""
+    p.add_argument("--state", choices=["scheduled", "leased", "delivered", "cancelled", "dead"])
+    p.add_argument("--campaign")
+    p.add_argument("--recipient")
+    p.add_argument("--label", action="append", metavar="KEY:VALUE",
+                   help="a label the messages carry (repeat it: each is required)")
+    p.add_argument("--due-from", help="deliver_at at or after this (RFC 3339 or epoch ms)")
+    p.add_argument("--due-to", help="deliver_at before this (RFC 3339 or epoch ms)")
 
 
 def is_local(url: str) -> bool:
@@ -212,6 +231,8 @@ def check_usage(args: argparse.Namespace) -> None:
                                     "--wait"]),
              "schedules": ("name", ["--cron", "--payload", *(
                  "--" + f.replace("_", "-") for f in SCHEDULE_FLAGS), "--delete"])}
+    if args.command == "operations":
+        _check_operation_usage(args)
     if args.command not in named:
         return
     target, flags = named[args.command]
@@ -227,6 +248,13 @@ def check_usage(args: argparse.Namespace) -> None:
             raise UsageError("--pull and --webhook-url exclude each other")
     if args.command == "schedules" and args.delete and len(given) > 1:
         raise UsageError("--delete takes no other schedule flag")
+
+
+def _check_operation_usage(args: argparse.Namespace) -> None:
+    if (args.action == "show") != (args.id is not None):
+        raise UsageError("an operation ID goes with show, and only with it")
+    if (args.action == "shift") != (args.shift_ms is not None):
+        raise UsageError("--shift-ms goes with shift, and only with it")
 
 
 def json_argument(name: str, text: str) -> Any:
@@ -307,18 +335,41 @@ def _campaigns(client: Client, args: argparse.Namespace) -> Any:
     return client.campaign(args.topic, args.name)
 
 
-def _follow(client: Client, topic: str, operation: dict[str, Any], size: int) -> Any:
-    """Poll the operation until it ends, with a progress bar of the campaign's messages
-    processed (on stderr); its last state."""
+def _follow(client: Client, topic: str, operation: dict[str, Any], size: int | None) -> Any:
+    """Poll the operation until it ends, with a progress bar of the messages processed out
+    of `size` (None: unknown) on stderr; its last state."""
     progress = ProgressBar()
+    what = f"{operation['kind']} " + (
+        operation["campaign"] or _filter_text(operation.get("filter")))
     while operation["state"] == "running":
-        progress.show(f"{operation['kind']} {operation['campaign']}", operation["processed"],
-                      max(size, operation["processed"]))
+        progress.show(what, operation["processed"],
+                      None if size is None else max(size, operation["processed"]))
         time.sleep(WAIT_POLL_S)
         operation = client.operation(topic, operation["id"])
-    progress.finish(f"{operation['kind']} {operation['campaign']} {operation['state']}: "
+    progress.finish(f"{what} {operation['state']}: "
                     f"{operation['changed']:,} of {operation['processed']:,} changed")
     return {"operation": operation}
+
+
+def _filter_text(flt: dict[str, Any] | None) -> str:
+    """A filter as `key=value` words (`every message` when empty)."""
+    words = [f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in (flt or {}).items()]
+    return " ".join(words) or "every message"
+
+
+def _operations(client: Client, args: argparse.Namespace) -> Any:
+    """Start an operation on the filter's messages (or show one); with --wait, the matching
+    messages are counted first (a search, ids only) for the progress bar's total."""
+    if args.action == "show":
+        found = client.operation(args.topic, args.id)
+        return _follow(client, args.topic, found, None) if args.wait else found
+    filters = {"state": args.state, "campaign": args.campaign, "recipient": args.recipient,
+               "label": args.label, "due_from": args.due_from, "due_to": args.due_to}
+    size = None
+    if args.wait and args.action in ("cancel", "shift"):
+        size = sum(1 for _ in client.iter_messages(args.topic, 1000, **filters))
+    started = client.start_operation(args.topic, args.action, args.shift_ms, **filters)
+    return _follow(client, args.topic, started["operation"], size) if args.wait else started
 
 
 def _schedules(client: Client, args: argparse.Namespace) -> Any:
@@ -389,4 +440,5 @@ _HANDLERS: dict[str, Callable[[Client, argparse.Namespace], Any]] = {
     "retry": lambda c, a: c.retry(a.topic, a.id),
     "lag": lambda c, a: c.lag(a.topic, a.minutes),
     "messages": _messages,
+    "operations": _operations,
 }
