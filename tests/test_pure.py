@@ -617,3 +617,23 @@ def test_held_messages_give_what_is_ready_in_order_and_the_next_moment_as_a_full
             earliest[d.pointer.shard] = min(earliest.get(d.pointer.shard, d.pointer.due_at_ms),
                                             d.pointer.due_at_ms)
         assert held.earliest() == earliest and held.shards() == set(earliest)
+
+
+def test_an_answer_from_a_process_of_another_version_is_read() -> None:
+    """broker_wire: a row with a field this version does not know (a newer sender) or
+    without one it knows that has a default (an older sender) is read, not refused."""
+    import uuid
+
+    from app.delivery import broker_wire
+    from app.models import MessageState, Payload
+
+    row = MessageState(uuid.uuid4(), "m", "leased", 2, 5, 1, 0, None, 0, 1, "h", uuid.uuid4(),
+                       5, None, None, 1, 1, labels={"k": "v"})
+    line = broker_wire.encode_got(7, [broker_wire.Taken(0, None, row, Payload(b"1", "json", {}),
+                                                        1)])
+    message = broker_wire.decode_line(line)
+    message["messages"][0]["row"]["from_a_newer_version"] = 1
+    del message["messages"][0]["row"]["labels"]
+    want_id, [taken] = broker_wire.decode_got(message)
+    assert want_id == 7 and taken.leased.id == "m" and taken.leased.labels is None
+    assert taken.leased.lease_token == row.lease_token

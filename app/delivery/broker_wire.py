@@ -40,6 +40,7 @@ KEEPALIVE = (10, 5, 3)
 KEEPALIVE_S = KEEPALIVE[0] + KEEPALIVE[1] * KEEPALIVE[2]
 _UUIDS = ("topic_uid", "lease_token", "last_op")
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(MessageState))
+_KNOWN = frozenset(_STATE_FIELDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +176,12 @@ def _taken(t: Taken) -> dict[str, Any]:
 
 
 def _untaken(m: dict[str, Any]) -> Taken:
+    # a row's fields this version does not know are left out, one it knows but the sender
+    # did not send takes its default: processes of two versions read each other's answers
+    # during a rolling upgrade (a line one cannot read closes the link, and what it carried
+    # stays leased to nobody until the lease runs out)
     row: dict[str, Any] = {k: (uuid.UUID(v) if k in _UUIDS and v is not None else v)
-                           for k, v in m["row"].items()}
+                           for k, v in m["row"].items() if k in _KNOWN}
     return Taken(m["before_attempts"], m["before_consumer"], MessageState(**row),
                  Payload(base64.b64decode(m["payload"]), m["encoding"], m["headers"]),
                  m["due_ms"])
