@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run up down test long fuzz lint typecheck openapi bench bench-import bench-search spark-s3a faults setup cluster-up cluster-down clean
+.PHONY: run up down test long fuzz lint typecheck openapi bench bench-import bench-search bench-filtered-cancel spark-s3a faults setup cluster-up cluster-down clean
 
 run:            ## install what is missing, start everything, stay in the foreground
 	@devstack/stack.sh run
@@ -57,6 +57,9 @@ bench-import: up  ## Spark import of 1,000,000 rows vs HTTP batch vs raw inserts
 
 bench-search: setup  ## search of a topic of BENCH_SEARCH_ARGS messages (1,000,000) by label and by recipient, first page p50/p99, and the indexes' write cost; an API of its own on port 8097 (loading a million takes many minutes)
 	$(PY) -m tests.bench.search $(BENCH_SEARCH_ARGS)
+
+bench-filtered-cancel: setup  ## a cancel of the BENCH_FILTERED_ARGS messages (100,000) a label matches, beside a tenth as many it leaves: messages/s and the raw conditional-batch ceiling; an API of its own on port 8098 (a few minutes)
+	$(PY) -m tests.bench.filtered_cancel $(BENCH_FILTERED_ARGS)
 
 spark-s3a:      ## opt-in: hadoop-aws 3.3.4 and its AWS SDK bundle (~280 MB) into var/spark/jars, for s3a:// URLs in `duetime-admin spark`
 	mvn -B -q -f devstack/spark-s3a-pom.xml dependency:copy-dependencies -DincludeScope=runtime \
