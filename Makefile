@@ -37,7 +37,7 @@ lint:
 openapi: setup  ## regenerate openapi.yaml from the marshmallow schemas
 	$(VENV)/bin/duetime-admin openapi --output openapi.yaml
 
-bench: up       ## pull (batched and one message per request), push, push in a crowded keyspace, pull beside idle backlogs, campaign, schedule, many-topic, idle-stack, new-topic, overload, long-poll and command-line start benchmarks against the running stack; results in bench-results/
+bench: up       ## pull (batched and one message per request), push, push in a crowded keyspace, pull beside idle backlogs, campaign, schedule, many-topic, idle-stack, new-topic, overload, long-poll, frequency-cap and command-line start benchmarks against the running stack; results in bench-results/
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
 	$(PY) -m tests.bench.single $(BENCH_SINGLE_ARGS)
 	$(PY) -m tests.bench.push
@@ -50,6 +50,7 @@ bench: up       ## pull (batched and one message per request), push, push in a c
 	$(PY) -m tests.bench.new_topics $(BENCH_NEW_TOPIC_ARGS)
 	$(PY) -m tests.bench.overload $(BENCH_OVERLOAD_ARGS)
 	$(PY) -m tests.bench.long_polls $(BENCH_LONG_POLL_ARGS)
+	$(PY) -m tests.bench.frequency_caps $(BENCH_CAP_ARGS)
 	$(PY) -m tests.bench.cli_start
 
 bench-import: up  ## Spark import of 1,000,000 rows vs HTTP batch vs raw inserts (about 10 min)

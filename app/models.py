@@ -31,6 +31,8 @@ class TopicSettings:
     send_window: str | None = None
     # IANA zone of the messages that name none (app.messages.zones.effective_zone); None: UTC
     timezone: str | None = None
+    # the frequency cap's stored form (app.core.frequency_cap.FrequencyCap.text); None: none
+    frequency_cap: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +95,10 @@ class MessageState:
     # key -> value, at most 10 (app.messages.labels); left out of hash(): a dict has none
     labels: dict[str, str] | None = dataclasses.field(default=None, hash=False)
     timezone: str | None = None  # its recipient's IANA zone, when it names one
+    # frequency caps (app.delivery.frequency_caps): True when the message is exempt (None:
+    # counted), and why it was cancelled when a cap dropped it
+    cap_exempt: bool | None = None
+    cancel_reason: str | None = None
 
     @property
     def fair_group(self) -> str | None:

@@ -24,6 +24,7 @@ from app.store.campaigns import CampaignStore
 from app.store.clocks import ClockStore
 from app.store.counts import CountStore
 from app.store.dead_letters import DeadLetterStore
+from app.store.frequency_caps import CapStore
 from app.store.keys import ApiKeyStore
 from app.store.lag import LagStore
 from app.store.messages import MessageStore
@@ -67,6 +68,7 @@ class Services:
         self.operations = OperationStore(self.db)
         self.schedules = ScheduleStore(self.db)
         self.messages = MessageStore(self.db)
+        self.caps = CapStore(self.db)
         self.shared_homes = SharedHomes()
         self.timeline = TimelineStore(self.db)
         self.clocks = ClockStore(self.db)

@@ -48,7 +48,8 @@ def summary_view(topic: Topic, row: MessageState) -> dict[str, Any]:
         "recipient": row.recipient, "labels": row.labels or {}, "timezone": row.timezone,
         "attempts": row.attempts,
         "created_at": row.created_at_ms, "updated_at": row.updated_at_ms,
-        "last_error": row.last_error,
+        "last_error": row.last_error, "cancel_reason": row.cancel_reason,
+        "frequency_cap_exempt": bool(row.cap_exempt),
         **({} if row.requested_at_ms is None
            else {"requested_deliver_at": row.requested_at_ms}),
     }

@@ -14,6 +14,7 @@ from app.delivery import signing
 from app.messages.send_windows import stored_window
 from app.messages.zones import DEFAULT_ZONE
 from app.models import Topic
+from app.schemas.frequency_caps import shown_cap, stored_cap
 from app.schemas.topics import (
     LagQuerySchema,
     LagSchema,
@@ -52,6 +53,7 @@ def topic_view(topic: Topic) -> dict[str, Any]:
             "start": s.quiet_start, "end": s.quiet_end, "timezone": s.quiet_timezone},
         "send_window": None if s.send_window is None else stored_window(s.send_window).api(),
         "timezone": s.timezone or DEFAULT_ZONE,
+        "frequency_cap": shown_cap(s.frequency_cap),
         "created_at": topic.created_at_ms, "updated_at": topic.updated_at_ms,
     }
 
@@ -69,6 +71,8 @@ def _changes(body: dict[str, Any]) -> dict[str, Any]:
         quiet = body["quiet_hours"] or {}
         changes.update(quiet_start=quiet.get("start"), quiet_end=quiet.get("end"),
                        quiet_timezone=quiet.get("timezone"), send_window=None)
+    if "frequency_cap" in body:  # given as null: removed
+        changes["frequency_cap"] = stored_cap(body["frequency_cap"])
     if "send_window" in body:  # given as null: removed
         window = body["send_window"]
         changes.update(quiet_start=None, quiet_end=None, quiet_timezone=None,

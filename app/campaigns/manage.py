@@ -21,6 +21,7 @@ from typing import Any
 from app.campaigns import operations as campaign_ops
 from app.campaigns.rules import REFRESH_MS
 from app.core.timeline import MS_PER_DAY
+from app.delivery.frequency_caps import capped_counts
 from app.errors import Conflict, DuetimeError, InvalidInput, NotFound
 from app.models import STATES, MessageState, Topic
 from app.services import Services
@@ -44,6 +45,7 @@ def _view(services: Services, topic: Topic, c: Campaign, counts: dict[str, int]
     first, last = services.campaigns.bounds(topic.uid, c.name, c.bounds_gen)
     return {
         "campaign": c.name, "counts": {s: max(0, counts.get(s, 0)) for s in STATES},
+        "frequency_capped": capped_counts(counts),
         "first_deliver_at": first, "last_deliver_at": last, "paused": c.paused,
         "max_per_second": c.max_per_second, "cancelled": c.cancelled,
         "operation": c.op_id, "created_at": c.created_at_ms,

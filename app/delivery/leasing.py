@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
+from app.delivery import frequency_caps
 from app.delivery.broker_wire import Taken
 from app.delivery.scan import Due
 from app.errors import (
@@ -128,6 +129,7 @@ def _give_back(services: Services, topic: Topic, items: list[Taken]) -> list[Mes
     services.scanner.spend_versions(
         topic, [(i.leased.id, i.leased.version) for i in items if i.leased.id in given])
     count_moves(services, topic, [("leased", "scheduled", r.campaign) for r in won])
+    frequency_caps.give_back(services, topic, won)
     return won
 
 
@@ -173,7 +175,11 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int,
         else:
             going.append((d, hold))
     now_due, moving = _pace(services, topic, pacing, rules, now)
-    leasing = [_leased(d.row, hold, now) for d, hold in going + now_due]
+    capping = frequency_caps.admit(services, topic, [d.row for d, _ in going + now_due], now)
+    leasing = [_leased(d.row, hold, now) for d, hold in going + now_due
+               if capping.goes(d.row.id)]
+    moving += [r for r in capping.capped.values() if r.state == "scheduled"]
+    ending += [r for r in capping.capped.values() if r.state == "cancelled"]
     placed = place_then(services, topic, leasing + moving, now)
     unrecorded = dead_letters.record(services, topic, ending)
     ending = [r for r in ending if r.id not in unrecorded]
@@ -186,7 +192,8 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int,
     earlier = services.messages.earlier_changes(changes, outcomes)
     # a pointer is spent once its row's move was decided (won, or lost to another writer);
     # one whose next pointer or LWT failed stays unspent, or no pass would look at it again
-    undecided = {r.id for r in leasing + moving} - {r.id for r in placed} | unrecorded
+    undecided = ({r.id for r in leasing + moving} - {r.id for r in placed} | unrecorded
+                 | capping.later)
     undecided |= {r.id for (r, _, _), ok in zip(changes, outcomes, strict=True)
                   if isinstance(ok, Exception)}
     services.scanner.spend(topic, [d.pointer for d, _ in terms if d.row.id not in undecided])
@@ -195,6 +202,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int,
            if ok is True or n in earlier]
     finished(services, topic, won)
     count_moves(services, topic, [(rows[r.id].state, r.state, r.campaign) for r in won])
+    frequency_caps.settle(services, topic, capping, rows, won, undecided)
     _count_slots(services, topic, [(rows[r.id], r) for r in won
                                    if r.paced and r.state == "scheduled"])
     leased = [r for r in won if r.state == "leased"]
@@ -443,6 +451,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
             raise StoreUnavailable("Could not record the message as dead; retry.")
         apply_transition(services, topic, gone, moved=False, before=row)
         count_moves(services, topic, [("leased", "dead", row.campaign)])
+        frequency_caps.give_back(services, topic, [row])
         return
     s = topic.settings
     delay = delay_ms if delay_ms is not None else retry_backoff_ms(
@@ -454,6 +463,7 @@ def nack(services: Services, topic: Topic, message_id: str, token: str,
         last_error=error if error is not None else row.last_error, updated_at_ms=now)
     apply_transition(services, topic, again, moved=True, before=row)
     count_moves(services, topic, [("leased", "scheduled", row.campaign)])
+    frequency_caps.give_back(services, topic, [row])  # nobody was notified
 
 
 def extend(services: Services, topic: Topic, message_id: str, token: str,

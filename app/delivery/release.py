@@ -15,7 +15,7 @@ import math
 import random
 
 from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
-from app.delivery import leasing
+from app.delivery import frequency_caps, leasing
 from app.delivery.scan import Due
 from app.messages import dead_letters
 from app.messages.send_windows import retry_due
@@ -99,4 +99,7 @@ def record_outcomes(services: Services, topic: Topic, outcomes: list[PushOutcome
     finished(services, topic, [rows[i] for i in todo if results[i] is True])
     count_moves(services, topic, [("leased", rows[i].state, rows[i].campaign) for i in todo
                                   if results[i] is True])
+    # a failed POST notified nobody: its cap slot is free again
+    frequency_caps.give_back(services, topic, [rows[i] for i in todo if results[i] is True
+                                               and rows[i].state != "delivered"])
     return results

@@ -70,6 +70,7 @@ class NewMessage:
     recipient: str | None = None
     labels: dict[str, str] | None = None  # None when it has none
     timezone: str | None = None  # its own IANA zone, when it names one
+    cap_exempt: bool | None = None  # frequency_cap: false (None: counted by the topic's cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +158,8 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
                       data.get("group"), data.get("if_exists", "reject"), own,
                       placed.requested_ms, recipient=data.get("recipient"),
                       labels=dict(data["labels"]) if data.get("labels") else None,
-                      timezone=data.get("timezone"))
+                      timezone=data.get("timezone"),
+                      cap_exempt=True if data.get("frequency_cap") is False else None)
 
 
 def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:
@@ -169,7 +171,7 @@ def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> Mess
         attempts=0, content_hash=m.content_hash, lease_token=None, lease_expires_at_ms=None,
         consumer=None, last_error=None, created_at_ms=now_ms, updated_at_ms=now_ms, group=m.group,
         send_window=m.send_window, requested_at_ms=m.requested_ms,
-        recipient=m.recipient, labels=m.labels, timezone=m.timezone)
+        recipient=m.recipient, labels=m.labels, timezone=m.timezone, cap_exempt=m.cap_exempt)
 
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:
@@ -474,7 +476,8 @@ def _replace(services: Services, topic: Topic, found: MessageState,
             deliver_at_ms=row.deliver_at_ms, priority=row.priority, campaign=row.campaign,
             group=row.group, content_hash=row.content_hash, updated_at_ms=now,
             send_window=row.send_window, requested_at_ms=row.requested_at_ms,
-            recipient=row.recipient, labels=row.labels, timezone=row.timezone)
+            recipient=row.recipient, labels=row.labels, timezone=row.timezone,
+            cap_exempt=row.cap_exempt)
         try:
             apply_transition(services, topic, new, moved=True, before=found)
         except Conflict:  # leased, cancelled or replaced meanwhile: decide again

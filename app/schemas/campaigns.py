@@ -7,6 +7,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.schemas.fields import Bool, Instant, Int
+from app.schemas.frequency_caps import CappedCountsSchema
 from app.schemas.search import MessageFilterSchema
 from app.schemas.topics import CountsSchema
 
@@ -17,6 +18,8 @@ class CampaignSchema(Schema):
     campaign = fields.String(required=True)
     counts = fields.Nested(CountsSchema, required=True, metadata={
         "description": "Messages per state, kept by every transition (counters: no scan)."})
+    frequency_capped = fields.Nested(CappedCountsSchema, required=True, metadata={
+        "description": "Its messages the topic's frequency_cap deferred or dropped."})
     first_deliver_at = Instant(allow_none=True, required=True, metadata={
         "description": "Earliest deliver_at of its messages (after shifts)."})
     last_deliver_at = Instant(allow_none=True, required=True, metadata={

@@ -74,6 +74,9 @@ class MessageInSchema(Schema):
         "description": "false: the topic's send window (or quiet hours) does not apply, as "
                        "send_window: false (the older spelling). true: as if not given."})
     send_window = WindowOrFalse()
+    frequency_cap = Bool(metadata={
+        "description": "false: the topic's frequency_cap neither holds this message back nor "
+                       "counts it (a transactional send). true: as if not given."})
     payload = fields.Raw(allow_none=True, metadata={
         "description": "Any JSON value, nested at most 64 levels deep (deeper: 400)."})
     payload_base64 = fields.String(metadata={"format": "byte"})
@@ -183,6 +186,11 @@ class MessageSummarySchema(Schema):
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
     last_error = fields.String(allow_none=True)
+    cancel_reason = fields.String(allow_none=True, metadata={
+        "description": "Why duetime cancelled it: frequency_capped when the topic's "
+                       "frequency_cap (on_cap: drop) dropped it; null otherwise."})
+    frequency_cap_exempt = fields.Boolean(required=True, metadata={
+        "description": "true when it was enqueued with frequency_cap: false."})
     requested_deliver_at = Instant(metadata={
         "description": "The delivery time asked for, present only when the send window (or "
                        "quiet hours) moved the message: deliver_at is then the window's "

@@ -7,6 +7,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.schemas.fields import ZONE_FORMAT, Instant, Int, known_zone
+from app.schemas.frequency_caps import CAP_RULES, CappedCountsSchema, FrequencyCapSchema
 from app.schemas.rules import at_most_one
 from app.schemas.windows import WINDOW_RULES, QuietHoursSchema, SendWindowSchema
 
@@ -91,6 +92,9 @@ class TopicPutSchema(Schema):
                        "message's own send_window replaces it; a message with send_window "
                        "(or quiet_hours) false is exempt."})
 
+    frequency_cap = fields.Nested(FrequencyCapSchema, allow_none=True, metadata={
+        "description": CAP_RULES + " null removes it."})
+
     @validates_schema
     def _one_window(self, data: dict[str, Any], **kwargs: Any) -> None:
         if "send_window" in data and "quiet_hours" in data:
@@ -115,6 +119,8 @@ class TopicSchema(Schema):
         "description": "As set (null when quiet hours or nothing are)."})
     timezone = fields.String(required=True, metadata={
         "format": ZONE_FORMAT, "description": "Zone of messages that name none (UTC unless set)."})
+    frequency_cap = fields.Nested(FrequencyCapSchema, allow_none=True, required=True, metadata={
+        "description": "As set (null: none)."})
     created_at = Instant(required=True)
     updated_at = Instant(required=True)
 
@@ -152,6 +158,7 @@ class StatsQuerySchema(Schema):
 
 class TopicStatsSchema(Schema):
     counts = fields.Nested(CountsSchema, required=True)
+    frequency_capped = fields.Nested(CappedCountsSchema, required=True)
     upcoming = fields.List(fields.Nested(WindowSchema), required=True, metadata={
         "description": "Scheduled messages per window ahead (see `window`): 60 minutes from "
                        "the current one, or 168 hours from the current one."})

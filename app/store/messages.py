@@ -36,7 +36,7 @@ _COLUMNS = [
     "state", "version", "due_at", "deliver_at", "priority", "campaign", "shard", "attempts",
     "content_hash", "lease_token", "lease_expires_at", "consumer", "last_error", "created_at",
     "updated_at", "last_op", "paced", "delivery_group", "send_window", "requested_at",
-    "recipient", "timezone",
+    "recipient", "timezone", "cap_exempt", "cancel_reason",
 ]
 _TIMES = {"due_at", "deliver_at", "lease_expires_at", "created_at", "updated_at",
           "requested_at"}
@@ -155,6 +155,7 @@ def _row_to_state(row: dict[str, Any], topic_uid: uuid.UUID | None = None) -> Me
         last_op=values["last_op"], paced=bool(values["paced"]), group=values["delivery_group"],
         send_window=values["send_window"], requested_at_ms=values["requested_at"],
         recipient=values["recipient"], timezone=values["timezone"],
+        cap_exempt=values["cap_exempt"], cancel_reason=values["cancel_reason"],
         labels=dict(row["labels"]) if row["labels"] else None,
     )
 
@@ -187,7 +188,8 @@ def _values(m: MessageState) -> list[Any]:
         UNSET_VALUE if m.group is None else m.group,
         # written again by every change, so their TTL follows the row's as due_at's does; a
         # null in both before and after is left unset (_column_values)
-        m.send_window, m.requested_at_ms, m.recipient, m.timezone,
+        m.send_window, m.requested_at_ms, m.recipient, m.timezone, m.cap_exempt,
+        m.cancel_reason,
     ]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from app.core.timeline import MS_PER_HOUR, MS_PER_MINUTE, schedule_slot_of
 from app.delivery import signing
+from app.delivery.frequency_caps import capped_counts
 from app.delivery.webhook_targets import Network, parse_allow, url_refusal
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
@@ -146,7 +147,8 @@ def topic_stats(services: Services, topic: Topic, window: str = "minute") -> dic
          "count": max(0, per_slot.get(start // width + i, 0))}
         for i in range(how_many)
     ]
-    return {"counts": {s: max(0, counts.get(s, 0)) for s in STATES}, "upcoming": upcoming}
+    return {"counts": {s: max(0, counts.get(s, 0)) for s in STATES},
+            "frequency_capped": capped_counts(counts), "upcoming": upcoming}
 
 
 def delivery_lag(services: Services, topic: Topic, minutes: int) -> list[dict[str, Any]]:

@@ -1,0 +1,255 @@
+"""Frequency caps on the node (issue 85): exactly `max` handed out per recipient per local
+day, checked from the lease answers; the rest deferred to the next local day inside the send
+window, or dropped with their reason; a nack gives the slot back, an expired lease does not;
+exempt and recipient-less messages are not counted; a claim whose take never ran (a crash)
+is taken over; a cancel before the hand-out wins. Days other than today are reached by
+calling the take with the time it would run at (the take takes `now`)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from flask.testing import FlaskClient
+
+from app.core.frequency_cap import FrequencyCap, next_midnight
+from app.core.send_window import SendWindow
+from app.core.timeparse import parse_instant
+from app.delivery import frequency_caps, leasing
+from app.delivery.scan import Due
+from app.models import MessageState, Pointer, Topic
+from app.services import Services
+from app.store.frequency_caps import Claim
+from tests.consumers import TopicClient
+from tests.waiting import wait_until
+
+# zones spread around the clock: a test takes three whose wall clock is inside WINDOW now
+CANDIDATE_ZONES = ("America/New_York", "Europe/Berlin", "Asia/Kolkata", "Asia/Tokyo",
+                   "America/Los_Angeles", "Australia/Sydney", "Pacific/Honolulu",
+                   "America/Sao_Paulo", "Asia/Dubai", "Pacific/Auckland", "UTC",
+                   "America/Anchorage")
+DAY_CAP = {"max": 2, "per": "day", "on_cap": "defer"}
+WINDOW = {"days": ["MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN"],
+          "start": "06:00", "end": "22:00"}
+
+
+def _topic(services: Services, auth: dict[str, str], t: TopicClient) -> Topic:
+    tenant = services.keys.tenant_of(auth["Authorization"].split()[1])
+    found = services.topics.get(tenant or "", t.name)
+    assert found is not None
+    return found
+
+
+def _open_zones(n: int) -> list[str]:
+    """n zones whose wall clock is well inside WINDOW (06:00-22:00) now."""
+    now = dt.datetime.now(dt.UTC)
+    found = [z for z in CANDIDATE_ZONES
+             if dt.time(6, 30) <= now.astimezone(ZoneInfo(z)).time() <= dt.time(21, 0)]
+    assert len(found) >= n
+    return found[:n]
+
+
+def _rows(services: Services, topic: Topic, ids: list[str]) -> dict[str, MessageState]:
+    return services.messages.get_many(topic.uid, ids)
+
+
+def _due(rows: list[MessageState]) -> list[Due]:
+    return [Due(Pointer(r.due_at_ms, r.id, r.version, r.priority, r.shard), r) for r in rows]
+
+
+def _take(services: Services, topic: Topic, rows: list[MessageState], now: int
+          ) -> list[MessageState]:
+    return leasing.take(services, topic, _due(rows), now, [leasing.Hold(30, "c")] * len(rows))
+
+
+def test_two_a_local_day_of_five_in_three_zones_rest_deferred_into_the_window(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    """200 recipients x 5 messages due now, a cap of 2 a day: the lease answers hand out
+    exactly 2 per recipient, none early; the other 3 each wait at the recipient's next local
+    midnight, moved into the send window (06:00), their time asked kept; /stats counts 600
+    deferrals."""
+    t = TopicClient(client, auth, frequency_cap=DAY_CAP, send_window=WINDOW)
+    zones = _open_zones(3)
+    messages = [{"id": f"r{r}-{k}", "recipient": f"r{r}", "timezone": zones[r % 3]}
+                for r in range(200) for k in range(5)]
+    t.batch(messages)
+    handed = t.drain(400, within_s=30)
+    assert t.lease(100, wait_ms=1500) == []
+    per = collections.Counter(m["recipient"] for m in t.received)
+    assert len(handed) == 400 and set(per.values()) == {2} and len(per) == 200
+    assert len(t.received) == 400  # each once
+    topic = _topic(services, auth, t)
+    rest = _rows(services, topic, [m["id"] for m in messages if m["id"] not in handed])
+    assert len(rest) == 600
+    window = SendWindow.parse(WINDOW["days"], WINDOW["start"], WINDOW["end"])
+    for row in rest.values():
+        tz = ZoneInfo(row.timezone or "UTC")
+        expected = window.place(next_midnight(tz, row.updated_at_ms), tz)
+        assert (row.state, row.deliver_at_ms, row.due_at_ms) == ("scheduled", expected,
+                                                                 expected), row
+        assert row.requested_at_ms is not None and row.requested_at_ms <= row.created_at_ms
+        assert row.attempts == 0
+    shown = t.get(rest[next(iter(rest))].id).get_json()
+    assert shown["requested_deliver_at"] < shown["deliver_at"]
+    wait_until(lambda: client.get(t.url("/stats"), headers=auth).get_json()[
+        "frequency_capped"] == {"deferred": 600, "dropped": 0}, 5)
+
+
+def test_drop_cancels_with_its_reason_and_exempt_or_anonymous_messages_pass(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    t = TopicClient(client, auth, frequency_cap={"max": 1, "per": "hours", "hours": 2,
+                                                 "on_cap": "drop"})
+    t.batch([{"id": f"d{r}-{k}", "recipient": f"d{r}", "campaign": "spring"}
+             for r in range(50) for k in range(3)]
+            + [{"id": f"x{k}", "recipient": "d0", "frequency_cap": False} for k in range(3)]
+            + [{"id": f"anon{k}"} for k in range(3)])
+    handed = t.drain(56, within_s=20)
+    assert t.lease(100, wait_ms=1000) == []
+    assert {f"x{k}" for k in range(3)} | {f"anon{k}" for k in range(3)} <= handed
+    per = collections.Counter(m["recipient"] for m in t.received if m["id"][0] == "d")
+    assert set(per.values()) == {1} and len(per) == 50
+    dropped = [f"d{r}-{k}" for r in range(50) for k in range(3) if f"d{r}-{k}" not in handed]
+    assert len(dropped) == 100
+    for message_id in dropped[:20]:
+        shown = t.get(message_id).get_json()
+        assert (shown["state"], shown["cancel_reason"]) == ("cancelled", "frequency_capped")
+    assert t.get("x0").get_json()["frequency_cap_exempt"] is True
+    wait_until(lambda: client.get(t.url("/stats"), headers=auth).get_json()[
+        "frequency_capped"] == {"deferred": 0, "dropped": 100}, 5)
+    view = client.get(t.url("/campaigns/spring"), headers=auth).get_json()
+    wait_until(lambda: client.get(t.url("/campaigns/spring"), headers=auth).get_json()[
+        "frequency_capped"]["dropped"] == 100, 5)
+    assert view["counts"]["cancelled"] == 100
+
+
+@pytest.mark.parametrize(("zone", "evening", "midnight", "next_one"), [
+    # the night before Berlin's spring-forward day; that day is 23 hours long
+    ("Europe/Berlin", "2027-03-27T21:00:00+01:00", "2027-03-28T00:00:00+01:00",
+     "2027-03-29T00:00:00+02:00"),
+    # New York's fall-back day is 25 hours long
+    ("America/New_York", "2027-11-06T21:00:00-04:00", "2027-11-07T00:00:00-04:00",
+     "2027-11-08T00:00:00-05:00"),
+])
+def test_days_across_a_dst_change_nack_frees_a_slot_an_expired_lease_does_not(
+        client: FlaskClient, auth: dict[str, str], services: Services, zone: str,
+        evening: str, midnight: str, next_one: str) -> None:
+    t = TopicClient(client, auth, frequency_cap=DAY_CAP, timezone=zone)
+    t.batch([{"id": f"m{k}", "recipient": "ann"} for k in range(6)])
+    topic = _topic(services, auth, t)
+    ids = [f"m{k}" for k in range(6)]
+    day1 = parse_instant(evening)
+    first = _take(services, topic, list(_rows(services, topic, ids).values()), day1)
+    assert len(first) == 2
+    rows = _rows(services, topic, ids)
+    deferred = [r for r in rows.values() if r.state == "scheduled"]
+    assert len(deferred) == 4
+    assert {r.due_at_ms for r in deferred} == {parse_instant(midnight)}
+    # a nack gives its slot back: the nacked message, due again at once, is taken again
+    # on day 1 on a slot of its own
+    leasing.nack(services, topic, first[0].id, leasing.token_of(first[0]), 0, None)
+    nacked = _rows(services, topic, [first[0].id])[first[0].id]
+    assert [r.id for r in _take(services, topic, [nacked], day1 + 1000)] == [first[0].id]
+    # the other lease runs out and its message is taken again: it keeps its slot, so a
+    # message due later on day 1 is still past the cap
+    assert t.enqueue(id="m6", recipient="ann").status_code == 201
+    late = day1 + 31_000
+    expired = _rows(services, topic, [first[1].id])[first[1].id]
+    assert [r.id for r in _take(services, topic, [expired], late)] == [first[1].id]
+    assert _take(services, topic, [_rows(services, topic, ["m6"])["m6"]], late) == []
+    # the next local day: two more, the rest to the midnight after, across the DST change
+    ids.append("m6")
+    day2 = parse_instant(midnight)
+    waiting = [r for r in _rows(services, topic, ids).values() if r.state == "scheduled"]
+    assert len(waiting) == 5 and {r.due_at_ms for r in waiting} == {day2}
+    assert len(_take(services, topic, waiting, day2)) == 2
+    left = [r for r in _rows(services, topic, ids).values() if r.state == "scheduled"]
+    assert len(left) == 3 and {r.due_at_ms for r in left} == {parse_instant(next_one)}
+    day3 = parse_instant(next_one)
+    assert len(_take(services, topic, left, day3)) == 2
+
+
+def test_a_claim_whose_take_never_ran_is_taken_over_after_its_grace(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    """A releaser killed between a claim and its take: the slot's holder is still as at its
+    claim. Within the grace another message is only moved a moment; after it, the holder
+    is fenced (its version moves, so that take can never apply) and the slot reused."""
+    t = TopicClient(client, auth, frequency_cap={"max": 1, "per": "day", "on_cap": "drop"})
+    t.batch([{"id": "ghost", "recipient": "bo"}, {"id": "real", "recipient": "bo"}])
+    topic = _topic(services, auth, t)
+    rows = _rows(services, topic, ["ghost", "real"])
+    now = services.clock()
+    ghost = rows["ghost"]
+    cap = FrequencyCap(1, None, "drop")
+    assert services.caps.claim(topic.uid, "bo", 0, Claim(
+        "ghost", cap.window_end(ZoneInfo("UTC"), now), now, ghost.version, ghost.attempts),
+        None)
+    assert _take(services, topic, [rows["real"]], now + 100) == []
+    moved = _rows(services, topic, ["real"])["real"]
+    assert moved.state == "scheduled" and moved.due_at_ms >= now + 1000  # not dropped
+    later = now + frequency_caps.CLAIM_GRACE_MS + 1
+    assert [r.id for r in _take(services, topic, [moved], later)] == ["real"]
+    fenced = _rows(services, topic, ["ghost"])["ghost"]
+    assert fenced.version == ghost.version + 1 and fenced.state == "scheduled"
+    assert _take(services, topic, [ghost], later) == []  # the old take can never apply
+
+
+def test_a_cancel_before_the_hand_out_wins_and_frees_the_slot(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    t = TopicClient(client, auth, frequency_cap={"max": 1, "per": "day", "on_cap": "defer"})
+    t.batch([{"id": "c1", "recipient": "cy"}, {"id": "c2", "recipient": "cy"}])
+    topic = _topic(services, auth, t)
+    rows = _rows(services, topic, ["c1", "c2"])
+    assert client.delete(t.url("/messages/c1"), headers=auth).status_code == 204
+    now = services.clock()
+    assert _take(services, topic, [rows["c1"]], now) == []  # as read before the cancel
+    assert t.get("c1").get_json()["state"] == "cancelled"
+    assert [r.id for r in _take(services, topic, [rows["c2"]], now + 10)] == ["c2"]
+
+
+@pytest.mark.parametrize(("cap", "field"), [
+    ({"max": 0, "per": "day", "on_cap": "defer"}, "max"),
+    ({"max": 2, "per": "week", "on_cap": "defer"}, "per"),
+    ({"max": 2, "per": "hours", "on_cap": "defer"}, "hours"),
+    ({"max": 2, "per": "day", "hours": 3, "on_cap": "defer"}, "hours"),
+    ({"max": 2, "per": "day", "on_cap": "later"}, "on_cap"),
+    ({"max": 2, "per": "day"}, "on_cap"),
+    ("2/day", "frequency_cap"),
+])
+def test_a_bad_cap_is_a_400_naming_its_field(client: FlaskClient, auth: dict[str, str],
+                                             cap: Any, field: str) -> None:
+    answer = client.put("/v1/topics/badcap", json={"frequency_cap": cap}, headers=auth)
+    assert answer.status_code == 400 and answer.content_type == "application/problem+json"
+    assert field in str(answer.get_json()), answer.get_json()
+
+
+def test_a_cap_is_shown_changed_and_removed_and_a_bad_exemption_is_a_400(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    t = TopicClient(client, auth, frequency_cap={"max": 3, "per": "hours", "hours": 6,
+                                                 "on_cap": "drop"})
+    shown = client.get(t.url(), headers=auth).get_json()["frequency_cap"]
+    assert shown == {"max": 3, "per": "hours", "hours": 6, "on_cap": "drop"}
+    client.put(t.url(), json={"frequency_cap": DAY_CAP}, headers=auth)
+    assert client.get(t.url(), headers=auth).get_json()["frequency_cap"] == DAY_CAP
+    client.put(t.url(), json={"frequency_cap": None}, headers=auth)
+    assert client.get(t.url(), headers=auth).get_json()["frequency_cap"] is None
+    answer = t.enqueue(recipient="z", frequency_cap="no")
+    assert answer.status_code == 400 and "frequency_cap" in str(answer.get_json())
+
+
+def test_an_uncapped_topic_reads_and_writes_no_slot(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    t = TopicClient(client, auth)
+    t.batch([{"id": "u1", "recipient": "un"}])
+    topic = _topic(services, auth, t)
+    row = _rows(services, topic, ["u1"])["u1"]
+    admitted = frequency_caps.admit(services, topic, [row], services.clock())
+    assert admitted == frequency_caps.Admission()
+    capped = dataclasses.replace(topic, settings=dataclasses.replace(
+        topic.settings, frequency_cap="1/day/defer"))
+    exempt = dataclasses.replace(row, cap_exempt=True)
+    assert frequency_caps.admit(services, capped, [exempt], services.clock()).claimed == {}
+    assert services.caps.read_many(topic.uid, ["un"]) == {"un": {}}
