@@ -13,7 +13,7 @@ from app.api.json_body import Blueprint
 from app.api.messages import payload_fields, problem_body
 from app.api.validation import check_message_id
 from app.delivery import leasing
-from app.delivery.waits import client_gone
+from app.delivery.waits import STAYING
 from app.schemas.messages import (
     AckBatchResultSchema,
     AckBatchSchema,
@@ -54,17 +54,18 @@ class Leases(MethodView):
         `no-releaser` with `Retry-After`. Each of them hands a call at most 250 messages,
         so an answer may hold fewer than `max` while more are due: ask again.
 
-        A waiting call (`wait_ms` > 0) ends by `wait_ms` plus half a second, and at most
-        half a second after its client closes the connection. Each API process holds at
+        A waiting call (`wait_ms` > 0) ends by `wait_ms` plus half a second, and as soon
+        as its client closes the connection. Each API process holds at
         most DUETIME_API_WAITS_PER_TENANT waiting calls of one tenant (250 by default):
         past that, 429 `too-many-waits` with `Retry-After` at once; past
         DUETIME_API_WAITS of all tenants (1000), 503 `overloaded`."""
         found = get_topic_cached(services(), tenant(), topic)
         wait = min(body["wait_ms"], services().config.max_wait_ms)
-        with services().waits.held(tenant()) if wait else contextlib.nullcontext():
+        with (services().waits.held(tenant(), request.environ) if wait
+              else contextlib.nullcontext(STAYING)) as gone:
             got = leasing.lease(services(), found, body["max"], wait,
                                 _lease_seconds(body, found.settings.lease_seconds),
-                                body.get("consumer"), client_gone(request.environ))
+                                body.get("consumer"), gone)
         return {"messages": [{
             "id": m.row.id, "deliver_at": m.row.deliver_at_ms, "priority": m.row.priority,
             "campaign": m.row.campaign, "group": m.row.group,

@@ -30,6 +30,7 @@ from typing import Any
 from app.core.timeline import release_slot_of
 from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
+from app.delivery.waits import STAYING, Departure
 from app.delivery.wakeups import parse_address
 from app.models import Topic
 from app.store.ownership import OwnershipStore
@@ -39,7 +40,6 @@ UNSERVED_EVERY_S = 0.05  # a shard with no reachable owner: its owner read again
 CONNECT_TIMEOUT_S = 1.0
 RETRY_AFTER_S = 2.0  # an address that refused a connection is not tried again before this
 ANSWER_GRACE_S = 0.5  # an owner answers a want by its wait; past this more, the call leaves
-GONE_EVERY_S = 0.5  # a waiting call looks this often whether its client is still there
 MAX_WRITTEN = 100_000  # topics whose last write a process remembers
 log = logging.getLogger(__name__)
 
@@ -206,27 +206,19 @@ class _Call:
         elif opened and not taken:
             self._grant_next(link)
 
-    def wait(self, timeout_s: float, gone: Callable[[], bool]) -> list[Taken]:
+    def wait(self, timeout_s: float, gone: Departure) -> list[Taken]:
         """What the owners brought within timeout_s; the wait ends sooner, with nothing
-        more, once gone() says the call's client left (looked at every GONE_EVERY_S)."""
-        deadline = time.monotonic() + timeout_s
+        more, once the call's client leaves (`gone`)."""
+        gone.on_leave(self._client_left)
         with self._cond:
-            while True:
-                left = deadline - time.monotonic()
-                if self._cond.wait_for(self._done, min(left, GONE_EVERY_S)) or left <= 0:
-                    break
-                self._cond.release()
-                try:
-                    client_left = gone()
-                finally:
-                    self._cond.acquire()
-                if client_left:
-                    break
+            self._cond.wait_for(lambda: bool(self._got) or self._answered >= self._expected
+                                or gone(), timeout_s)
             self._open = False
             return self._got
 
-    def _done(self) -> bool:
-        return bool(self._got) or self._answered >= self._expected
+    def _client_left(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
 
 class Desk:
@@ -263,7 +255,7 @@ class Desk:
 
     def want(self, topic: Topic, n: int, wait_ms: int, lease_s: int, consumer: str | None,
              give_back: Callable[[list[Taken]], object],
-             gone: Callable[[], bool] = lambda: False) -> list[Taken] | None:
+             gone: Departure = STAYING) -> list[Taken] | None:
         """Up to n messages leased by the topic's owners for lease_s to consumer; None when
         no owner could be asked for handover_s. give_back(taken) makes what comes past n, or
         after the call left, due again at once. The wait ends early once gone() (the

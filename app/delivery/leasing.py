@@ -19,6 +19,7 @@ from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.delivery import frequency_caps
 from app.delivery.broker_wire import Taken
 from app.delivery.scan import Due
+from app.delivery.waits import STAYING, Departure
 from app.errors import (
     Conflict,
     DuetimeError,
@@ -68,14 +69,13 @@ class Hold:
 
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
           lease_s: int, consumer: str | None,
-          gone: Callable[[], bool] = lambda: False) -> list[Leased]:
+          gone: Departure = STAYING) -> list[Leased]:
     """Lease up to max_messages due messages; wait up to wait_ms for the first (long poll).
     The releasers owning the topic's shards find and take them (app.delivery.desk, workers.broker).
     NoReleaser (503)
     when no owner could be reached within the wait. Webhook topics are delivered by the
-    releasers only: leasing one is a 409. A call whose client left (gone(), looked at every
-    half second) ends with nothing; what was leased for it goes back, its attempt not
-    counted."""
+    releasers only: leasing one is a 409. A call whose client left (`gone`) ends at once
+    with nothing; what was leased for it goes back, its attempt not counted."""
     if topic.settings.delivery_mode != "pull":
         raise Conflict(f"Topic {topic.name!r} is a webhook topic; its messages are pushed.")
     deadline = time.monotonic() + wait_ms / 1000

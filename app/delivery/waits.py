@@ -5,7 +5,9 @@ of the process (docs/design.md, "Long polls").
 Each waiting call holds one request thread of its gunicorn worker (app.gunicorn_conf gives a
 worker DUETIME_WEB_THREADS threads for short calls plus DUETIME_API_WAITS for waits): a call
 past the tenant's share is refused at once with 429 and Retry-After, one past the process's
-total with 503 and Retry-After, never left queued behind the waits.
+total with 503 and Retry-After, never left queued behind the waits. One thread of the
+process watches the waiting calls' sockets, so a client that leaves ends its call's wait at
+once.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ class Waits:
         self._lock = threading.Lock()
         self._total = 0
         self._of: dict[str, int] = {}
+        self._watcher = _Watcher()
 
     @contextlib.contextmanager
-    def held(self, tenant: str) -> Iterator[None]:
+    def held(self, tenant: str, environ: dict[str, Any]) -> Iterator[Departure]:
         """Count one waiting call of the tenant for the block, or refuse it at once:
-        TooManyWaits (429) past the tenant's share, Overloaded (503) past the total."""
+        TooManyWaits (429) past the tenant's share, Overloaded (503) past the total. Yields
+        the call's Departure: whether its client (the request's socket, in `environ`) left."""
         with self._lock:
             mine = self._of.get(tenant, 0)
             if mine >= self.per_tenant:
@@ -60,7 +64,8 @@ class Waits:
             self._of[tenant] = mine + 1
         metrics.LEASE_WAITS.inc()
         try:
-            yield
+            with self._watcher.watching(environ) as departure:
+                yield departure
         finally:
             metrics.LEASE_WAITS.dec()
             with self._lock:
@@ -77,27 +82,97 @@ class Waits:
             return self._total if tenant is None else self._of.get(tenant, 0)
 
 
-def client_gone(environ: dict[str, Any]) -> Callable[[], bool]:
-    """A check of whether the request's client has closed its connection (gunicorn puts the
-    socket in the environ; without one, as in Flask's test client, never). Bytes waiting on
-    the socket (a pipelined request) do not count as gone; end of stream or a reset does."""
-    sock = environ.get("gunicorn.socket")
-    raw = getattr(sock, "_sock", sock)  # app.gunicorn_conf._Deadline wraps the socket
-    if not isinstance(raw, socket.socket):
-        return lambda: False
+class Departure:
+    """Whether a waiting call's client has left (closed its connection): set once, by the
+    process's watcher (Waits); each listener (the call's wait) is told at once."""
 
-    def gone() -> bool:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._left = False
+        self._listeners: list[Callable[[], object]] = []
+
+    def __call__(self) -> bool:
+        return self._left
+
+    def on_leave(self, listener: Callable[[], object]) -> None:
+        """Call listener when the client leaves (now, if it has)."""
+        with self._lock:
+            if not self._left:
+                self._listeners.append(listener)
+                return
+        listener()
+
+    def leave(self) -> None:
+        with self._lock:
+            if self._left:
+                return
+            self._left = True
+            listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener()
+
+
+class _Staying(Departure):
+    """A client never seen to leave (a call that does not wait, or no socket to watch)."""
+
+    def on_leave(self, listener: Callable[[], object]) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
+
+
+STAYING = _Staying()
+
+
+class _Watcher:
+    """One thread per process watching the sockets of its waiting calls (epoll, for a
+    peer's hang-up): a client that closes its connection is told to its call's Departure
+    at once, without waking the waiting threads (Linux; elsewhere no socket is watched)."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._lock = threading.Lock()
+        self._watched: dict[int, Departure] = {}
+        self._started = False
+
+    @contextlib.contextmanager
+    def watching(self, environ: dict[str, Any]) -> Iterator[Departure]:
+        sock = environ.get("gunicorn.socket")
+        raw = getattr(sock, "_sock", sock)  # app.gunicorn_conf._Deadline wraps the socket
+        if self._epoll is None or not isinstance(raw, socket.socket):
+            yield STAYING
+            return
+        departure = Departure()
+        fd = raw.fileno()
+        with self._lock:
+            if not self._started:
+                threading.Thread(target=self._watch_loop, name="waits-watcher",
+                                 daemon=True).start()
+                self._started = True
+            self._watched[fd] = departure
+            self._epoll.register(fd, _HANG_UP)
         try:
-            # poll, not select (descriptors past 1024) nor a bare recv (a socket with a
-            # timeout waits for data before it reads)
-            ready = select.poll()
-            ready.register(raw, select.POLLIN)
-            if not ready.poll(0):
-                return False
-            return raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
-            return False
-        except (OSError, ValueError):  # reset, or closed here already
-            return True
+            yield departure
+        finally:
+            with self._lock:
+                if self._watched.pop(fd, None) is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        self._epoll.unregister(fd)
 
-    return gone
+    def _watch_loop(self) -> None:
+        assert self._epoll is not None
+        while True:
+            for fd, _ in self._epoll.poll(1.0):
+                with self._lock:
+                    departure = self._watched.pop(fd, None)
+                    if departure is not None:
+                        with contextlib.suppress(OSError, ValueError):
+                            self._epoll.unregister(fd)
+                if departure is not None:
+                    departure.leave()
+
+
+# a peer's FIN (its close), a reset or an error; not data (a pipelined request)
+_HANG_UP = getattr(select, "EPOLLRDHUP", 0x2000) | getattr(select, "EPOLLHUP", 0x10) | \
+    getattr(select, "EPOLLERR", 0x8)
