@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
+import time
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -18,13 +19,15 @@ from flask.testing import FlaskClient
 
 from app.core.frequency_cap import FrequencyCap, next_midnight
 from app.core.send_window import SendWindow
-from app.core.timeparse import parse_instant
+from app.core.timeparse import format_ms, parse_instant
 from app.delivery import frequency_caps, leasing
 from app.delivery.scan import Due
 from app.models import MessageState, Pointer, Topic
 from app.services import Services
 from app.store.frequency_caps import Claim
 from tests.consumers import TopicClient
+from tests.receiver import Receiver, receiving
+from tests.releasing import webhook_topic
 from tests.waiting import wait_until
 
 # zones spread around the clock: a test takes three whose wall clock is inside WINDOW now
@@ -253,3 +256,72 @@ def test_an_uncapped_topic_reads_and_writes_no_slot(
     exempt = dataclasses.replace(row, cap_exempt=True)
     assert frequency_caps.admit(services, capped, [exempt], services.clock()).claimed == {}
     assert services.caps.read_many(topic.uid, ["un"]) == {"un": {}}
+
+
+def test_a_failed_post_gives_its_slot_back_so_another_message_of_its_recipient_goes(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    """A capped webhook topic (2 a day), 20 recipients x 4 messages: a due now, b, c, d one
+    after another later. The receiver answers 500 to every a (max_attempts 1: it is dead),
+    which gives its slot back, so b and c are POSTed and answered 2xx; d finds both slots
+    used and waits at the next local midnight. Had a's slot been kept, c would wait too."""
+    zone = _open_zones(1)[0]
+    with receiving(Receiver(lambda message_id, before: 500 if message_id.endswith("-a")
+                            else 200)) as target:
+        t, _ = webhook_topic(client, auth, target.url, max_attempts=1, timezone=zone,
+                             frequency_cap=DAY_CAP)
+        start = services.clock() + 500
+        t.batch([{"id": f"p{r}-{k}", "recipient": f"p{r}",
+                  "deliver_at": format_ms(start + offset)}
+                 for r in range(20) for k, offset in (("a", 0), ("b", 3000), ("c", 4000),
+                                                      ("d", 5000))])
+        topic = _topic(services, auth, t)
+        ids = [f"p{r}-{k}" for r in range(20) for k in "abcd"]
+
+        def settled() -> bool:
+            states = collections.Counter(r.state for r in _rows(services, topic, ids).values())
+            return (states["dead"], states["delivered"], states["scheduled"]) == (20, 40, 20)
+
+        assert wait_until(settled, 30), collections.Counter(
+            r.state for r in _rows(services, topic, ids).values())
+        time.sleep(0.5)
+        arrivals = target.ids()
+    assert sorted(arrivals) == sorted(i for i in ids if not i.endswith("-d"))  # each once
+    rows = _rows(services, topic, ids)
+    midnight = next_midnight(ZoneInfo(zone), start)
+    for r in range(20):
+        assert rows[f"p{r}-a"].state == "dead"
+        assert {rows[f"p{r}-{k}"].state for k in "bc"} == {"delivered"}
+        d = rows[f"p{r}-d"]
+        assert (d.state, d.due_at_ms, d.attempts) == ("scheduled", midnight, 0), d
+
+
+def test_a_nack_over_http_frees_the_slot_for_the_recipient_s_next_message(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    """A cap of 1 a day, two recipients with two messages each, the second due 2 s after
+    the first. Each first message is leased through a consumer's call; one is nacked (due
+    again in 10 minutes), the other acked. The nacked recipient's second message is handed
+    out when due; the acked one's waits at the next local midnight."""
+    zone = _open_zones(1)[0]
+    t = TopicClient(client, auth, frequency_cap={"max": 1, "per": "day", "on_cap": "defer"},
+                    timezone=zone)
+    later = format_ms(t.clock() + 2000)
+    t.batch([{"id": "n1", "recipient": "nan"}, {"id": "n2", "recipient": "nan",
+                                                "deliver_at": later},
+             {"id": "k1", "recipient": "kim"}, {"id": "k2", "recipient": "kim",
+                                                "deliver_at": later}])
+    first = {m["id"]: m for m in t.lease(10, wait_ms=1500)}
+    while len(first) < 2:
+        more = t.lease(10, wait_ms=1500)
+        assert more, first
+        first.update({m["id"]: m for m in more})
+    assert set(first) == {"n1", "k1"}
+    nack = client.post(t.url("/messages/n1/nack"), headers=auth, json={
+        "lease_token": first["n1"]["lease"]["token"], "delay_ms": 600_000})
+    assert nack.status_code == 204, nack.get_json()
+    assert t.ack(first["k1"]) == 204
+    second = t.drain(1, within_s=10)
+    assert second == {"n2"}
+    assert t.lease(10, wait_ms=1000) == []
+    k2 = t.get("k2").get_json()
+    assert k2["state"] == "scheduled"
+    assert parse_instant(k2["deliver_at"]) == next_midnight(ZoneInfo(zone), t.clock())
