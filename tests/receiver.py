@@ -33,6 +33,7 @@ class Arrival:
     body: bytes
     path: str = ""
     answered: bool = True  # False: the sender had gone when the answer was due
+    answered_ms: int = 0  # when the answer was written (0: at once, on arrival)
 
 
 class Receiver:
@@ -137,7 +138,8 @@ class _Connection(asyncio.Protocol):
         if self.transport.is_closing():  # the sender gave up while the gate held it
             self.receiver.record(dataclasses.replace(arrival, answered=False))
             return
-        self._answer(self.receiver.record(arrival))
+        self._answer(self.receiver.record(dataclasses.replace(
+            arrival, answered_ms=time.time_ns() // 1_000_000)))
 
     def _answer(self, status: int) -> None:
         assert self.transport is not None
