@@ -1,7 +1,8 @@
 """The dashboard at `/`, driven in headless Chromium (Debian's chromium and chromium-driver,
 installed by `make test`) against the served API on the real node: what it shows is checked
 against the API, and its actions (retry a dead message, pause a campaign) are checked by
-the API's answers afterwards. A screenshot goes to var/test-output/dashboard.png."""
+the API's answers afterwards; its Find messages panel is checked against the search and
+GET of a message. A screenshot goes to var/test-output/dashboard.png."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.select import Select
 
 from app.services import Services
 from tests.conftest import ROOT, new_tenant_key
@@ -177,6 +179,149 @@ def test_the_dashboard_shows_what_the_api_says_and_its_actions_apply(
     click(browser, campaign_row + " button.pause")
     eventually(lambda: _text(browser, campaign_row + " .state") == "paused")
     assert api.call("GET", "/v1/topics/orders/campaigns/black-friday")["paused"] is True
+
+
+def _sign_in(browser: WebDriver, served: str, headers: dict[str, str]) -> None:
+    browser.get(served + "/")
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(served + "/")
+    browser.find_element(By.ID, "api-key").send_keys(headers["Authorization"].split()[1])
+    browser.find_element(By.CSS_SELECTOR, "#sign-in button").click()
+
+
+def _find(browser: WebDriver, message_id: str = "", recipient: str = "", label: str = "",
+          state: str = "") -> None:
+    """Fill the Find messages form (every input, empty ones cleared) and submit it."""
+    for field, value in (("find-id", message_id), ("find-recipient", recipient),
+                         ("find-label", label)):
+        box = browser.find_element(By.ID, field)
+        box.clear()
+        box.send_keys(value)
+    Select(browser.find_element(By.ID, "find-state")).select_by_value(state)
+    browser.find_element(By.CSS_SELECTOR, "#find button[type=submit]").click()
+
+
+def _found(browser: WebDriver) -> dict[str, list[str]]:
+    """The result table: id -> its cells' text."""
+    return {row.get_attribute("data-id"): [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+            for row in browser.find_elements(By.CSS_SELECTOR, "#found tbody tr")}
+
+
+def _detail(browser: WebDriver) -> dict[str, str]:
+    return {dd.get_attribute("data-field"): dd.text for dd in browser.find_elements(
+        By.CSS_SELECTOR, "#message-detail dd")}
+
+
+def test_find_messages_by_id_recipient_label_and_state_and_open_one(
+        browser: WebDriver, served: str, services: Services) -> None:
+    _, headers = new_tenant_key(services, "find")
+    api = Api(served, headers)
+    api.call("PUT", "/v1/topics/finds", json={"max_attempts": 1})
+    later = now_ms() + 3_600_000
+    api.call("POST", "/v1/topics/finds/messages:batch", json={"messages": [
+        {"id": "ann-1", "deliver_at": later, "recipient": "ann", "campaign": "spring",
+         "labels": {"tier": "gold", "note": "<i>hi</i>"}, "payload": {}},
+        {"id": "ann-2", "deliver_at": later, "recipient": "ann", "labels": {"tier": "silver"},
+         "payload": {}},
+        {"id": "bob-1", "deliver_at": later, "recipient": "bob", "labels": {"tier": "gold"},
+         "payload": {}},
+        {"id": "gone-1", "deliver_at": later, "payload": {}},
+        {"id": "dies-1", "payload": {}}]
+        + [{"id": f"bulk-{n:02}", "deliver_at": later, "labels": {"bulk": "yes"}, "payload": {}}
+           for n in range(60)]})
+    api.call("DELETE", "/v1/topics/finds/messages/gone-1")
+    [leased] = api.call("POST", "/v1/topics/finds/leases",
+                        json={"max": 1, "wait_ms": 3000})["messages"]
+    assert leased["id"] == "dies-1"
+    api.call("POST", "/v1/topics/finds/messages/dies-1/nack",
+             json={"lease_token": leased["lease"]["token"], "error": "<b>boom</b>"})
+
+    _sign_in(browser, served, headers)
+    click(browser, "#topics tbody tr[data-topic='finds'] button.topic-link")
+    eventually(lambda: browser.find_element(By.ID, "find").is_displayed())
+
+    # by label: the cells as the API gives them, `-` for nulls and no labels, markup as text
+    _find(browser, label="tier:gold")
+    rows = eventually(lambda: len(_found(browser)) == 2 and _found(browser))
+    ann = api.call("GET", "/v1/topics/finds/messages/ann-1")
+    assert rows["ann-1"] == ["ann-1", "scheduled", ann["deliver_at"], "ann",
+                             "note:<i>hi</i>, tier:gold", "spring"]
+    assert rows["bob-1"][3:] == ["bob", "tier:gold", "-"]
+    assert not browser.find_element(By.ID, "find-more").is_displayed()
+
+    _find(browser, recipient="ann")
+    eventually(lambda: set(_found(browser)) == {"ann-1", "ann-2"})
+    _find(browser, state="dead")
+    eventually(lambda: set(_found(browser)) == {"dies-1"})
+    _find(browser, state="cancelled", label="tier:gold")
+    eventually(lambda: browser.find_element(By.ID, "find-status").text == "None found")
+    assert _found(browser) == {}
+    _find(browser, state="cancelled")
+    eventually(lambda: set(_found(browser)) == {"gone-1"})
+
+    # a row opens the message as GET answers it
+    _find(browser, state="dead")
+    click(browser, "#found tbody tr[data-id='dies-1']")
+    shown = eventually(lambda: _detail(browser).get("state") == "dead" and _detail(browser))
+    dead = api.call("GET", "/v1/topics/finds/messages/dies-1")
+    assert shown == {"state": "dead", "attempts": "1", "created_at": dead["created_at"],
+                     "deliver_at": dead["deliver_at"], "updated_at": dead["updated_at"],
+                     "recipient": "-", "campaign": "-", "labels": "-",
+                     "last_error": "<b>boom</b>", "cancel_reason": "-"}
+    assert browser.find_element(By.ID, "detail-id").text == "dies-1"
+    assert "not a log of its changes" in browser.find_element(By.ID, "message-detail").text
+
+    # by id, and an unknown id
+    _find(browser, message_id="ann-2")
+    eventually(lambda: _detail(browser).get("labels") == "tier:silver")
+    assert set(_found(browser)) == {"ann-2"} and _detail(browser)["recipient"] == "ann"
+    _find(browser, message_id="nope")
+    eventually(lambda: browser.find_element(By.ID, "find-status").text
+               == "No message nope on this topic.")
+    assert _found(browser) == {}
+    assert not browser.find_element(By.ID, "message-detail").is_displayed()
+
+    # on another topic (the panel cleared on the switch): a message the send window moved
+    # shows requested_deliver_at beside deliver_at
+    api.call("PUT", "/v1/topics/windowed", json={"send_window": {
+        "days": ["MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN"], "start": "09:00",
+        "end": "09:01"}})
+    noon = (now_ms() // 86_400_000 + 1) * 86_400_000 + 12 * 3_600_000  # tomorrow 12:00 UTC
+    api.call("POST", "/v1/topics/windowed/messages",
+             json={"id": "moved-1", "deliver_at": noon, "payload": {}})
+    moved = api.call("GET", "/v1/topics/windowed/messages/moved-1")
+    assert moved["requested_deliver_at"] != moved["deliver_at"]
+    click(browser, "#topics tbody tr[data-topic='windowed'] button.topic-link")
+    eventually(lambda: browser.find_element(By.ID, "topic-name").text == "windowed")
+    assert _found(browser) == {} and browser.find_element(By.ID, "find-status").text == ""
+    _find(browser, message_id="moved-1")
+    eventually(lambda: _detail(browser).get("requested_deliver_at")
+               == moved["requested_deliver_at"])
+    assert _detail(browser)["deliver_at"] == moved["deliver_at"]
+    click(browser, "#topics tbody tr[data-topic='finds'] button.topic-link")
+    eventually(lambda: browser.find_element(By.ID, "topic-name").text == "finds")
+
+    # a bad label: the 400's detail and what it says of the label
+    _find(browser, label="novalue")
+    problem = requests.get(served + "/v1/topics/finds/messages", params={"label": "novalue"},
+                           headers=headers, timeout=30)
+    assert problem.status_code == 400
+    [said] = problem.json()["errors"]["label"]
+    eventually(lambda: browser.find_element(By.ID, "find-status").text
+               == f"Failed: {problem.json()['detail']} label: {said}")
+
+    # 60 matches, 50 a page: More follows next_page_token to the end, none twice
+    _find(browser, label="bulk:yes")
+    eventually(lambda: _found(browser) and browser.find_element(By.ID, "find-more").is_displayed())
+    while browser.find_element(By.ID, "find-more").is_displayed():
+        # rows and the button are set in one go once a page with matches is in
+        more_than = len(_found(browser))
+        click(browser, "#find-more")
+        eventually(lambda n=more_than: len(_found(browser)) > n)
+    ids = [r.get_attribute("data-id") for r in browser.find_elements(
+        By.CSS_SELECTOR, "#found tbody tr")]
+    assert sorted(ids) == [f"bulk-{n:02}" for n in range(60)]
+    assert browser.find_element(By.ID, "find-status").text == "60 shown"
 
 
 def click(browser: WebDriver, selector: str) -> None:

@@ -22,6 +22,7 @@ async function api(method, path, body) {
   if (!answer.ok) {
     const error = new Error((data && (data.detail || data.title)) || answer.statusText);
     error.status = answer.status;
+    error.errors = data && data.errors;
     throw error;
   }
   return data;
@@ -202,7 +203,148 @@ async function act(method, path, body, done) {
   await refresh();
 }
 
+// Find messages: one by id (GET of the message), else the search's filters, 50 a page with
+// "More" following next_page_token. refresh() leaves the panel alone; `finding` numbers the
+// searches, so an answer that arrives after a newer search (or another topic) is dropped.
+const FIND_LIMIT = 50;
+const EMPTY_PAGES = 10;  // pages with no match (more may follow) read on at once
+let finding = 0;
+let opened = 0;  // clicks on found rows: only the last one's answer is shown
+let nextPage = null;
+
+function shown(value) { return value === null || value === undefined ? "-" : String(value); }
+
+function labelText(labels) {
+  const pairs = Object.entries(labels || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  return pairs.length ? pairs.map(([k, v]) => `${k}:${v}`).join(", ") : "-";
+}
+
+// A problem's detail and its per-field errors ({"label": ["..."]}, lists keyed by index too).
+function problemText(error) {
+  const flat = v => Array.isArray(v) ? v.flatMap(flat)
+    : v && typeof v === "object" ? Object.values(v).flatMap(flat) : [String(v)];
+  const fields = Object.entries(error.errors || {}).map(([f, v]) => `${f}: ${flat(v).join(" ")}`);
+  return [error.message, ...fields].join(" ");
+}
+
+function messagesPath(topic) { return `/v1/topics/${encodeURIComponent(topic)}/messages`; }
+
+function findFailed(error, text) {
+  if (error.status === 401) { signOut("That key is not valid (any more)."); return; }
+  $("find-status").textContent = text || "Failed: " + problemText(error);
+}
+
+function clearFind() {
+  finding++;
+  nextPage = null;
+  $("found").querySelector("tbody").replaceChildren();
+  $("found").hidden = true;
+  $("find-more").hidden = true;
+  $("message-detail").hidden = true;
+  $("find-status").textContent = "";
+}
+
+async function find() {
+  clearFind();
+  const topic = selected, ticket = finding;
+  const id = $("find-id").value.trim();
+  if (id) {
+    try {
+      const m = await api("GET", `${messagesPath(topic)}/${encodeURIComponent(id)}`);
+      if (ticket !== finding) return;
+      addFound([m], topic, ticket);
+      $("find-status").textContent = "1 found";
+      showMessage(m);
+    } catch (error) {
+      if (ticket !== finding) return;
+      findFailed(error, error.status === 404 ? `No message ${id} on this topic.` : "");
+    }
+    return;
+  }
+  const query = new URLSearchParams({ limit: FIND_LIMIT });
+  for (const [name, input] of [["recipient", "find-recipient"], ["label", "find-label"],
+                               ["state", "find-state"]]) {
+    const value = $(input).value.trim();
+    if (value) query.set(name, value);
+  }
+  await findPages(topic, ticket, query, null);
+}
+
+async function findPages(topic, ticket, query, token) {
+  $("find-more").hidden = true;
+  try {
+    for (let read = 0; read < EMPTY_PAGES; read++) {
+      const q = new URLSearchParams(query);
+      if (token) q.set("page_token", token);
+      const page = await api("GET", `${messagesPath(topic)}?${q}`);
+      if (ticket !== finding) return;
+      addFound(page.messages, topic, ticket);
+      token = page.next_page_token;
+      if (page.messages.length || !token) break;
+    }
+  } catch (error) {
+    if (ticket === finding) findFailed(error);
+    return;
+  }
+  const count = $("found").querySelectorAll("tbody tr").length;
+  nextPage = token ? { topic, ticket, query, token } : null;
+  $("find-more").hidden = !token;
+  $("find-status").textContent = count ? `${count} shown${token ? ", more may follow" : ""}`
+    : token ? "None yet: More reads on" : "None found";
+}
+
+function addFound(messages, topic, ticket) {
+  const body = $("found").querySelector("tbody");
+  for (const m of messages) {
+    const row = document.createElement("tr");
+    row.dataset.id = m.id;
+    cell(row, m.id);
+    cell(row, m.state, "state");
+    cell(row, m.deliver_at);
+    cell(row, shown(m.recipient));
+    cell(row, labelText(m.labels));
+    cell(row, shown(m.campaign));
+    row.addEventListener("click", () => openMessage(topic, ticket, m.id, row));
+    body.appendChild(row);
+  }
+  $("found").hidden = false;
+}
+
+async function openMessage(topic, ticket, id, row) {
+  const click = ++opened;
+  try {
+    const m = await api("GET", `${messagesPath(topic)}/${encodeURIComponent(id)}`);
+    if (ticket !== finding || click !== opened) return;
+    for (const r of $("found").querySelectorAll("tbody tr")) {
+      r.classList.toggle("selected", r === row);
+    }
+    showMessage(m);
+  } catch (error) {
+    if (ticket !== finding || click !== opened) return;
+    findFailed(error, error.status === 404 ? `No message ${id} on this topic (any more).` : "");
+  }
+}
+
+function showMessage(m) {
+  const list = $("detail-fields");
+  list.replaceChildren();
+  const fields = ["state", "attempts", "created_at", "deliver_at", "requested_deliver_at",
+                  "updated_at", "recipient", "campaign", "labels", "last_error", "cancel_reason"];
+  for (const name of fields) {
+    if (name === "requested_deliver_at" && !(name in m)) continue;
+    const term = document.createElement("dt");
+    term.textContent = name;
+    const value = document.createElement("dd");
+    value.dataset.field = name;
+    value.textContent = name === "labels" ? labelText(m.labels) : shown(m[name]);
+    list.append(term, value);
+  }
+  $("detail-id").textContent = m.id;
+  $("message-detail").hidden = false;
+}
+
 function select(name) {
+  if (name !== selected) clearFind();
   selected = name;
   for (const row of $("topics").querySelectorAll("tbody tr")) {
     row.classList.toggle("selected", row.dataset.topic === name);
@@ -241,6 +383,7 @@ async function signIn(key) {
 function signOut(message) {
   sessionStorage.removeItem(KEY);
   clearInterval(timer);
+  clearFind();
   selected = null;
   $("board").hidden = true;
   $("topic-detail").hidden = true;
@@ -255,5 +398,14 @@ document.addEventListener("DOMContentLoaded", () => {
     signIn($("api-key").value.trim());
   });
   $("sign-out").addEventListener("click", () => signOut());
+  $("find").addEventListener("submit", event => {
+    event.preventDefault();
+    if (selected) find();
+  });
+  $("find-more").addEventListener("click", () => {
+    if (nextPage && nextPage.ticket === finding) {
+      findPages(nextPage.topic, nextPage.ticket, nextPage.query, nextPage.token);
+    }
+  });
   if (sessionStorage.getItem(KEY)) signIn(sessionStorage.getItem(KEY));
 });
