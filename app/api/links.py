@@ -134,6 +134,11 @@ LINKS: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {
     (f"{MESSAGE}/extend", "post"): {"200": _HELD},
     (f"{MESSAGE}/nack", "post"): {"204": _SAME_MESSAGE},
     (f"{MESSAGE}/ack", "post"): {"204": {"GetMessage": _SAME_MESSAGE["GetMessage"]}},
+    (f"{TOPIC}/messages", "get"): {"200": {
+        "NextPage": _link(f"{TOPIC}/messages", "get", "The search's next page (same filters).",
+                          {"topic": "$request.path.topic",
+                           "page_token": "$response.body#/next_page_token"}),
+        **_message_calls("$response.body#/messages/0/id")}},
     (f"{TOPIC}/dead-letters", "get"): {
         "200": _message_calls("$response.body#/messages/0/id", leases=False)},
     (f"{TOPIC}/campaigns", "get"): {"200": _campaign_calls("$response.body#/campaigns/0/campaign")},

@@ -3,10 +3,12 @@ page (GET /v1/topics/{topic}/messages).
 
 Order: the storage order of app.store.search, by the token of a message's home partition,
 then by id: stable (neither changes for a message) but not by time. A page token names the
-last row read, the topic and the filter it was made for; the next page starts strictly
-after that row, so while messages change state between pages none is shown twice and none
-that matches throughout is skipped. A message that starts or stops matching between pages
-appears if the search reaches it while it matches.
+last row read (its place in that order, in plain text, as DynamoDB's ExclusiveStartKey);
+the next page starts strictly after that row, so while messages change state between pages
+none is shown twice and none that matches throughout is skipped. A message that starts or
+stops matching between pages appears if the search reaches it while it matches. Every
+string of TOKEN_PATTERN is a place: given with other filters or on another topic, a search
+goes on from that place in the ring (follow each search with its own tokens).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 import uuid
 from typing import Any
 
@@ -23,6 +26,30 @@ from app.models import MessageFilter, MessageState, Topic
 from app.services import Services
 from app.store.search import Position, SearchStore
 
+# a page token: where the previous page stopped, `{partition token}~{home}~{id}` in ring order;
+# every string of this pattern is one (openapi.yaml gives it as page_token's pattern)
+TOKEN_PATTERN = r"^-?[0-9]{1,19}~[0-9]{1,10}~[A-Za-z0-9_.:-]{1,128}$"
+_TOKEN = re.compile(TOKEN_PATTERN)
+_MIN_TOKEN, _MAX_TOKEN = -(2 ** 63), 2 ** 63 - 1
+_MAX_HOME = 2 ** 31 - 1
+
+
+def page_token(position: Position) -> str:
+    return f"{position.token}~{position.home}~{position.id}"
+
+
+def read_page_token(token: str) -> Position:
+    """The position a page token names (a number past the ring's ends stands for its end);
+    400 naming page_token when it is not of TOKEN_PATTERN."""
+    if not _TOKEN.fullmatch(token):
+        raise InvalidInput("page_token is not a page token.", {"page_token": [
+            "Not a next_page_token: {partition token}~{home}~{id}."]})
+    ring, home, last = token.split("~", 2)
+    return Position(min(max(int(ring), _MIN_TOKEN), _MAX_TOKEN), min(int(home), _MAX_HOME), last)
+
+
+# The cursors of filtered operations (workers/operations.py) stay bound to their topic and
+# filter: kept in the operation's row, they are never a client's to make.
 MAX_TOKEN_CHARS = 512
 
 
@@ -34,7 +61,8 @@ def fingerprint(topic_uid: uuid.UUID, flt: MessageFilter) -> str:
 
 
 def encode_token(position: Position, bound: str) -> str:
-    """An opaque page token (URL-safe base64 of JSON)."""
+    """A cursor bound to topic and filter (URL-safe base64 of JSON): a filtered
+    operation's, kept in its row (workers/operations.py)."""
     raw = json.dumps([1, position.token, position.home, position.id, bound],
                      separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
@@ -67,14 +95,13 @@ def decode_token(token: str, bound: str) -> Position:
 
 
 def search(services: Services, topic: Topic, flt: MessageFilter, limit: int,
-           page_token: str | None = None) -> tuple[list[MessageState], str | None]:
+           token: str | None = None) -> tuple[list[MessageState], str | None]:
     """Up to `limit` matching messages of topic and the token of the next page (None when
     there is none). A page may hold fewer than `limit` while more follow."""
-    bound = fingerprint(topic.uid, flt)
-    after = None if page_token is None else decode_token(page_token, bound)
+    after = None if token is None else read_page_token(token)
     found = SearchStore(services.db).find(topic.uid, flt, limit, after)
     rows = [r for r in found.rows if flt.matches(r)]
-    return rows, None if found.position is None else encode_token(found.position, bound)
+    return rows, None if found.position is None else page_token(found.position)
 
 
 def parse_label(text: str) -> tuple[str, str]:

@@ -73,9 +73,8 @@ def _first_fire(cron: Cron, s: Schedule, from_ms: int) -> int | None:
 
 def _body(services: Services, topic: Topic, name: str, data: dict[str, Any],
           now: int) -> Schedule:
+    # an end_at at or before start_at is taken, as one already past is: no fire, ever
     start, end = data.get("start_at"), data.get("end_at")
-    if start is not None and end is not None and end <= start:
-        raise InvalidInput("end_at is not after start_at.", {"end_at": ["Must be after start_at."]})
     payload = payload_of(data, services.config.max_payload_bytes)
     return Schedule(topic.uid, name, data["cron"], data["timezone"], payload.data,
                     payload.encoding, data.get("priority", 100), data.get("campaign"), start,

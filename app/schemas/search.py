@@ -9,6 +9,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 
 from app.core.ids import CLIENT_ID, NAME
 from app.core.timeparse import RFC_3339
+from app.messages.search import TOKEN_PATTERN
 from app.models import STATES
 from app.schemas.fields import Instant
 from app.schemas.messages import MAX_LABEL_VALUE, MAX_LABELS, MessageSummarySchema
@@ -17,7 +18,10 @@ MAX_SEARCH_LIMIT = 1000
 LABEL_FILTER = f"^[a-z0-9][a-z0-9_.-]{{0,63}}:.{{0,{MAX_LABEL_VALUE}}}$"
 
 
-_EPOCH_MS = re.compile(r"^-?[0-9]{1,16}$")
+# epoch ms in a query string: digits, which a query cannot tell from an integer, so the
+# document gives both forms the same values (the years 1653 to 5138)
+_EPOCH_MS_DIGITS = "[0-9]{1,14}|-[0-9]{1,13}"
+_EPOCH_MS = re.compile(f"^({_EPOCH_MS_DIGITS})$")
 
 
 class QueryInstant(Instant):
@@ -25,7 +29,9 @@ class QueryInstant(Instant):
 
     def __init__(self, **kwargs: Any) -> None:
         metadata = kwargs.pop("metadata", {})
-        metadata.update(type="string", pattern=f"^(-?[0-9]{{1,16}}|{RFC_3339.pattern})$")
+        metadata.update(type=["string", "integer"], minimum=-(10 ** 13 - 1),
+                        maximum=10 ** 14 - 1,
+                        pattern=f"^({_EPOCH_MS_DIGITS}|{RFC_3339.pattern})$")
         super().__init__(metadata=metadata, **kwargs)
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
@@ -81,17 +87,33 @@ class SearchQuerySchema(MessageFilterSchema):
     label = fields.List(fields.String(metadata={"pattern": LABEL_FILTER}),
                         validate=validate.Length(max=MAX_LABELS), metadata={
         "description": "key:value (split at the first colon); repeat it for several labels, "
-                       "each required (at most 10, each key once)."})
+                       "each required (at most 10; a key given twice with two values "
+                       "matches nothing)."})
     due_from = QueryInstant(metadata={
         "description": "Only messages whose deliver_at is at or after this."})
     due_to = QueryInstant(metadata={
-        "example": "2026-12-02T09:00:00.250Z",  # after due_from's: the example is accepted
-        "description": "Only messages whose deliver_at is before this."})
+        "example": "2026-12-02T09:00:00.250Z",
+        "description": "Only messages whose deliver_at is before this (at or before "
+                       "due_from: none)."})
     limit = fields.Integer(load_default=100, validate=validate.Range(1, MAX_SEARCH_LIMIT),
                            metadata={"description": "At most this many a page (1-1000, "
                                                     "default 100)."})
-    page_token = fields.String(validate=validate.Length(1, 512), metadata={
-        "description": "next_page_token of the previous page, with the same filters."})
+    page_token = fields.String(metadata={
+        "pattern": TOKEN_PATTERN,
+        "description": "next_page_token of the previous page, with the same filters: where "
+                       "that page stopped in storage order, in plain text. Any string of "
+                       "the pattern is a place to go on from; with other filters, or on "
+                       "another topic, a search goes on from that place (follow each "
+                       "search with its own tokens)."})
+
+    @validates_schema
+    def _labels_and_times(self, data: dict[str, Any], **kwargs: Any) -> None:
+        """As a filter's, except that a label key named twice is taken (both values
+        required: nothing matches when they differ) and so is a due_to at or before
+        due_from (nothing matches): a query that matches nothing is answered, empty."""
+        problems = [p for p in map(_label_problem, data.get("label") or []) if p]
+        if problems:
+            raise ValidationError(problems, "label")
 
 
 class SearchPageSchema(Schema):

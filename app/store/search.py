@@ -73,8 +73,15 @@ class SearchStore:
 
     def find(self, topic_uid: uuid.UUID, flt: MessageFilter, limit: int,
              after: Position | None = None) -> Found:
-        """Up to `limit` matching rows after `after` (from the start when None)."""
-        where, values = _conditions(flt)
+        """Up to `limit` matching rows after `after` (from the start when None). A filter
+        that can match nothing (one label key with two values, due_to at or before
+        due_from) reads nothing."""
+        labels = dict(flt.labels)
+        if len(labels) < len(set(flt.labels)) or (
+                flt.due_from_ms is not None and flt.due_to_ms is not None
+                and flt.due_to_ms <= flt.due_from_ms):
+            return Found([], None)
+        where, values = _conditions(dataclasses.replace(flt, labels=tuple(labels.items())))
         rows: list[dict[str, Any]] = []
         if after is not None:  # the rest of the partition the last search stopped in
             rows = self._read(["topic_uid = ?", "home = ?", "id > ?", *where],
