@@ -276,9 +276,12 @@ def test_a_failed_post_gives_its_slot_back_so_another_message_of_its_recipient_g
                                                       ("d", 5000))])
         topic = _topic(services, auth, t)
         ids = [f"p{r}-{k}" for r in range(20) for k in "abcd"]
+        midnight = next_midnight(ZoneInfo(zone), start)
 
         def settled() -> bool:
-            states = collections.Counter(r.state for r in _rows(services, topic, ids).values())
+            states = collections.Counter(
+                r.state if r.state != "scheduled" or r.due_at_ms == midnight else "due"
+                for r in _rows(services, topic, ids).values())
             return (states["dead"], states["delivered"], states["scheduled"]) == (20, 40, 20)
 
         assert wait_until(settled, 30), collections.Counter(
@@ -287,7 +290,6 @@ def test_a_failed_post_gives_its_slot_back_so_another_message_of_its_recipient_g
         arrivals = target.ids()
     assert sorted(arrivals) == sorted(i for i in ids if not i.endswith("-d"))  # each once
     rows = _rows(services, topic, ids)
-    midnight = next_midnight(ZoneInfo(zone), start)
     for r in range(20):
         assert rows[f"p{r}-a"].state == "dead"
         assert {rows[f"p{r}-{k}"].state for k in "bc"} == {"delivered"}
@@ -325,3 +327,34 @@ def test_a_nack_over_http_frees_the_slot_for_the_recipient_s_next_message(
     k2 = t.get("k2").get_json()
     assert k2["state"] == "scheduled"
     assert parse_instant(k2["deliver_at"]) == next_midnight(ZoneInfo(zone), t.clock())
+
+
+def test_a_deferral_widens_its_campaign_s_bounds_so_a_shift_moves_it(
+        client: FlaskClient, auth: dict[str, str]) -> None:
+    """A cap of 1 a day: of a recipient's two campaign messages due now one is handed out,
+    the other deferred to the next local midnight; the campaign's last_deliver_at becomes
+    that midnight, and a campaign shift reaches the deferred message too."""
+    zone = _open_zones(1)[0]
+    t = TopicClient(client, auth, frequency_cap={"max": 1, "per": "day", "on_cap": "defer"},
+                    timezone=zone)
+    now = format_ms(t.clock())
+    t.batch([{"id": f"w{k}", "recipient": "wes", "campaign": "fall", "deliver_at": now}
+             for k in range(2)])
+    view = client.get(t.url("/campaigns/fall"), headers=auth).get_json()
+    assert view["last_deliver_at"] == view["first_deliver_at"] == now
+    handed = t.drain(1, within_s=10)
+    assert t.lease(10, wait_ms=1000) == []
+    (left,) = {"w0", "w1"} - handed
+    midnight = next_midnight(ZoneInfo(zone), t.clock())
+    assert parse_instant(t.get(left).get_json()["deliver_at"]) == midnight
+    view = client.get(t.url("/campaigns/fall"), headers=auth).get_json()
+    assert parse_instant(view["last_deliver_at"]) == midnight, view
+    assert parse_instant(view["first_deliver_at"]) < midnight
+    asked = parse_instant(t.get(left).get_json()["requested_deliver_at"])
+    shift = client.patch(t.url("/campaigns/fall"), headers=auth,
+                         json={"shift_ms": 3_600_000})
+    assert shift.status_code == 202, shift.get_json()
+    # the shift moves the time it asked for (as for a send window's move); the cap is
+    # applied again when it comes due
+    assert wait_until(lambda: parse_instant(t.get(left).get_json()["deliver_at"])
+                      == asked + 3_600_000, 15), t.get(left).get_json()

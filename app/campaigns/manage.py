@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from app.campaigns import operations as campaign_ops
@@ -230,6 +231,23 @@ def widen(services: Services, topic: Topic, spans: list[tuple[Campaign, Span]]) 
     widened = {(c.name, gen): span for c, span in spans for gen in _generations(c)}
     if widened:
         services.campaigns.widen(topic.uid, widened)
+
+
+def widen_to_cover(services: Services, topic: Topic, moved: Sequence[MessageState]) -> None:
+    """Widen the bounds of the moved messages' campaigns to cover their deliver_at now (a
+    filtered shift, a frequency-cap deferral). One read per campaign; none without one."""
+    spans: dict[str, Span] = {}
+    for r in moved:
+        if r.campaign:
+            s = spans.get(r.campaign)
+            spans[r.campaign] = (r.deliver_at_ms, r.deliver_at_ms) if s is None else (
+                min(s[0], r.deliver_at_ms), max(s[1], r.deliver_at_ms))
+    found: list[tuple[Campaign, Span]] = []
+    for name, span in spans.items():
+        c = services.campaigns.get(topic.uid, name)
+        if c is not None:
+            found.append((c, span))
+    widen(services, topic, found)
 
 
 def _cover(services: Services, topic: Topic, c: Campaign,

@@ -89,7 +89,29 @@ def admit(services: Services, topic: Topic, rows: Sequence[MessageState],
             except Exception:
                 log.warning("cap of message %s not decided", row.id, exc_info=True)
                 admission.later.add(row.id)
+    _widen(services, topic, admission)
     return admission
+
+
+def _widen(services: Services, topic: Topic, admission: Admission) -> None:
+    """Before the deferrals are written: widen their campaigns' bounds to the new
+    deliver_at, so a campaign shift or cancel covers them (bounds may end wider than the
+    messages). If that fails they are not deferred this take (left for a next one)."""
+    deferred = [r for i, r in admission.capped.items()
+                if i in admission.deferred and r.campaign]
+    if not deferred:
+        return
+    from app.campaigns.manage import widen_to_cover  # which imports this module
+
+    try:
+        widen_to_cover(services, topic, deferred)
+    except Exception:
+        log.warning("bounds of campaigns of %d deferred messages of topic %s not widened",
+                    len(deferred), topic.uid, exc_info=True)
+        for r in deferred:
+            del admission.capped[r.id]
+            admission.deferred.discard(r.id)
+            admission.later.add(r.id)
 
 
 def _admit_one(services: Services, topic: Topic, cap: FrequencyCap, recipient: str,

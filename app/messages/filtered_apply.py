@@ -30,7 +30,6 @@ from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
 from app.models import MessageFilter, MessageState, Topic
 from app.services import Services
-from app.store.campaigns import Campaign, Span
 from app.store.operations import Operation
 
 
@@ -82,15 +81,4 @@ def apply(services: Services, topic: Topic, op: Operation, flt: MessageFilter,
 
 def _widen(services: Services, topic: Topic, moved: list[MessageState]) -> None:
     """Widen the bounds of the moved messages' campaigns to cover where they are now."""
-    spans: dict[str, Span] = {}
-    for r in moved:
-        if r.campaign:
-            s = spans.get(r.campaign)
-            spans[r.campaign] = (r.deliver_at_ms, r.deliver_at_ms) if s is None else (
-                min(s[0], r.deliver_at_ms), max(s[1], r.deliver_at_ms))
-    found: list[tuple[Campaign, Span]] = []
-    for name, span in spans.items():
-        c = services.campaigns.get(topic.uid, name)
-        if c is not None:
-            found.append((c, span))
-    campaigns.widen(services, topic, found)
+    campaigns.widen_to_cover(services, topic, moved)
