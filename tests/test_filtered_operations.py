@@ -88,6 +88,26 @@ def test_a_cancel_by_label_cancels_exactly_the_waiting_matches(
     assert stats["cancelled"] == 40 and stats["scheduled"] == 30 and stats["delivered"] == 3
 
 
+@pytest.mark.parametrize("filter_", [
+    {"label": ["tier:gold", "tier:free"]},  # one key, two values: no message has both
+    {"due_from": "2027-01-02T00:00:00Z", "due_to": "2027-01-01T00:00:00Z"},
+])
+def test_a_filter_that_matches_nothing_is_an_operation_that_changes_nothing(
+        app: Flask, auth: dict[str, str], filter_: dict[str, Any]) -> None:
+    """As the search answers such a filter empty, a cancel with it runs and changes none."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    later = now_ms() + HOUR_MS
+    results = topic.batch([{"id": f"{tier}{n}", "labels": {"tier": tier}, "deliver_at": later}
+                           for tier in ("gold", "free") for n in range(5)])
+    assert {r["status"] for r in results} == {201}
+    with running_operations(services):
+        op = started(topic, kind="cancel", filter=filter_)
+        done = wait_operation(topic, op["id"], 30)
+    assert done["state"] == "succeeded" and (done["processed"], done["changed"]) == (0, 0)
+    assert {r.state for r in rows(services, topic).values()} == {"scheduled"}
+
+
 def test_a_shift_by_recipient_moves_its_scheduled_messages_through_their_windows(
         app: Flask, auth: dict[str, str], small_pages: None) -> None:
     services: Services = app.extensions["duetime"]
@@ -204,7 +224,6 @@ def test_pause_and_resume_take_a_campaign_alone(app: Flask, auth: dict[str, str]
     ({"kind": "cancel", "filter": {"label": "tier:gold"}}, "filter"),
     ({"kind": "cancel", "filter": {"state": "lost"}}, "filter"),
     ({"kind": "cancel", "filter": {"recipient": "a b"}}, "filter"),
-    ({"kind": "cancel", "filter": {"due_from": 2000, "due_to": 1000}}, "filter"),
     ({"kind": "cancel", "filter": {"due_from": "yesterday"}}, "filter"),
     ({"kind": "cancel", "filter": {"colour": "red"}}, "filter"),
     ({"kind": "shift", "filter": {}}, "shift_ms"),
