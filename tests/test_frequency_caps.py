@@ -358,3 +358,46 @@ def test_a_deferral_widens_its_campaign_s_bounds_so_a_shift_moves_it(
     # applied again when it comes due
     assert wait_until(lambda: parse_instant(t.get(left).get_json()["deliver_at"])
                       == asked + 3_600_000, 15), t.get(left).get_json()
+
+
+def test_after_max_is_lowered_hand_outs_in_slots_past_it_still_count(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    """A cap of 3 a day lowered to 2. Recipient lo was handed 3 (slots 0-2), then the first
+    was nacked (slot 0 free): its 2 hand-outs left, one in slot 2, fill the new cap, so its
+    next message waits at midnight (slot 0 alone would have let it go, a third). Recipient gh
+    holds slot 0 (handed out) and slot 2 (a claim whose take never ran): within the claim
+    grace its next message is only moved a moment; after it the claim past max is given
+    back (its holder fenced) and the message goes in slot 1."""
+    zone = _open_zones(1)[0]
+    t = TopicClient(client, auth, frequency_cap={"max": 3, "per": "day", "on_cap": "defer"},
+                    timezone=zone)
+    t.batch([{"id": f"lo{k}", "recipient": "lo"} for k in range(4)]
+            + [{"id": f"gh{k}", "recipient": "gh"} for k in range(3)])
+    topic = _topic(services, auth, t)
+    lowered = dataclasses.replace(topic, settings=dataclasses.replace(
+        topic.settings, frequency_cap="2/day/defer"))
+    now = services.clock()
+    rows = _rows(services, topic, ["lo0", "lo1", "lo2", "lo3", "gh0", "gh1", "gh2"])
+    taken = _take(services, topic, [rows[f"lo{k}"] for k in range(3)] + [rows["gh0"]], now)
+    assert {r.id for r in taken} == {"lo0", "lo1", "lo2", "gh0"}
+    first = next(r for r in taken if r.id == "lo0")
+    leasing.nack(services, topic, "lo0", leasing.token_of(first), 600_000, None)
+    cap = FrequencyCap(3, None, "defer")
+    ghost = rows["gh1"]
+    assert services.caps.claim(topic.uid, "gh", 2, Claim(
+        "gh1", cap.window_end(ZoneInfo(zone), now), now, ghost.version, ghost.attempts), None)
+    assert {s.slot for s in services.caps.read_many(topic.uid, ["gh"])["gh"].values()} == {0, 2}
+
+    assert _take(services, lowered, [rows["lo3"]], now + 100) == []
+    midnight = next_midnight(ZoneInfo(zone), now)
+    lo3 = _rows(services, topic, ["lo3"])["lo3"]
+    assert (lo3.state, lo3.due_at_ms) == ("scheduled", midnight), lo3
+
+    assert _take(services, lowered, [rows["gh2"]], now + 100) == []
+    gh2 = _rows(services, topic, ["gh2"])["gh2"]
+    assert gh2.state == "scheduled" and now + 1000 <= gh2.due_at_ms < midnight  # a moment
+    later = now + frequency_caps.CLAIM_GRACE_MS + 1
+    assert [r.id for r in _take(services, lowered, [gh2], later)] == ["gh2"]
+    slots = services.caps.read_many(topic.uid, ["gh"])["gh"]
+    assert (slots[1].message_id, slots[2].window_end_ms) == ("gh2", 0)
+    assert _rows(services, topic, ["gh1"])["gh1"].version == ghost.version + 1  # fenced

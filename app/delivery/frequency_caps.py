@@ -124,8 +124,8 @@ def _admit_one(services: Services, topic: Topic, cap: FrequencyCap, recipient: s
     claim = Claim(row.id, cap.window_end(zone(zone_of(topic.settings, row)), now), now,
                   row.version, row.attempts)
     for _ in range(CLAIM_TRIES):
-        free = _free(cap, slots, now) or _reclaimable(services, topic, cap, slots, now,
-                                                      admission)
+        free = _free(cap, slots, now) or _reclaimable(services, topic, cap, recipient,
+                                                      slots, now, admission)
         if free is None:
             _cap(topic, cap, row, _next_moment(services, topic, cap, slots, now, admission),
                  now, admission)
@@ -141,9 +141,18 @@ def _admit_one(services: Services, topic: Topic, cap: FrequencyCap, recipient: s
     admission.later.add(row.id)
 
 
+def _live(slots: dict[int, Slot], now: int) -> list[Slot]:
+    """The slots that count now, in slot order: those below max and any at or past it, left
+    by a max since lowered (they count until their windows end; they are never claimed)."""
+    return [slots[i] for i in sorted(slots) if slots[i].live(now)]
+
+
 def _free(cap: FrequencyCap, slots: dict[int, Slot], now: int
           ) -> tuple[int, Slot | None] | None:
-    """The first slot below max that is free: never used (None), run out or given back."""
+    """The first slot below max that is free (never used: None, run out or given back),
+    when fewer than max slots count."""
+    if len(_live(slots, now)) >= cap.max:
+        return None
     for index in range(cap.max):
         found = slots.get(index)
         if found is None or not found.live(now):
@@ -158,25 +167,34 @@ def _settled(services: Services, topic: Topic, s: Slot, admission: Admission) ->
             or admission.claimed.get(s.message_id, ("", None))[1] == s)
 
 
-def _reclaimable(services: Services, topic: Topic, cap: FrequencyCap,
+def _reclaimable(services: Services, topic: Topic, cap: FrequencyCap, recipient: str,
                  slots: dict[int, Slot], now: int, admission: Admission
-                 ) -> tuple[int, Slot] | None:
+                 ) -> tuple[int, Slot | None] | None:
     """A slot held by a claim whose message was not handed out under it (its releaser died
     between claim and take), made free to claim over: its holder read at SERIAL; one still
     as at its claim past CLAIM_GRACE_MS is fenced first (moved due now, so that no take of
-    the version it claimed with can apply). None when every slot was used."""
-    for index in range(cap.max):
-        s = slots[index]
+    the version it claimed with can apply). Such a slot at or past max (a max since
+    lowered) is given back instead, and a slot below max then free is returned. None when
+    every slot counting was used."""
+    for s in _live(slots, now):
         if _settled(services, topic, s, admission):
             continue
         holder = services.messages.get(topic.uid, s.message_id, serial=True)
         if holder is not None and holder.attempts > s.attempts:
             services.caps.handed_out.add((topic.uid, s.message_id, s.claimed_at_ms))
             continue
-        if holder is None or holder.version != s.version:
-            return index, s  # its take can no longer apply: it was never handed out
-        if s.claimed_at_ms + CLAIM_GRACE_MS <= now and _fence(services, topic, holder, now):
-            return index, s
+        # a version moved: its take can no longer apply, it was never handed out
+        if not (holder is None or holder.version != s.version
+                or (s.claimed_at_ms + CLAIM_GRACE_MS <= now
+                    and _fence(services, topic, holder, now))):
+            continue
+        if s.slot < cap.max:
+            return s.slot, s
+        if services.caps.give_back(topic.uid, [(recipient, s)])[0]:
+            slots[s.slot] = dataclasses.replace(s, window_end_ms=0)
+            free = _free(cap, slots, now)
+            if free is not None:
+                return free
     return None
 
 
@@ -196,17 +214,17 @@ def _fence(services: Services, topic: Topic, holder: MessageState, now: int) -> 
 
 def _next_moment(services: Services, topic: Topic, cap: FrequencyCap,
                  slots: dict[int, Slot], now: int, admission: Admission) -> tuple[int, bool]:
-    """When a slot may next be free, and whether that is its window's end (True) or only
-    the end of a claim's grace, whose take is still undecided (False)."""
+    """When a slot may next be free (when enough of the slots counting end that fewer
+    than max count), and whether that is a window's end (True) or only the end of a
+    claim's grace, whose take is still undecided (False)."""
     ends = []
-    for index in range(cap.max):
-        s = slots[index]
+    for s in _live(slots, now):
         if (_settled(services, topic, s, admission)
                 or s.claimed_at_ms + CLAIM_GRACE_MS >= s.window_end_ms):
             ends.append((s.window_end_ms, True))
         else:
             ends.append((s.claimed_at_ms + CLAIM_GRACE_MS + 1, False))
-    return min(ends)
+    return sorted(ends)[len(ends) - cap.max]
 
 
 def _cap(topic: Topic, cap: FrequencyCap, row: MessageState, moment: tuple[int, bool],

@@ -26,8 +26,9 @@ CAP_RULES = (
     "then to its send window's next opening; its deliver_at shows where, "
     "requested_deliver_at the time asked, and its attempt is not counted. With on_cap "
     "drop it is cancelled, cancel_reason frequency_capped. A cancel or move before the "
-    "hand-out still wins. Lowering max applies to the slots below it at once; raising it "
-    "too.")
+    "hand-out still wins. A changed max applies at once: after it is lowered, hand-outs "
+    "made before still count until their windows end, so none goes until fewer than the "
+    "new max count.")
 
 
 class FrequencyCapSchema(Schema):
