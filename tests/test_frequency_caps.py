@@ -401,3 +401,66 @@ def test_after_max_is_lowered_hand_outs_in_slots_past_it_still_count(
     slots = services.caps.read_many(topic.uid, ["gh"])["gh"]
     assert (slots[1].message_id, slots[2].window_end_ms) == ("gh2", 0)
     assert _rows(services, topic, ["gh1"])["gh1"].version == ghost.version + 1  # fenced
+
+
+def test_a_lease_run_out_taken_again_while_the_slot_is_undecided_is_scheduled_not_stranded(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    """A message whose lease ran out, taken again while its recipient's only slot is held
+    by another's claim still within its grace: it is moved a moment and scheduled, not left
+    `leased` with its pointer spent (nobody would ever take it again)."""
+    t = TopicClient(client, auth,
+                    frequency_cap={"max": 1, "per": "hours", "hours": 1, "on_cap": "defer"})
+    t.batch([{"id": "first", "recipient": "al"}, {"id": "second", "recipient": "al"}])
+    topic = _topic(services, auth, t)
+    rows = _rows(services, topic, ["first", "second"])
+    t0 = services.clock()
+    assert [r.id for r in _take(services, topic, [rows["first"]], t0)] == ["first"]
+    leased = _rows(services, topic, ["first"])["first"]
+    t1 = t0 + 3_600_000 + 1_000  # its lease and its slot's hour are over
+    cap = FrequencyCap(1, 1, "defer")
+    slot = services.caps.read_many(topic.uid, ["al"])["al"][0]
+    assert services.caps.claim(topic.uid, "al", 0, Claim(
+        "second", cap.window_end(ZoneInfo("UTC"), t1 - 500), t1 - 500,
+        rows["second"].version, rows["second"].attempts), slot)
+    assert _take(services, topic, [leased], t1) == []
+    again = _rows(services, topic, ["first"])["first"]
+    assert again.state == "scheduled" and again.lease_token is None
+    assert again.version == leased.version + 1 and again.due_at_ms > t1
+
+
+def test_a_slot_whose_holder_row_is_gone_or_made_again_still_counts(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    """A claim whose message row cannot be read (it expired within a long window) or was
+    made again after the claim: nothing says that message was not handed out, so its slot
+    counts until its window ends; the next message is deferred, never a max + 1."""
+    t = TopicClient(client, auth, frequency_cap={"max": 1, "per": "day", "on_cap": "drop"})
+    t.batch([{"id": "next", "recipient": "cy"}])
+    topic = _topic(services, auth, t)
+    now = services.clock()
+    cap = FrequencyCap(1, None, "drop")
+    assert services.caps.claim(topic.uid, "cy", 0, Claim(
+        "expired-long-ago", cap.window_end(ZoneInfo("UTC"), now), now - 60_000, 1, 0), None)
+    row = _rows(services, topic, ["next"])["next"]
+    later = now + frequency_caps.CLAIM_GRACE_MS + 1
+    assert _take(services, topic, [row], later) == []
+    assert _rows(services, topic, ["next"])["next"].state == "cancelled"  # dropped, not sent
+
+
+def test_a_claim_left_by_a_take_that_never_applied_is_claimed_over_by_its_own_retake(
+        client: FlaskClient, auth: dict[str, str], services: Services) -> None:
+    """The message holding a claim whose take never applied is taken again: it claims over
+    its own slot with a conditional write (not reusing it unwritten), so a process fencing
+    that claim at the same moment and this take meet at the slot; once it is handed out
+    the slot records it (attempts moved) and a fence leaves it counted."""
+    t = TopicClient(client, auth, frequency_cap={"max": 1, "per": "day", "on_cap": "drop"})
+    t.batch([{"id": "mine", "recipient": "di"}])
+    topic = _topic(services, auth, t)
+    row = _rows(services, topic, ["mine"])["mine"]
+    now = services.clock()
+    cap = FrequencyCap(1, None, "drop")
+    assert services.caps.claim(topic.uid, "di", 0, Claim(
+        "mine", cap.window_end(ZoneInfo("UTC"), now), now - 1, row.version, row.attempts),
+        None)
+    assert [r.id for r in _take(services, topic, [row], now)] == ["mine"]
+    [slot] = services.caps.read_many(topic.uid, ["di"])["di"].values()
+    assert slot.claimed_at_ms == now and slot.message_id == "mine"  # claimed over, anew

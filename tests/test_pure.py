@@ -637,3 +637,17 @@ def test_an_answer_from_a_process_of_another_version_is_read() -> None:
     want_id, [taken] = broker_wire.decode_got(message)
     assert want_id == 7 and taken.leased.id == "m" and taken.leased.labels is None
     assert taken.leased.lease_token == row.lease_token
+
+
+def test_a_line_cut_before_its_newline_is_not_read() -> None:
+    """broker_wire: an answer whose last byte (its newline) was not sent is refused, though
+    what came is JSON: its sender gave back what it carried (a reader taking it would hand
+    those messages out twice)."""
+    import pytest
+
+    from app.delivery import broker_wire
+
+    line = broker_wire.encode_withdraw(3)
+    assert broker_wire.decode_line(line) == {"withdraw": 3}
+    with pytest.raises(ValueError):
+        broker_wire.decode_line(line[:-1])

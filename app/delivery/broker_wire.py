@@ -152,7 +152,11 @@ def decode_got(message: dict[str, Any]) -> tuple[int, list[Taken]]:
 
 
 def decode_line(line: bytes) -> dict[str, Any]:
-    """One line's object; ValueError when it is not a JSON object."""
+    """One line's object; ValueError when it is not a JSON object, or not whole: a line
+    without its newline was cut short (its sender could not send the rest, and gave back what
+    it carried), even if what came is JSON."""
+    if not line.endswith(b"\n"):
+        raise ValueError("a line cut short")
     found = json.loads(line)
     if not isinstance(found, dict):
         raise ValueError("not an object")

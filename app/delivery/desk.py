@@ -44,7 +44,6 @@ MAX_WRITTEN = 100_000  # topics whose last write a process remembers
 log = logging.getLogger(__name__)
 
 
-
 class _Link:
     """One connection to a releaser's broker: wants out, answers in on a thread of its own.
     An answer goes to the callback its want was sent with; a closed link answers every
@@ -209,12 +208,15 @@ class _Call:
     def wait(self, timeout_s: float, gone: Departure) -> list[Taken]:
         """What the owners brought within timeout_s; the wait ends sooner, with nothing
         more, once the call's client leaves (`gone`)."""
-        gone.on_leave(self._client_left)
-        with self._cond:
-            self._cond.wait_for(lambda: bool(self._got) or self._answered >= self._expected
-                                or gone(), timeout_s)
-            self._open = False
-            return self._got
+        forget = gone.on_leave(self._client_left)
+        try:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._got) or self._answered >= self._expected
+                                    or gone(), timeout_s)
+                self._open = False
+                return self._got
+        finally:
+            forget()
 
     def _client_left(self) -> None:
         with self._cond:

@@ -119,10 +119,21 @@ def _admit_one(services: Services, topic: Topic, cap: FrequencyCap, recipient: s
                admission: Admission) -> None:
     """Claim a slot for row (or use the one it holds: a lease that ran out, taken again),
     else cap it. `slots` (as read) is updated with what this does."""
-    if any(s.message_id == row.id and s.live(now) for s in slots.values()):
-        return
     claim = Claim(row.id, cap.window_end(zone(zone_of(topic.settings, row)), now), now,
                   row.version, row.attempts)
+    own = next((s for s in slots.values() if s.message_id == row.id and s.live(now)), None)
+    if own is not None:
+        if row.attempts > own.attempts:  # handed out under it: a lease ran out, taken again
+            return
+        # its take under that claim never applied (a process died, a write undecided):
+        # claimed over again, so that a reclaimer's fence and this take meet at the slot
+        if services.caps.claim(topic.uid, recipient, own.slot, claim, own):
+            slots[own.slot] = Slot(own.slot, claim.message_id, claim.window_end_ms,
+                                   claim.claimed_at_ms, claim.version, claim.attempts)
+            admission.claimed[row.id] = (recipient, slots[own.slot])
+            return
+        slots.clear()
+        slots.update(services.caps.read_many(topic.uid, [recipient])[recipient])
     for _ in range(CLAIM_TRIES):
         free = _free(cap, slots, now) or _reclaimable(services, topic, cap, recipient,
                                                       slots, now, admission)
@@ -180,13 +191,16 @@ def _reclaimable(services: Services, topic: Topic, cap: FrequencyCap, recipient:
         if _settled(services, topic, s, admission):
             continue
         holder = services.messages.get(topic.uid, s.message_id, serial=True)
-        if holder is not None and holder.attempts > s.attempts:
+        # no row (expired with its retention, within a long window) or one made again
+        # since the claim: nothing says it was not handed out, so the slot counts
+        if (holder is None or holder.created_at_ms > s.claimed_at_ms
+                or holder.attempts > s.attempts):
             services.caps.handed_out.add((topic.uid, s.message_id, s.claimed_at_ms))
             continue
         # a version moved: its take can no longer apply, it was never handed out
-        if not (holder is None or holder.version != s.version
+        if not (holder.version != s.version
                 or (s.claimed_at_ms + CLAIM_GRACE_MS <= now
-                    and _fence(services, topic, holder, now))):
+                    and _fence(services, topic, holder, s, now))):
             continue
         if s.slot < cap.max:
             return s.slot, s
@@ -198,10 +212,12 @@ def _reclaimable(services: Services, topic: Topic, cap: FrequencyCap, recipient:
     return None
 
 
-def _fence(services: Services, topic: Topic, holder: MessageState, now: int) -> bool:
+def _fence(services: Services, topic: Topic, holder: MessageState, s: Slot,
+           now: int) -> bool:
     """Move a holder whose take may still be in flight to due now, at the next version, so
-    that take can never apply; True when it applied (or the row moved meanwhile: the
-    caller's claim over the slot decides)."""
+    that take can never apply; True when it applied, or the row moved meanwhile without
+    being handed out (the caller's claim over the slot decides); False when it was handed
+    out meanwhile (its slot counts)."""
     moved = dataclasses.replace(holder, state="scheduled", version=holder.version + 1,
                                 due_at_ms=now, lease_token=None, lease_expires_at_ms=None,
                                 updated_at_ms=now)
@@ -209,7 +225,10 @@ def _fence(services: Services, topic: Topic, holder: MessageState, now: int) -> 
         count_moves(services, topic, [(holder.state, "scheduled", holder.campaign)])
         return True
     again = services.messages.get(topic.uid, holder.id, serial=True)
-    return again is None or again.version != holder.version
+    if again is None or again.attempts > holder.attempts:
+        services.caps.handed_out.add((topic.uid, s.message_id, s.claimed_at_ms))
+        return False
+    return again.version != holder.version
 
 
 def _next_moment(services: Services, topic: Topic, cap: FrequencyCap,
@@ -234,9 +253,11 @@ def _cap(topic: Topic, cap: FrequencyCap, row: MessageState, moment: tuple[int, 
     is not a window's end moves only its due time (it is looked at again then)."""
     at, final = moment
     if not final:
+        # scheduled, whatever it was: a lease that ran out, taken again, left "leased" would
+        # have its pointer spent and stay leased to nobody
         admission.capped[row.id] = dataclasses.replace(
-            row, version=row.version + 1, due_at_ms=max(at, now + RETRY_MS),
-            updated_at_ms=now)
+            row, state="scheduled", version=row.version + 1, due_at_ms=max(at, now + RETRY_MS),
+            lease_token=None, lease_expires_at_ms=None, updated_at_ms=now)
         return
     if cap.on_cap == "drop":
         admission.capped[row.id] = dataclasses.replace(

@@ -202,7 +202,10 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int,
            if ok is True or n in earlier]
     finished(services, topic, won)
     count_moves(services, topic, [(rows[r.id].state, r.state, r.campaign) for r in won])
-    frequency_caps.settle(services, topic, capping, rows, won, undecided)
+    try:  # the take has applied: what it leased is handed out whatever becomes of this
+        frequency_caps.settle(services, topic, capping, rows, won, undecided)
+    except Exception:  # slots not given back are freed by the holder check, late not lost
+        log.warning("frequency-cap slots of topic %s not settled", topic.uid, exc_info=True)
     _count_slots(services, topic, [(rows[r.id], r) for r in won
                                    if r.paced and r.state == "scheduled"])
     leased = [r for r in won if r.state == "leased"]

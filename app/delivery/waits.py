@@ -94,13 +94,19 @@ class Departure:
     def __call__(self) -> bool:
         return self._left
 
-    def on_leave(self, listener: Callable[[], object]) -> None:
-        """Call listener when the client leaves (now, if it has)."""
+    def on_leave(self, listener: Callable[[], object]) -> Callable[[], None]:
+        """Call listener when the client leaves (now, if it has); returns what removes it
+        (a call asks its owners again and again within one wait)."""
         with self._lock:
             if not self._left:
                 self._listeners.append(listener)
-                return
+                return lambda: self._forget(listener)
         listener()
+        return _nothing
+
+    def _forget(self, listener: Callable[[], object]) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
 
     def leave(self) -> None:
         with self._lock:
@@ -115,11 +121,15 @@ class Departure:
 class _Staying(Departure):
     """A client never seen to leave (a call that does not wait, or no socket to watch)."""
 
-    def on_leave(self, listener: Callable[[], object]) -> None:
-        pass
+    def on_leave(self, listener: Callable[[], object]) -> Callable[[], None]:
+        return _nothing
 
     def leave(self) -> None:
         pass
+
+
+def _nothing() -> None:
+    pass
 
 
 STAYING = _Staying()
@@ -164,6 +174,10 @@ class _Watcher:
         assert self._epoll is not None
         while True:
             for fd, _ in self._epoll.poll(1.0):
+                # the event may be of a call that ended meanwhile, its descriptor's number
+                # now another's: the socket there now must be hung up itself
+                if not _hung_up(fd):
+                    continue
                 with self._lock:
                     departure = self._watched.pop(fd, None)
                     if departure is not None:
@@ -171,6 +185,13 @@ class _Watcher:
                             self._epoll.unregister(fd)
                 if departure is not None:
                     departure.leave()
+
+
+def _hung_up(fd: int) -> bool:
+    """Whether the socket at descriptor fd has its peer's hang-up (or an error) now."""
+    probe = select.poll()
+    probe.register(fd, getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR)
+    return bool(probe.poll(0))
 
 
 # a peer's FIN (its close), a reset or an error; not data (a pipelined request)

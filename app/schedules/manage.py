@@ -211,9 +211,11 @@ def fire_message(s: Schedule, fire_ms: int, topic: Topic | None) -> NewMessage:
     deliver = placed.deliver_at_ms
     digest = hashlib.sha256(repr((s.payload, s.encoding, s.priority, s.campaign,
                                   deliver)).encode()).hexdigest()[:32]
+    # the fire carries the schedule's zone, so its retries, a cap's deferral and a shift
+    # place it on the clock it was placed on, not the topic's
     return NewMessage(fire_id(s.name, fire_ms), deliver, s.priority, s.campaign,
                       Payload(s.payload, s.encoding, {}), digest,
-                      requested_ms=placed.requested_ms)
+                      requested_ms=placed.requested_ms, timezone=s.timezone)
 
 
 def plan(fires: list[int], now: int, misfire: str) -> list[int]:
