@@ -230,9 +230,11 @@ def test_an_import_rejects_or_replaces_messages_it_finds_with_other_content(
     tenant = tenant_of(services, auth)
     at = now_ms() + 3_600_000
     moved = at + 600_000
+    # the rows' recipient column is the message's recipient: "same" is the same message
     for name in ("same", "other", "taken"):
-        assert topic.enqueue(id=name, deliver_at=at, payload={"v": 1}).status_code == 201
-    assert topic.enqueue(id="taken-now", payload={"v": 1}).status_code == 201
+        assert topic.enqueue(id=name, deliver_at=at, payload={"v": 1},
+                             recipient="u").status_code == 201
+    assert topic.enqueue(id="taken-now", payload={"v": 1}, recipient="u").status_code == 201
     [leased] = topic.lease(1)
     assert leased["id"] == "taken-now"
     path = tmp_path / "again.csv"

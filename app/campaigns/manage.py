@@ -21,8 +21,8 @@ from typing import Any
 
 from app.campaigns import operations as campaign_ops
 from app.campaigns.rules import REFRESH_MS
+from app.core.frequency_cap import capped_counts
 from app.core.timeline import MS_PER_DAY
-from app.delivery.frequency_caps import capped_counts
 from app.errors import Conflict, DuetimeError, InvalidInput, NotFound
 from app.models import STATES, MessageState, Topic
 from app.services import Services

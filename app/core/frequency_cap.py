@@ -24,6 +24,13 @@ MAX_PER_WINDOW = 100  # slots of one recipient: one partition of at most this ma
 MAX_HOURS = 24 * 31
 _TEXT = re.compile(r"^([0-9]+)/(day|([0-9]+)h)/(defer|drop)$")
 MS_PER_HOUR = 3_600_000
+DEFERRED, DROPPED = "cap_deferred", "cap_dropped"  # counter rows beside the states'
+
+
+def capped_counts(counts: dict[str, int]) -> dict[str, int]:
+    """{deferred, dropped} out of a topic's or a campaign's counter rows ({row: n})."""
+    return {"deferred": max(0, counts.get(DEFERRED, 0)),
+            "dropped": max(0, counts.get(DROPPED, 0))}
 
 
 class CapError(ValueError):

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from app.core.frequency_cap import FrequencyCap
+from app.core.frequency_cap import DEFERRED, DROPPED, FrequencyCap
 from app.core.timeparse import zone
 from app.messages.send_windows import place_row
 from app.messages.transitions import Move, count_moves, move_many
@@ -32,7 +32,6 @@ CLAIM_GRACE_MS = 10_000  # a claim's take, LWT timeouts included, is decided wit
 CLAIM_TRIES = 8  # claims of one message that may lose to other processes' in one take
 RETRY_MS = 1_000  # a message not decided this take (contention, an error) is due again then
 REASON = "frequency_capped"
-DEFERRED, DROPPED = "cap_deferred", "cap_dropped"  # counter rows beside the states'
 log = logging.getLogger("duetime.frequency_caps")
 
 
@@ -320,9 +319,3 @@ def give_back(services: Services, topic: Topic, rows: Sequence[MessageState]) ->
     except Exception:
         log.warning("cap slots of %d messages of topic %s not given back", len(mine),
                     topic.uid, exc_info=True)
-
-
-def capped_counts(counts: dict[str, int]) -> dict[str, int]:
-    """{deferred, dropped} out of a topic's or a campaign's counter rows ({row: n})."""
-    return {"deferred": max(0, counts.get(DEFERRED, 0)),
-            "dropped": max(0, counts.get(DROPPED, 0))}

@@ -7,9 +7,9 @@ import time
 import uuid
 from typing import Any
 
+from app.core.frequency_cap import capped_counts
 from app.core.timeline import MS_PER_HOUR, MS_PER_MINUTE, schedule_slot_of
 from app.delivery import signing
-from app.delivery.frequency_caps import capped_counts
 from app.delivery.webhook_targets import Network, parse_allow, url_refusal
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import STATES, Topic, TopicSettings
