@@ -6,7 +6,8 @@ delivery lag percentiles per campaign (lag = when the message was marked deliver
 its deliver_at, in ms), the attempts distribution, and the campaign funnel (per campaign and
 minute: messages that entered, and that ended delivered, dead or cancelled), and the
 audience: messages per label (key, value) and state, per time zone (the message's own, else
-the topic's) and state, and distinct recipients per state. Each metric is
+the topic's) and state, and distinct recipients per state; the summary adds the messages a
+frequency cap deferred and dropped (the counters /stats shows). Each metric is
 written as Parquet and CSV under OUT/<metric>/, plus OUT/index.html with PNG charts. Prints a
 JSON summary last. Times are UTC: Parquet timestamps, RFC 3339 text in the CSV, the summary
 and the page (a per-minute or per-hour row is labelled by the time it starts, `starts_at`).
@@ -25,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from app.config import Config
+from app.core.frequency_cap import capped_counts
 from app.core.timeline import MS_PER_HOUR, MS_PER_MINUTE
 from app.messages.zones import DEFAULT_ZONE
 from spark import charts, failures, usage
@@ -174,6 +176,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress.enter(f"drawing {out / 'index.html'}")
         draw(out, args, results, rfc_3339(now))
     spark.stop()
+    # deferrals leave no mark a row keeps: their counters, as /stats and a campaign's view
+    counts = (services.campaigns.counts(topic.uid, [args.campaign])[args.campaign]
+              if args.campaign else services.counts.states(topic.uid))
     services.close()
     return {"out": str(out), "as_of": rfc_3339(now), "overdue": results["overdue"][0],
             "states": {r["state"]: r["count"] for r in results["states"]},
@@ -183,7 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                   for r in results["upcoming_per_hour"]},
             "funnel": funnel_totals(results["funnel"]),
             "labels": results["labels"], "zones": results["zones"],
-            "recipients": results["recipients"]}
+            "recipients": results["recipients"], "frequency_capped": capped_counts(counts)}
 
 
 def funnel_totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:

@@ -223,6 +223,34 @@ def test_messages_due_while_the_import_wrote_are_placed_again_and_delivered(
         assert_on_time_and_signed(target.arrivals, secret, topic.name)
 
 
+def test_the_report_counts_what_a_frequency_cap_deferred_and_dropped(
+        config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
+        tmp_path: Path) -> None:
+    """A cap of 1 a day: of one recipient's three due messages one is handed out; on a
+    `drop` topic the other two are cancelled, on a `defer` topic moved to the next day. The
+    report's frequency_capped says so, as /stats does."""
+    capped = {}
+    for on_cap in ("drop", "defer"):
+        topic = TopicClient(client, auth, frequency_cap={"max": 1, "per": "day",
+                                                         "on_cap": on_cap})
+        topic.batch([{"id": f"m{n}", "recipient": "ann"} for n in range(3)])
+        deadline = time.monotonic() + 20
+        while (sum(stats_capped(client, topic).values()) < 2
+               and time.monotonic() < deadline):
+            topic.lease(10, wait_ms=500)
+        capped[on_cap] = spark_job(config, "report", "--topic", topic.name, "--tenant",
+                                   tenant_of(services, auth), "--out",
+                                   str(tmp_path / on_cap))["frequency_capped"]
+        assert capped[on_cap] == stats_capped(client, topic)
+    assert capped == {"drop": {"deferred": 0, "dropped": 2},
+                      "defer": {"deferred": 2, "dropped": 0}}
+
+
+def stats_capped(client: FlaskClient, topic: TopicClient) -> dict[str, int]:
+    answer = client.get(topic.url("/stats"), headers=topic.headers).get_json()
+    return dict(answer["frequency_capped"])
+
+
 def test_an_import_rejects_or_replaces_messages_it_finds_with_other_content(
         config: Config, services: Services, client: FlaskClient, auth: dict[str, str],
         tmp_path: Path) -> None:
