@@ -6,6 +6,7 @@ that leaves frees its wait within a second. Real gunicorn on loopback, the suite
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 import urllib.request
@@ -25,7 +26,8 @@ METRICS_PORT = 19481
 CAPPED_PORT = 18122
 WAITS = 1000
 TENANTS = 10
-WAIT_MS = 8000
+WAIT_MS = 10_000
+PROBES = 100  # of each kind: p99 is the second slowest, not the slowest of a few
 
 
 def _waiting() -> int:
@@ -47,8 +49,9 @@ async def _all_held(n: int, within_s: float) -> float:
 
 
 def _p99(seconds: list[float]) -> float:
+    """The nearest-rank 99th percentile: of 100, the second slowest."""
     ordered = sorted(seconds)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return ordered[math.ceil(len(ordered) * 0.99) - 1]
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +78,19 @@ def test_a_thousand_long_polls_of_ten_tenants_leave_the_api_answering(
 
     async def run() -> None:
         # leases of the other tenant, to ack while the waits are held
-        for i in range(40):
+        for i in range(PROBES):
             answer = await call(PORT, "POST", f"{other_url}/messages", other,
                                 {"id": f"m{i}", "payload": i})
             assert answer.status == 201, answer
-        answer = await call(PORT, "POST", f"{other_url}/leases", other,
-                            {"max": 40, "wait_ms": 5000, "lease_seconds": 120})
-        leases: list[dict[str, Any]] = answer.json()["messages"]
-        assert answer.status == 200 and len(leases) == 40, answer
+        leases: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        while len(leases) < PROBES and time.monotonic() < deadline:
+            answer = await call(PORT, "POST", f"{other_url}/leases", other,
+                                {"max": PROBES - len(leases), "wait_ms": 2000,
+                                 "lease_seconds": 120})
+            assert answer.status == 200, answer
+            leases += answer.json()["messages"]
+        assert len(leases) == PROBES
 
         sent = await asyncio.gather(*[send(
             PORT, "POST", f"/v1/topics/{topics[i % TENANTS]}/leases", tenants[i % TENANTS],
@@ -108,7 +116,7 @@ def test_a_thousand_long_polls_of_ten_tenants_leave_the_api_answering(
                 answer = await call(PORT, method, path, other, body)
                 assert answer.status in (200, 201, 204), (name, answer)
                 probes[name].append(answer.took_s)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
         answered: list[Answer] = await asyncio.gather(*polls)
         done_at = time.monotonic()
         statuses = [a.status for a in answered]
