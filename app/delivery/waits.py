@@ -76,11 +76,6 @@ class Waits:
                 else:
                     del self._of[tenant]
 
-    def waiting(self, tenant: str | None = None) -> int:
-        """Calls waiting now, of the tenant or in all."""
-        with self._lock:
-            return self._total if tenant is None else self._of.get(tenant, 0)
-
 
 class Departure:
     """Whether a waiting call's client has left (closed its connection): set once, by the

@@ -73,12 +73,7 @@ def apply(services: Services, topic: Topic, op: Operation, flt: MessageFilter,
         moved += [new for row, new in changes if row.id not in lost]
         if not lost:
             if op.kind == "shift":
-                _widen(services, topic, moved)
+                campaigns.widen_to_cover(services, topic, moved)
             return progress
         pending = list(services.messages.get_many(topic.uid, sorted(lost)).values())
     raise StoreUnavailable(f"messages of operation {op.id} kept changing")
-
-
-def _widen(services: Services, topic: Topic, moved: list[MessageState]) -> None:
-    """Widen the bounds of the moved messages' campaigns to cover where they are now."""
-    campaigns.widen_to_cover(services, topic, moved)
