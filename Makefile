@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run up down test long fuzz lint typecheck openapi bench bench-import bench-search bench-filtered-cancel spark-s3a faults setup cluster-up cluster-down clean
+.PHONY: run up down test long fuzz conformance lint typecheck openapi bench bench-import bench-search bench-filtered-cancel spark-s3a faults setup cluster-up cluster-down clean
 
 run:            ## install what is missing, start everything, stay in the foreground
 	@devstack/stack.sh run
@@ -26,6 +26,9 @@ long: setup     ## the suite's largest tests at full scale: 100,000-message rest
 
 fuzz: setup     ## schemathesis over every route with 500 examples each (the suite runs 10)
 	DUETIME_FUZZ_EXAMPLES=$${DUETIME_FUZZ_EXAMPLES:-500} $(PY) -m pytest tests/test_fuzz.py $(PYTEST_ARGS)
+
+conformance: setup  ## the schemathesis CLI as its users run it (every check, --seed 1, 30 examples an operation, no hooks) against an API and releaser of its own
+	@devstack/conformance.sh
 
 faults: setup   ## the fault suite's long form: each nemesis, then all combined, on 2,000 messages a round; table in bench-results/faults.md
 	$(PY) -m tests.faults.run $${FAULTS_MESSAGES:-2000} $${FAULTS_WINDOW_S:-30}

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from app.core.timeline import COUNTED_AHEAD_MS
+from app.core.timeline import COUNTED_AHEAD_MS, MAX_HORIZON_DAYS
 from app.delivery.webhook_targets import parse_allow
 
 
@@ -125,6 +125,8 @@ def _validate(config: Config) -> None:
         raise ConfigError("DUETIME_PULL_IDLE_MS must be from 50 to 60000")
     if not 1 <= config.min_lease_s <= config.max_lease_s:
         raise ConfigError("DUETIME_MIN_LEASE_S must be >= 1 and <= DUETIME_MAX_LEASE_S")
+    if not 1 <= config.horizon_days <= MAX_HORIZON_DAYS:
+        raise ConfigError(f"DUETIME_HORIZON_DAYS must be from 1 to {MAX_HORIZON_DAYS}")
     _validate_texts(config)
 
 

@@ -44,6 +44,11 @@ def test_config_reads_environment_and_validates() -> None:
         load_config({"DUETIME_CONSISTENCY": "MOST"})
     with pytest.raises(ConfigError, match="DUETIME_MIN_LEASE_S"):
         load_config({"DUETIME_MIN_LEASE_S": "100", "DUETIME_MAX_LEASE_S": "10"})
+    # the document's delay_ms maximum is 365 days: a server may only lower the horizon
+    assert load_config({"DUETIME_HORIZON_DAYS": "30"}).horizon_days == 30
+    for days in ("0", "366"):
+        with pytest.raises(ConfigError, match="DUETIME_HORIZON_DAYS"):
+            load_config({"DUETIME_HORIZON_DAYS": days})
 
 
 def test_instants_parse_and_format_with_milliseconds() -> None:

@@ -48,6 +48,10 @@ def _topic_calls(topic: str) -> dict[str, dict[str, Any]]:
         "ListDeadLetters": _link(f"{TOPIC}/dead-letters", "get", "Its dead messages.", on),
         "ListCampaigns": _link(f"{TOPIC}/campaigns", "get", "Its campaigns.", on),
         "ListSchedules": _link(f"{TOPIC}/schedules", "get", "Its schedules.", on),
+        "RotateSigningSecret": _link(f"{TOPIC}/signing-secret:rotate", "post",
+                                     "Give it a new webhook signing secret.", on),
+        "StartOperation": _link(f"{TOPIC}/operations", "post",
+                                "Cancel, shift, pause or resume messages of it.", on),
     }
 
 
@@ -146,6 +150,7 @@ LINKS: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {
     (CAMPAIGN, "patch"): {"202": _OPERATION,
                           "200": _campaign_calls("$response.body#/campaign")},
     (CAMPAIGN, "delete"): {"202": _OPERATION},
+    (f"{TOPIC}/operations", "post"): {"202": _OPERATION},
     (SCHEDULE, "put"): {"200": _schedule_calls("$response.body#/name"),
                         "201": _schedule_calls("$response.body#/name")},
     (f"{TOPIC}/schedules", "get"): {"200": _schedule_calls("$response.body#/schedules/0/name")},

@@ -11,6 +11,8 @@ from app.core.ids import embedded_home
 from app.models import MessageState, Pointer
 
 MS_PER_DAY = 86_400_000
+# the furthest ahead a delivery time may be (days); DUETIME_HORIZON_DAYS may only lower it
+MAX_HORIZON_DAYS = 365
 MS_PER_MINUTE = 60_000
 MS_PER_HOUR = 3_600_000
 CAMPAIGN_SPREAD = 32

@@ -18,7 +18,9 @@ class OperationRequestSchema(Schema):
 
     JSON_RULES = {"oneOf": [
         {"properties": {"kind": {"const": "shift"}}, "required": ["shift_ms"]},
-        {"properties": {"kind": {"enum": ["cancel", "pause", "resume"]}},
+        {"properties": {"kind": {"const": "cancel"}}, "not": {"required": ["shift_ms"]}},
+        {"properties": {"kind": {"enum": ["pause", "resume"]},
+                        "filter": {"required": ["campaign"], "maxProperties": 1}},
          "not": {"required": ["shift_ms"]}}]}
 
     kind = fields.String(required=True, validate=validate.OneOf(

@@ -8,6 +8,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.core.ids import CLIENT_ID, NAME
+from app.core.timeline import MAX_HORIZON_DAYS, MS_PER_DAY
 from app.core.timeparse import LOCAL_TIME
 from app.messages.headers import (
     NAME_PATTERN,
@@ -20,6 +21,18 @@ from app.schemas.rules import at_most_one, exactly_one, needs
 from app.schemas.windows import WindowOrFalse
 
 _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
+
+
+_DELIVER_AT = ("RFC 3339 with offset, or epoch ms. A time past is due now; at most the horizon "
+               "ahead (365 days, or the server's lower DUETIME_HORIZON_DAYS: 400 beyond it).")
+
+
+def _delay_ms() -> Int:
+    """A delay from now (ms), at most the horizon: MAX_HORIZON_DAYS, or the server's lower
+    DUETIME_HORIZON_DAYS (400 beyond)."""
+    return Int(validate=validate.Range(0, MAX_HORIZON_DAYS * MS_PER_DAY), metadata={
+        "description": "ms from now; at most the horizon (365 days, or the server's lower "
+                       "DUETIME_HORIZON_DAYS: 400 beyond it), as deliver_at."})
 
 
 IF_EXISTS = ("reject", "replace", "keep")
@@ -60,9 +73,8 @@ class MessageInSchema(Schema):
 
     id = fields.String(validate=validate.Regexp(CLIENT_ID), metadata={
         "description": "Client id (idempotency key); generated (time-ordered) if absent."})
-    deliver_at = Instant(epoch_ms_in=True,
-                         metadata={"description": "RFC 3339 with offset, or epoch ms."})
-    delay_ms = Int(validate=validate.Range(min=0))
+    deliver_at = Instant(epoch_ms_in=True, metadata={"description": _DELIVER_AT})
+    delay_ms = _delay_ms()
     local_time = fields.String(metadata={"example": "2026-12-01T09:00:00",
                                          "format": "date-time-local",
                                          "pattern": f"^{LOCAL_TIME.pattern}$"})
@@ -222,8 +234,8 @@ class RescheduleSchema(Schema):
     """Give deliver_at or delay_ms (from now)."""
 
     JSON_RULES = exactly_one("deliver_at", "delay_ms")
-    deliver_at = Instant(epoch_ms_in=True)
-    delay_ms = Int(validate=validate.Range(min=0))
+    deliver_at = Instant(epoch_ms_in=True, metadata={"description": _DELIVER_AT})
+    delay_ms = _delay_ms()
 
     @validates_schema
     def _exactly_one(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -307,7 +319,7 @@ class AckBatchResultSchema(Schema):
 
 class NackSchema(Schema):
     lease_token = _lease_token()
-    delay_ms = Int(validate=validate.Range(0, 365 * 86_400_000))
+    delay_ms = Int(validate=validate.Range(0, MAX_HORIZON_DAYS * MS_PER_DAY))
     error = fields.String(validate=validate.Length(max=2000))
 
 
