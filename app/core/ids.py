@@ -14,7 +14,9 @@ import threading
 import uuid
 import zlib
 
-CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+# "." and ".." are not ids: a URL path cannot carry them (clients remove dot segments, so a
+# DELETE of message ".." would reach its topic)
+CLIENT_ID = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.:-]{1,128}$")
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _ULID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")

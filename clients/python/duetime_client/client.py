@@ -56,8 +56,12 @@ log = logging.getLogger("duetime.client")
 
 def _seg(value: str) -> str:
     """One path segment: every reserved character percent-encoded, so an id holding `/`,
-    `?`, `#` or `%` stays in its segment (and gets the API's own answer about it)."""
-    return quote(str(value), safe="")
+    `?`, `#` or `%`, or one that is `.` or `..`, stays in its segment (and gets the API's
+    own answer about it)."""
+    segment = quote(str(value), safe="")
+    # "." and ".." are dot segments, which URL parsers remove (".." would reach the parent):
+    # encoded, they reach the API, which refuses them as ids
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
 def retry_after_s(hint: str, now_s: float | None = None) -> float | None:

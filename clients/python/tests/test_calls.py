@@ -40,6 +40,16 @@ def test_ids_with_reserved_characters_stay_in_their_segment(api: Client, topic: 
             call()
         assert refused.value.status == 400 and "path" in refused.value.problem["errors"]
     assert api.get(topic, "a")["state"] == "scheduled"
+    # "." and "..": the API's 400 about the id, not the topic a dot segment would reach
+    for message_id in (".", ".."):
+        for call in (api.get, api.cancel):
+            with pytest.raises(ApiError) as refused:
+                call(topic, message_id)
+            assert refused.value.status == 400 and "id" in refused.value.problem["errors"]
+        with pytest.raises(ApiError) as refused:
+            api.enqueue(topic, {"n": 1}, id=message_id)
+        assert refused.value.status == 400
+    assert api.get_topic(topic)["name"] == topic  # not deleted through messages/..
 
 
 def test_a_call_for_every_route(api: Client, topic: str) -> None:
