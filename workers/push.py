@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from app.core.timeline import pointer_of
@@ -82,6 +82,7 @@ class PushDispatcher:
         self._pending: dict[uuid.UUID, int] = defaultdict(int)  # per topic, take to outcome
         self._lock = threading.Lock()
         self._takers = ThreadPoolExecutor(TAKERS, thread_name_prefix="push-taker")
+        self._reading = ThreadPoolExecutor(2, thread_name_prefix="push-topic-read")
         self._taking = 0  # take() calls under way, waited for by stop()
         self._stopping = False
         self._took = threading.Condition(self._lock)
@@ -118,27 +119,31 @@ class PushDispatcher:
         with self._lock:
             return self.concurrency - self._pending.get(topic_uid, 0)
 
-    def take(self, topic: Topic, chunk: list[Due]) -> None:
+    def take(self, topic: Topic, chunk: list[Due],
+             lease_pointers: Mapping[tuple[str, int], int] | None = None) -> None:
         """On a broker thread: lease the chunk for its POSTs, TAKE_CHUNK at a time on the
         takers at once, and arm what was leased. A take that failed leaves its pointers
         unspent (the broker's next round tries them again); while stopping, nothing is
-        taken."""
+        taken. `lease_pointers`: as app.delivery.release.take_for_push takes them."""
         with self._lock:
             if self._stopping:
                 return
             self._taking += 1
         try:
-            self._take_and_arm(topic, chunk)
+            self._take_and_arm(topic, chunk, lease_pointers or {})
         finally:
             with self._lock:
                 self._taking -= 1
                 self._took.notify_all()
 
-    def _take_and_arm(self, topic: Topic, chunk: list[Due]) -> None:
-        stored = self._as_now(topic)
-        if stored is None:
-            return
-        futures = [self._takers.submit(self._take, stored, chunk[i:i + TAKE_CHUNK])
+    def _take_and_arm(self, topic: Topic, chunk: list[Due],
+                      lease_pointers: Mapping[tuple[str, int], int]) -> None:
+        # The topic as stored (its signing secrets) is read beside the takes, not before
+        # them: a message is signed with the secrets of when it was taken, and a read that
+        # overlaps its take may answer as of either side of it.
+        reading = self._reading.submit(self._as_now, topic)
+        futures = [self._takers.submit(self._take, topic, chunk[i:i + TAKE_CHUNK],
+                                       lease_pointers)
                    for i in range(0, len(chunk), TAKE_CHUNK)]
         armed: list[Armed] = []
         for future, at in zip(futures, range(0, len(chunk), TAKE_CHUNK), strict=True):
@@ -148,6 +153,14 @@ class PushDispatcher:
                 piece = chunk[at:at + TAKE_CHUNK]
                 log.exception("taking %d messages for their POSTs failed", len(piece))
                 self.services.scanner.forget(topic, [d.pointer for d in piece])
+        try:
+            stored = reading.result()
+        except Exception:  # the topic as this releaser follows it (topic_changes)
+            log.warning("topic %s not read for its POSTs", topic.uid, exc_info=True)
+            stored = topic
+        if stored is None:  # deleted: its messages are never delivered
+            return
+        armed = [dataclasses.replace(a, topic=stored) for a in armed]
         self._count("taken", len(armed))
         with self._lock:
             self._pending[topic.uid] += len(armed)
@@ -172,8 +185,9 @@ class PushDispatcher:
         now = self.services.topics.get(known.tenant, known.name)
         return now if now is not None and now.uid == known.uid else None
 
-    def _take(self, topic: Topic, chunk: list[Due]) -> list[Armed]:
-        taken = take_for_push(self.services, topic, chunk, self.consumer)
+    def _take(self, topic: Topic, chunk: list[Due],
+              lease_pointers: Mapping[tuple[str, int], int]) -> list[Armed]:
+        taken = take_for_push(self.services, topic, chunk, self.consumer, lease_pointers)
         # a replaced message can be held twice (old and new version): the lease won over
         # version v belongs to v's pointer, whose due time is the one that row carries
         by_version = {(d.row.id, d.row.version): d for d in chunk}
@@ -354,6 +368,7 @@ class PushDispatcher:
             self._stopping = True
             self._took.wait_for(lambda: not self._taking, STOP_TAKES_S)
         self._takers.shutdown(wait=True)
+        self._reading.shutdown(wait=True)
         self._posts.stop()
         self._outcomes.put(None)
         self._finisher.join()
