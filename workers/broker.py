@@ -232,12 +232,12 @@ class Broker:
             return
         lease_ms = (push_lease_s(topic) if topic.pushed
                     else topic.settings.lease_seconds) * 1000
+        with contextlib.suppress(RuntimeError):  # stopping: the takes write their own
+            self._writing_ahead.submit(self._place_lease_pointers, topic, soon, lease_ms)
+
+    def _place_lease_pointers(self, topic: Topic, soon: list[Due], lease_ms: int) -> None:
         pointers = [pointer_of(d.row, ready_ms(d.row) + lease_ms + LEASE_POINTER_SLACK_MS,
                                d.row.version + 1) for d in soon]
-        with contextlib.suppress(RuntimeError):  # stopping: the takes write their own
-            self._writing_ahead.submit(self._place_lease_pointers, topic, pointers)
-
-    def _place_lease_pointers(self, topic: Topic, pointers: list[Pointer]) -> None:
         try:
             errors = self.services.placer.place(topic.uid, pointers, self.services.clock(),
                                                 topic.pushed, wake=False)
@@ -246,17 +246,23 @@ class Broker:
                         exc_info=True)
             return
         with self._lock:
-            if topic.uid not in self.held:  # taken meanwhile, or the topic forgotten
+            held = self.held.get(topic.uid)
+            if held is None:  # taken meanwhile, or the topic forgotten
                 return
             written = self._lease_pointers.setdefault(topic.uid, {})
-            for p, err in zip(pointers, errors, strict=True):
-                if err is None:
+            for d, p, err in zip(soon, pointers, errors, strict=True):
+                # one taken meanwhile (no longer held) had its take write its own
+                if err is None and pointer_key(topic.uid, d.pointer.id,
+                                               d.pointer.version) in held:
                     written[(p.id, p.version)] = p.due_at_ms
 
-    def _ahead_of(self, topic_uid: uuid.UUID) -> dict[tuple[str, int], int]:
-        """A snapshot of the topic's lease pointers written ahead."""
+    def _ahead_of(self, topic_uid: uuid.UUID, chunk: list[Due]) -> dict[tuple[str, int], int]:
+        """The lease pointers written ahead for the messages of the chunk, by (message id,
+        the version its lease will have)."""
         with self._lock:
-            return dict(self._lease_pointers.get(topic_uid, {}))
+            written = self._lease_pointers.get(topic_uid, {})
+            keys = [(d.row.id, d.row.version + 1) for d in chunk]
+            return {k: written[k] for k in keys if k in written}
 
     def room_freed(self, topic_uid: uuid.UUID) -> None:
         """The POST pool has room for the topic again: a round it stopped goes on."""
@@ -435,7 +441,7 @@ class Broker:
             self._drop(topic.uid, found["pass"])
         undecided = False
         if chunk:
-            pool.take(topic, chunk, self._ahead_of(topic.uid))
+            pool.take(topic, chunk, self._ahead_of(topic.uid, chunk))
             spent = self.services.scanner.spent
             decided = [d for d in chunk
                        if pointer_key(topic.uid, d.pointer.id, d.pointer.version) in spent]
@@ -562,7 +568,7 @@ class Broker:
         if found["pass"]:  # resuming brings them back (app.campaigns.operations)
             services.scanner.spend(topic, [d.pointer for d in found["pass"]])
             self._drop(topic.uid, found["pass"])
-        ahead = self._ahead_of(topic.uid)
+        ahead = self._ahead_of(topic.uid, chunk)
         holds = [Hold(wants[o].lease_s, wants[o].consumer,
                       ahead.get((d.row.id, d.row.version + 1)))
                  for d, o in zip(chunk, owners, strict=True)]
