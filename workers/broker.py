@@ -42,14 +42,12 @@ from app.delivery import broker_wire
 from app.delivery.broker_wire import Taken, Want
 from app.delivery.fairness import fair_first
 from app.delivery.leasing import (
-    LEASE_POINTER_SLACK_MS,
     Hold,
     attempts_used_up,
     give_back,
     pauses,
     take_with_payloads,
 )
-from app.delivery.release import push_lease_s
 from app.delivery.scan import Due, PointerKey, is_live, pointer_key
 from app.models import Pointer, Topic
 from app.services import Services
@@ -72,9 +70,6 @@ HELD_PER_LANE = 128
 # A webhook topic's round takes at most this many messages (the POST pool's takes run several
 # at once); the next round starts at once.
 PUSH_ROUND_MAX = 4000
-# a message held due sooner than this (ms) gets no lease pointer written ahead: it would
-# not land before the take that needs it
-LEASE_POINTER_LEAD_MS = 20
 UNKNOWN_RECHECK_S = 0.1
 UNDECIDED_RETRY_MS = 100  # a take left undecided (a write failed) is tried again after this
 BROKER_THREADS = 4
@@ -133,11 +128,6 @@ class Broker:
         # give-backs of answers that could not be sent run apart: a stalled process's many
         # would otherwise queue ahead of other processes' rounds on the broker's threads
         self._giving_back = ThreadPoolExecutor(1, thread_name_prefix="broker-give-back")
-        # the pointers a take at the due time will need, written while the messages wait
-        # (_write_lease_pointers): per topic, (message id, the version its lease will have)
-        # -> the pointer's due time (epoch ms), once written
-        self._writing_ahead = ThreadPoolExecutor(1, thread_name_prefix="broker-lease-pointers")
-        self._lease_pointers: dict[uuid.UUID, dict[tuple[str, int], int]] = {}
         # (monotonic s, seq, what to do then): parked topics' and webhook topics' next checks
         self._checks: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -205,64 +195,14 @@ class Broker:
             return
         with self._lock:
             held = self.held.setdefault(topic.uid, HeldMessages(topic.uid, topic.pushed))
-            new = []
             for d in found:
-                key = pointer_key(topic.uid, d.pointer.id, d.pointer.version)
-                if key not in held:
-                    held.add(key, d)
-                    new.append(d)
+                held.add(pointer_key(topic.uid, d.pointer.id, d.pointer.version), d)
             waiting = bool(self._wants.get(topic.uid))
-        self._write_lease_pointers(topic, new)
         if topic.pushed:
             first_ms = min(ready_ms(d.row) for d in found) - self.services.clock()
             self._check_at(time.monotonic() + max(0, first_ms) / 1000, topic.uid)
         elif waiting:
             self._kick(topic.uid)
-
-    def _write_lease_pointers(self, topic: Topic, found: list[Due]) -> None:
-        """Have each message held that is not due yet get, in the background, the pointer
-        its lease will need (app.delivery.leasing.Hold.lease_pointer_ms): its next version,
-        due LEASE_POINTER_SLACK_MS after a lease of the topic's length taken at its due
-        time. The take at the due time then writes only its LWT. A pointer no take uses
-        (the message moved, or leased for another length) names a version the row never
-        has at that time, or one already due: a reader passes it."""
-        now = self.services.clock()
-        soon = [d for d in found if ready_ms(d.row) > now + LEASE_POINTER_LEAD_MS]
-        if not soon:
-            return
-        lease_ms = (push_lease_s(topic) if topic.pushed
-                    else topic.settings.lease_seconds) * 1000
-        with contextlib.suppress(RuntimeError):  # stopping: the takes write their own
-            self._writing_ahead.submit(self._place_lease_pointers, topic, soon, lease_ms)
-
-    def _place_lease_pointers(self, topic: Topic, soon: list[Due], lease_ms: int) -> None:
-        pointers = [pointer_of(d.row, ready_ms(d.row) + lease_ms + LEASE_POINTER_SLACK_MS,
-                               d.row.version + 1) for d in soon]
-        try:
-            errors = self.services.placer.place(topic.uid, pointers, self.services.clock(),
-                                                topic.pushed, wake=False)
-        except Exception:  # the takes write their own
-            log.warning("lease pointers of topic %s not written ahead", topic.uid,
-                        exc_info=True)
-            return
-        with self._lock:
-            held = self.held.get(topic.uid)
-            if held is None:  # taken meanwhile, or the topic forgotten
-                return
-            written = self._lease_pointers.setdefault(topic.uid, {})
-            for d, p, err in zip(soon, pointers, errors, strict=True):
-                # one taken meanwhile (no longer held) had its take write its own
-                if err is None and pointer_key(topic.uid, d.pointer.id,
-                                               d.pointer.version) in held:
-                    written[(p.id, p.version)] = p.due_at_ms
-
-    def _ahead_of(self, topic_uid: uuid.UUID, chunk: list[Due]) -> dict[tuple[str, int], int]:
-        """The lease pointers written ahead for the messages of the chunk, by (message id,
-        the version its lease will have)."""
-        with self._lock:
-            written = self._lease_pointers.get(topic_uid, {})
-            keys = [(d.row.id, d.row.version + 1) for d in chunk]
-            return {k: written[k] for k in keys if k in written}
 
     def room_freed(self, topic_uid: uuid.UUID) -> None:
         """The POST pool has room for the topic again: a round it stopped goes on."""
@@ -441,7 +381,7 @@ class Broker:
             self._drop(topic.uid, found["pass"])
         undecided = False
         if chunk:
-            pool.take(topic, chunk, self._ahead_of(topic.uid, chunk))
+            pool.take(topic, chunk)
             spent = self.services.scanner.spent
             decided = [d for d in chunk
                        if pointer_key(topic.uid, d.pointer.id, d.pointer.version) in spent]
@@ -568,10 +508,7 @@ class Broker:
         if found["pass"]:  # resuming brings them back (app.campaigns.operations)
             services.scanner.spend(topic, [d.pointer for d in found["pass"]])
             self._drop(topic.uid, found["pass"])
-        ahead = self._ahead_of(topic.uid, chunk)
-        holds = [Hold(wants[o].lease_s, wants[o].consumer,
-                      ahead.get((d.row.id, d.row.version + 1)))
-                 for d, o in zip(chunk, owners, strict=True)]
+        holds = [Hold(wants[o].lease_s, wants[o].consumer) for o in owners]
         by_id = {d.row.id: (d, o) for d, o in zip(chunk, owners, strict=True)}
         chunk = chunk + ending
         holds += [Hold(0, None)] * len(ending)
@@ -643,7 +580,6 @@ class Broker:
             self.read_again(topic_uid, [d.pointer for _, d in gone])
             for key, _ in gone:
                 held.remove(key)
-            self._forget_lease_pointers(topic_uid, [d for _, d in gone])
         return held
 
     def _drop(self, topic_uid: uuid.UUID, done: list[Due]) -> None:
@@ -653,24 +589,13 @@ class Broker:
                 return
             for d in done:
                 held.remove(pointer_key(topic_uid, d.pointer.id, d.pointer.version))
-            self._forget_lease_pointers(topic_uid, done)
             if not held:
                 del self.held[topic_uid]
-                self._lease_pointers.pop(topic_uid, None)
-
-    def _forget_lease_pointers(self, topic_uid: uuid.UUID, done: list[Due]) -> None:
-        """Messages no longer held need no lease pointer recorded. The caller holds the
-        lock."""
-        written = self._lease_pointers.get(topic_uid)
-        if written:
-            for d in done:
-                written.pop((d.row.id, d.row.version + 1), None)
 
     def forget(self, topic_uid: uuid.UUID) -> None:
         """A deleted topic: what is held of it goes."""
         with self._lock:
             self.held.pop(topic_uid, None)
-            self._lease_pointers.pop(topic_uid, None)
             self._woken_at.pop(topic_uid, None)
             self._check_due.pop(topic_uid, None)
 
@@ -731,7 +656,6 @@ class Broker:
             self._checks_changed.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._giving_back.shutdown(wait=False, cancel_futures=True)
-        self._writing_ahead.shutdown(wait=False, cancel_futures=True)
 
 
 def _share(ready: list[Due], rooms: Sequence[int], total: int) -> tuple[list[Due], list[int]]:

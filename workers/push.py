@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from app.core.timeline import pointer_of
@@ -119,31 +119,28 @@ class PushDispatcher:
         with self._lock:
             return self.concurrency - self._pending.get(topic_uid, 0)
 
-    def take(self, topic: Topic, chunk: list[Due],
-             lease_pointers: Mapping[tuple[str, int], int] | None = None) -> None:
+    def take(self, topic: Topic, chunk: list[Due]) -> None:
         """On a broker thread: lease the chunk for its POSTs, TAKE_CHUNK at a time on the
         takers at once, and arm what was leased. A take that failed leaves its pointers
         unspent (the broker's next round tries them again); while stopping, nothing is
-        taken. `lease_pointers`: as app.delivery.release.take_for_push takes them."""
+        taken."""
         with self._lock:
             if self._stopping:
                 return
             self._taking += 1
         try:
-            self._take_and_arm(topic, chunk, lease_pointers or {})
+            self._take_and_arm(topic, chunk)
         finally:
             with self._lock:
                 self._taking -= 1
                 self._took.notify_all()
 
-    def _take_and_arm(self, topic: Topic, chunk: list[Due],
-                      lease_pointers: Mapping[tuple[str, int], int]) -> None:
+    def _take_and_arm(self, topic: Topic, chunk: list[Due]) -> None:
         # The topic as stored (its signing secrets) is read beside the takes, not before
         # them: a message is signed with the secrets of when it was taken, and a read that
         # overlaps its take may answer as of either side of it.
         reading = self._reading.submit(self._as_now, topic)
-        futures = [self._takers.submit(self._take, topic, chunk[i:i + TAKE_CHUNK],
-                                       lease_pointers)
+        futures = [self._takers.submit(self._take, topic, chunk[i:i + TAKE_CHUNK])
                    for i in range(0, len(chunk), TAKE_CHUNK)]
         armed: list[Armed] = []
         for future, at in zip(futures, range(0, len(chunk), TAKE_CHUNK), strict=True):
@@ -185,9 +182,8 @@ class PushDispatcher:
         now = self.services.topics.get(known.tenant, known.name)
         return now if now is not None and now.uid == known.uid else None
 
-    def _take(self, topic: Topic, chunk: list[Due],
-              lease_pointers: Mapping[tuple[str, int], int]) -> list[Armed]:
-        taken = take_for_push(self.services, topic, chunk, self.consumer, lease_pointers)
+    def _take(self, topic: Topic, chunk: list[Due]) -> list[Armed]:
+        taken = take_for_push(self.services, topic, chunk, self.consumer)
         # a replaced message can be held twice (old and new version): the lease won over
         # version v belongs to v's pointer, whose due time is the one that row carries
         by_version = {(d.row.id, d.row.version): d for d in chunk}

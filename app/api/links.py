@@ -40,12 +40,14 @@ def _link(path: str, method: str, description: str, parameters: Values,
 def _topic_calls(topic: str) -> dict[str, dict[str, Any]]:
     """The calls that put things on a topic, whose name is given by `topic`, and list them."""
     on = {"topic": topic}
-    # due now: the calls that follow (lease, then ack, nack, extend) have a message to act on
+    # due now, in a campaign: the calls that follow (lease, then ack, nack, extend; the
+    # campaign's) have a message and a campaign to act on
+    message = {"payload": {"hello": "world"}, "campaign": "welcome"}
     return {
         "EnqueueMessage": _link(f"{TOPIC}/messages", "post", "Enqueue a message due now.", on,
-                                {"payload": {"hello": "world"}}),
+                                message),
         "EnqueueBatch": _link(f"{TOPIC}/messages:batch", "post", "Enqueue messages due now.",
-                              on, {"messages": [{"payload": {"hello": "world"}}]}),
+                              on, {"messages": [message]}),
         "LeaseMessages": _link(f"{TOPIC}/leases", "post", "Lease its due messages.", on),
         "CreateSchedule": _link(SCHEDULE, "put", "Put a schedule on it.", on),
         "ListDeadLetters": _link(f"{TOPIC}/dead-letters", "get", "Its dead messages.", on),

@@ -61,20 +61,10 @@ class Leased:
 @dataclasses.dataclass(frozen=True)
 class Hold:
     """The terms a message is leased on: for how long (seconds) and to whom (the consumer
-    name kept on the row); and `lease_pointer_ms`, the due time (epoch ms) of a pointer to
-    the message's next version already written (workers.broker: written while the message
-    waited for its due time), which the take uses when its lease ends at most
-    LEASE_POINTER_SLACK_MS before it."""
+    name kept on the row)."""
 
     lease_s: int
     consumer: str | None
-    lease_pointer_ms: int | None = None
-
-
-# A lease pointer written ahead lies this far (ms) after the end of a lease taken at the due
-# time: a take up to this late still uses it, and the message comes due again this much after
-# its lease ends at most.
-LEASE_POINTER_SLACK_MS = 500
 
 
 def lease(services: Services, topic: Topic, max_messages: int, wait_ms: int,
@@ -190,13 +180,7 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int,
                if capping.goes(d.row.id)]
     moving += [r for r in capping.capped.values() if r.state == "scheduled"]
     ending += [r for r in capping.capped.values() if r.state == "cancelled"]
-    # a lease onto a pointer written ahead has its pointer: only the LWT is left at the due
-    # time
-    ahead = {d.row.id for d, hold in terms if hold.lease_pointer_ms is not None}
-    written = {r.id: r for r in leasing
-               if r.id in ahead and r.due_at_ms != r.lease_expires_at_ms}
-    placed = list(written.values()) + place_then(
-        services, topic, [r for r in leasing + moving if r.id not in written], now)
+    placed = place_then(services, topic, leasing + moving, now)
     unrecorded = dead_letters.record(services, topic, ending)
     ending = [r for r in ending if r.id not in unrecorded]
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
@@ -241,15 +225,10 @@ def _observe_pacing(taken: list[MessageState], paced_now: set[str]) -> None:
 
 
 def _leased(row: MessageState, hold: Hold, now: int) -> MessageState:
-    """The row leased on the hold's terms from now (epoch ms), its hand-out moment; due again
-    at its lease's end, or at the hold's lease pointer when that is at most
-    LEASE_POINTER_SLACK_MS later."""
+    """The row leased on the hold's terms from now (epoch ms), its hand-out moment."""
     expires = now + hold.lease_s * 1000
-    ahead = hold.lease_pointer_ms
-    due = ahead if ahead is not None and expires < ahead <= expires + LEASE_POINTER_SLACK_MS \
-        else expires
     return dataclasses.replace(
-        row, state="leased", version=row.version + 1, due_at_ms=due,
+        row, state="leased", version=row.version + 1, due_at_ms=expires,
         lease_token=uuid.uuid4(), lease_expires_at_ms=expires, attempts=row.attempts + 1,
         consumer=hold.consumer, updated_at_ms=now, paced=False)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping
 
 from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
 from app.delivery import frequency_caps, leasing
@@ -41,18 +40,14 @@ def push_lease_s(topic: Topic) -> int:
     return math.ceil(topic.settings.delivery_timeout_seconds) + PUSH_LEASE_MARGIN_S
 
 
-def take_for_push(services: Services, topic: Topic, due: list[Due], consumer: str,
-                  lease_pointers: Mapping[tuple[str, int], int] | None = None
+def take_for_push(services: Services, topic: Topic, due: list[Due], consumer: str
                   ) -> list[tuple[MessageState, Payload | None]]:
     """Lease each message due now for its POST, which starts at once (dead instead past
     max_attempts). Returns the leased rows with their payloads (None when the payload is
-    missing: the POST is then a failure). `lease_pointers`: the due time (epoch ms) of a
-    lease pointer written ahead, by (message id, the version its lease will have)."""
-    lease_s = push_lease_s(topic)
-    ahead = lease_pointers or {}
-    holds = [leasing.Hold(lease_s, consumer, ahead.get((d.row.id, d.row.version + 1)))
-             for d in due]
-    return leasing.take_with_payloads(services, topic, due, services.clock(), holds)
+    missing: the POST is then a failure)."""
+    hold = leasing.Hold(push_lease_s(topic), consumer)
+    return leasing.take_with_payloads(services, topic, due, services.clock(),
+                                      [hold] * len(due))
 
 
 def jittered_backoff_ms(attempt: int, topic: Topic, rng: random.Random) -> int:

@@ -22,7 +22,6 @@ from app.core.timeline import MS_PER_DAY
 from app.core.timeparse import format_ms, parse_instant
 from app.delivery import broker_wire, scan
 from app.delivery import desk as desk_module
-from app.delivery import leasing as leasing_module
 from app.services import Services
 from tests.consumers import TopicClient, now_ms
 from tests.releasing import releaser, tenant_of
@@ -184,51 +183,6 @@ def test_a_long_polls_message_stays_scheduled_until_it_is_due_and_a_cancel_befor
         assert topic.ack(got) == 204
         assert topic.lease(max_messages=10, wait_ms=500) == []
         assert topic.get("cancelled").get_json()["state"] == "cancelled"
-
-
-def test_the_lease_pointer_is_written_while_the_message_waits_and_brings_it_back(
-        config: Config, auth: dict[str, str], ring: dict[str, Any]) -> None:
-    """A message held before its due time gets the pointer its lease will need written then
-    (its next version, LEASE_POINTER_SLACK_MS after a lease of the topic's length taken at
-    the due time): the take at the due time writes no pointer, only its LWT. The lease runs
-    from the hand-out; when it runs out unacked, that pointer brings the message back, at
-    most LEASE_POINTER_SLACK_MS after the lease's end. A consumer asking another lease
-    length gets a pointer at its own lease's end."""
-    with _one_owner(config, auth, ring, "b-ahead", {"lease_seconds": 1}) as (topic, uid, r):
-        placed: list[tuple[str, int, int]] = []
-        place = r.services.placer.place
-
-        def recording(topic_uid: uuid.UUID, pointers: Any, *args: Any, **kwargs: Any) -> Any:
-            placed.extend((p.id, p.version, p.due_at_ms) for p in pointers)
-            return place(topic_uid, pointers, *args, **kwargs)
-
-        r.services.placer.place = recording  # type: ignore[method-assign]
-        try:
-            due = now_ms() + 1500
-            assert topic.enqueue(id="ahead", deliver_at=format_ms(due)).status_code == 201
-            [got] = topic.lease(max_messages=1, wait_ms=4000)
-            leased = r.services.messages.get_many(uid, ["ahead"])["ahead"]
-            expires = parse_instant(got["lease"]["expires_at"])
-            assert leased.lease_expires_at_ms == expires >= got["received_at"] + 1000 - 50
-            slack = leasing_module.LEASE_POINTER_SLACK_MS
-            assert expires < leased.due_at_ms <= expires + slack
-            # one pointer of the leased version: the one written ahead, at the row's due time
-            assert [(v, at) for i, v, at in placed if i == "ahead" and v == 2] == [
-                (2, leased.due_at_ms)]
-            [again] = topic.lease(max_messages=1, wait_ms=5000)
-            assert (again["id"], again["attempt"]) == ("ahead", 2)
-            assert expires <= again["received_at"] <= leased.due_at_ms + 1000
-            assert topic.ack(again) == 204
-            # another lease length: the take's own pointer, at its lease's end
-            due = now_ms() + 1500
-            assert topic.enqueue(id="longer", deliver_at=format_ms(due)).status_code == 201
-            [got] = topic.lease(max_messages=1, wait_ms=4000, lease_seconds=30)
-            assert got["id"] == "longer"
-            leased = r.services.messages.get_many(uid, ["longer"])["longer"]
-            assert leased.due_at_ms == leased.lease_expires_at_ms
-            assert (2, leased.due_at_ms) in [(v, at) for i, v, at in placed if i == "longer"]
-        finally:
-            r.services.placer.place = place  # type: ignore[method-assign]
 
 
 def test_consumers_taking_one_at_a_time_get_each_message_once(
