@@ -82,7 +82,6 @@ class PushDispatcher:
         self._pending: dict[uuid.UUID, int] = defaultdict(int)  # per topic, take to outcome
         self._lock = threading.Lock()
         self._takers = ThreadPoolExecutor(TAKERS, thread_name_prefix="push-taker")
-        self._reading = ThreadPoolExecutor(2, thread_name_prefix="push-topic-read")
         self._taking = 0  # take() calls under way, waited for by stop()
         self._stopping = False
         self._took = threading.Condition(self._lock)
@@ -136,11 +135,10 @@ class PushDispatcher:
                 self._took.notify_all()
 
     def _take_and_arm(self, topic: Topic, chunk: list[Due]) -> None:
-        # The topic as stored (its signing secrets) is read beside the takes, not before
-        # them: a message is signed with the secrets of when it was taken, and a read that
-        # overlaps its take may answer as of either side of it.
-        reading = self._reading.submit(self._as_now, topic)
-        futures = [self._takers.submit(self._take, topic, chunk[i:i + TAKE_CHUNK])
+        stored = self._as_now(topic)
+        if stored is None:
+            return
+        futures = [self._takers.submit(self._take, stored, chunk[i:i + TAKE_CHUNK])
                    for i in range(0, len(chunk), TAKE_CHUNK)]
         armed: list[Armed] = []
         for future, at in zip(futures, range(0, len(chunk), TAKE_CHUNK), strict=True):
@@ -150,14 +148,6 @@ class PushDispatcher:
                 piece = chunk[at:at + TAKE_CHUNK]
                 log.exception("taking %d messages for their POSTs failed", len(piece))
                 self.services.scanner.forget(topic, [d.pointer for d in piece])
-        try:
-            stored = reading.result()
-        except Exception:  # the topic as this releaser follows it (topic_changes)
-            log.warning("topic %s not read for its POSTs", topic.uid, exc_info=True)
-            stored = topic
-        if stored is None:  # deleted: its messages are never delivered
-            return
-        armed = [dataclasses.replace(a, topic=stored) for a in armed]
         self._count("taken", len(armed))
         with self._lock:
             self._pending[topic.uid] += len(armed)
@@ -364,7 +354,6 @@ class PushDispatcher:
             self._stopping = True
             self._took.wait_for(lambda: not self._taking, STOP_TAKES_S)
         self._takers.shutdown(wait=True)
-        self._reading.shutdown(wait=True)
         self._posts.stop()
         self._outcomes.put(None)
         self._finisher.join()
