@@ -31,7 +31,7 @@ pids+=($!)
 $BIN/duetime-admin releaser --member conformance >"$LOG/releaser.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
-  curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+  curl -fsS -m 2 "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
   sleep 0.3
 done
 $BIN/st run "http://127.0.0.1:$PORT/openapi.yaml" --url "http://127.0.0.1:$PORT" \

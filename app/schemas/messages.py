@@ -23,16 +23,16 @@ from app.schemas.windows import WindowOrFalse
 _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
 
 
-_DELIVER_AT = ("RFC 3339 with offset, or epoch ms. A time past is due now; at most the horizon "
-               "ahead (365 days, or the server's lower DUETIME_HORIZON_DAYS: 400 beyond it).")
+_HORIZON = (f"at most the horizon ahead ({MAX_HORIZON_DAYS} days, or the server's lower "
+            "DUETIME_HORIZON_DAYS: 400 beyond it)")
+_DELIVER_AT = f"RFC 3339 with offset, or epoch ms. A time past is due now; {_HORIZON}."
 
 
 def _delay_ms() -> Int:
     """A delay from now (ms), at most the horizon: MAX_HORIZON_DAYS, or the server's lower
     DUETIME_HORIZON_DAYS (400 beyond)."""
     return Int(validate=validate.Range(0, MAX_HORIZON_DAYS * MS_PER_DAY), metadata={
-        "description": "ms from now; at most the horizon (365 days, or the server's lower "
-                       "DUETIME_HORIZON_DAYS: 400 beyond it), as deliver_at."})
+        "description": f"ms from now; {_HORIZON}."})
 
 
 IF_EXISTS = ("reject", "replace", "keep")
