@@ -8,7 +8,7 @@ import json
 import uuid
 from typing import Any
 
-STATES = ("scheduled", "leased", "delivered", "cancelled", "dead")
+STATES = ("scheduled", "paused", "leased", "delivered", "cancelled", "dead")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,16 +145,17 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
     }
 
 
-RESTORED_STATES = {"scheduled": "scheduled", "leased": "scheduled", "delivered": "delivered",
-                   "cancelled": "cancelled", "dead": "dead"}
+RESTORED_STATES = {"scheduled": "scheduled", "paused": "paused", "leased": "scheduled",
+                   "delivered": "delivered", "cancelled": "cancelled", "dead": "dead"}
 
 
 def restored(row: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
     """One message of an export (spark.export_job, times in epoch ms) as a row of the target
     topic: its own id, state, times, attempts and last error, placed on this topic's shards
     and homes. A scheduled or leased one waits (scheduled) for its due time, or for now if
-    that has passed: a pointer is never placed behind the writer's clock. Reject when it is
-    not a message of an export."""
+    that has passed: a pointer is never placed behind the writer's clock. A paused one stays
+    paused (its row lives as long as its payload, app.messages.transitions.row_ttl_s).
+    Reject when it is not a message of an export."""
     state = RESTORED_STATES.get(row.get("state") or "")
     message_id = row.get("id") or ""
     if state is None or not CLIENT_ID.match(message_id) or row.get("payload") is None:
@@ -177,7 +178,8 @@ def restored(row: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
         "created_at": row.get("created_at") or s.now_ms,
         "updated_at": row.get("updated_at") or s.now_ms, "state": state,
         "attempts": row.get("attempts") or 0, "last_error": row.get("last_error"),
-        "ttl": ttl_s(due, s.now_ms, s.retention_days),
+        "ttl": ttl_s(due, s.now_ms, s.retention_days,
+                     s.horizon_days * MS_PER_DAY if state == "paused" else 0),
         "spread": campaign_spread(message_id),
         "payload_ttl": ttl_s(due, s.now_ms, s.retention_days, s.horizon_days * MS_PER_DAY),
     }

@@ -13,7 +13,7 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
-from app.models import MessageState, Topic
+from app.models import STATES, MessageState, Topic
 from app.services import Services
 from tests.consumers import TopicClient
 from workers.operations import OperationRunner
@@ -32,8 +32,7 @@ def rows_of(services: Services, topic_uid: uuid.UUID, campaign: str) -> list[Mes
 
 def states_of(services: Services, topic_uid: uuid.UUID, campaign: str) -> dict[str, int]:
     counted = collections.Counter(r.state for r in rows_of(services, topic_uid, campaign))
-    return {s: counted.get(s, 0) for s in ("scheduled", "leased", "delivered", "cancelled",
-                                           "dead")}
+    return {s: counted.get(s, 0) for s in STATES}
 
 
 def topic_of(services: Services, auth: dict[str, str], name: str) -> Topic:

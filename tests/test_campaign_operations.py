@@ -102,7 +102,7 @@ def test_cancel_of_a_big_campaign_while_consumers_drain_it(
     assert len(cancelled) >= op["changed"] > 0 and len(delivered) >= 2000
     assert set(refused) <= {409}  # acks of leases the cancel took back
     view = campaign(topic, "big")
-    assert view["counts"] == {"scheduled": 0, "leased": 0, "delivered": len(delivered),
+    assert view["counts"] == {"scheduled": 0, "paused": 0, "leased": 0, "delivered": len(delivered),
                               "cancelled": len(cancelled), "dead": 0}
     assert view["cancelled"] is True and view["operation"] is None
 
@@ -136,7 +136,7 @@ def test_an_operation_whose_process_is_killed_is_finished_by_another(
     assert done["state"] == "succeeded"
     assert done["processed"] == count and done["changed"] == count  # each once, none skipped
     truth = states_of(services, topic_uid(services, auth, topic.name), "victim")
-    assert truth == {"scheduled": 0, "leased": 0, "delivered": 0, "cancelled": count,
+    assert truth == {"scheduled": 0, "paused": 0, "leased": 0, "delivered": 0, "cancelled": count,
                      "dead": 0}
     # the heir moves no counter for a row the victim changed in the page it died in (counter
     # writes cannot be repeated safely): the counts may be short by that one page, no more

@@ -46,8 +46,8 @@ def test_view_counts_follow_every_transition_and_match_the_rows(
                  for i in range(3)])
     ids = [r["id"] for r in results]
     view = campaign(topic, "spring")
-    assert view["counts"] == {"scheduled": 6, "leased": 0, "delivered": 0, "cancelled": 0,
-                              "dead": 0}
+    assert view["counts"] == {"scheduled": 6, "paused": 0, "leased": 0, "delivered": 0,
+                              "cancelled": 0, "dead": 0}
     assert parse_instant(view["first_deliver_at"]) == start - 1000
     assert parse_instant(view["last_deliver_at"]) == start - 995
     assert view["paused"] is False and view["max_per_second"] is None
@@ -78,7 +78,8 @@ def test_view_counts_follow_every_transition_and_match_the_rows(
     assert second == {ids[2], ids[4], ids[5]}
     counts = campaign(topic, "spring")["counts"]
     truth = states_of(services, topic_uid(services, auth, topic.name), "spring")
-    assert truth == {"scheduled": 0, "leased": 0, "delivered": 2, "cancelled": 1, "dead": 3}
+    assert truth == {"scheduled": 0, "paused": 0, "leased": 0, "delivered": 2, "cancelled": 1,
+                     "dead": 3}
     assert counts == truth
     listed = topic.client.get(topic.url("/campaigns"), headers=auth).get_json()["campaigns"]
     assert {c["campaign"] for c in listed} == {"spring", "later"}
@@ -256,7 +257,7 @@ def test_an_enqueue_racing_a_cancel_is_covered_or_refused(
     assert set(statuses) <= {201, 409} and 409 in statuses, set(statuses)
     truth = states_of(services, topic_uid(services, auth, topic.name), "race")
     accepted = 500 + statuses.count(201)
-    assert truth == {"scheduled": 0, "leased": 0, "delivered": 0, "dead": 0,
+    assert truth == {"scheduled": 0, "paused": 0, "leased": 0, "delivered": 0, "dead": 0,
                      "cancelled": truth["cancelled"]}
     assert truth["cancelled"] >= accepted  # plus those cancelled by their own enqueue (409)
     assert campaign(topic, "race")["counts"] == truth

@@ -1,7 +1,8 @@
 """Operations on the messages a filter matches (POST /v1/topics/{topic}/operations) on the
 real node: a cancel by label and a shift by recipient change exactly the matching messages
 (paged, counted), a cancel racing a pull consumer never has a message it counted cancelled
-handed out, pause and resume act on a campaign, and bad input is a 400 naming the field.
+handed out, pause and resume hold back and bring back a slice (or a campaign by its flag),
+and bad input is a 400 naming the field.
 A runner killed mid-way is in tests/releasers/test_filtered_operations.py."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from app.core.ids import home_of
 from app.core.timeparse import parse_instant
 from app.models import MessageFilter, MessageState
 from app.services import Services
@@ -142,11 +144,13 @@ def test_a_shift_by_recipient_moves_its_scheduled_messages_through_their_windows
         after[f"m{n}"].deliver_at_ms for n in range(30))
 
 
-def test_a_cancel_racing_a_pull_consumer_hands_out_none_it_counted_cancelled(
-        app: Flask, auth: dict[str, str]) -> None:
-    """Two consumers lease and ack the due messages of a label while a cancel of that
-    label runs: no message the cancel changed is in any lease answer, each of them is
-    cancelled, every other one was delivered, and the counts are those of the rows."""
+@pytest.mark.parametrize(("kind", "state"), [("cancel", "cancelled"), ("pause", "paused")])
+def test_a_cancel_or_pause_racing_a_pull_consumer_hands_out_none_it_counted_changed(
+        app: Flask, auth: dict[str, str], kind: str, state: str) -> None:
+    """Two consumers lease and ack the due messages of a label while a cancel (or a pause)
+    of that label runs: no message the operation changed is in any lease answer, each of
+    them is cancelled (paused), every other one was delivered, and the counts are those of
+    the rows."""
     services: Services = app.extensions["duetime"]
     topic = TopicClient(app.test_client(), auth, lease_seconds=120)
     count = 4000
@@ -176,7 +180,7 @@ def test_a_cancel_racing_a_pull_consumer_hands_out_none_it_counted_cancelled(
         while len(acked) < 300:  # delivery is under way
             time.sleep(0.02)
         with running_operations(services):
-            op = started(topic, kind="cancel", filter={"label": ["wave:one"]})
+            op = started(topic, kind=kind, filter={"label": ["wave:one"]})
             done = wait_operation(topic, op["id"], 60)
         time.sleep(1)  # the consumers' last calls answer
     finally:
@@ -187,23 +191,21 @@ def test_a_cancel_racing_a_pull_consumer_hands_out_none_it_counted_cancelled(
     found = rows(services, topic)
     uid = topic_uid(services, auth, topic.name)
     op_id = done["id"]
-    cancelled_by_op = {i for i, r in found.items()
-                       if r.state == "cancelled" and str(r.last_op) == op_id}
-    assert len(found) == count and 0 < done["changed"] == len(cancelled_by_op) < count
-    assert not cancelled_by_op & set(leased), "handed out after the cancel counted it"
+    changed_by_op = {i for i, r in found.items()
+                       if r.state == state and str(r.last_op) == op_id}
+    assert len(found) == count and 0 < done["changed"] == len(changed_by_op) < count
+    assert not changed_by_op & set(leased), "handed out after the operation counted it"
     assert len(leased) == len(set(leased))  # none handed out twice
     delivered = {i for i, r in found.items() if r.state == "delivered"}
-    assert delivered == acked and len(delivered) + len(cancelled_by_op) == count
+    assert delivered == acked and len(delivered) + len(changed_by_op) == count
     assert done["processed"] == count and done["delivering"] <= len(delivered)
-    assert services.messages.get_many(uid, sorted(cancelled_by_op)[:5])  # rows stay
+    assert services.messages.get_many(uid, sorted(changed_by_op)[:5])  # rows stay
 
 
-def test_pause_and_resume_take_a_campaign_alone(app: Flask, auth: dict[str, str]) -> None:
+def test_pause_and_resume_of_a_campaign_alone_set_its_flag(
+        app: Flask, auth: dict[str, str]) -> None:
     topic = TopicClient(app.test_client(), auth)
     assert topic.enqueue(campaign="spring", delay_ms=HOUR_MS).status_code == 201
-    refused = start(topic, kind="pause", filter={"campaign": "spring", "label": ["a:b"]})
-    assert refused.status_code == 400 and "filter" in refused.get_json()["errors"]
-    assert start(topic, kind="resume", filter={}).status_code == 400
     paused = started(topic, kind="pause", filter={"campaign": "spring"})
     assert paused["kind"] == "pause" and paused["state"] == "succeeded"
     assert paused["campaign"] == "spring" and campaign(topic, "spring")["paused"] is True
@@ -213,6 +215,98 @@ def test_pause_and_resume_take_a_campaign_alone(app: Flask, auth: dict[str, str]
     assert resumed["kind"] == "resume" and resumed["state"] == "running"
     assert campaign(topic, "spring")["paused"] is False
     assert start(topic, kind="pause", filter={"campaign": "nope"}).status_code == 404
+
+
+def test_a_pause_by_label_holds_its_waiting_messages_until_a_resume(
+        app: Flask, auth: dict[str, str], small_pages: None) -> None:
+    """A pause by label makes every matching waiting message paused (one held by a consumer
+    is counted delivering and left to it): no lease hands a paused one out, it can be
+    searched, moved and cancelled, and /stats counts it. A resume by the same label brings
+    back what came due at once and leaves the rest at their due times."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth, lease_seconds=300)
+    later = now_ms() + HOUR_MS
+    results = topic.batch(
+        [{"id": f"g{n}", "labels": {"tier": "gold"}} for n in range(20)]
+        + [{"id": f"soon{n}", "labels": {"tier": "gold"}, "deliver_at": later}
+           for n in range(5)]
+        + [{"id": f"f{n}", "labels": {"tier": "free"}} for n in range(10)])
+    assert {r["status"] for r in results} == {201}
+    held = topic.lease(1, wait_ms=2000)
+    assert len(held) == 1
+    with running_operations(services):
+        op = started(topic, kind="pause", filter={"label": ["tier:gold"]})
+        assert op["kind"] == "pause" and op["campaign"] is None
+        done = wait_operation(topic, op["id"], 30)
+    assert done["state"] == "succeeded", done
+    gold_held = held[0]["id"].startswith("g")
+    assert (done["processed"], done["changed"], done["delivering"]) == (
+        25, 25 - gold_held, int(gold_held))
+    found = rows(services, topic)
+    paused = {i for i, r in found.items() if r.state == "paused"}
+    assert paused == ({f"g{n}" for n in range(20)} | {f"soon{n}" for n in range(5)}) - {
+        held[0]["id"]}
+    assert found["soon0"].due_at_ms == later  # kept at its time
+    # its row lives as long as its payload (the horizon more), not the retention past due
+    uid = topic_uid(services, auth, topic.name)
+    [ttls] = services.db.execute(
+        "SELECT TTL(state) AS state FROM {ks}.message_states WHERE topic_uid = ? AND home = ? "
+        "AND id = ?", (uid, home_of("soon0"), "soon0"))
+    assert ttls["state"] > services.config.horizon_days * 86_400, ttls
+    # only the free ones are handed out, however long a consumer asks
+    handed = {m["id"] for m in held}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        got = topic.lease(10, wait_ms=300)
+        topic.ack_all(got)
+        handed |= {m["id"] for m in got}
+    assert handed - {held[0]["id"]} == {f"f{n}" for n in range(10)} - {held[0]["id"]}
+    searched = topic.client.get(topic.url("/messages?state=paused&limit=100"),
+                                headers=auth).get_json()
+    assert {m["id"] for m in searched["messages"]} == paused
+    stats = topic.client.get(topic.url("/stats"), headers=auth).get_json()["counts"]
+    assert stats["paused"] == len(paused), stats
+    # a paused message can be moved (it stays paused) and cancelled by id
+    moved = topic.client.patch(topic.url("/messages/soon1"), headers=auth,
+                               json={"deliver_at": later + 60_000})
+    assert moved.status_code == 200 and moved.get_json()["state"] == "paused"
+    assert topic.client.delete(topic.url("/messages/g1"), headers=auth).status_code == 204
+    replaced = topic.enqueue(id="soon2", if_exists="replace", payload={"new": 1},
+                             deliver_at=later + 120_000, labels={"tier": "gold"})
+    assert replaced.status_code == 200 and replaced.get_json()["state"] == "paused"
+    with running_operations(services):
+        op = started(topic, kind="resume", filter={"label": ["tier:gold"]})
+        done = wait_operation(topic, op["id"], 30)
+    assert done["state"] == "succeeded" and done["changed"] == len(paused) - 1, done
+    came_due = ({f"g{n}" for n in range(20)} & paused) - {"g1"}
+    assert topic.drain(len(came_due), 10) == came_due
+    after = rows(services, topic)
+    assert after["soon0"].state == "scheduled" and after["soon0"].due_at_ms == later
+    assert after["soon1"].due_at_ms == later + 60_000 and after["g1"].state == "cancelled"
+    assert (after["soon2"].state, after["soon2"].due_at_ms) == ("scheduled", later + 120_000)
+
+
+def test_a_resumed_message_still_due_ahead_is_handed_out_at_its_time(
+        app: Flask, auth: dict[str, str]) -> None:
+    """Paused and resumed before its due time, a message keeps that time: the resume writes
+    a pointer at the row's new version though the time did not change, or no pointer would
+    name it and it would never be handed out."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    due = now_ms() + 2_500
+    assert topic.enqueue(id="later", deliver_at=due, labels={"k": "v"}).status_code == 201
+    with running_operations(services):
+        for kind in ("pause", "resume"):
+            done = wait_operation(topic, started(topic, kind=kind,
+                                                 filter={"label": ["k:v"]})["id"], 10)
+            assert done["changed"] == 1, done
+    assert now_ms() < due, "the resume came after the due time: the test proves nothing"
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        got = topic.lease(1, wait_ms=1000)
+    assert [m["id"] for m in got] == ["later"]
+    assert now_ms() >= due
 
 
 @pytest.mark.parametrize(("body", "field"), [

@@ -259,6 +259,10 @@ def test_a_restored_message_keeps_its_state_and_waits_no_earlier_than_now() -> N
     assert later["due_at"] == now + 60_000 and later["deliver_at"] == now - 9000
     dead = restored({**exported, "state": "dead"}, settings)
     assert (dead["state"], dead["due_at"]) == ("dead", now - 5000)
+    # a paused one stays paused at its due time, its row living as long as its payload
+    paused = restored({**exported, "state": "paused"}, settings)
+    assert (paused["state"], paused["due_at"]) == ("paused", now - 5000)
+    assert paused["ttl"] == paused["payload_ttl"] > dead["ttl"]
     for broken in ({**exported, "state": "lost"}, {**exported, "payload": None},
                    {**exported, "id": "bad id"}):
         with pytest.raises(Reject):

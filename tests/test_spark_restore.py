@@ -80,7 +80,7 @@ def _source_topic(app: Flask, services: Services, auth: dict[str, str]) -> Topic
     deadline = time.monotonic() + 50
     while stats(client, topic)["dead"] < DEAD and time.monotonic() < deadline:
         assert topic.lease(1000, wait_ms=500) == []
-    assert stats(client, topic) == {"scheduled": LATER, "leased": LEASED,
+    assert stats(client, topic) == {"scheduled": LATER, "paused": 0, "leased": LEASED,
                                     "delivered": DELIVERED, "cancelled": GONE, "dead": DEAD}
     return topic
 
@@ -114,7 +114,7 @@ def test_a_topic_in_every_state_is_exported_and_restored(
     restored = spark_job(config, "import", str(out), "--restore", "--topic", target.name,
                          "--tenant", tenant, "--rejects", str(tmp_path / "rejects"))
     assert (restored["restored"], restored["rejected"]) == (TOTAL, 0)
-    assert stats(client, target) == {"scheduled": LATER + LEASED, "leased": 0,
+    assert stats(client, target) == {"scheduled": LATER + LEASED, "paused": 0, "leased": 0,
                                      "delivered": DELIVERED, "cancelled": GONE, "dead": DEAD}
 
     ids = ([f"del-{n}" for n in range(DELIVERED)] + [f"dead-{n}" for n in range(DEAD)]

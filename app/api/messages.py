@@ -168,13 +168,15 @@ class MessageItem(MethodView):
     @blp.doc(security=SECURITY)
     @blp.arguments(RescheduleSchema())
     @blp.response(200, MessageSchema)
-    @blp.alt_response(409, description="Not scheduled (leased, delivered, cancelled, dead).")
+    @blp.alt_response(409, description="Neither scheduled nor paused (leased, delivered, "
+                      "cancelled, dead).")
     def patch(self, body: dict[str, Any], topic: str, message_id: str) -> dict[str, Any]:
         """Move a scheduled message to a new time.
 
         A message stays scheduled until a consumer's lease call is answered with it (webhook
         topics: until its POST starts): nothing is leased ahead, so a move before that
-        always wins, and the message is handed out at its new time only."""
+        always wins, and the message is handed out at its new time only. A paused message
+        (POST /operations, pause) moves too and stays paused."""
         check_message_id(message_id)
         found = get_topic_cached(services(), tenant(), topic)
         when = body.get("deliver_at", services().clock() + body.get("delay_ms", 0))

@@ -6,14 +6,16 @@ operation changes a message at most once however often a page is run again (a re
 repeats the page after its last checkpoint; an enqueue that raced the operation covers its
 own messages), and nothing changes behind the counters' back.
 
-- cancel: a scheduled message, or one leased by a pull consumer (whose ack then answers 409),
-  becomes cancelled. One whose POST has started (app.messages.by_id.being_delivered) cannot be
-  stopped: it is counted as delivering, and should that POST fail, the next take cancels it
-  (the campaign is marked cancelled before the operation starts). Nothing is leased ahead of
+- cancel: a scheduled or paused message, or one leased by a pull consumer (whose ack then
+  answers 409), becomes cancelled. One whose POST has started
+  (app.messages.by_id.being_delivered) cannot be stopped: it is counted as delivering, and
+  should that POST fail, the next take cancels it (the campaign is marked cancelled before
+  the operation starts). Nothing is leased ahead of
   its hand-out, so every message not handed out yet is reached.
-- shift: a scheduled message moves by shift_ms, never to before now (pointer first): the time
-  it asked for moves (deliver_at, or the time its send window moved it from), then the
-  window places it again (app.messages.send_windows).
+- shift: a scheduled or paused message moves by shift_ms, never to before now (pointer
+  first; a paused one stays paused): the time it asked for moves (deliver_at, or the time
+  its send window moved it from), then the window places it again
+  (app.messages.send_windows).
 - resume: a waiting message due by now moves to now, where every reader finds it again:
   while its campaign was paused, passes left it behind their cursors.
 """
@@ -23,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from app.core.timeline import placement_ms, ttl_s
+from app.core.timeline import placement_ms
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
 from app.messages.send_windows import place_row
-from app.messages.transitions import count_moves, finished, place_then
+from app.messages.transitions import WAITING, count_moves, finished, place_then, row_ttl_s
 from app.models import MessageState, Topic
 from app.services import Services
 from app.store.campaigns import Span
@@ -64,8 +66,8 @@ def asked_ms(row: MessageState) -> int:
 
 def shifted(topic: Topic, op: Operation, row: MessageState, asked: int, now: int
             ) -> MessageState:
-    """A scheduled row moved to ask for `asked` (never before now), placed by its send
-    window, marked with the operation."""
+    """A scheduled (or paused) row moved to ask for `asked` (never before now), placed by its
+    send window, marked with the operation; a paused one stays paused."""
     placed = place_row(topic, row, max(asked, now), now)
     return dataclasses.replace(row, version=row.version + 1, deliver_at_ms=placed.deliver_at_ms,
                                requested_at_ms=placed.requested_ms,
@@ -83,11 +85,11 @@ def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: 
     if op.kind == "cancel":
         if being_delivered(row):
             progress.delivering += 1
-        elif row.state in ("scheduled", "leased"):
+        elif row.state in ("scheduled", "paused", "leased"):
             return cancelled(op, row, now)
         return None
     if op.kind == "shift":
-        if row.state != "scheduled":
+        if row.state not in ("scheduled", "paused"):
             progress.cover(row.deliver_at_ms)
             return None
         return shifted(topic, op, row, asked_ms(row) + op.shift_ms, now)
@@ -121,17 +123,17 @@ def apply(services: Services, topic: Topic, op: Operation, ids: Sequence[str]) -
 
 def write(services: Services, topic: Topic, changes: list[tuple[MessageState, MessageState]],
            now: int, progress: Progress) -> list[tuple[MessageState, MessageState]]:
-    """Apply the changes (moved rows' pointers first); count what applied; return the
+    """Apply the changes (pointers first: every row left waiting needs one at its new version,
+    even at the same due time, or no pointer would name it); count what applied; return the
     changes that lost to another transition."""
-    moving = [new for row, new in changes if new.due_at_ms != row.due_at_ms]
+    moving = [new for _, new in changes if new.state in WAITING]
     placed = {r.id for r in place_then(services, topic, moving, now)} if moving else set()
-    todo = [(row, new) for row, new in changes
-            if new.due_at_ms == row.due_at_ms or new.id in placed]
+    todo = [(row, new) for row, new in changes if new.state not in WAITING or new.id in placed]
     outcomes = services.messages.cas_many(
-        [(new, row.version, ttl_s(new.due_at_ms, now, services.config.retention_days))
-         for row, new in todo], before={row.id: row for row, _ in todo})
+        [(new, row.version, row_ttl_s(new, now, services.config)) for row, new in todo],
+        before={row.id: row for row, _ in todo})
     done = [(row, new) for (row, new), ok in zip(todo, outcomes, strict=True) if ok is True]
-    finished(services, topic, [new for row, new in done if new.due_at_ms != row.due_at_ms])
+    finished(services, topic, [new for _, new in done if new.state in WAITING])
     failed = [o for o in outcomes if isinstance(o, Exception)]
     if failed or len(placed) < len(moving):
         raise StoreUnavailable(f"Cassandra unavailable: {failed[0] if failed else 'pointers'}")

@@ -123,7 +123,7 @@ async function showTopics() {
     if (t.name === selected) row.classList.add("selected");
     cell(row, button(t.name, "link topic-link", () => select(t.name)));
     cell(row, t.delivery.mode === "webhook" ? "webhook" : "pull");
-    for (const state of ["scheduled", "leased", "delivered", "cancelled", "dead"]) {
+    for (const state of ["scheduled", "paused", "leased", "delivered", "cancelled", "dead"]) {
       cell(row, s ? s.counts[state] : "?", "count-" + state);
     }
   });

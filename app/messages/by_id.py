@@ -12,6 +12,7 @@ from app.models import MessageState, Payload, Topic
 from app.services import Services
 
 FINAL_FOR_CANCEL = {"delivered": "already delivered", "dead": "dead"}
+MOVABLE = ("scheduled", "paused")  # what PATCH and a replace may change
 RELEASER_PREFIX = "releaser:"
 
 
@@ -33,10 +34,11 @@ def being_delivered(row: MessageState) -> bool:
 
 
 def cancel(services: Services, topic: Topic, message_id: str) -> None:
-    """Cancel a scheduled or leased message: it is never delivered (a consumer holding a lease
-    gets 409 on ack). Cancelling a cancelled message again is a no-op; a delivered or dead
-    one, or one whose POST has started (being_delivered), answers 409. The race with a take
-    is decided by the row's conditional write: whichever applies first wins."""
+    """Cancel a scheduled, paused or leased message: it is never delivered (a consumer
+    holding a lease gets 409 on ack). Cancelling a cancelled message again is a no-op; a
+    delivered or dead one, or one whose POST has started (being_delivered), answers 409.
+    The race with a take is decided by the row's conditional write: whichever applies first
+    wins."""
     for _ in range(3):
         row = services.messages.get(topic.uid, message_id)
         if row is None:
@@ -64,8 +66,9 @@ def cancel(services: Services, topic: Topic, message_id: str) -> None:
 def reschedule(services: Services, topic: Topic, message_id: str,
                deliver_at_ms: int) -> MessageState:
     """Move a scheduled message to deliver_at_ms (its pointer first, then the LWT), or to its
-    send window's next opening when that time is outside it (app.messages.send_windows).
-    409 unless it is scheduled."""
+    send window's next opening when that time is outside it (app.messages.send_windows). A
+    paused one moves too and stays paused (no pointer: none hands it out until resumed).
+    409 unless it is scheduled or paused."""
     now = services.clock()
     horizon = now + services.config.horizon_days * MS_PER_DAY
     beyond = InvalidInput("The delivery time is beyond the horizon.",
@@ -75,8 +78,9 @@ def reschedule(services: Services, topic: Topic, message_id: str,
     row = services.messages.get(topic.uid, message_id)
     if row is None:
         raise NotFound(f"No message {message_id!r}.")
-    if row.state != "scheduled":
-        raise Conflict(f"Message {message_id!r} is {row.state}; only scheduled ones move.")
+    if row.state not in MOVABLE:
+        raise Conflict(f"Message {message_id!r} is {row.state}; only scheduled or paused ones "
+                       "move.")
     placed = place_row(topic, row, deliver_at_ms, now)
     if placed.deliver_at_ms > horizon:
         raise beyond
@@ -84,7 +88,9 @@ def reschedule(services: Services, topic: Topic, message_id: str,
                                 due_at_ms=placement_ms(placed.deliver_at_ms, now),
                                 deliver_at_ms=placed.deliver_at_ms,
                                 requested_at_ms=placed.requested_ms, updated_at_ms=now)
-    apply_transition(services, topic, moved, moved=True, before=row)
-    services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
-    services.counts.add_upcoming(topic.uid, [moved.due_at_ms])
+    waiting = row.state == "scheduled"
+    apply_transition(services, topic, moved, moved=waiting, before=row)
+    if waiting:
+        services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
+        services.counts.add_upcoming(topic.uid, [moved.due_at_ms])
     return moved

@@ -35,6 +35,7 @@ from app.core.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, tt
 from app.core.timeparse import TimeFormatError, parse_local_time, zone
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.messages import send_windows
+from app.messages.by_id import MOVABLE
 from app.messages.transitions import (
     apply_transition,
     count_moves,
@@ -462,14 +463,16 @@ def _replace(services: Services, topic: Topic, found: MessageState,
     stage) become row's, in one conditional write over the version read, its pointer first
     (app.messages.transitions.apply_transition). A reader that took the old version has the old
     payload and time; one that finds the new pointer reads the new row: never a mix. 409
-    once it is leased or finished; counters and the campaigns' counts follow the move.
+    once it is leased or finished; counters and the campaigns' counts follow the move. A
+    paused message is replaced too and stays paused (no pointer until it is resumed).
     Recipient, labels and timezone are content too: they are replaced with it."""
     for _ in range(RETRIES_ON_RACE):
         if found.content_hash == row.content_hash:
             return EnqueueResult(found.id, 200, found.deliver_at_ms, found.state)
-        if found.state != "scheduled":
+        if found.state not in MOVABLE:
             return EnqueueResult(row.id, 409, error=Conflict(
-                f"Message {row.id!r} is {found.state}; only a scheduled one is replaced."))
+                f"Message {row.id!r} is {found.state}; only a scheduled or paused one is "
+                "replaced."))
         now = services.clock()
         new = dataclasses.replace(
             found, version=found.version + 1, due_at_ms=placement_ms(row.deliver_at_ms, now),
@@ -479,7 +482,8 @@ def _replace(services: Services, topic: Topic, found: MessageState,
             recipient=row.recipient, labels=row.labels, timezone=row.timezone,
             cap_exempt=row.cap_exempt)
         try:
-            apply_transition(services, topic, new, moved=True, before=found)
+            apply_transition(services, topic, new, moved=found.state == "scheduled",
+                             before=found)
         except Conflict:  # leased, cancelled or replaced meanwhile: decide again
             again = services.messages.get(topic.uid, row.id)
             if again is None:

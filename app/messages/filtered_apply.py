@@ -1,4 +1,4 @@
-"""What a filtered operation (cancel or shift) does to each message of a page.
+"""What a filtered operation (cancel, shift, pause or resume) does to each message of a page.
 
 As a campaign operation's steps (app.campaigns.operations): each change is an LWT over the
 version read, marked last_op = the operation's id; a row already marked is counted as
@@ -6,28 +6,36 @@ changed and left alone, so a page applied again (by a runner that took over) cha
 message twice and its counts are exact. A row that no longer matches the filter when it is
 read is left alone and not counted as changed.
 
-- cancel: a message waiting to be handed out (scheduled, or leased with its lease run out,
-  waiting for its retry) becomes cancelled. One handed out and not finished (leased to a
+- cancel: a message waiting to be handed out (scheduled or paused, or leased with its lease
+  run out, waiting for its retry) becomes cancelled. One handed out and not finished (leased to a
   pull consumer whose lease runs, or whose POST has started: app.messages.by_id.
   being_delivered) is counted as delivering and left to its consumer: its ack delivers it,
   its nack puts it back, uncancelled. Every hand-out is an LWT over the row's version, which
   the cancel changed, so no message this operation counted as changed is handed out after.
-- shift: a scheduled message moves by shift_ms from the time it asked for, never to before
-  now, then its send window places it (app.messages.send_windows); one the shift would move
-  past the horizon stays where it is (looked at, not changed). The campaigns of moved
-  messages widen their bounds to cover them (bounds may end wider than the messages).
+- shift: a scheduled or paused message moves by shift_ms from the time it asked for, never
+  to before now, then its send window places it (app.messages.send_windows); a paused one
+  stays paused. One the shift would move past the horizon stays where it is (looked at, not
+  changed). The campaigns of moved messages widen their bounds to cover them (bounds may end
+  wider than the messages).
+- pause: a message waiting to be handed out becomes paused, at its due time: no pointer
+  hands a paused row out. One handed out and not finished is counted as delivering and left
+  to its consumer, as for cancel.
+- resume: a paused message is scheduled again at its due time, or now if that has passed
+  (inside its send window: its next opening when now is outside), pointer first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from app.campaigns import manage as campaigns
 from app.campaigns import operations as campaign_ops
 from app.campaigns.operations import Progress
-from app.core.timeline import MS_PER_DAY
+from app.core.timeline import MS_PER_DAY, placement_ms
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
+from app.messages.send_windows import retry_due
 from app.models import MessageFilter, MessageState, Topic
 from app.services import Services
 from app.store.operations import Operation
@@ -41,18 +49,37 @@ def _decide(topic: Topic, op: Operation, flt: MessageFilter, row: MessageState, 
         return None
     if not flt.matches(row):
         return None
-    if op.kind == "cancel":
+    if op.kind in ("cancel", "pause"):
         if being_delivered(row) or (
                 row.state == "leased" and (row.lease_expires_at_ms or 0) > now):
             progress.delivering += 1
             return None
-        if row.state in ("scheduled", "leased"):
+        if op.kind == "cancel" and row.state in ("scheduled", "paused", "leased"):
             return campaign_ops.cancelled(op, row, now)
+        if op.kind == "pause" and row.state in ("scheduled", "leased"):
+            return paused(op, row, now)
         return None
+    if op.kind == "resume":
+        return resumed(topic, op, row, now) if row.state == "paused" else None
     asked = campaign_ops.asked_ms(row) + op.shift_ms
-    if row.state != "scheduled" or asked > horizon:
+    if row.state not in ("scheduled", "paused") or asked > horizon:
         return None
     return campaign_ops.shifted(topic, op, row, asked, now)
+
+
+def paused(op: Operation, row: MessageState, now: int) -> MessageState:
+    """The row held back by a pause, at its due time (a lease run out, its retry's time is
+    its due time already), its lease cleared."""
+    return dataclasses.replace(row, state="paused", version=row.version + 1, lease_token=None,
+                               lease_expires_at_ms=None, updated_at_ms=now, last_op=op.id)
+
+
+def resumed(topic: Topic, op: Operation, row: MessageState, now: int) -> MessageState:
+    """A paused row scheduled again at its due time, or now (epoch ms) if that has passed,
+    inside its send window (its next opening when now is outside); deliver_at unchanged."""
+    due = placement_ms(retry_due(topic, row, max(row.due_at_ms, now)), now)
+    return dataclasses.replace(row, state="scheduled", version=row.version + 1, due_at_ms=due,
+                               updated_at_ms=now, last_op=op.id)
 
 
 def apply(services: Services, topic: Topic, op: Operation, flt: MessageFilter,

@@ -1,11 +1,11 @@
 """Starting an operation on the messages a search filter matches (POST
 /v1/topics/{topic}/operations): cancel, shift, pause or resume.
 
-cancel and shift run in the background like a campaign operation (workers/operations.py
-walks the search page by page, app.messages.filtered_apply changes each page). pause and
-resume mean what they mean for a campaign (a paused campaign's messages are held back by its
-flag, read by every take; no message row says it is paused), so they take a filter of a
-campaign alone and pause or resume that campaign (app.campaigns.manage.pause_or_resume).
+They run in the background like a campaign operation (workers/operations.py walks the
+search page by page, app.messages.filtered_apply changes each page): pause makes each
+matching waiting message `paused`, resume schedules each matching paused one again. A pause
+or resume whose filter is a campaign alone pauses or resumes that campaign by its flag
+instead (app.campaigns.manage.pause_or_resume), which holds back its later messages too.
 
 A filtered operation takes no lock: several may run on a topic at once, beside a campaign's,
 each message's change being an LWT of its own.
@@ -18,14 +18,12 @@ import uuid
 from typing import Any
 
 from app.campaigns import manage as campaigns
-from app.errors import InvalidInput
 from app.messages.search import filter_of
 from app.models import MessageFilter, Topic
 from app.services import Services
 from app.store.operations import Operation
 
-BACKGROUND_KINDS = ("cancel", "shift")
-CAMPAIGN_KINDS = ("pause", "resume")
+CAMPAIGN_KINDS = ("pause", "resume")  # with a filter of a campaign alone: its flag
 
 
 def filter_json(query: dict[str, Any]) -> str:
@@ -50,16 +48,11 @@ def message_filter(text: str) -> MessageFilter:
 
 def start(services: Services, topic: Topic, kind: str, query: dict[str, Any],
           shift_ms: int = 0) -> Operation:
-    """Start `kind` on the messages matching the validated filter `query`. cancel and shift:
-    recorded, listed for the runners, answered at once. pause and resume: 400 naming
-    `filter` unless it names a campaign alone; that campaign is paused or resumed (404 when no
-    message ever carried it, 409 when it is cancelled)."""
-    if kind in CAMPAIGN_KINDS:
-        if set(query) != {"campaign"}:
-            raise InvalidInput(f"{kind} acts on a whole campaign.", {"filter": [
-                f"{kind} takes a filter of a campaign alone ({{\"campaign\": \"name\"}}): "
-                "a paused campaign's messages are held back by its flag, and no other "
-                "slice of messages can be paused."]})
+    """Start `kind` on the messages matching the validated filter `query`: recorded, listed
+    for the runners, answered at once. A pause or resume of a filter of a campaign alone
+    pauses or resumes that campaign (404 when no message ever carried it, 409 when it is
+    cancelled)."""
+    if kind in CAMPAIGN_KINDS and set(query) == {"campaign"}:
         return campaigns.pause_or_resume(services, topic, query["campaign"],
                                          paused=kind == "pause")
     now = services.clock()

@@ -10,11 +10,22 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.core.timeline import pointer_of, ttl_s
+from app.config import Config
+from app.core.timeline import MS_PER_DAY, pointer_of, ttl_s
 from app.errors import LeaseLost
 from app.models import MessageState, Topic
 from app.ops import metrics
 from app.services import Services
+
+WAITING = ("scheduled", "leased")  # states a pointer can hand out (app.delivery.scan)
+
+
+def row_ttl_s(row: MessageState, now: int, config: Config) -> int:
+    """Seconds a message's row lives after a write at now (epoch ms): the retention past its
+    due time; a paused row, which keeps its due time however long it waits, as long as its
+    payload (the horizon more, app.messages.enqueue)."""
+    slack = config.horizon_days * MS_PER_DAY if row.state == "paused" else 0
+    return ttl_s(row.due_at_ms, now, config.retention_days, slack)
 
 
 def place_then(services: Services, topic: Topic, rows: list[MessageState],
@@ -31,7 +42,7 @@ def finished(services: Services, topic: Topic, rows: Sequence[MessageState]) -> 
     (PointerPlacer.tell_landed); a waiting one whose write finished late has its pointer
     placed again (PointerPlacer.again_if_late), where the walk reads. One that could not be
     is logged: it waits for a releaser that reads its shard anew."""
-    waiting = [pointer_of(r) for r in rows if r.state in ("scheduled", "leased")]
+    waiting = [pointer_of(r) for r in rows if r.state in WAITING]
     if not waiting:
         return
     services.placer.tell_landed(topic.uid, waiting, services.clock(), topic.pushed)
@@ -49,8 +60,7 @@ def move_many(services: Services, topic: Topic, rows: list[MessageState], now: i
     `before`: the rows as read, by id (MessageStore.cas_many)."""
     placed = place_then(services, topic, rows, now)
     outcomes = services.messages.cas_many(
-        [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
-         for r in placed], before)
+        [(r, r.version - 1, row_ttl_s(r, now, services.config)) for r in placed], before)
     won = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
     finished(services, topic, won)
     return won
@@ -63,8 +73,7 @@ def apply_transition(services: Services, topic: Topic, new: MessageState, moved:
     now = services.clock()
     if moved and not place_then(services, topic, [new], now):
         raise LeaseLost("Could not move the message; retry.")
-    if not services.messages.cas(new, new.version - 1,
-                                 ttl_s(new.due_at_ms, now, services.config.retention_days),
+    if not services.messages.cas(new, new.version - 1, row_ttl_s(new, now, services.config),
                                  before):
         raise LeaseLost(f"The lease on {new.id!r} is no longer held.")
     if moved:
@@ -112,15 +121,16 @@ def count_moves(services: Services, topic: Topic, moves: Sequence[Move],
 
 def count_replace(services: Services, topic: Topic, before: MessageState,
                   after: MessageState) -> None:
-    """A scheduled message replaced (if_exists replace): its upcoming load moves from the
-    old due minute to the new one, and its campaigns' scheduled counts from the old
-    campaign to the new one."""
+    """A scheduled (or paused) message replaced (if_exists replace): its upcoming load moves
+    from the old due minute to the new one (a paused one is not in it), and its campaigns'
+    counts of its state from the old campaign to the new one."""
     per_campaign: dict[str, dict[str, int]] = {}
     if before.campaign != after.campaign:
         for campaign, sign in ((before.campaign, -1), (after.campaign, 1)):
             if campaign:
                 per_campaign[campaign] = {before.state: sign}
     counts = services.counts
-    _count(services, topic, ({}, per_campaign),
-           also=[*counts.upcoming_updates_at(topic.uid, [before.due_at_ms], sign=-1),
-                 *counts.upcoming_updates_at(topic.uid, [after.due_at_ms])])
+    upcoming = [*counts.upcoming_updates_at(topic.uid, [before.due_at_ms], sign=-1),
+                *counts.upcoming_updates_at(topic.uid, [after.due_at_ms])] \
+        if before.state == "scheduled" else []
+    _count(services, topic, ({}, per_campaign), also=upcoming)

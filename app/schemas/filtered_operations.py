@@ -13,14 +13,11 @@ from app.schemas.search import MessageFilterSchema
 
 
 class OperationRequestSchema(Schema):
-    """shift_ms with kind shift, and only then; pause and resume take a filter of a campaign
-    alone."""
+    """shift_ms with kind shift, and only then."""
 
     JSON_RULES = {"oneOf": [
         {"properties": {"kind": {"const": "shift"}}, "required": ["shift_ms"]},
-        {"properties": {"kind": {"const": "cancel"}}, "not": {"required": ["shift_ms"]}},
-        {"properties": {"kind": {"enum": ["pause", "resume"]},
-                        "filter": {"required": ["campaign"], "maxProperties": 1}},
+        {"properties": {"kind": {"enum": ["cancel", "pause", "resume"]}},
          "not": {"required": ["shift_ms"]}}]}
 
     kind = fields.String(required=True, validate=validate.OneOf(
@@ -32,13 +29,19 @@ class OperationRequestSchema(Schema):
             "whose lease runs, or being POSTed) is counted as `delivering` and left to its "
             "consumer (its nack puts it back, not cancelled). shift: every matching scheduled "
             "message moves by shift_ms from the time it asked for, never to before now, then "
-            "its send window places it; one that would pass the horizon stays. Both run in "
-            "the background and resume where they were if the process running them dies; "
-            "each message is changed at most once. Messages enqueued while one runs may or "
-            "may not be reached. pause / resume: the filter must be {campaign} alone (else "
-            "400): the campaign is paused (its messages are not handed out until resumed; "
-            "the operation has succeeded at once) or resumed (what came due meanwhile is "
-            "brought back by the operation), as PATCH of the campaign does."})
+            "its send window places it (a paused one stays paused at its new time); one that "
+            "would pass the horizon stays. pause: every matching message waiting to be "
+            "handed out becomes `paused` and is not handed out until resumed (one handed out "
+            "and not finished is counted as `delivering`). resume: every matching paused "
+            "message is scheduled again at its due time, or now if that has passed (inside its "
+            "send window). "
+            "These run in the background and resume where they were if the process running "
+            "them dies; each message is changed at most once. Messages enqueued while one "
+            "runs may or may not be reached. A pause or resume whose filter is {campaign} "
+            "alone pauses or resumes that campaign instead, as PATCH of the campaign does: "
+            "its messages, later ones too, are held back by the campaign's flag (the "
+            "operation has succeeded at once), and a resume brings back what came due "
+            "meanwhile."})
     filter = fields.Nested(MessageFilterSchema, required=True, metadata={
         "description": "Which messages: the search's filters (GET /v1/topics/{topic}/"
                        "messages) as an object, ANDed; times RFC 3339 or epoch ms; {} is "

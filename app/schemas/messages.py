@@ -16,6 +16,7 @@ from app.messages.headers import (
     VALUE_PATTERN,
     header_problems,
 )
+from app.models import STATES
 from app.schemas.fields import ZONE_FORMAT, Bool, Instant, Int, known_zone
 from app.schemas.rules import at_most_one, exactly_one, needs
 from app.schemas.windows import WindowOrFalse
@@ -120,7 +121,8 @@ class MessageInSchema(Schema):
     if_exists = fields.String(validate=validate.OneOf(IF_EXISTS), metadata={
         "description": "What a repeated `id` does (only with an id). reject (default): the "
                        "same content answers 200 (a retry), other content 409. replace: "
-                       "while the message is scheduled, its time, payload, headers, "
+                       "while the message is scheduled (or paused: it stays so), its time, "
+                       "payload, headers, "
                        "priority, campaign and group become these (one conditional write: "
                        "it is handed out with either the old or the new content and time, "
                        "never a mix, never before the time it carries); 200 with the "
@@ -183,8 +185,7 @@ class MessageSummarySchema(Schema):
 
     id = fields.String(required=True)
     topic = fields.String(required=True)
-    state = fields.String(required=True, validate=validate.OneOf(
-        ["scheduled", "leased", "delivered", "cancelled", "dead"]))
+    state = fields.String(required=True, validate=validate.OneOf(STATES))
     deliver_at = Instant(required=True)
     priority = Int(required=True)
     campaign = fields.String(allow_none=True)

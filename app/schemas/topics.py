@@ -138,6 +138,8 @@ class TopicListSchema(Schema):
 
 class CountsSchema(Schema):
     scheduled = Int(required=True)
+    paused = Int(required=True, metadata={
+        "description": "Held back by a filtered pause (POST /operations) until resumed."})
     leased = Int(required=True)
     delivered = Int(required=True)
     cancelled = Int(required=True)

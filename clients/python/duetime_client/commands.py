@@ -164,7 +164,8 @@ def add_parsers(sub: Any) -> None:
 
 def _filter_flags(p: argparse.ArgumentParser) -> None:
     """The search's filters as flags (`messages`, `operations`)."""
-    p.add_argument("--state", choices=["scheduled", "leased", "delivered", "cancelled", "dead"])
+    p.add_argument("--state", choices=["scheduled", "paused", "leased", "delivered",
+                                       "cancelled", "dead"])
     p.add_argument("--campaign")
     p.add_argument("--recipient")
     p.add_argument("--label", action="append", metavar="KEY:VALUE",
@@ -359,14 +360,17 @@ def _filter_text(flt: dict[str, Any] | None) -> str:
 
 def _operations(client: Client, args: argparse.Namespace) -> Any:
     """Start an operation on the filter's messages (or show one); with --wait, the matching
-    messages are counted first (a search, ids only) for the progress bar's total."""
+    messages are counted first (a search, ids only) for the progress bar's total, but for
+    a pause or resume of a campaign alone (its flag: done at once)."""
     if args.action == "show":
         found = client.operation(args.topic, args.id)
         return _follow(client, args.topic, found, None) if args.wait else found
     filters = {"state": args.state, "campaign": args.campaign, "recipient": args.recipient,
                "label": args.label, "due_from": args.due_from, "due_to": args.due_to}
     size = None
-    if args.wait and args.action in ("cancel", "shift"):
+    given = [k for k, v in filters.items() if v]
+    by_flag = args.action in ("pause", "resume") and given == ["campaign"]  # at once
+    if args.wait and not by_flag:
         size = sum(1 for _ in client.iter_messages(args.topic, 1000, **filters))
     started = client.start_operation(args.topic, args.action, args.shift_ms, **filters)
     return _follow(client, args.topic, started["operation"], size) if args.wait else started
