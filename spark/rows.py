@@ -126,10 +126,10 @@ def to_message(raw: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
     except ValidationError as err:
         raise Reject(_reason(err)) from err
     try:
-        m = new_message(data, s.now_ms, s.max_payload_bytes, s.horizon_days, s.topic)
+        m = new_message(data, s.now_ms, s.max_payload_bytes, s.topic)
     except DuetimeError as err:
         raise Reject(err.detail) from err
-    row = state_row(s.topic, m, data["id"], s.now_ms)
+    row = state_row(s.topic, m, data["id"], s.now_ms, s.horizon_days)
     return {
         "id": row.id, "home": home_of(row.id), "shard": row.shard,
         "bucket": bucket_of(row.due_at_ms, s.bucket_ms),

@@ -281,7 +281,7 @@ def _stale_process(config: Config, topic: TopicClient, auth: dict[str, str]
 def _enqueue_one(services: Services, topic: Topic, campaign_name: str,
                  deliver_at_ms: int) -> EnqueueResult:
     item = new_message({"campaign": campaign_name, "deliver_at": deliver_at_ms, "payload": 1},
-                       services.clock(), 65536, 365)
+                       services.clock(), 65536)
     [result] = enqueue(services, topic, [item])
     return result
 

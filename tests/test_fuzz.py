@@ -27,8 +27,9 @@ EXAMPLES = int(os.environ.get("DUETIME_FUZZ_EXAMPLES", "10"))
 _AUTH: dict[str, str] = {}
 
 # What the document's formats mean, for generating valid input: instants from a day ago to
-# 300 days ahead (the horizon, DUETIME_HORIZON_DAYS, is 365), wall times without offset, cron
-# lines, base64. (Zones need none: the document gives them as an enum.)
+# 300 days ahead (any later one is taken too, parked at the horizon: tests/test_far_future.py
+# covers those), wall times without offset, cron lines, base64. (Zones need none: the
+# document gives them as an enum.)
 _NOW = dt.datetime.now(dt.UTC)
 _SOON = st.datetimes(min_value=(_NOW - dt.timedelta(days=1)).replace(tzinfo=None),
                      max_value=(_NOW + dt.timedelta(days=300)).replace(tzinfo=None))

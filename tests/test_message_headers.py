@@ -76,7 +76,7 @@ def test_a_stored_header_never_goes_out_twice_or_over_ours(
                                   "headers": {"content-type": "text/evil",
                                               "WEBHOOK-ID": "forged", "duetime-topic": "x",
                                               "X-Mine": "1", "x-mine": "2", "X-Bad": "a\rb"}}
-        message = enqueueing.new_message(stored, now_ms(), 65536, 365)
+        message = enqueueing.new_message(stored, now_ms(), 65536)
         found = get_topic(services, tenant, topic.name)
         assert enqueueing.enqueue(services, found, [message])[0].status == 201
         assert target.wait_for(lambda got: len(got) == 1, 20)

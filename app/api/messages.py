@@ -61,8 +61,7 @@ def message_view(topic: Topic, row: MessageState, payload: Payload | None) -> di
 
 def _new(data: dict[str, Any], topic: Topic) -> enqueueing.NewMessage:
     cfg = services().config
-    return enqueueing.new_message(data, services().clock(), cfg.max_payload_bytes,
-                                  cfg.horizon_days, topic)
+    return enqueueing.new_message(data, services().clock(), cfg.max_payload_bytes, topic)
 
 
 def problem_body(error: DuetimeError) -> dict[str, Any]:

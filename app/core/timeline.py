@@ -88,6 +88,13 @@ def placement_ms(due_ms: int, now_ms: int) -> int:
     return max(due_ms, now_ms)
 
 
+def parked_ms(deliver_ms: int, now_ms: int, horizon_days: int) -> int:
+    """Where a message asking for deliver_ms (epoch ms) goes on the timeline: placement_ms,
+    but never past the horizon (now + horizon_days). One further ahead is parked there and
+    hops on when it comes due (app.delivery.hops), its deliver_at kept."""
+    return min(placement_ms(deliver_ms, now_ms), now_ms + horizon_days * MS_PER_DAY)
+
+
 def ttl_s(due_ms: int, now_ms: int, retention_days: int, slack_ms: int = 0) -> int:
     """Seconds a row must live: until due, plus the retention window, plus slack_ms."""
     return max(1, (max(due_ms - now_ms, 0) + slack_ms) // 1000 + retention_days * 86_400)

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
-from app.delivery import frequency_caps
+from app.delivery import frequency_caps, hops
 from app.delivery.broker_wire import Taken
 from app.delivery.scan import Due
 from app.delivery.waits import STAYING, Departure
@@ -150,12 +150,18 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int,
     max_attempts); returns the leased. Used by pull leases and by the releasers' webhook push
     alike, for a consumer's call that waits or a POST that starts at once: nothing is leased
     ahead. Rows not due by now (this server's clock, epoch ms) are never taken, whatever
-    pointer led to them; a lease runs its lease_s from now. The campaign's controls apply
-    (app.campaigns.rules): a paused campaign's messages are not taken, a cancelled
+    pointer led to them, nor rows whose deliver_at is still ahead (parked at the horizon:
+    app.delivery.hops moves them on); a lease runs its lease_s from now. The campaign's
+    controls apply (app.campaigns.rules): a paused campaign's messages are not taken, a cancelled
     campaign's are cancelled instead, and a paced campaign's are taken in the order and at
     the rate of their delivery slots (_pace)."""
     terms = [(d, hold) for d, hold in zip(chunk, holds, strict=True)
              if d.row.due_at_ms <= now]
+    ahead = [d for d, _ in terms if hops.parked(d, now)]
+    if ahead:  # parked at the horizon: moved on, never handed out before deliver_at
+        moved = hops.hop(services, topic, ahead, now)
+        services.scanner.spend(topic, [d.pointer for d in ahead if d.row.id in moved])
+        terms = [(d, hold) for d, hold in terms if not hops.parked(d, now)]
     rules = _rules(services, topic, [d for d, _ in terms])
     going: list[tuple[Due, Hold]] = []
     ending: list[MessageState] = []

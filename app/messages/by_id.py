@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from app.core.timeline import MS_PER_DAY, placement_ms
-from app.errors import Conflict, InvalidInput, NotFound
+from app.core.timeline import parked_ms
+from app.errors import Conflict, NotFound
 from app.messages.send_windows import place_row
 from app.messages.transitions import apply_transition, count_moves
 from app.models import MessageState, Payload, Topic
@@ -66,15 +66,11 @@ def cancel(services: Services, topic: Topic, message_id: str) -> None:
 def reschedule(services: Services, topic: Topic, message_id: str,
                deliver_at_ms: int) -> MessageState:
     """Move a scheduled message to deliver_at_ms (its pointer first, then the LWT), or to its
-    send window's next opening when that time is outside it (app.messages.send_windows). A
+    send window's next opening when that time is outside it (app.messages.send_windows);
+    beyond the horizon it is parked there (app.core.timeline.parked_ms). A
     paused one moves too and stays paused (no pointer: none hands it out until resumed).
     409 unless it is scheduled or paused."""
     now = services.clock()
-    horizon = now + services.config.horizon_days * MS_PER_DAY
-    beyond = InvalidInput("The delivery time is beyond the horizon.",
-                          {"deliver_at": [f"At most {services.config.horizon_days} days ahead."]})
-    if deliver_at_ms > horizon:
-        raise beyond
     row = services.messages.get(topic.uid, message_id)
     if row is None:
         raise NotFound(f"No message {message_id!r}.")
@@ -82,10 +78,9 @@ def reschedule(services: Services, topic: Topic, message_id: str,
         raise Conflict(f"Message {message_id!r} is {row.state}; only scheduled or paused ones "
                        "move.")
     placed = place_row(topic, row, deliver_at_ms, now)
-    if placed.deliver_at_ms > horizon:
-        raise beyond
     moved = dataclasses.replace(row, version=row.version + 1,
-                                due_at_ms=placement_ms(placed.deliver_at_ms, now),
+                                due_at_ms=parked_ms(placed.deliver_at_ms, now,
+                                                    services.config.horizon_days),
                                 deliver_at_ms=placed.deliver_at_ms,
                                 requested_at_ms=placed.requested_ms, updated_at_ms=now)
     waiting = row.state == "scheduled"

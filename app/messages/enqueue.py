@@ -31,7 +31,7 @@ from typing import Any
 
 from app.campaigns import manage as campaigns
 from app.core.ids import SHARED_BELOW, homes_for_request, new_message_id
-from app.core.timeline import MS_PER_DAY, placement_ms, pointer_of, shard_of, ttl_s
+from app.core.timeline import MS_PER_DAY, parked_ms, placement_ms, pointer_of, shard_of, ttl_s
 from app.core.timeparse import TimeFormatError, parse_local_time, zone
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.messages import send_windows
@@ -133,7 +133,7 @@ def payload_of(data: dict[str, Any], max_bytes: int) -> Payload:
 
 
 def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
-                horizon_days: int, topic: Topic | None = None) -> NewMessage:
+                topic: Topic | None = None) -> NewMessage:
     """Turn one schema-validated message dict into a NewMessage (raises 400/413 errors).
     Given its topic, a message due outside its send window (its own, else the topic's, or
     none with send_window or quiet_hours false) is placed at the window's next opening, in
@@ -148,10 +148,6 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
         raise InvalidInput(str(exc), {"timezone": [str(exc)]}) from exc
     placed = send_windows.place(rule, asked, now_ms)
     deliver = placed.deliver_at_ms
-    if deliver > now_ms + horizon_days * MS_PER_DAY:
-        field = next((f for f in ("deliver_at", "delay_ms", "local_time") if f in data), "time")
-        raise InvalidInput(f"The delivery time is more than {horizon_days} days ahead.",
-                           {field: [f"At most {horizon_days} days ahead."]})
     content = {k: v for k, v in data.items() if k not in ("id", "if_exists")}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
     return NewMessage(data.get("id"), deliver, int(data.get("priority", 100)),
@@ -163,11 +159,14 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
                       cap_exempt=True if data.get("frequency_cap") is False else None)
 
 
-def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int) -> MessageState:
-    """The first state row of a new message (version 1, scheduled), as every writer makes it."""
+def state_row(topic: Topic, m: NewMessage, message_id: str, now_ms: int,
+              horizon_days: int) -> MessageState:
+    """The first state row of a new message (version 1, scheduled), as every writer makes it:
+    due at its deliver_at, or parked at the horizon (app.core.timeline.parked_ms)."""
     return MessageState(
         topic_uid=topic.uid, id=message_id, state="scheduled", version=1,
-        due_at_ms=placement_ms(m.deliver_at_ms, now_ms), deliver_at_ms=m.deliver_at_ms,
+        due_at_ms=parked_ms(m.deliver_at_ms, now_ms, horizon_days),
+        deliver_at_ms=m.deliver_at_ms,
         priority=m.priority, campaign=m.campaign, shard=shard_of(message_id, topic.settings.shards),
         attempts=0, content_hash=m.content_hash, lease_token=None, lease_expires_at_ms=None,
         consumer=None, last_error=None, created_at_ms=now_ms, updated_at_ms=now_ms, group=m.group,
@@ -210,7 +209,8 @@ def enqueue(services: Services, topic: Topic, items: Sequence[NewMessage],
     small = small_requests or len(items) < max(shards, SHARED_BELOW)
     homes = ([services.shared_homes.home(topic.uid, len(items), now)] * len(items) if small
              else home_by_due_time(items, shards))
-    rows = [state_row(topic, m, m.id or new_message_id(now, homes[n]), now)
+    rows = [state_row(topic, m, m.id or new_message_id(now, homes[n]), now,
+                      services.config.horizon_days)
             for n, m in enumerate(items)]
     results: list[EnqueueResult | None] = [None] * len(items)
     first_of: dict[str, int] = {}
@@ -475,7 +475,8 @@ def _replace(services: Services, topic: Topic, found: MessageState,
                 "replaced."))
         now = services.clock()
         new = dataclasses.replace(
-            found, version=found.version + 1, due_at_ms=placement_ms(row.deliver_at_ms, now),
+            found, version=found.version + 1,
+            due_at_ms=parked_ms(row.deliver_at_ms, now, services.config.horizon_days),
             deliver_at_ms=row.deliver_at_ms, priority=row.priority, campaign=row.campaign,
             group=row.group, content_hash=row.content_hash, updated_at_ms=now,
             send_window=row.send_window, requested_at_ms=row.requested_at_ms,

@@ -24,16 +24,16 @@ from app.schemas.windows import WindowOrFalse
 _TIME_FIELDS = ("deliver_at", "delay_ms", "local_time")
 
 
-_HORIZON = (f"at most the horizon ahead ({MAX_HORIZON_DAYS} days, or the server's lower "
-            "DUETIME_HORIZON_DAYS: 400 beyond it)")
-_DELIVER_AT = f"RFC 3339 with offset, or epoch ms. A time past is due now; {_HORIZON}."
+_DELIVER_AT = ("RFC 3339 with offset, or epoch ms. A time past is due now; any later time "
+               "is kept (one past the server's horizon, DUETIME_HORIZON_DAYS, waits parked "
+               "and is handed out at its time, never before).")
 
 
 def _delay_ms() -> Int:
-    """A delay from now (ms), at most the horizon: MAX_HORIZON_DAYS, or the server's lower
-    DUETIME_HORIZON_DAYS (400 beyond)."""
+    """A delay from now (ms), at most MAX_HORIZON_DAYS (deliver_at takes any later time)."""
     return Int(validate=validate.Range(0, MAX_HORIZON_DAYS * MS_PER_DAY), metadata={
-        "description": f"ms from now; {_HORIZON}."})
+        "description": f"ms from now, at most {MAX_HORIZON_DAYS} days (deliver_at takes any "
+                       "later time)."})
 
 
 IF_EXISTS = ("reject", "replace", "keep")
