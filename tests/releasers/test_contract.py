@@ -459,9 +459,10 @@ class _Http:
                                  body=None if body is None else json.dumps(body))
 
     def consume(self, topic: str, handed: list[tuple[str, int, int]],
-                stop: threading.Event) -> None:
+                stop: threading.Event, clock: Callable[[], int] = now_ms) -> None:
         """Lease one at a time and ack, recording (id, deliver_at, received) of each
-        hand-out; a call whose API worker was killed is made again."""
+        hand-out, received by `clock` (the served stack's: epoch ms); a call whose API
+        worker was killed is made again (an ack until answered, for up to 10 s)."""
         import urllib3
 
         while not stop.is_set():
@@ -472,21 +473,24 @@ class _Http:
             except urllib3.exceptions.HTTPError:
                 continue
             for m in messages:
-                handed.append((m["id"], parse_instant(m["deliver_at"]), now_ms()))
+                handed.append((m["id"], parse_instant(m["deliver_at"]), clock()))
                 time.sleep(0.01)
-                for _ in range(3):
+                for _ in range(100):
                     with contextlib.suppress(urllib3.exceptions.HTTPError):
                         self.call("POST", f"/v1/topics/{topic}/messages/{m['id']}/ack",
                                   {"lease_token": m["lease"]["token"]})
                         break
+                    time.sleep(0.1)
 
 
 @contextmanager
 def _served_stack(config: Config, ring: dict[str, Any], members: list[str],
-                  port: int = KILL_PORT, workers: int = 2
-                  ) -> Iterator[tuple[Any, dict[str, Any]]]:
+                  port: int = KILL_PORT, workers: int = 2, extra_env: dict[str, str] | None = None,
+                  ready_path: str = "/readyz") -> Iterator[tuple[Any, dict[str, Any]]]:
     """gunicorn with `workers` workers on `port` and releaser processes `members`, on the
-    test keyspace and ring: (the API process, {member: its process})."""
+    test keyspace and ring, every process with `extra_env` (DUETIME_* settings) besides, the
+    API ready once `ready_path` answers 200 (/healthz for a clock moved off Cassandra's, which
+    /readyz answers 503): (the API process, {member: its process})."""
     import os
     import subprocess
     import sys
@@ -498,13 +502,14 @@ def _served_stack(config: Config, ring: dict[str, Any], members: list[str],
            "DUETIME_RELEASE_RING": str(ring["release_ring"]), "DUETIME_RELEASE_SLOTS": str(SLOTS),
            "DUETIME_RELEASE_LEASE_MS": "2000", "DUETIME_RELEASE_RESCAN_MS": "50",
            "DUETIME_WAKE_PORT": "0", "DUETIME_RELEASER_METRICS_PORT": "0",
-           "DUETIME_RATE_LIMIT_PER_S": "0", "DUETIME_API_METRICS_PORT": "0"}
+           "DUETIME_RATE_LIMIT_PER_S": "0", "DUETIME_API_METRICS_PORT": "0", **(extra_env or {})}
     api_process = start_api(env)
     processes = {m: subprocess.Popen([sys.executable, "-m", "app.cli", "releaser", "--member", m],
                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL) for m in members}
     try:
-        assert wait_ready(f"http://127.0.0.1:{port}", api_process), "API did not start"
+        assert wait_ready(f"http://127.0.0.1:{port}", api_process, path=ready_path), \
+            "API did not start"
         yield api_process, processes
     finally:
         for process in [*processes.values(), api_process]:
