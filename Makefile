@@ -27,7 +27,7 @@ long: setup     ## the suite's largest tests at full scale: 100,000-message rest
 fuzz: setup     ## schemathesis over every route with 500 examples each (the suite runs 10)
 	DUETIME_FUZZ_EXAMPLES=$${DUETIME_FUZZ_EXAMPLES:-500} $(PY) -m pytest tests/test_fuzz.py $(PYTEST_ARGS)
 
-conformance: setup  ## the schemathesis CLI as its users run it (every check, --seed 1, 30 examples an operation, no hooks) against an API and releaser of its own
+conformance: setup  ## the schemathesis CLI as its users run it (every check, --seed 1, 30 examples an operation, no hooks; test data in devstack/schemathesis.toml) against an API and releaser of its own
 	@devstack/conformance.sh
 
 faults: setup   ## the fault suite's long form: each nemesis, then all combined, on 2,000 messages a round; table in bench-results/faults.md

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # `make conformance`: the schemathesis CLI over the served openapi.yaml with every check, as a
-# user of the tool runs it (no hooks, no config file): an API and a releaser of their own on
-# port 18311, in a keyspace of their own (dropped afterwards), against the dev node.
+# user of the tool runs it (no hooks): an API and a releaser of their own on port 18311, in a
+# keyspace of their own (dropped afterwards), against the dev node. Its config file,
+# devstack/schemathesis.toml, holds test data only: the ids of a message, campaign, schedule
+# and operation created first (devstack/conformance_seed.py), so that the operations acting
+# on one are tested past a 404.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -34,6 +37,8 @@ for _ in $(seq 100); do
   curl -fsS -m 2 "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
   sleep 0.3
 done
-$BIN/st run "http://127.0.0.1:$PORT/openapi.yaml" --url "http://127.0.0.1:$PORT" \
+SEED=$($BIN/python devstack/conformance_seed.py "http://127.0.0.1:$PORT" "$KEY")
+eval "$SEED"
+$BIN/st --config-file devstack/schemathesis.toml run "http://127.0.0.1:$PORT/openapi.yaml" --url "http://127.0.0.1:$PORT" \
   --checks all --seed "${CONFORMANCE_SEED:-1}" --max-examples "${CONFORMANCE_EXAMPLES:-30}" \
   --request-timeout 35 -H "Authorization: Bearer $KEY" "$@"

@@ -115,6 +115,21 @@ def test_no_fire_between_start_and_end_is_taken_and_never_fires(
         parse_instant(end_at))
 
 
+def test_fires_end_where_year_9999_ends_in_any_zone(
+        client: FlaskClient, auth: dict[str, str], topic_name: str) -> None:
+    """A start in the last moments of year 9999 in a zone ahead of UTC has no fire that
+    can be written: none, not a 500 (its local reading is in year 10000)."""
+    last = parse_instant("9999-12-31T23:59:59.998Z")
+    assert Cron("0 3 * * *", "Asia/Dhaka").next_after(last) is None
+    assert list(Cron("* * * * *", "America/New_York").fires(last - 120_000)) == [
+        last - 119_998, last - 59_998]  # 23:58 and 23:59 UTC, then the wall times end
+    answer = client.put(f"/v1/topics/{topic_name}/schedules/last", headers=auth, json={
+        "cron": "*/5 * * * *", "payload": 1, "timezone": "Asia/Dhaka",
+        "start_at": "9999-12-31T23:59:59.998Z"})
+    assert answer.status_code in (200, 201), answer.get_json()
+    assert answer.get_json()["next_fire_times"] == []
+
+
 @pytest.fixture()
 def topic_name(client: FlaskClient, auth: dict[str, str]) -> str:
     name = f"cron-{secrets.token_hex(3)}"

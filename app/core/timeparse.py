@@ -91,8 +91,14 @@ def resolve_wall_time(wall: dt.datetime, tz: ZoneInfo) -> int:
     return to_ms(wall.replace(tzinfo=tz, fold=0))
 
 
-# a wall time: RFC 3339's date-time without its offset
-LOCAL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?",
+# a wall time: RFC 3339's date-time without its offset, of a day that exists, in years 2 to
+# 9998 (so that in every zone, at most 14 h from UTC, it is an instant of years 1 to 9999);
+# spelled out as a pattern so that openapi.yaml states exactly what is taken
+_YEAR = r"([1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8]|0[1-9][0-9]{2}|00[1-9][0-9]|000[2-9])"
+_LEAP_YEAR = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_DATE = (rf"({_YEAR}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)"
+         rf"|(0[13578]|1[02])-31)|{_LEAP_YEAR}-02-29)")
+LOCAL_TIME = re.compile(rf"{_DATE}[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?",
                         re.ASCII)
 
 

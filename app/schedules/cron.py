@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from apscheduler.triggers.cron import CronTrigger
 
-from app.core.timeparse import UTC, from_ms, resolve_wall_time, zone
+from app.core.timeparse import MAX_MS, UTC, from_ms, resolve_wall_time, zone
 
 # a wall time may resolve to an instant up to this far from the wall clock's reading
 REWIND = dt.timedelta(hours=3)
@@ -169,16 +169,27 @@ class Cron:
 
     def fires(self, after_ms: int) -> Iterator[int]:
         """Fire times strictly after after_ms, epoch ms, increasing (endless for most crons:
-        the caller stops)."""
+        the caller stops), ending where times leave year 9999 (none can be written after)."""
+        try:
+            yield from self._fires(after_ms)
+        except (OverflowError, ValueError):  # datetime's range ends at year 9999, in any zone
+            return
+
+    def _fires(self, after_ms: int) -> Iterator[int]:
         moment = from_ms(after_ms)
         reading = moment.astimezone(self.zone).replace(tzinfo=UTC)
         # only near a change of the zone's offset can a wall time before the reading resolve
         # to an instant after it (a gap moves times forward)
-        near_change = (moment - REWIND).astimezone(self.zone).utcoffset() != (
-            moment + REWIND).astimezone(self.zone).utcoffset()
+        try:
+            near_change = (moment - REWIND).astimezone(self.zone).utcoffset() != (
+                moment + REWIND).astimezone(self.zone).utcoffset()
+        except OverflowError:  # hours from the end of year 9999: no zone changes there
+            near_change = False
         last = after_ms
         for wall in self._walls(reading - REWIND if near_change else reading):
             instant = resolve_wall_time(wall.replace(tzinfo=None), self.zone)
+            if instant > MAX_MS:
+                return
             if instant > last:
                 yield instant
                 last = instant
