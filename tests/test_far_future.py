@@ -16,7 +16,7 @@ from app.delivery.leasing import Hold, take, take_with_payloads
 from app.delivery.scan import Due
 from app.models import MessageState
 from app.services import Services
-from tests.campaign_helpers import topic_of
+from tests.campaign_helpers import running_operations, topic_of, wait_operation
 from tests.consumers import TopicClient, now_ms
 
 HOLD = Hold(30, "far-consumer")
@@ -26,6 +26,14 @@ def _row(services: Services, uid: Any, message_id: str) -> MessageState:
     row = services.messages.get(uid, message_id)
     assert row is not None
     return row
+
+
+def _row_ttl(services: Services, uid: Any, message_id: str) -> int:
+    [found] = services.db.execute(
+        "SELECT TTL(state) AS ttl FROM {ks}.message_states WHERE topic_uid = ? AND home = ? "
+        "AND id = ?", (uid, home_of(message_id), message_id))
+    ttl: int = found["ttl"]
+    return ttl
 
 
 def _payload_ttl(services: Services, uid: Any, message_id: str) -> int:
@@ -50,14 +58,18 @@ def test_a_time_years_ahead_is_kept_and_parked_at_the_horizon(
     assert answer.status_code == 201, answer.get_json()
     assert parse_instant(answer.get_json()["deliver_at"]) == parse_instant(far)
     assert [r["status"] for r in topic.batch([
-        {"id": "far-batch", "deliver_at": "9999-12-31T23:59:59Z"}])] == [201]
+        {"id": "far-batch", "deliver_at": "9999-12-31T23:59:59Z", "campaign": "long"}])] == [201]
     uid = topic_of(services, auth, topic.name).uid
+    retention_s = services.config.retention_days * 86_400
     for message_id in ("far", "far-batch"):
         row = _row(services, uid, message_id)
         assert row.state == "scheduled" and before + horizon_ms <= row.due_at_ms <= (
             now_ms() + horizon_ms)
-        retention_s = services.config.retention_days * 86_400
-        assert _payload_ttl(services, uid, message_id) <= 2 * horizon_ms // 1000 + retention_s
+        # parked: the row lives as long as its payload (a hop may come late), not only
+        # the retention past its parking point; both far inside Cassandra's 20 years
+        payload_ttl = _payload_ttl(services, uid, message_id)
+        assert payload_ttl <= 2 * horizon_ms // 1000 + retention_s
+        assert payload_ttl - 10 <= _row_ttl(services, uid, message_id) <= payload_ttl
     assert topic.get("far").get_json()["deliver_at"].startswith("6753-03-01T00:00:00")
     moved = topic.client.patch(topic.url("/messages/far"), headers=auth,
                                json={"deliver_at": "3000-01-01T00:00:00Z"})
@@ -66,6 +78,58 @@ def test_a_time_years_ahead_is_kept_and_parked_at_the_horizon(
     assert row.deliver_at_ms == parse_instant("3000-01-01T00:00:00Z")
     assert row.due_at_ms <= now_ms() + horizon_ms
     assert topic.client.delete(topic.url("/messages/far"), headers=auth).status_code == 204
+
+
+def test_a_hop_that_parks_again_writes_payload_and_campaign_entry_to_live_as_long(
+        app: Flask, auth: dict[str, str]) -> None:
+    """A message two and a half horizons ahead hops from its parking point to the next one:
+    its payload (and campaign-index entry, in the same write) is written again, from the
+    hop, to live as long as its row (due + horizon + retention), so the second hop still
+    finds it (at enqueue it was written to last only through the first hop's span)."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    horizon_ms = services.config.horizon_days * MS_PER_DAY
+    deliver = now_ms() + 2 * horizon_ms + horizon_ms // 2
+    assert topic.enqueue(id="twice", deliver_at=deliver, campaign="far").status_code == 201
+    found = topic_of(services, auth, topic.name)
+    parked = _row(services, found.uid, "twice")
+    # as it would be at its parking point, a year on: its payload near its end
+    key = ("twice", parked.content_hash)
+    body = services.messages.get_payloads(found.uid, [key])[key]
+    services.messages.stage(found.uid, [(found.uid, *key, body, 1000)], [])
+    assert _payload_ttl(services, found.uid, "twice") <= 1000
+    at = parked.due_at_ms + 1
+    assert take(services, found, [Due(pointer_of(parked), parked)], at, [HOLD]) == []
+    hopped = _row(services, found.uid, "twice")
+    assert (hopped.version, hopped.deliver_at_ms, hopped.due_at_ms) == (2, deliver,
+                                                                         at + horizon_ms)
+    # TTLs as the hop computed them at its given clock (Cassandra counts from the write)
+    retention_s = services.config.retention_days * 86_400
+    wanted_s = 2 * horizon_ms // 1000 + retention_s
+    assert wanted_s - 10 <= _payload_ttl(services, found.uid, "twice") <= wanted_s
+    assert wanted_s - 10 <= _row_ttl(services, found.uid, "twice") <= wanted_s
+
+
+def test_a_campaign_shift_of_a_message_moved_years_ahead_parks_it(
+        app: Flask, auth: dict[str, str]) -> None:
+    """A message of a campaign moved (PATCH) to year 3000, then the campaign shifted by a
+    minute: the shift's step parks it at the horizon (before, its TTLs passed Cassandra's
+    20-year cap: the operation failed on every run and the campaign stayed "being
+    shifted")."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    assert topic.enqueue(id="m", campaign="c", delay_ms=3_600_000).status_code == 201
+    assert topic.client.patch(topic.url("/messages/m"), headers=auth, json={
+        "deliver_at": "3000-01-01T00:00:00Z"}).status_code == 200
+    with running_operations(services):
+        answer = topic.client.patch(topic.url("/campaigns/c"), headers=auth,
+                                    json={"shift_ms": 60_000})
+        assert answer.status_code == 202, answer.get_json()
+        done = wait_operation(topic, answer.get_json()["operation"]["id"], 30)
+    assert done["state"] == "succeeded" and done["changed"] == 1, done
+    row = _row(services, topic_of(services, auth, topic.name).uid, "m")
+    assert row.deliver_at_ms == parse_instant("3000-01-01T00:01:00Z")
+    assert row.due_at_ms <= now_ms() + services.config.horizon_days * MS_PER_DAY
 
 
 def test_a_parked_message_hops_on_and_is_handed_out_at_its_time_never_before(
@@ -88,12 +152,10 @@ def test_a_parked_message_hops_on_and_is_handed_out_at_its_time_never_before(
     hopped = _row(services, found.uid, "hop")
     assert (hopped.state, hopped.version, hopped.attempts, hopped.deliver_at_ms,
             hopped.due_at_ms) == ("scheduled", 2, 0, deliver, deliver)
-    # the payload was written again, to live from the hop past the next span: its new due
-    # time, the horizon (moves) and the retention (Cassandra counts the TTL from the real
-    # write time; the hop computed it at its given clock, as it would at that moment)
-    wanted_s = ((deliver - at + horizon_ms) // 1000
-                + services.config.retention_days * 86_400)
-    assert wanted_s - 10 <= _payload_ttl(services, found.uid, "hop") <= wanted_s
+    # landed within the horizon: the payload written at enqueue (its parking point, the
+    # horizon and the retention ahead) outlives the new due time and its retention
+    outlives_s = (deliver - now_ms()) // 1000 + services.config.retention_days * 86_400
+    assert _payload_ttl(services, found.uid, "hop") >= outlives_s
     due = Due(pointer_of(hopped), hopped)
     assert take(services, found, [due], deliver - 1, [HOLD]) == []
     assert _row(services, found.uid, "hop").version == 2  # not even looked at: not due

@@ -272,8 +272,22 @@ def test_a_pause_by_label_holds_its_waiting_messages_until_a_resume(
     assert moved.status_code == 200 and moved.get_json()["state"] == "paused"
     assert topic.client.delete(topic.url("/messages/g1"), headers=auth).status_code == 204
     replaced = topic.enqueue(id="soon2", if_exists="replace", payload={"new": 1},
-                             deliver_at=later + 120_000, labels={"tier": "gold"})
+                             deliver_at=later + 120_000, labels={"tier": "gold"},
+                             campaign="moved-in")
     assert replaced.status_code == 200 and replaced.get_json()["state"] == "paused"
+    assert campaign(topic, "moved-in")["counts"]["paused"] == 1  # made as for a new one
+    # moved far while paused, it keeps its payload as long as its row (written again)
+    assert topic.client.patch(topic.url("/messages/soon3"), headers=auth,
+                              json={"deliver_at": "3000-01-01T00:00:00Z"}).status_code == 200
+    [body] = services.db.execute(
+        "SELECT TTL(payload) AS ttl FROM {ks}.message_bodies WHERE topic_uid = ? AND home = ? "
+        "AND id = ?", (uid, home_of("soon3"), "soon3"))
+    horizon_s = services.config.horizon_days * 86_400
+    assert body["ttl"] >= 2 * horizon_s, body  # parked at the horizon, the horizon more
+    # paused messages keep the shard they were placed on: no shard change under them (the
+    # one held is acked first: what is left waiting is paused)
+    assert topic.ack(held[0]) == 204
+    assert topic.client.put(topic.url(), headers=auth, json={"shards": 8}).status_code == 409
     with running_operations(services):
         op = started(topic, kind="resume", filter={"label": ["tier:gold"]})
         done = wait_operation(topic, op["id"], 30)
@@ -284,6 +298,7 @@ def test_a_pause_by_label_holds_its_waiting_messages_until_a_resume(
     assert after["soon0"].state == "scheduled" and after["soon0"].due_at_ms == later
     assert after["soon1"].due_at_ms == later + 60_000 and after["g1"].state == "cancelled"
     assert (after["soon2"].state, after["soon2"].due_at_ms) == ("scheduled", later + 120_000)
+    assert after["soon3"].state == "scheduled"  # parked at the horizon, to hop on
 
 
 def test_a_resumed_message_still_due_ahead_is_handed_out_at_its_time(

@@ -25,11 +25,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from app.core.timeline import placement_ms
+from app.core.timeline import parked_ms
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
+from app.messages.lifetimes import keep_alive, row_ttl_s
 from app.messages.send_windows import place_row
-from app.messages.transitions import WAITING, count_moves, finished, place_then, row_ttl_s
+from app.messages.transitions import WAITING, count_moves, finished, place_then
 from app.models import MessageState, Topic
 from app.services import Services
 from app.store.campaigns import Span
@@ -64,19 +65,20 @@ def asked_ms(row: MessageState) -> int:
     return row.deliver_at_ms if row.requested_at_ms is None else row.requested_at_ms
 
 
-def shifted(topic: Topic, op: Operation, row: MessageState, asked: int, now: int
-            ) -> MessageState:
+def shifted(topic: Topic, op: Operation, row: MessageState, asked: int, now: int,
+            horizon_days: int) -> MessageState:
     """A scheduled (or paused) row moved to ask for `asked` (never before now), placed by its
-    send window, marked with the operation; a paused one stays paused."""
+    send window (parked at the horizon when beyond it), marked with the operation; a paused
+    one stays paused."""
     placed = place_row(topic, row, max(asked, now), now)
     return dataclasses.replace(row, version=row.version + 1, deliver_at_ms=placed.deliver_at_ms,
                                requested_at_ms=placed.requested_ms,
-                               due_at_ms=placement_ms(placed.deliver_at_ms, now),
+                               due_at_ms=parked_ms(placed.deliver_at_ms, now, horizon_days),
                                updated_at_ms=now, last_op=op.id)
 
 
-def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: Progress
-            ) -> MessageState | None:
+def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: Progress,
+            horizon_days: int) -> MessageState | None:
     """The row this operation makes of `row` (None: leave it), counting what it finds."""
     if row.last_op == op.id:
         progress.changed += 1
@@ -92,7 +94,7 @@ def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: 
         if row.state not in ("scheduled", "paused"):
             progress.cover(row.deliver_at_ms)
             return None
-        return shifted(topic, op, row, asked_ms(row) + op.shift_ms, now)
+        return shifted(topic, op, row, asked_ms(row) + op.shift_ms, now, horizon_days)
     waiting = row.state == "scheduled" or (
         row.state == "leased" and (row.lease_expires_at_ms or 0) <= now)
     if not waiting or row.due_at_ms > now:
@@ -114,7 +116,8 @@ def apply(services: Services, topic: Topic, op: Operation, ids: Sequence[str]) -
         now = services.clock()
         changes = [(row, new) for row in rows.values()
                    if row.campaign == op.campaign
-                   and (new := _decide(topic, op, row, now, progress)) is not None]
+                   and (new := _decide(topic, op, row, now, progress,
+                                       services.config.horizon_days)) is not None]
         pending = [row.id for row, new in write(services, topic, changes, now, progress)]
         if not pending:
             return progress
@@ -123,9 +126,12 @@ def apply(services: Services, topic: Topic, op: Operation, ids: Sequence[str]) -
 
 def write(services: Services, topic: Topic, changes: list[tuple[MessageState, MessageState]],
            now: int, progress: Progress) -> list[tuple[MessageState, MessageState]]:
-    """Apply the changes (pointers first: every row left waiting needs one at its new version,
-    even at the same due time, or no pointer would name it); count what applied; return the
-    changes that lost to another transition."""
+    """Apply the changes (payloads and index entries kept alive first for rows that will wait
+    long, app.messages.lifetimes; then pointers: every row left waiting needs one at its new
+    version, even at the same due time, or no pointer would name it); count what applied;
+    return the changes that lost to another transition."""
+    unkept = keep_alive(services, topic, [new for _, new in changes], now)
+    changes = [(row, new) for row, new in changes if new.id not in unkept]
     moving = [new for _, new in changes if new.state in WAITING]
     placed = {r.id for r in place_then(services, topic, moving, now)} if moving else set()
     todo = [(row, new) for row, new in changes if new.state not in WAITING or new.id in placed]
@@ -135,8 +141,8 @@ def write(services: Services, topic: Topic, changes: list[tuple[MessageState, Me
     done = [(row, new) for (row, new), ok in zip(todo, outcomes, strict=True) if ok is True]
     finished(services, topic, [new for _, new in done if new.state in WAITING])
     failed = [o for o in outcomes if isinstance(o, Exception)]
-    if failed or len(placed) < len(moving):
-        raise StoreUnavailable(f"Cassandra unavailable: {failed[0] if failed else 'pointers'}")
+    if failed or len(placed) < len(moving) or unkept:
+        raise StoreUnavailable(f"Cassandra unavailable: {failed[0] if failed else 'writes'}")
     count_moves(services, topic, [(row.state, new.state, row.campaign) for row, new in done])
     services.counts.add_upcoming(topic.uid, [row.due_at_ms for row, _ in done
                                              if row.state == "scheduled"], sign=-1)

@@ -111,8 +111,8 @@ class SendWindow:
     def place(self, due_ms: int, tz: ZoneInfo) -> int:
         """due_ms when it falls inside an opening, else the start of the first opening
         after it (within 8 days: every week has one). A time within 10 days of the years 1
-        and 9999 that duetime reads is left as it is (no calendar beyond them to place it on;
-        every such time is refused as past or beyond the horizon anyway)."""
+        and 9999 that duetime reads is left as it is (no calendar beyond them to place it
+        on)."""
         if not MIN_MS + _EDGE_MS <= due_ms <= MAX_MS - _EDGE_MS:
             return due_ms
         today = from_ms(due_ms).astimezone(tz).date()

@@ -165,7 +165,7 @@ async function showTopic() {
 
 function campaignRow(row, c, base) {
   const n = c.counts;
-  const total = n.scheduled + n.leased + n.delivered + n.cancelled + n.dead;
+  const total = n.scheduled + n.paused + n.leased + n.delivered + n.cancelled + n.dead;
   const done = n.delivered + n.cancelled + n.dead;
   const bar = document.createElement("span");
   bar.className = "progress";

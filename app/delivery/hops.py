@@ -2,10 +2,10 @@
 (app.core.timeline.parked_ms); when it comes due at its parking point, the take moves it on
 instead of handing it out.
 
-A payload is written once, at enqueue, to live until the first parking point plus the
-horizon. A hop writes it again with a TTL that covers the next span, then moves the message,
-pointer first, to its deliver_at or the next horizon, whichever comes first. Its deliver_at,
-attempts and state do not change, and nothing is handed out.
+A hop moves the message, pointer first, to its deliver_at or the next horizon, whichever
+comes first; parked again, its payload and campaign-index entry are first written again to
+live as long as its row will (app.messages.lifetimes.keep_alive). Its deliver_at, attempts
+and state do not change, and nothing is handed out.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from app.core.timeline import MS_PER_DAY, parked_ms, ttl_s
+from app.core.timeline import parked_ms
 from app.delivery.scan import Due
+from app.messages.lifetimes import keep_alive
 from app.messages.transitions import move_many
 from app.models import Topic
 from app.services import Services
@@ -29,10 +30,10 @@ def parked(due: Due, now_ms: int) -> bool:
 
 
 def hop(services: Services, topic: Topic, parked_due: list[Due], now_ms: int) -> set[str]:
-    """Move these parked messages on (payload first, then pointer, then LWT); returns the ids
-    moved. One whose payload could not be written, or whose row changed meanwhile, is not
-    moved: its pointer stays, to be looked at again. Failures are logged, not raised (the
-    take goes on with the other messages)."""
+    """Move these parked messages on (payload and index entry first when parked again, then
+    pointer, then LWT); returns the ids moved. One whose writes failed, or whose row changed
+    meanwhile, is not moved: its pointer stays, to be looked at again. Failures are logged,
+    not raised (the take goes on with the other messages)."""
     try:
         return _hop(services, topic, parked_due, now_ms)
     except Exception:
@@ -42,19 +43,13 @@ def hop(services: Services, topic: Topic, parked_due: list[Due], now_ms: int) ->
 
 
 def _hop(services: Services, topic: Topic, parked_due: list[Due], now_ms: int) -> set[str]:
-    cfg = services.config
+    horizon_days = services.config.horizon_days
     rows = {d.row.id: d.row for d in parked_due}
     moved = [dataclasses.replace(r, version=r.version + 1, updated_at_ms=now_ms,
-                                 due_at_ms=parked_ms(r.deliver_at_ms, now_ms, cfg.horizon_days))
+                                 due_at_ms=parked_ms(r.deliver_at_ms, now_ms, horizon_days))
              for r in rows.values()]
-    payloads = services.messages.get_payloads(topic.uid,
-                                              [(r.id, r.content_hash) for r in moved])
-    bodies = [(topic.uid, m.id, m.content_hash, payloads[(m.id, m.content_hash)],
-               ttl_s(m.due_at_ms, now_ms, cfg.retention_days, cfg.horizon_days * MS_PER_DAY))
-              for m in moved if (m.id, m.content_hash) in payloads]
-    errors, _, _ = services.messages.stage(topic.uid, bodies, [])
-    unwritten = {body[1] for body, err in zip(bodies, errors, strict=True) if err is not None}
-    won = move_many(services, topic, [m for m in moved if m.id not in unwritten], now_ms, rows)
+    unkept = keep_alive(services, topic, moved, now_ms)
+    won = move_many(services, topic, [m for m in moved if m.id not in unkept], now_ms, rows)
     services.counts.add_upcoming(topic.uid, [rows[m.id].due_at_ms for m in won], sign=-1)
     services.counts.add_upcoming(topic.uid, [m.due_at_ms for m in won])
     return {m.id for m in won}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from app.core.timeline import parked_ms
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, NotFound, StoreUnavailable
+from app.messages.lifetimes import keep_alive
 from app.messages.send_windows import place_row
 from app.messages.transitions import apply_transition, count_moves
 from app.models import MessageState, Payload, Topic
@@ -67,25 +68,34 @@ def reschedule(services: Services, topic: Topic, message_id: str,
                deliver_at_ms: int) -> MessageState:
     """Move a scheduled message to deliver_at_ms (its pointer first, then the LWT), or to its
     send window's next opening when that time is outside it (app.messages.send_windows);
-    beyond the horizon it is parked there (app.core.timeline.parked_ms). A
-    paused one moves too and stays paused (no pointer: none hands it out until resumed).
-    409 unless it is scheduled or paused."""
-    now = services.clock()
-    row = services.messages.get(topic.uid, message_id)
-    if row is None:
-        raise NotFound(f"No message {message_id!r}.")
-    if row.state not in MOVABLE:
-        raise Conflict(f"Message {message_id!r} is {row.state}; only scheduled or paused ones "
-                       "move.")
-    placed = place_row(topic, row, deliver_at_ms, now)
-    moved = dataclasses.replace(row, version=row.version + 1,
-                                due_at_ms=parked_ms(placed.deliver_at_ms, now,
-                                                    services.config.horizon_days),
-                                deliver_at_ms=placed.deliver_at_ms,
-                                requested_at_ms=placed.requested_ms, updated_at_ms=now)
-    waiting = row.state == "scheduled"
-    apply_transition(services, topic, moved, moved=waiting, before=row)
-    if waiting:
-        services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
-        services.counts.add_upcoming(topic.uid, [moved.due_at_ms])
-    return moved
+    beyond the horizon it is parked there (app.core.timeline.parked_ms). A paused one moves
+    too and stays paused (no pointer: none hands it out until resumed). A row that will wait
+    long has its payload kept alive first (app.messages.lifetimes). A row changed meanwhile
+    by anything but a hand-out (a hop, a step of an operation) is read and moved again; 409
+    unless it is scheduled or paused."""
+    for _ in range(3):
+        now = services.clock()
+        row = services.messages.get(topic.uid, message_id)
+        if row is None:
+            raise NotFound(f"No message {message_id!r}.")
+        if row.state not in MOVABLE:
+            raise Conflict(f"Message {message_id!r} is {row.state}; only scheduled or paused "
+                           "ones move.")
+        placed = place_row(topic, row, deliver_at_ms, now)
+        moved = dataclasses.replace(row, version=row.version + 1,
+                                    due_at_ms=parked_ms(placed.deliver_at_ms, now,
+                                                        services.config.horizon_days),
+                                    deliver_at_ms=placed.deliver_at_ms,
+                                    requested_at_ms=placed.requested_ms, updated_at_ms=now)
+        if keep_alive(services, topic, [moved], now):
+            raise StoreUnavailable("Could not write the message's payload again; retry.")
+        waiting = row.state == "scheduled"
+        try:
+            apply_transition(services, topic, moved, moved=waiting, before=row)
+        except Conflict:
+            continue  # it changed under us: decide again from the new row
+        if waiting:
+            services.counts.add_upcoming(topic.uid, [row.due_at_ms], sign=-1)
+            services.counts.add_upcoming(topic.uid, [moved.due_at_ms])
+        return moved
+    raise Conflict(f"Message {message_id!r} is changing concurrently; retry.")

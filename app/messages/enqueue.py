@@ -36,6 +36,7 @@ from app.core.timeparse import TimeFormatError, parse_local_time, zone
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.messages import send_windows
 from app.messages.by_id import MOVABLE
+from app.messages.lifetimes import keep_alive, row_ttl_s
 from app.messages.transitions import (
     apply_transition,
     count_moves,
@@ -333,8 +334,8 @@ def _placed_in_time(services: Services, topic: Topic, pointers: list[Pointer],
 
 
 def _fresh(result: EnqueueResult | None) -> bool:
-    """Accepted, and still as enqueued (a retry's answer included)."""
-    return result is not None and result.status in (200, 201) and result.state == "scheduled"
+    """Accepted, and still waiting as enqueued or replaced (a retry's answer included)."""
+    return result is not None and result.status in (200, 201) and result.state in MOVABLE
 
 
 def _admitted(services: Services, topic: Topic, rows: list[MessageState], todo: list[int],
@@ -383,9 +384,8 @@ def _start_stage(services: Services, topic: Topic, items: Sequence[NewMessage],
 
     writing = services.messages.start_stage(
         topic.uid, [body(i) for i in others],
-        [(rows[i].campaign or "", rows[i].id, ttl_s(rows[i].due_at_ms, now, cfg.retention_days))
-         for i in members],
-        [(body(i), rows[i], ttl_s(rows[i].due_at_ms, now, cfg.retention_days)) for i in fresh])
+        [(rows[i].campaign or "", rows[i].id, row_ttl_s(rows[i], now, cfg)) for i in members],
+        [(body(i), rows[i], row_ttl_s(rows[i], now, cfg)) for i in fresh])
     return _Stage(writing, others, members, fresh)
 
 
@@ -431,13 +431,13 @@ def _insert(services: Services, items: Sequence[NewMessage], rows: list[MessageS
             indexes: list[int], now: int) -> list[tuple[bool, MessageState | None] | Exception]:
     """State rows: IF NOT EXISTS for client ids (idempotency needs the LWT), a plain write for
     server-made ids, which cannot exist yet. Outcomes in the order of indexes."""
-    retention = services.config.retention_days
+    cfg = services.config
     client = [i for i in indexes if items[i].id is not None]
     server = [i for i in indexes if items[i].id is None]
     found = dict(zip(client, services.messages.insert_many(
-        [(rows[i], ttl_s(rows[i].due_at_ms, now, retention)) for i in client]), strict=True))
+        [(rows[i], row_ttl_s(rows[i], now, cfg)) for i in client]), strict=True))
     found.update(zip(server, services.messages.insert_fresh_many(
-        [(rows[i], ttl_s(rows[i].due_at_ms, now, retention)) for i in server]), strict=True))
+        [(rows[i], row_ttl_s(rows[i], now, cfg)) for i in server]), strict=True))
     return [found[i] for i in indexes]
 
 
@@ -483,6 +483,9 @@ def _replace(services: Services, topic: Topic, found: MessageState,
             recipient=row.recipient, labels=row.labels, timezone=row.timezone,
             cap_exempt=row.cap_exempt)
         try:
+            if keep_alive(services, topic, [new], now):  # a paused one: its index entry
+                return EnqueueResult(row.id, 503, error=_unavailable(
+                    StoreUnavailable("campaign index entry not written")))
             apply_transition(services, topic, new, moved=found.state == "scheduled",
                              before=found)
         except Conflict:  # leased, cancelled or replaced meanwhile: decide again

@@ -42,7 +42,7 @@ from app.store.operations import Operation
 
 
 def _decide(topic: Topic, op: Operation, flt: MessageFilter, row: MessageState, now: int,
-            horizon: int, progress: Progress) -> MessageState | None:
+            horizon_days: int, progress: Progress) -> MessageState | None:
     """The row this operation makes of `row` (None: leave it), counting what it finds."""
     if row.last_op == op.id:
         progress.changed += 1
@@ -62,9 +62,9 @@ def _decide(topic: Topic, op: Operation, flt: MessageFilter, row: MessageState, 
     if op.kind == "resume":
         return resumed(topic, op, row, now) if row.state == "paused" else None
     asked = campaign_ops.asked_ms(row) + op.shift_ms
-    if row.state not in ("scheduled", "paused") or asked > horizon:
+    if row.state not in ("scheduled", "paused") or asked > now + horizon_days * MS_PER_DAY:
         return None
-    return campaign_ops.shifted(topic, op, row, asked, now)
+    return campaign_ops.shifted(topic, op, row, asked, now, horizon_days)
 
 
 def paused(op: Operation, row: MessageState, now: int) -> MessageState:
@@ -92,9 +92,9 @@ def apply(services: Services, topic: Topic, op: Operation, flt: MessageFilter,
     moved: list[MessageState] = [r for r in rows if r.last_op == op.id]
     for _ in range(campaign_ops.ROUNDS):
         now = services.clock()
-        horizon = now + services.config.horizon_days * MS_PER_DAY
         changes = [(row, new) for row in pending
-                   if (new := _decide(topic, op, flt, row, now, horizon, progress)) is not None]
+                   if (new := _decide(topic, op, flt, row, now, services.config.horizon_days,
+                                      progress)) is not None]
         lost = {row.id for row, _ in campaign_ops.write(services, topic, changes, now,
                                                         progress)}
         moved += [new for row, new in changes if row.id not in lost]

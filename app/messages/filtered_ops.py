@@ -52,7 +52,7 @@ def start(services: Services, topic: Topic, kind: str, query: dict[str, Any],
     for the runners, answered at once. A pause or resume of a filter of a campaign alone
     pauses or resumes that campaign (404 when no message ever carried it, 409 when it is
     cancelled)."""
-    if kind in CAMPAIGN_KINDS and set(query) == {"campaign"}:
+    if kind in CAMPAIGN_KINDS and set(json.loads(filter_json(query))) == {"campaign"}:
         return campaigns.pause_or_resume(services, topic, query["campaign"],
                                          paused=kind == "pause")
     now = services.clock()

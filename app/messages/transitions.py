@@ -10,22 +10,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.config import Config
-from app.core.timeline import MS_PER_DAY, pointer_of, ttl_s
+from app.core.timeline import pointer_of
 from app.errors import LeaseLost
+from app.messages.lifetimes import row_ttl_s
 from app.models import MessageState, Topic
 from app.ops import metrics
 from app.services import Services
 
 WAITING = ("scheduled", "leased")  # states a pointer can hand out (app.delivery.scan)
-
-
-def row_ttl_s(row: MessageState, now: int, config: Config) -> int:
-    """Seconds a message's row lives after a write at now (epoch ms): the retention past its
-    due time; a paused row, which keeps its due time however long it waits, as long as its
-    payload (the horizon more, app.messages.enqueue)."""
-    slack = config.horizon_days * MS_PER_DAY if row.state == "paused" else 0
-    return ttl_s(row.due_at_ms, now, config.retention_days, slack)
 
 
 def place_then(services: Services, topic: Topic, rows: list[MessageState],

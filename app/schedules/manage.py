@@ -29,6 +29,7 @@ from app.errors import Conflict, InvalidInput, NotFound
 from app.messages import send_windows
 from app.messages.by_id import cancel
 from app.messages.enqueue import NewMessage, enqueue, payload_of
+from app.messages.lifetimes import row_ttl_s
 from app.messages.transitions import finished, place_then
 from app.models import MessageState, Payload, Topic
 from app.schedules.cron import Cron, CronError
@@ -138,14 +139,15 @@ def delete_schedule(services: Services, topic: Topic, name: str) -> None:
 
 
 def _pending(services: Services, topic: Topic, name: str) -> list[MessageState]:
-    """The schedule's fires produced and not handed out yet (scheduled), by fire time."""
+    """The schedule's fires produced and not handed out yet (scheduled or paused), by fire
+    time."""
     found: list[MessageState] = []
     after, finished = "", False
     while not finished:
         ids, finished = services.campaigns.members_after(topic.uid, fires_index(name), after,
                                                          PAGE)
         found += [r for r in services.messages.get_many(topic.uid, ids).values()
-                  if r.state == "scheduled"]
+                  if r.state in ("scheduled", "paused")]
         after = ids[-1] if ids else after
     return sorted(found, key=lambda r: _fire_time(r.id))
 
@@ -196,7 +198,7 @@ def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageSt
         log.warning("schedule %s: %d waiting fires keep their old content (payload not "
                     "written)", s.name, len(changed) - len(staged))
     placed = place_then(services, topic, staged, now)
-    outcomes = services.messages.cas_many([(r, r.version - 1, ttl_s(r.due_at_ms, now, retention))
+    outcomes = services.messages.cas_many([(r, r.version - 1, row_ttl_s(r, now, services.config))
                                            for r in placed], {r.id: r for r in rows})
     finished(services, topic, [r for r, ok in zip(placed, outcomes, strict=True) if ok is True])
 

@@ -48,7 +48,8 @@ class CampaignPatchSchema(Schema):
     shift_ms = Int(validate=[
         validate.Range(-MAX_SHIFT_MS, MAX_SHIFT_MS),
         validate.NoneOf([0], error="Must not be 0.")], metadata={"not": {"enum": [0]},
-        "description": "Move every scheduled message by this many ms (negative: earlier), "
+        "description": "Move every scheduled (or paused) message by this many ms (negative: "
+                       "earlier), "
                        "never to before now. 400 if the campaign's last message would pass "
                        "the horizon."})
     paused = Bool(metadata={

@@ -41,7 +41,8 @@ class OperationRequestSchema(Schema):
             "alone pauses or resumes that campaign instead, as PATCH of the campaign does: "
             "its messages, later ones too, are held back by the campaign's flag (the "
             "operation has succeeded at once), and a resume brings back what came due "
-            "meanwhile."})
+            "meanwhile; messages paused by a filter are resumed by a filter too (e.g. "
+            "{campaign, state: paused})."})
     filter = fields.Nested(MessageFilterSchema, required=True, metadata={
         "description": "Which messages: the search's filters (GET /v1/topics/{topic}/"
                        "messages) as an object, ANDed; times RFC 3339 or epoch ms; {} is "

@@ -49,8 +49,8 @@ class DeliverySchema(Schema):
 
 class TopicPutSchema(Schema):
     """All optional. On create, omitted fields take the defaults shown; on update, omitted
-    fields keep their current values. Changing `shards` of a topic with scheduled or leased
-    messages answers 409. send_window and quiet_hours together answer 400."""
+    fields keep their current values. Changing `shards` of a topic with scheduled, paused or
+    leased messages answers 409. send_window and quiet_hours together answer 400."""
 
     JSON_RULES = at_most_one("send_window", "quiet_hours")
 

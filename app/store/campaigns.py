@@ -24,7 +24,7 @@ from app.store.counts import flush_counters
 from app.store.session import CassandraSession
 
 # Bounds cells are written USING TIMESTAMP = ms (latest wins) or BOUNDS_BASE - ms (earliest
-# wins); epoch ms stay below 2^43 until the year 2248.
+# wins); past the year 2248 (2^43 ms) the latter goes negative, which Cassandra orders alike.
 BOUNDS_BASE = 1 << 43
 _COLUMNS = ("campaign", "created_at", "bounds_gen", "paused", "max_per_second", "cancelled",
             "controls_version", "op_id", "op_kind", "updated_at")

@@ -54,8 +54,8 @@ def put_topic(services: Services, tenant: str, name: str,
     """Create the topic with defaults overlaid by changes, or update the fields given in
     changes (omitted fields keep their values). Returns (topic, created).
 
-    Changing `shards` is refused with Conflict while the topic holds scheduled or leased
-    messages: their pointers live in the old shard layout."""
+    Changing `shards` is refused with Conflict while the topic holds scheduled, paused or
+    leased messages: their pointers live in the old shard layout."""
     allow = parse_allow(services.config.webhook_allow)
     for _ in range(RETRIES_ON_RACE):
         now = services.clock()
@@ -69,7 +69,8 @@ def put_topic(services: Services, tenant: str, name: str,
             continue
         settings = _validated(dataclasses.replace(current.settings, **changes), allow)
         if settings.shards != current.settings.shards and _live_messages(services, current):
-            raise Conflict("Cannot change shards of a topic with scheduled or leased messages.")
+            raise Conflict("Cannot change shards of a topic with scheduled, paused or leased "
+                           "messages.")
         topic = dataclasses.replace(current, settings=settings, updated_at_ms=now)
         if services.topics.update(topic, current):
             _changed(services, tenant, name)
@@ -96,11 +97,12 @@ def rotate_signing_secret(services: Services, tenant: str, name: str,
 
 
 def _live_messages(services: Services, topic: Topic) -> int:
-    """Scheduled and leased messages of the topic, counted once every process has written
-    the moves it made before this call (each writes its own within counts.FLUSH_S)."""
+    """Scheduled, paused and leased messages of the topic (each keeps the shard it was
+    placed on), counted once every process has written the moves it made before this call
+    (each writes its own within counts.FLUSH_S)."""
     time.sleep(2 * FLUSH_S)
     counts = services.counts.states(topic.uid)
-    return counts.get("scheduled", 0) + counts.get("leased", 0)
+    return sum(counts.get(s, 0) for s in ("scheduled", "paused", "leased"))
 
 
 def delete_topic(services: Services, tenant: str, name: str) -> None:

@@ -338,10 +338,10 @@ class Client:
     # operations on the messages a filter matches
     def start_operation(self, topic: str, kind: str, shift_ms: int | None = None,
                         **filters: Any) -> JSON:
-        """Start kind ("cancel", "shift" with shift_ms, "pause" or "resume" with campaign
-        alone) on the messages matching every filter given (search_messages' filters; label
-        "key:value" or a list of them). The answer is {operation}; follow it with
-        operation()."""
+        """Start kind ("cancel", "shift" with shift_ms, "pause" or "resume") on the messages
+        matching every filter given (search_messages' filters; label "key:value" or a list
+        of them); a pause or resume of a campaign alone sets that campaign's flag. The
+        answer is {operation}; follow it with operation()."""
         flt = {k: v for k, v in filters.items() if v is not None}
         if isinstance(flt.get("label"), str):
             flt["label"] = [flt["label"]]

@@ -361,7 +361,7 @@ def _filter_text(flt: dict[str, Any] | None) -> str:
 def _operations(client: Client, args: argparse.Namespace) -> Any:
     """Start an operation on the filter's messages (or show one); with --wait, the matching
     messages are counted first (a search, ids only) for the progress bar's total, but for
-    a pause or resume of a campaign alone (its flag: done at once)."""
+    a pause or resume of a campaign alone (its flag)."""
     if args.action == "show":
         found = client.operation(args.topic, args.id)
         return _follow(client, args.topic, found, None) if args.wait else found
