@@ -21,6 +21,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.select import Select
 
+from app.models import STATES
 from app.services import Services
 from tests.conftest import ROOT, new_tenant_key
 from tests.consumers import now_ms
@@ -103,7 +104,7 @@ def _row(browser: WebDriver, table: str, attr: str, value: str) -> WebElement:
 
 def _counts(row: WebElement) -> dict[str, int]:
     return {state: int(row.find_element(By.CSS_SELECTOR, f".count-{state}").text)
-            for state in ("scheduled", "leased", "delivered", "cancelled", "dead")}
+            for state in STATES}
 
 
 def test_a_wrong_key_is_refused_and_nothing_is_shown(browser: WebDriver, served: str) -> None:
