@@ -12,6 +12,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from app.messages.by_id import MOVABLE
 from app.messages.enqueue import NewMessage, enqueue
 from app.models import Payload, Topic
 from app.services import Services
@@ -29,14 +30,14 @@ def differing(present: DataFrame) -> DataFrame:
 
 def refused(present: DataFrame, mode: str) -> DataFrame:
     """Rows the mode refuses, as rejects (line, reason, raw): other content under reject;
-    under replace, a message no longer scheduled (leased or finished)."""
+    under replace, a message no longer waiting (leased or finished), as the API's replace."""
     other = differing(present)
     if mode == "reject":
         reason = F.lit("id exists with other content (if_exists reject)")
     elif mode == "replace":
-        other = other.filter(F.col("present_state") != "scheduled")
+        other = other.filter(~F.col("present_state").isin(*MOVABLE))
         reason = F.concat(F.lit("id is "), F.col("present_state"),
-                          F.lit("; only a scheduled message is replaced"))
+                          F.lit("; only a scheduled or paused message is replaced"))
     else:
         return other.limit(0).select(F.col("line"), F.lit("").alias("reason"),
                                      F.lit(None).cast("string").alias("raw"))
@@ -44,10 +45,11 @@ def refused(present: DataFrame, mode: str) -> DataFrame:
 
 
 def to_replace(present: DataFrame, mode: str) -> DataFrame:
-    """Rows replace rewrites: other content, message still scheduled."""
+    """Rows replace rewrites: other content, message still waiting (scheduled or paused: a
+    paused one stays paused)."""
     if mode != "replace":
         return present.limit(0)
-    return differing(present).filter(F.col("present_state") == "scheduled")
+    return differing(present).filter(F.col("present_state").isin(*MOVABLE))
 
 
 def _new_message(r: Any) -> NewMessage:

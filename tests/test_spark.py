@@ -21,6 +21,7 @@ from app.config import Config
 from app.core.ids import import_id
 from app.core.timeparse import parse_instant
 from app.services import Services
+from tests.campaign_helpers import running_operations, wait_operation
 from tests.conftest import ROOT
 from tests.consumers import TopicClient, now_ms
 from tests.import_files import write_csv
@@ -265,6 +266,13 @@ def test_an_import_rejects_or_replaces_messages_it_finds_with_other_content(
     assert topic.enqueue(id="taken-now", payload={"v": 1}, recipient="u").status_code == 201
     [leased] = topic.lease(1)
     assert leased["id"] == "taken-now"
+    # one paused (a filtered pause): replaced as the API replaces it, and still paused
+    assert topic.enqueue(id="held", deliver_at=at, payload={"v": 1},
+                         recipient="p").status_code == 201
+    with running_operations(services):
+        pause = client.post(topic.url("/operations"), headers=auth,
+                            json={"kind": "pause", "filter": {"recipient": "p"}})
+        assert wait_operation(topic, pause.get_json()["operation"]["id"], 30)["changed"] == 1
     path = tmp_path / "again.csv"
     with path.open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
@@ -273,6 +281,7 @@ def test_an_import_rejects_or_replaces_messages_it_finds_with_other_content(
         out.writerow(["other", "u", json.dumps({"v": 2}), str(moved)])
         out.writerow(["taken-now", "u", json.dumps({"v": 2}), str(moved)])
         out.writerow(["fresh", "u", json.dumps({"v": 2}), str(moved)])
+        out.writerow(["held", "p", json.dumps({"v": 2}), str(moved)])
 
     def run(mode: str, folder: str) -> tuple[dict[str, Any], dict[str, str]]:
         summary = spark_job(config, "import", str(path), "--topic", topic.name, "--tenant",
@@ -285,15 +294,17 @@ def test_an_import_rejects_or_replaces_messages_it_finds_with_other_content(
 
     rejected, why = run("reject", "r1")  # the default, as the API's
     assert (rejected["imported"], rejected["replaced"], rejected["rejected"],
-            rejected["already_present"]) == (1, 0, 2, 1), rejected
-    assert set(why) == {"3", "4"} and all("other content" in r for r in why.values()), why
+            rejected["already_present"]) == (1, 0, 3, 1), rejected
+    assert set(why) == {"3", "4", "6"} and all("other content" in r for r in why.values()), why
     assert topic.get("other").get_json()["payload"] == {"v": 1}
 
     replaced, why = run("replace", "r2")
     assert (replaced["imported"], replaced["replaced"], replaced["rejected"],
-            replaced["already_present"]) == (0, 1, 1, 2), replaced
+            replaced["already_present"]) == (0, 2, 1, 2), replaced
     assert list(why) == ["4"] and "id is leased" in why["4"], why
     other = topic.get("other").get_json()
     assert other["payload"] == {"v": 2} and parse_instant(other["deliver_at"]) == moved
     assert topic.get("taken-now").get_json()["payload"] == {"v": 1}
+    held = topic.get("held").get_json()
+    assert (held["state"], held["payload"]) == ("paused", {"v": 2})
     assert stats(client, topic)["scheduled"] == 4  # same, other, taken, fresh: nothing twice
