@@ -13,10 +13,22 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
+from app.core.ids import home_of
 from app.models import STATES, MessageState, Topic
 from app.services import Services
 from tests.consumers import TopicClient
 from workers.operations import OperationRunner
+
+
+def ttl_of(services: Services, topic_uid: uuid.UUID, message_id: str,
+           table: str = "message_states", column: str = "state") -> int:
+    """Seconds left of a message's cell (its state row's, or its payload's with
+    table="message_bodies", column="payload")."""
+    [found] = services.db.execute(
+        f"SELECT TTL({column}) AS ttl FROM {{ks}}.{table} WHERE topic_uid = ? AND home = ? "
+        "AND id = ?", (topic_uid, home_of(message_id), message_id))
+    ttl: int = found["ttl"]
+    return ttl
 
 
 def rows_of(services: Services, topic_uid: uuid.UUID, campaign: str) -> list[MessageState]:

@@ -9,14 +9,13 @@ from typing import Any
 
 from flask import Flask
 
-from app.core.ids import home_of
 from app.core.timeline import MS_PER_DAY, pointer_of
 from app.core.timeparse import parse_instant
 from app.delivery.leasing import Hold, take, take_with_payloads
 from app.delivery.scan import Due
 from app.models import MessageState
 from app.services import Services
-from tests.campaign_helpers import running_operations, topic_of, wait_operation
+from tests.campaign_helpers import running_operations, topic_of, ttl_of, wait_operation
 from tests.consumers import TopicClient, now_ms
 
 HOLD = Hold(30, "far-consumer")
@@ -28,20 +27,8 @@ def _row(services: Services, uid: Any, message_id: str) -> MessageState:
     return row
 
 
-def _row_ttl(services: Services, uid: Any, message_id: str) -> int:
-    [found] = services.db.execute(
-        "SELECT TTL(state) AS ttl FROM {ks}.message_states WHERE topic_uid = ? AND home = ? "
-        "AND id = ?", (uid, home_of(message_id), message_id))
-    ttl: int = found["ttl"]
-    return ttl
-
-
 def _payload_ttl(services: Services, uid: Any, message_id: str) -> int:
-    [found] = services.db.execute(
-        "SELECT TTL(payload) AS ttl FROM {ks}.message_bodies WHERE topic_uid = ? AND home = ? "
-        "AND id = ?", (uid, home_of(message_id), message_id))
-    ttl: int = found["ttl"]
-    return ttl
+    return ttl_of(services, uid, message_id, "message_bodies", "payload")
 
 
 def test_a_time_years_ahead_is_kept_and_parked_at_the_horizon(
@@ -69,7 +56,7 @@ def test_a_time_years_ahead_is_kept_and_parked_at_the_horizon(
         # the retention past its parking point; both far inside Cassandra's 20 years
         payload_ttl = _payload_ttl(services, uid, message_id)
         assert payload_ttl <= 2 * horizon_ms // 1000 + retention_s
-        assert payload_ttl - 10 <= _row_ttl(services, uid, message_id) <= payload_ttl
+        assert payload_ttl - 10 <= ttl_of(services, uid, message_id) <= payload_ttl
     assert topic.get("far").get_json()["deliver_at"].startswith("6753-03-01T00:00:00")
     moved = topic.client.patch(topic.url("/messages/far"), headers=auth,
                                json={"deliver_at": "3000-01-01T00:00:00Z"})
@@ -107,7 +94,7 @@ def test_a_hop_that_parks_again_writes_payload_and_campaign_entry_to_live_as_lon
     retention_s = services.config.retention_days * 86_400
     wanted_s = 2 * horizon_ms // 1000 + retention_s
     assert wanted_s - 10 <= _payload_ttl(services, found.uid, "twice") <= wanted_s
-    assert wanted_s - 10 <= _row_ttl(services, found.uid, "twice") <= wanted_s
+    assert wanted_s - 10 <= ttl_of(services, found.uid, "twice") <= wanted_s
 
 
 def test_a_campaign_shift_of_a_message_moved_years_ahead_parks_it(

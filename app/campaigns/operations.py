@@ -10,8 +10,8 @@ own messages), and nothing changes behind the counters' back.
   answers 409), becomes cancelled. One whose POST has started
   (app.messages.by_id.being_delivered) cannot be stopped: it is counted as delivering, and
   should that POST fail, the next take cancels it (the campaign is marked cancelled before
-  the operation starts). Nothing is leased ahead of
-  its hand-out, so every message not handed out yet is reached.
+  the operation starts). Nothing is leased ahead of its hand-out, so every message not
+  handed out yet is reached.
 - shift: a scheduled or paused message moves by shift_ms, never to before now (pointer
   first; a paused one stays paused): the time it asked for moves (deliver_at, or the time
   its send window moved it from), then the window places it again

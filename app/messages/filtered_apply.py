@@ -7,8 +7,8 @@ message twice and its counts are exact. A row that no longer matches the filter 
 read is left alone and not counted as changed.
 
 - cancel: a message waiting to be handed out (scheduled or paused, or leased with its lease
-  run out, waiting for its retry) becomes cancelled. One handed out and not finished (leased to a
-  pull consumer whose lease runs, or whose POST has started: app.messages.by_id.
+  run out, waiting for its retry) becomes cancelled. One handed out and not finished (leased
+  to a pull consumer whose lease runs, or whose POST has started: app.messages.by_id.
   being_delivered) is counted as delivering and left to its consumer: its ack delivers it,
   its nack puts it back, uncancelled. Every hand-out is an LWT over the row's version, which
   the cancel changed, so no message this operation counted as changed is handed out after.
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from app.campaigns import manage as campaigns
 from app.campaigns import operations as campaign_ops
 from app.campaigns.operations import Progress
-from app.core.timeline import MS_PER_DAY, placement_ms
+from app.core.timeline import MS_PER_DAY
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
 from app.messages.send_windows import retry_due
@@ -77,7 +77,7 @@ def paused(op: Operation, row: MessageState, now: int) -> MessageState:
 def resumed(topic: Topic, op: Operation, row: MessageState, now: int) -> MessageState:
     """A paused row scheduled again at its due time, or now (epoch ms) if that has passed,
     inside its send window (its next opening when now is outside); deliver_at unchanged."""
-    due = placement_ms(retry_due(topic, row, max(row.due_at_ms, now)), now)
+    due = retry_due(topic, row, max(row.due_at_ms, now))  # never behind now: a pointer's place
     return dataclasses.replace(row, state="scheduled", version=row.version + 1, due_at_ms=due,
                                updated_at_ms=now, last_op=op.id)
 
