@@ -8,12 +8,13 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
 from app.config import Config
-from tests.campaign_helpers import campaign
+from tests.campaign_helpers import campaign, running_operations, wait_operation
 from tests.consumers import TopicClient, now_ms
 from tests.receiver import Receiver, receiving
 from tests.releasing import assert_on_time_and_signed, webhook_topic
@@ -136,3 +137,70 @@ def test_a_paced_webhook_campaign_is_posted_at_its_rate(
     assert _ahead_of_schedule(times, 20.0, start) <= 0
     assert _rate_of([start, *times]) >= 10.0, _rate_of([start, *times])
     assert campaign(topic, "drip")["counts"]["delivered"] == 60
+
+
+@pytest.mark.parametrize("pause_by", ["campaign", "label"])
+def test_a_paced_campaign_resumed_keeps_its_rate(
+        app: Flask, auth: dict[str, str], pause_by: str) -> None:
+    """A paced campaign paused (its flag, or its messages by a label) while the slots of
+    half its messages pass, then resumed: what comes out after the resume keeps the rate
+    (the messages whose slots passed are paced again, not released at once), every message
+    is delivered once, none before its deliver_at."""
+    services = app.extensions["duetime"]
+    rate = 10.0
+    topic = TopicClient(app.test_client(), auth)
+    start = now_ms() + 1000
+    ids = [r["id"] for r in topic.batch([
+        {"campaign": "slow", "labels": {"wave": "1"}, "deliver_at": start + i}
+        for i in range(40)])]
+    _pace(topic, "slow", rate)
+    received: dict[str, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def consume() -> None:
+        mine = TopicClient(app.test_client(), auth, name=topic.name)
+        while not stop.is_set():
+            for m in mine.lease(20, wait_ms=100):  # checks: never before deliver_at
+                assert mine.ack(m) == 204
+                with lock:
+                    assert m["id"] not in received
+                    received[m["id"]] = m["received_at"]
+
+    def pause(paused: bool) -> None:
+        if pause_by == "campaign":
+            answer = topic.client.patch(topic.url("/campaigns/slow"), headers=auth,
+                                        json={"paused": paused})
+            assert answer.status_code == 200, answer.get_json()
+            return
+        op = topic.client.post(topic.url("/operations"), headers=auth, json={
+            "kind": "pause" if paused else "resume", "filter": {"label": ["wave:1"]}})
+        assert op.status_code == 202, op.get_json()
+        assert wait_operation(topic, op.get_json()["operation"]["id"], 20)[
+            "state"] == "succeeded"
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    try:
+        with running_operations(services):
+            deadline = time.monotonic() + 10
+            while len(received) < 5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            pause(True)
+            time.sleep(2.0)  # about 20 more slots pass while it is paused
+            before = len(received)
+            assert before < 20, before  # the pause held it back
+            resumed_ms = now_ms()
+            pause(False)
+            deadline = time.monotonic() + 15
+            while len(received) < 40 and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        consumer.join()
+    assert set(received) == set(ids)
+    after = [t for t in received.values() if t >= resumed_ms]
+    assert len(after) >= 40 - before - 2  # what was held back went out after the resume
+    # one sequence of slots 1/rate apart from no sooner than the resume: never ahead of it
+    assert _ahead_of_schedule(after, rate, resumed_ms) <= 0, sorted(
+        t - resumed_ms for t in after)

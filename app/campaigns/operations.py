@@ -17,7 +17,8 @@ own messages), and nothing changes behind the counters' back.
   its send window moved it from), then the window places it again
   (app.messages.send_windows).
 - resume: a waiting message due by now moves to now, where every reader finds it again:
-  while its campaign was paused, passes left it behind their cursors.
+  while its campaign was paused, passes left it behind their cursors. A paced campaign's
+  message whose slot passed meanwhile is paced again from now (a new slot).
 """
 
 from __future__ import annotations
@@ -99,9 +100,11 @@ def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: 
         row.state == "leased" and (row.lease_expires_at_ms or 0) <= now)
     if not waiting or row.due_at_ms > now:
         return None
+    # one whose delivery slot passed while its campaign was paused is paced again (the take
+    # reserves a new slot), or resuming would release every such message at once
     return dataclasses.replace(row, state="scheduled", version=row.version + 1, due_at_ms=now,
                                lease_token=None, lease_expires_at_ms=None, updated_at_ms=now,
-                               last_op=op.id)
+                               last_op=op.id, paced=False)
 
 
 def apply(services: Services, topic: Topic, op: Operation, ids: Sequence[str]) -> Progress:

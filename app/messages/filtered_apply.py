@@ -21,7 +21,8 @@ read is left alone and not counted as changed.
   hands a paused row out. One handed out and not finished is counted as delivering and left
   to its consumer, as for cancel.
 - resume: a paused message is scheduled again at its due time, or now if that has passed
-  (inside its send window: its next opening when now is outside), pointer first.
+  (inside its send window: its next opening when now is outside), pointer first; a paced
+  campaign's message whose slot passed meanwhile gets a new one.
 """
 
 from __future__ import annotations
@@ -76,10 +77,13 @@ def paused(op: Operation, row: MessageState, now: int) -> MessageState:
 
 def resumed(topic: Topic, op: Operation, row: MessageState, now: int) -> MessageState:
     """A paused row scheduled again at its due time, or now (epoch ms) if that has passed,
-    inside its send window (its next opening when now is outside); deliver_at unchanged."""
+    inside its send window (its next opening when now is outside); deliver_at unchanged. A
+    paced campaign's message whose delivery slot passed while it was paused is paced again
+    (a new slot), so that resuming never releases its campaign faster than its rate."""
     due = retry_due(topic, row, max(row.due_at_ms, now))  # never behind now: a pointer's place
     return dataclasses.replace(row, state="scheduled", version=row.version + 1, due_at_ms=due,
-                               updated_at_ms=now, last_op=op.id)
+                               updated_at_ms=now, last_op=op.id,
+                               paced=row.paced and row.due_at_ms > now)
 
 
 def apply(services: Services, topic: Topic, op: Operation, flt: MessageFilter,

@@ -57,7 +57,8 @@ class CampaignPatchSchema(Schema):
                        "to webhooks (within 1 s on every process; a webhook message whose POST "
                        "has started still goes). false: "
                        "resume; what came due meanwhile goes out from then, earliest "
-                       "deliver_at first."})
+                       "deliver_at first, at the campaign's max_per_second if it has one "
+                       "(delivery slots that passed while paused are drawn again)."})
     max_per_second = fields.Float(allow_none=True, validate=validate.Range(
         min=0, min_inclusive=False, max=1_000_000), metadata={
         "exclusiveMinimum": 0,
