@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,7 @@ def timed_threads(works: list[Callable[[], None]]) -> float:
     return time.perf_counter() - began
 
 
-def percentile(values: list[int], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else 0.0
 
@@ -199,6 +199,39 @@ def raw_ceiling(count: int) -> dict[str, float]:
     lwts = lwt_n / (time.perf_counter() - began)
     db.shutdown()
     return {"raw_insert_rows_per_s": inserts, "raw_lwt_per_s": lwts}
+
+
+def take_floor(count: int = 200, gap_ms: int = 50) -> dict[str, Any]:
+    """The least a take at the due moment costs on this node, one message at a time every
+    gap_ms as the quiet phase runs: a pointer-shaped insert, then a single-row LWT, straight
+    through the driver, each waited for. p50/p99/max ms of the LWT alone and of both: what
+    a quiet consumer's lag (which adds the wake, the payload and the hand-over) is compared
+    with."""
+    db = CassandraSession(load_config())
+    db.execute_raw("CREATE TABLE IF NOT EXISTS {ks}.bench_raw (topic_uid uuid, id text, "
+                   "state text, version int, payload blob, PRIMARY KEY ((topic_uid, id)))")
+    topic = uuid.uuid4()
+    db.execute_many("INSERT INTO {ks}.bench_raw (topic_uid, id, state, version, payload) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [(topic, f"f{i}", "scheduled", 1, b"{}") for i in range(count)],
+                    concurrency=32)
+    lwt_ms: list[float] = []
+    both_ms: list[float] = []
+    for i in range(count):
+        time.sleep(gap_ms / 1000)
+        began = time.perf_counter()
+        db.execute("INSERT INTO {ks}.bench_raw (topic_uid, id, state, version, payload) "
+                   "VALUES (?, ?, ?, ?, ?)", (topic, f"p{i}", "scheduled", 2, b""))
+        middle = time.perf_counter()
+        db.execute("UPDATE {ks}.bench_raw SET version = 2 WHERE topic_uid = ? AND id = ? "
+                   "IF version = 1", (topic, f"f{i}"))
+        ended = time.perf_counter()
+        lwt_ms.append((ended - middle) * 1000)
+        both_ms.append((ended - began) * 1000)
+    db.shutdown()
+    return {name: {"p50": round(percentile(v, 0.5), 1), "p99": round(percentile(v, 0.99), 1),
+                   "max": round(max(v), 1)}
+            for name, v in (("lwt_ms", lwt_ms), ("pointer_and_lwt_ms", both_ms))}
 
 
 def loop_ms(iterations: int = 1_000_000) -> float:
@@ -342,12 +375,15 @@ def main(argv: list[str]) -> int:
                               "steady_light": steady_lag(headers, count * LIGHT // 100,
                                                          consumers, rate * LIGHT // 100),
                               "quiet": quiet_lag(headers),
+                              "quiet_floor": take_floor(),
                               **raw_ceiling(count)}
     backlog = result["backlog"]
     result["enqueue_vs_raw_insert"] = backlog["enqueue_msgs_per_s"] / result[
         "raw_insert_rows_per_s"]
     result["lease_ack_vs_raw_lwt_pairs"] = backlog["lease_ack_msgs_per_s"] / (
         result["raw_lwt_per_s"] / 2)
+    result["quiet_p99_vs_floor_p99"] = result["quiet"]["lag_ms"]["p99"] / result[
+        "quiet_floor"]["pointer_and_lwt_ms"]["p99"]
     result["machine_loop_ms"] = speed.result()
     OUT.mkdir(exist_ok=True)
     (OUT / "bench.json").write_text(json.dumps(result, indent=2))
