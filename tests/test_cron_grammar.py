@@ -111,6 +111,11 @@ def test_no_fire_between_start_and_end_is_taken_and_never_fires(
         "end_at": end_at})
     assert answer.status_code in (200, 201), answer.get_json()
     assert answer.get_json()["next_fire_times"] == []
+    answer = client.put(f"/v1/topics/{topic_name}/schedules/tokyo", headers=auth, json={
+        "cron": "* * * * *", "payload": 1, "timezone": "Asia/Tokyo",
+        "start_at": "9999-12-31T14:59:59Z"})
+    assert answer.status_code in (200, 201), answer.get_json()
+    assert answer.get_json()["next_fire_times"] == []
     assert client.get(url, headers=auth).get_json()["end_at"] == format_ms(
         parse_instant(end_at))
 
@@ -121,11 +126,20 @@ def test_fires_end_where_year_9999_ends_in_any_zone(
     can be written: none, not a 500 (its local reading is in year 10000)."""
     last = parse_instant("9999-12-31T23:59:59.998Z")
     assert Cron("0 3 * * *", "Asia/Dhaka").next_after(last) is None
+    # 23:59:59 of year 9999 in Tokyo: the next wall time is in year 10000
+    tokyo_end = parse_instant("9999-12-31T14:59:59Z")
+    assert list(Cron("* * * * *", "Asia/Tokyo").fires(tokyo_end - 60_000)) == [
+        tokyo_end - 59_000]
     assert list(Cron("* * * * *", "America/New_York").fires(last - 120_000)) == [
         last - 119_998, last - 59_998]  # 23:58 and 23:59 UTC, then the wall times end
     answer = client.put(f"/v1/topics/{topic_name}/schedules/last", headers=auth, json={
         "cron": "*/5 * * * *", "payload": 1, "timezone": "Asia/Dhaka",
         "start_at": "9999-12-31T23:59:59.998Z"})
+    assert answer.status_code in (200, 201), answer.get_json()
+    assert answer.get_json()["next_fire_times"] == []
+    answer = client.put(f"/v1/topics/{topic_name}/schedules/tokyo", headers=auth, json={
+        "cron": "* * * * *", "payload": 1, "timezone": "Asia/Tokyo",
+        "start_at": "9999-12-31T14:59:59Z"})
     assert answer.status_code in (200, 201), answer.get_json()
     assert answer.get_json()["next_fire_times"] == []
 

@@ -172,7 +172,9 @@ class Cron:
         the caller stops), ending where times leave year 9999 (none can be written after)."""
         try:
             yield from self._fires(after_ms)
-        except (OverflowError, ValueError):  # datetime's range ends at year 9999, in any zone
+        # datetime's range ends at year 9999 in any zone (OverflowError, ValueError), and so
+        # does the trigger's year field (IndexError: no field left to carry into)
+        except (OverflowError, ValueError, IndexError):
             return
 
     def _fires(self, after_ms: int) -> Iterator[int]:
