@@ -119,6 +119,51 @@ def test_a_campaign_shift_of_a_message_moved_years_ahead_parks_it(
     assert row.due_at_ms <= now_ms() + services.config.horizon_days * MS_PER_DAY
 
 
+def test_shifts_beyond_the_horizon_park_and_only_year_9999_bounds_them(
+        app: Flask, auth: dict[str, str]) -> None:
+    """A campaign shift and a filtered shift that move messages past the horizon are
+    accepted, as an enqueue at those times would be: the messages keep their new
+    deliver_at and wait parked. A campaign shift whose last message would pass year 9999 is
+    a 400 naming shift_ms; a filtered one leaves such a message where it is."""
+    services: Services = app.extensions["duetime"]
+    topic = TopicClient(app.test_client(), auth)
+    horizon_ms = services.config.horizon_days * MS_PER_DAY
+    shift_ms = 10 * MS_PER_DAY
+    near = now_ms() + horizon_ms - 5 * MS_PER_DAY  # 5 days before the horizon
+    end = parse_instant("9999-12-01T00:00:00Z")
+    assert topic.enqueue(id="c1", campaign="far", deliver_at=near).status_code == 201
+    assert topic.enqueue(id="c2", campaign="far", deliver_at=near).status_code == 201
+    last_days = parse_instant("9999-12-25T00:00:00Z")  # 10 days on is year 10000
+    # moved where the campaign's bounds do not follow: its step leaves it, the rest moves
+    assert topic.client.patch(topic.url("/messages/c2"), headers=auth, json={
+        "deliver_at": last_days}).status_code == 200
+    for message_id, deliver in (("f1", near), ("f2", last_days)):
+        assert topic.enqueue(id=message_id, deliver_at=deliver,
+                             labels={"wave": "b"}).status_code == 201
+    uid = topic_of(services, auth, topic.name).uid
+    with running_operations(services):
+        answer = topic.client.patch(topic.url("/campaigns/far"), headers=auth,
+                                    json={"shift_ms": shift_ms})
+        assert answer.status_code == 202, answer.get_json()
+        assert wait_operation(topic, answer.get_json()["operation"]["id"], 30)[
+            "changed"] == 1
+        answer = topic.client.post(topic.url("/operations"), headers=auth, json={
+            "kind": "shift", "shift_ms": shift_ms, "filter": {"label": ["wave:b"]}})
+        assert answer.status_code == 202, answer.get_json()
+        done = wait_operation(topic, answer.get_json()["operation"]["id"], 30)
+    assert (done["state"], done["processed"], done["changed"]) == ("succeeded", 2, 1), done
+    for message_id in ("c1", "f1"):
+        row = _row(services, uid, message_id)
+        assert (row.state, row.deliver_at_ms) == ("scheduled", near + shift_ms)
+        assert row.due_at_ms <= now_ms() + horizon_ms  # parked
+    for message_id in ("c2", "f2"):  # past year 9999: left alone
+        assert _row(services, uid, message_id).deliver_at_ms == last_days
+    assert topic.enqueue(id="e", campaign="end", deliver_at=end).status_code == 201
+    refused = topic.client.patch(topic.url("/campaigns/end"), headers=auth,
+                                 json={"shift_ms": 100 * MS_PER_DAY})
+    assert refused.status_code == 400 and "shift_ms" in refused.get_json()["errors"]
+
+
 def test_a_parked_message_hops_on_and_is_handed_out_at_its_time_never_before(
         app: Flask, auth: dict[str, str]) -> None:
     """A message due 20 days past the horizon: when the take reaches its parking point it

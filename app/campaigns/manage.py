@@ -22,7 +22,7 @@ from typing import Any
 from app.campaigns import operations as campaign_ops
 from app.campaigns.rules import REFRESH_MS
 from app.core.frequency_cap import capped_counts
-from app.core.timeline import MS_PER_DAY
+from app.core.timeparse import MAX_MS
 from app.errors import Conflict, DuetimeError, InvalidInput, NotFound
 from app.models import STATES, MessageState, Topic
 from app.services import Services
@@ -109,18 +109,18 @@ def cancel_campaign(services: Services, topic: Topic, name: str) -> Operation:
 
 def shift_campaign(services: Services, topic: Topic, name: str, shift_ms: int) -> Operation:
     """Start moving every scheduled message of the campaign by shift_ms (never to before
-    now). 400 when its latest message would pass the horizon."""
+    now; one moved beyond the horizon waits parked, as an enqueue's would). 400 when its
+    latest message would pass the end of year 9999."""
     c = get_campaign(services, topic, name)
     if c.cancelled:
         raise Conflict(f"Campaign {name!r} is cancelled.")
     if c.op_id is not None:
         raise _busy(c)
     _, last = services.campaigns.bounds(topic.uid, name, c.bounds_gen)
-    horizon = services.clock() + services.config.horizon_days * MS_PER_DAY
-    if last is not None and last + shift_ms > horizon:
-        raise InvalidInput("The shift would move messages beyond the horizon.", {"shift_ms": [
-            f"The campaign's last message would pass {services.config.horizon_days} days "
-            "ahead."]})
+    if last is not None and last + shift_ms > MAX_MS:
+        raise InvalidInput("The shift would move messages past the end of year 9999.",
+                           {"shift_ms": ["The campaign's last message would pass "
+                                         "9999-12-31T23:59:59.999Z."]})
     return start_operation(services, topic, c, "shift", shift_ms)
 
 

@@ -15,7 +15,8 @@ own messages), and nothing changes behind the counters' back.
 - shift: a scheduled or paused message moves by shift_ms, never to before now (pointer
   first; a paused one stays paused): the time it asked for moves (deliver_at, or the time
   its send window moved it from), then the window places it again
-  (app.messages.send_windows).
+  (app.messages.send_windows); beyond the horizon it is parked. One that would pass the
+  end of year 9999 stays.
 - resume: a waiting message due by now moves to now, where every reader finds it again:
   while its campaign was paused, passes left it behind their cursors. A paced campaign's
   message whose slot passed meanwhile is paced again from now (a new slot).
@@ -27,6 +28,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from app.core.timeline import parked_ms
+from app.core.timeparse import MAX_MS
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
 from app.messages.lifetimes import keep_alive, row_ttl_s
@@ -92,10 +94,11 @@ def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: 
             return cancelled(op, row, now)
         return None
     if op.kind == "shift":
-        if row.state not in ("scheduled", "paused"):
+        asked = asked_ms(row) + op.shift_ms
+        if row.state not in ("scheduled", "paused") or asked > MAX_MS:
             progress.cover(row.deliver_at_ms)
             return None
-        return shifted(topic, op, row, asked_ms(row) + op.shift_ms, now, horizon_days)
+        return shifted(topic, op, row, asked, now, horizon_days)
     waiting = row.state == "scheduled" or (
         row.state == "leased" and (row.lease_expires_at_ms or 0) <= now)
     if not waiting or row.due_at_ms > now:

@@ -14,9 +14,9 @@ read is left alone and not counted as changed.
   the cancel changed, so no message this operation counted as changed is handed out after.
 - shift: a scheduled or paused message moves by shift_ms from the time it asked for, never
   to before now, then its send window places it (app.messages.send_windows); a paused one
-  stays paused. One the shift would move past the horizon stays where it is (looked at, not
-  changed). The campaigns of moved messages widen their bounds to cover them (bounds may end
-  wider than the messages).
+  stays paused; beyond the horizon it is parked. One the shift would move past the end of
+  year 9999 stays where it is (looked at, not changed). The campaigns of moved messages
+  widen their bounds to cover them (bounds may end wider than the messages).
 - pause: a message waiting to be handed out becomes paused, at its due time: no pointer
   hands a paused row out. One handed out and not finished is counted as delivering and left
   to its consumer, as for cancel.
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from app.campaigns import manage as campaigns
 from app.campaigns import operations as campaign_ops
 from app.campaigns.operations import Progress
-from app.core.timeline import MS_PER_DAY
+from app.core.timeparse import MAX_MS
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
 from app.messages.send_windows import retry_due
@@ -63,7 +63,7 @@ def _decide(topic: Topic, op: Operation, flt: MessageFilter, row: MessageState, 
     if op.kind == "resume":
         return resumed(topic, op, row, now) if row.state == "paused" else None
     asked = campaign_ops.asked_ms(row) + op.shift_ms
-    if row.state not in ("scheduled", "paused") or asked > now + horizon_days * MS_PER_DAY:
+    if row.state not in ("scheduled", "paused") or asked > MAX_MS:
         return None
     return campaign_ops.shifted(topic, op, row, asked, now, horizon_days)
 

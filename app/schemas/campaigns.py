@@ -50,8 +50,9 @@ class CampaignPatchSchema(Schema):
         validate.NoneOf([0], error="Must not be 0.")], metadata={"not": {"enum": [0]},
         "description": "Move every scheduled (or paused) message by this many ms (negative: "
                        "earlier), "
-                       "never to before now. 400 if the campaign's last message would pass "
-                       "the horizon."})
+                       "never to before now; one moved beyond the horizon waits parked and is "
+                       "handed out at its time, as an enqueued one would. 400 if the "
+                       "campaign's last message would pass the end of year 9999."})
     paused = Bool(metadata={
         "description": "true: its due messages are handed out neither to pull consumers nor "
                        "to webhooks (within 1 s on every process; a webhook message whose POST "
