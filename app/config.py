@@ -41,8 +41,8 @@ class Config:
     api_metrics_port: int = 9463
     max_payload_bytes: int = 64 * 1024
     max_batch: int = 1000
-    # how far ahead a message sits on the timeline; one asking for later is parked there
-    # (app.core.timeline.parked_ms), and shifts keep within it
+    # how far ahead a message sits on the timeline; one asking for later (an enqueue, a move,
+    # a shift) is parked there (app.core.timeline.parked_ms)
     horizon_days: int = 365
     max_wait_ms: int = 30_000
     # lease calls one API process holds waiting (long polls), in all and per tenant: each

@@ -145,8 +145,8 @@ def test_shifts_beyond_the_horizon_park_and_only_year_9999_bounds_them(
         answer = topic.client.patch(topic.url("/campaigns/far"), headers=auth,
                                     json={"shift_ms": shift_ms})
         assert answer.status_code == 202, answer.get_json()
-        assert wait_operation(topic, answer.get_json()["operation"]["id"], 30)[
-            "changed"] == 1
+        done = wait_operation(topic, answer.get_json()["operation"]["id"], 30)
+        assert (done["state"], done["changed"]) == ("succeeded", 1), done
         answer = topic.client.post(topic.url("/operations"), headers=auth, json={
             "kind": "shift", "shift_ms": shift_ms, "filter": {"label": ["wave:b"]}})
         assert answer.status_code == 202, answer.get_json()

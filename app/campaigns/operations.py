@@ -72,12 +72,13 @@ def shifted(topic: Topic, op: Operation, row: MessageState, asked: int, now: int
             horizon_days: int) -> MessageState:
     """A scheduled (or paused) row moved to ask for `asked` (never before now), placed by its
     send window (parked at the horizon when beyond it), marked with the operation; a paused
-    one stays paused."""
+    one stays paused. A paced campaign's message is paced again at its new time (its slot
+    was for the old one)."""
     placed = place_row(topic, row, max(asked, now), now)
     return dataclasses.replace(row, version=row.version + 1, deliver_at_ms=placed.deliver_at_ms,
                                requested_at_ms=placed.requested_ms,
                                due_at_ms=parked_ms(placed.deliver_at_ms, now, horizon_days),
-                               updated_at_ms=now, last_op=op.id)
+                               updated_at_ms=now, last_op=op.id, paced=False)
 
 
 def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: Progress,

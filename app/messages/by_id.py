@@ -86,7 +86,8 @@ def reschedule(services: Services, topic: Topic, message_id: str,
                                     due_at_ms=parked_ms(placed.deliver_at_ms, now,
                                                         services.config.horizon_days),
                                     deliver_at_ms=placed.deliver_at_ms,
-                                    requested_at_ms=placed.requested_ms, updated_at_ms=now)
+                                    requested_at_ms=placed.requested_ms, updated_at_ms=now,
+                                    paced=False)  # a pace's slot was for the old time
         if keep_alive(services, topic, [moved], now):
             raise StoreUnavailable("Could not write the message's payload again; retry.")
         waiting = row.state == "scheduled"

@@ -481,7 +481,7 @@ def _replace(services: Services, topic: Topic, found: MessageState,
             group=row.group, content_hash=row.content_hash, updated_at_ms=now,
             send_window=row.send_window, requested_at_ms=row.requested_at_ms,
             recipient=row.recipient, labels=row.labels, timezone=row.timezone,
-            cap_exempt=row.cap_exempt)
+            cap_exempt=row.cap_exempt, paced=False)  # a pace's slot was for the old time
         try:
             if keep_alive(services, topic, [new], now):  # a paused one: its index entry
                 return EnqueueResult(row.id, 503, error=_unavailable(

@@ -78,12 +78,13 @@ def paused(op: Operation, row: MessageState, now: int) -> MessageState:
 def resumed(topic: Topic, op: Operation, row: MessageState, now: int) -> MessageState:
     """A paused row scheduled again at its due time, or now (epoch ms) if that has passed,
     inside its send window (its next opening when now is outside); deliver_at unchanged. A
-    paced campaign's message whose delivery slot passed while it was paused is paced again
-    (a new slot), so that resuming never releases its campaign faster than its rate."""
+    paced campaign's message whose delivery slot passed while it was paused, or that its
+    send window moves, is paced again (a new slot), so that resuming never releases its
+    campaign faster than its rate."""
     due = retry_due(topic, row, max(row.due_at_ms, now))  # never behind now: a pointer's place
     return dataclasses.replace(row, state="scheduled", version=row.version + 1, due_at_ms=due,
                                updated_at_ms=now, last_op=op.id,
-                               paced=row.paced and row.due_at_ms > now)
+                               paced=row.paced and due == row.due_at_ms)
 
 
 def apply(services: Services, topic: Topic, op: Operation, flt: MessageFilter,

@@ -203,10 +203,10 @@ def raw_ceiling(count: int) -> dict[str, float]:
 
 def take_floor(count: int = 200, gap_ms: int = 50) -> dict[str, Any]:
     """The least a take at the due moment costs on this node, one message at a time every
-    gap_ms as the quiet phase runs: a pointer-shaped insert, then a single-row LWT, straight
-    through the driver, each waited for. p50/p99/max ms of the LWT alone and of both: what
-    a quiet consumer's lag (which adds the wake, the payload and the hand-over) is compared
-    with."""
+    gap_ms (after the quiet phase, at its rate): a pointer-shaped insert, then a single-row
+    LWT, straight through the driver, each waited for. p50/p99/max ms of the LWT alone and
+    of both: what a quiet consumer's lag (which adds the wake, the payload and the
+    hand-over) is compared with."""
     db = CassandraSession(load_config())
     db.execute_raw("CREATE TABLE IF NOT EXISTS {ks}.bench_raw (topic_uid uuid, id text, "
                    "state text, version int, payload blob, PRIMARY KEY ((topic_uid, id)))")
