@@ -144,6 +144,17 @@ def test_a_paced_webhook_campaign_is_posted_at_its_rate(
     assert campaign(topic, "drip")["counts"]["delivered"] == 60
 
 
+def _paced_campaign(topic: TopicClient, name: str, count: int, rate: float) -> list[str]:
+    """count messages of campaign `name`, labelled wave:<name>, due a second from now
+    1 ms apart, the campaign paced at `rate` a second; their ids in due order."""
+    start = now_ms() + 1000
+    ids = [r["id"] for r in topic.batch([
+        {"campaign": name, "labels": {"wave": name}, "deliver_at": start + i}
+        for i in range(count)])]
+    _pace(topic, name, rate)
+    return ids
+
+
 class _PacedConsumer:
     """One pull consumer of a topic on a thread of its own (lease 20, ack each): the time
     each message was received, by id. What goes wrong on its thread (an early delivery, one
@@ -196,11 +207,7 @@ def test_a_paced_campaign_resumed_keeps_its_rate(
     services = app.extensions["duetime"]
     rate = 10.0
     topic = TopicClient(app.test_client(), auth)
-    start = now_ms() + 1000
-    ids = [r["id"] for r in topic.batch([
-        {"campaign": "slow", "labels": {"wave": "1"}, "deliver_at": start + i}
-        for i in range(40)])]
-    _pace(topic, "slow", rate)
+    ids = _paced_campaign(topic, "slow", 40, rate)
 
     def pause(paused: bool) -> None:
         if pause_by == "campaign":
@@ -209,7 +216,7 @@ def test_a_paced_campaign_resumed_keeps_its_rate(
             assert answer.status_code == 200, answer.get_json()
             return
         op = topic.client.post(topic.url("/operations"), headers=auth, json={
-            "kind": "pause" if paused else "resume", "filter": {"label": ["wave:1"]}})
+            "kind": "pause" if paused else "resume", "filter": {"label": ["wave:slow"]}})
         assert op.status_code == 202, op.get_json()
         assert wait_operation(topic, op.get_json()["operation"]["id"], 20)[
             "state"] == "succeeded"
@@ -247,11 +254,7 @@ def test_a_paced_campaign_moved_after_its_slots_were_drawn_keeps_its_rate(
     services = app.extensions["duetime"]
     rate = 10.0
     topic = TopicClient(app.test_client(), auth)
-    start = now_ms() + 1000
-    ids = [r["id"] for r in topic.batch([
-        {"campaign": "moved", "labels": {"wave": "2"}, "deliver_at": start + i}
-        for i in range(30)])]
-    _pace(topic, "moved", rate)
+    ids = _paced_campaign(topic, "moved", 30, rate)
     consumer = _PacedConsumer(app, auth, topic.name)
     try:
         with running_operations(services):
@@ -262,7 +265,7 @@ def test_a_paced_campaign_moved_after_its_slots_were_drawn_keeps_its_rate(
                                             json={"shift_ms": -1000})
             else:
                 answer = topic.client.post(topic.url("/operations"), headers=auth, json={
-                    "kind": "shift", "shift_ms": -1000, "filter": {"label": ["wave:2"]}})
+                    "kind": "shift", "shift_ms": -1000, "filter": {"label": ["wave:moved"]}})
             assert answer.status_code == 202, answer.get_json()
             assert wait_operation(topic, answer.get_json()["operation"]["id"], 20)[
                 "state"] == "succeeded"
