@@ -6,6 +6,7 @@ naming its place, never a 500; a property test sends them to every route with a 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,28 @@ def test_deliver_at_takes_only_rfc_3339_with_an_offset_or_epoch_ms_of_years_1_to
     again = client.patch(topic.url("/messages/nope"), json={"deliver_at": deliver_at},
                          headers=auth)
     assert "deliver_at" in _problem(again)["errors"]
+
+
+@pytest.mark.parametrize(("text", "taken"), [
+    ("0001-01-01T00:00:00+01:00", False), ("0001-01-01T05:00:00+01:00", False),
+    ("9999-12-31T23:00:00-01:00", False), ("9999-12-31T01:00:00-05:30", False),
+    ("0001-01-01T00:00:00-01:00", True), ("9999-12-31T23:00:00+01:00", True),
+    ("0001-01-01T00:00:00Z", True), ("9999-12-31T23:59:59.999-00:00", True),
+])
+def test_the_schemas_time_pattern_and_the_server_agree_at_the_calendars_ends(
+        client: FlaskClient, auth: dict[str, str], text: str, taken: bool) -> None:
+    """On 0001-01-01 a time ahead of UTC, and on 9999-12-31 one behind it, is refused by
+    the schema's pattern (it may name an instant outside years 1 to 9999) and by the server
+    alike; the same days in UTC or with the other sign are taken by both."""
+    schedule = yaml.safe_load((Path(__file__).parent.parent / "openapi.yaml").read_text())[
+        "components"]["schemas"]["SchedulePut"]["properties"]
+    for field in ("start_at", "end_at"):
+        assert (re.fullmatch(schedule[field]["pattern"], text) is not None) is taken
+    topic = TopicClient(client, auth)
+    answer = client.put(topic.url("/schedules/edge"), headers=auth, json={
+        "cron": "0 3 * * *", "payload": 1, "end_at": text})
+    assert (answer.status_code in (200, 201)) is taken, answer.get_json()
+    assert (topic.enqueue(deliver_at=text).status_code == 201) is taken
 
 
 @pytest.mark.parametrize("deliver_at, expected", [

@@ -65,8 +65,9 @@ class Instant(fields.Field):
         """epoch_ms_in: an input field, documented as taking epoch ms (an integer) too."""
         metadata = kwargs.pop("metadata", {})
         metadata.setdefault("type", ["string", "integer"] if epoch_ms_in else "string")
-        if epoch_ms_in:  # JSON Schema applies the pattern to a string, the range to a number
-            metadata.setdefault("pattern", f"^{RFC_3339.pattern}$")
+        # JSON Schema applies the pattern to a string, the range to a number
+        metadata.setdefault("pattern", f"^{RFC_3339.pattern}$")
+        if epoch_ms_in:
             metadata.setdefault("minimum", MIN_MS)
             metadata.setdefault("maximum", MAX_MS)
         metadata.setdefault("format", "date-time")
