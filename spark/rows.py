@@ -25,7 +25,7 @@ from app.core.ids import CLIENT_ID, home_of, import_id
 from app.core.timeline import MS_PER_DAY, bucket_of, campaign_spread, shard_of, ttl_s
 from app.errors import DuetimeError
 from app.messages.enqueue import new_message, state_row
-from app.messages.lifetimes import life_slack_ms, waits_long
+from app.messages.lifetimes import life_slack_ms, slack_ms
 from app.models import Topic
 from app.schemas.messages import MessageInSchema
 
@@ -180,8 +180,8 @@ def restored(row: dict[str, Any], s: ImportSettings) -> dict[str, Any]:
         "created_at": row.get("created_at") or s.now_ms,
         "updated_at": row.get("updated_at") or s.now_ms, "state": state,
         "attempts": row.get("attempts") or 0, "last_error": row.get("last_error"),
-        "ttl": ttl_s(due, s.now_ms, s.retention_days, s.horizon_days * MS_PER_DAY
-                     if waits_long(state, due, row["deliver_at"]) else 0),
+        "ttl": ttl_s(due, s.now_ms, s.retention_days,
+                     slack_ms(state, due, row["deliver_at"], s.horizon_days)),
         "spread": campaign_spread(message_id),
         "payload_ttl": ttl_s(due, s.now_ms, s.retention_days, s.horizon_days * MS_PER_DAY),
     }

@@ -68,6 +68,13 @@ def asked_ms(row: MessageState) -> int:
     return row.deliver_at_ms if row.requested_at_ms is None else row.requested_at_ms
 
 
+def shift_asked(row: MessageState, shift_ms: int) -> int | None:
+    """The time a shift by shift_ms makes the row ask for (epoch ms), or None when the shift
+    leaves it: not scheduled or paused, or moved past the end of year 9999."""
+    asked = asked_ms(row) + shift_ms
+    return asked if row.state in ("scheduled", "paused") and asked <= MAX_MS else None
+
+
 def shifted(topic: Topic, op: Operation, row: MessageState, asked: int, now: int,
             horizon_days: int) -> MessageState:
     """A scheduled (or paused) row moved to ask for `asked` (never before now), placed by its
@@ -95,8 +102,8 @@ def _decide(topic: Topic, op: Operation, row: MessageState, now: int, progress: 
             return cancelled(op, row, now)
         return None
     if op.kind == "shift":
-        asked = asked_ms(row) + op.shift_ms
-        if row.state not in ("scheduled", "paused") or asked > MAX_MS:
+        asked = shift_asked(row, op.shift_ms)
+        if asked is None:
             progress.cover(row.deliver_at_ms)
             return None
         return shifted(topic, op, row, asked, now, horizon_days)

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from app.campaigns import manage as campaigns
 from app.campaigns import operations as campaign_ops
 from app.campaigns.operations import Progress
-from app.core.timeparse import MAX_MS
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
 from app.messages.send_windows import retry_due
@@ -62,10 +61,9 @@ def _decide(topic: Topic, op: Operation, flt: MessageFilter, row: MessageState, 
         return None
     if op.kind == "resume":
         return resumed(topic, op, row, now) if row.state == "paused" else None
-    asked = campaign_ops.asked_ms(row) + op.shift_ms
-    if row.state not in ("scheduled", "paused") or asked > MAX_MS:
-        return None
-    return campaign_ops.shifted(topic, op, row, asked, now, horizon_days)
+    asked = campaign_ops.shift_asked(row, op.shift_ms)
+    return None if asked is None else campaign_ops.shifted(topic, op, row, asked, now,
+                                                            horizon_days)
 
 
 def paused(op: Operation, row: MessageState, now: int) -> MessageState:

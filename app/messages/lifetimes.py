@@ -17,17 +17,17 @@ from app.models import MessageState, Topic
 from app.services import Services
 
 
-def waits_long(state: str, due_ms: int, deliver_ms: int) -> bool:
-    """Whether a row waits without coming due: paused, or parked (its deliver_at still ahead
-    of its due time, epoch ms)."""
-    return state == "paused" or deliver_ms > due_ms
+def slack_ms(state: str, due_ms: int, deliver_ms: int, horizon_days: int) -> int:
+    """Life (ms) a row gets past its due time and the retention: the horizon for a row that
+    waits without coming due (paused, or parked: its deliver_at still ahead of its due time,
+    epoch ms), none for any other."""
+    waits_long = state == "paused" or deliver_ms > due_ms
+    return horizon_days * MS_PER_DAY if waits_long else 0
 
 
 def life_slack_ms(row: MessageState, horizon_days: int) -> int:
-    """Life (ms) a row gets past its due time and the retention: the horizon for a row that
-    waits long (waits_long), none for any other."""
-    long = waits_long(row.state, row.due_at_ms, row.deliver_at_ms)
-    return horizon_days * MS_PER_DAY if long else 0
+    """slack_ms of a row."""
+    return slack_ms(row.state, row.due_at_ms, row.deliver_at_ms, horizon_days)
 
 
 def row_ttl_s(row: MessageState, now: int, config: Config) -> int:

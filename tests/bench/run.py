@@ -181,11 +181,17 @@ def consume(headers: dict[str, str], topic: str, count: int, consumers: int,
     return received, timed_threads([worker] * consumers)
 
 
-def raw_ceiling(count: int) -> dict[str, float]:
-    """Plain inserts of message-shaped rows, and single-row LWTs, straight through the driver."""
+def _raw_table() -> CassandraSession:
+    """A session, and the message-shaped table the raw ceilings and floors write to."""
     db = CassandraSession(load_config())
     db.execute_raw("CREATE TABLE IF NOT EXISTS {ks}.bench_raw (topic_uid uuid, id text, "
                    "state text, version int, payload blob, PRIMARY KEY ((topic_uid, id)))")
+    return db
+
+
+def raw_ceiling(count: int) -> dict[str, float]:
+    """Plain inserts of message-shaped rows, and single-row LWTs, straight through the driver."""
+    db = _raw_table()
     topic = uuid.uuid4()
     rows = [(topic, f"r{i}", "scheduled", 1, b'{"i":1}') for i in range(count)]
     began = time.perf_counter()
@@ -207,9 +213,7 @@ def take_floor(count: int = 200, gap_ms: int = 50) -> dict[str, Any]:
     LWT, straight through the driver, each waited for. p50/p99/max ms of the LWT alone and
     of both: what a quiet consumer's lag (which adds the wake, the payload and the
     hand-over) is compared with."""
-    db = CassandraSession(load_config())
-    db.execute_raw("CREATE TABLE IF NOT EXISTS {ks}.bench_raw (topic_uid uuid, id text, "
-                   "state text, version int, payload blob, PRIMARY KEY ((topic_uid, id)))")
+    db = _raw_table()
     topic = uuid.uuid4()
     db.execute_many("INSERT INTO {ks}.bench_raw (topic_uid, id, state, version, payload) "
                     "VALUES (?, ?, ?, ?, ?)",
