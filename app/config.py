@@ -113,13 +113,7 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"DUETIME_SERIAL_CONSISTENCY must be one of {sorted(_SERIALS)}")
     if not config.contact_points:
         raise ConfigError("DUETIME_CONTACT_POINTS must name at least one host")
-    positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
-                "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
-                "release_idle_ms", "topic_refresh_ms", "webhook_concurrency", "api_waits",
-                "api_waits_per_tenant")
-    for name in positive:
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"DUETIME_{name.upper()} must be > 0")
+    _validate_signs(config)
     _validate_release(config)
     if not 0 <= config.wake_port <= 65535:
         raise ConfigError("DUETIME_WAKE_PORT must be from 0 (any free port) to 65535")
@@ -130,6 +124,26 @@ def _validate(config: Config) -> None:
     if not 1 <= config.horizon_days <= MAX_HORIZON_DAYS:
         raise ConfigError(f"DUETIME_HORIZON_DAYS must be from 1 to {MAX_HORIZON_DAYS}")
     _validate_texts(config)
+
+
+def _validate_signs(config: Config) -> None:
+    """Counts, sizes and periods that must be above 0, and those that may be 0."""
+    positive = ("bucket_ms", "partition_cap", "slot_chunk", "max_batch", "max_payload_bytes",
+                "release_slots", "release_lease_ms", "release_lookahead_ms", "release_rescan_ms",
+                "release_idle_ms", "topic_refresh_ms", "webhook_concurrency", "api_waits",
+                "api_waits_per_tenant", "request_timeout_s",
+                # a row lives its due time plus the retention: with none it could be gone
+                # before its take
+                "retention_days")
+    for name in positive:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"DUETIME_{name.upper()} must be > 0")
+    # a negative safety lag would walk ahead of pointers still being written
+    not_negative = ("safety_lag_ms", "max_wait_ms", "key_cache_s", "rate_limit_per_s",
+                    "rate_burst", "message_rate_limit_per_s", "message_rate_burst")
+    for name in not_negative:
+        if getattr(config, name) < 0:
+            raise ConfigError(f"DUETIME_{name.upper()} must be >= 0")
 
 
 def _validate_release(config: Config) -> None:

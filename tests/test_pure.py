@@ -49,6 +49,13 @@ def test_config_reads_environment_and_validates() -> None:
     for days in ("0", "366"):
         with pytest.raises(ConfigError, match="DUETIME_HORIZON_DAYS"):
             load_config({"DUETIME_HORIZON_DAYS": days})
+    # settings whose wrong sign would lose messages or refuse every call, not fail loudly
+    for name, value in (("RETENTION_DAYS", "0"), ("RETENTION_DAYS", "-1"),
+                        ("REQUEST_TIMEOUT_S", "0"), ("SAFETY_LAG_MS", "-1000"),
+                        ("MAX_WAIT_MS", "-1"), ("RATE_BURST", "-5")):
+        with pytest.raises(ConfigError, match=f"DUETIME_{name}"):
+            load_config({f"DUETIME_{name}": value})
+    assert load_config({"DUETIME_SAFETY_LAG_MS": "0"}).safety_lag_ms == 0
 
 
 def test_instants_parse_and_format_with_milliseconds() -> None:
