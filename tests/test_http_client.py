@@ -103,6 +103,22 @@ def test_an_answer_ended_by_closing_the_connection_counts() -> None:
         assert len(accepted) == 2  # not kept: the server closed it
 
 
+def test_an_interim_100_continue_is_passed_over_for_the_final_answer() -> None:
+    """A 1xx answer is not the outcome: a target answering 100 Continue, then 200, was
+    taken as "HTTP 100" (a failure) and its messages went dead after every 200."""
+    async def continuing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n"
+                         b"Link: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    with raw_server(continuing) as (runner, url, accepted):
+        client = AsyncHttpClient(LOOPBACK)
+        assert [post(runner, client, url) for _ in range(2)] == [(200, b"ok")] * 2
+        assert len(accepted) == 1
+
+
 def test_a_connection_the_server_dropped_while_idle_is_replaced() -> None:
     async def one_per_connection(reader: asyncio.StreamReader,
                                  writer: asyncio.StreamWriter) -> None:

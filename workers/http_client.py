@@ -91,6 +91,10 @@ class _Connection(asyncio.Protocol):
             self.body += body[:MAX_BODY - len(self.body)]
 
     def on_message_complete(self) -> None:
+        if 100 <= self.status < 200:  # an interim answer (100 Continue): the final one follows
+            self.status, self.framed = 0, False
+            self.body.clear()
+            return
         self._settle((self.status, bytes(self.body)))
 
     def send(self, request: bytes) -> asyncio.Future[tuple[int, bytes]]:

@@ -8,9 +8,13 @@ import re
 
 # RFC 9110 section 5.6.2: a field name is a token
 TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-# what duetime sets itself or HTTP/1.1 framing owns; compared lower-case
+# what duetime sets itself or HTTP/1.1 framing owns (an Expect would draw a 100 Continue
+# ahead of the answer); compared lower-case
 RESERVED = frozenset({"content-type", "content-length", "host", "transfer-encoding",
-                      "connection"})
+                      "connection", "expect", "te", "trailer", "upgrade", "keep-alive"})
+# what a POST can carry intact: a tab, printable ASCII and printable Latin-1 (RFC 9110's
+# obs-text); a field value is bytes, and past U+00FF no encoding is agreed on
+VALUE = re.compile(r"[\t\x20-\x7e\xa0-\xff]*")
 RESERVED_PREFIXES = ("webhook-", "duetime-")
 
 
@@ -20,9 +24,10 @@ def header_problem(name: str, value: str) -> str | None:
         return "Not a header name (an RFC 9110 token: letters, digits, !#$%&'*+-.^_`|~)."
     lower = name.lower()
     if lower in RESERVED or lower.startswith(RESERVED_PREFIXES):
-        return "duetime sets this header itself."
-    if any(c in value for c in "\r\n\0"):
-        return "A header value carries no CR, LF or NUL."
+        return "duetime sets this header itself, or HTTP/1.1 framing owns it."
+    if not VALUE.fullmatch(value):
+        return ("A header value is printable Latin-1 text or tabs: no CR, LF, NUL or other "
+                "control character, nothing past U+00FF (HTTP sends bytes).")
     return None
 
 
@@ -60,4 +65,4 @@ def _any_case(text: str) -> str:
 NAME_PATTERN = f"^{TOKEN.pattern}$"
 RESERVED_PATTERN = ("^(" + "|".join(_any_case(n) for n in sorted(RESERVED)) + "|("
                     + "|".join(_any_case(p) for p in RESERVED_PREFIXES) + ").*)$")
-VALUE_PATTERN = "^[^\\r\\n\\u0000]*$"
+VALUE_PATTERN = "^[\\t\\u0020-\\u007e\\u00a0-\\u00ff]*$"

@@ -115,9 +115,11 @@ class MessageInSchema(Schema):
                           values=fields.String(validate=validate.Length(max=1024)),
                           validate=validate.Length(max=32), metadata={
         "description": "Sent with the webhook POST. Names are RFC 9110 tokens, values "
-                       "have no CR, LF or NUL; names duetime sets (content-type, "
-                       "content-length, host, transfer-encoding, connection, webhook-*, "
-                       "duetime-*, in any case) are refused."})
+                       "tabs and printable Latin-1 (no control character, nothing past "
+                       "U+00FF); names duetime sets or HTTP/1.1 framing owns (content-type, "
+                       "content-length, host, transfer-encoding, connection, expect, te, "
+                       "trailer, upgrade, keep-alive, webhook-*, duetime-*, in any case) are "
+                       "refused."})
     if_exists = fields.String(validate=validate.OneOf(IF_EXISTS), metadata={
         "description": "What a repeated `id` does (only with an id). reject (default): the "
                        "same content answers 200 (a retry), other content 409. replace: "
