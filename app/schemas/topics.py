@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
@@ -30,6 +31,23 @@ HTTP_URL = (r"^[hH][tT][tT][pP][sS]?://(([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-
             r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)*(\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]+)?$")
 
 
+def sendable_url(url: str) -> None:
+    """What fields.Url takes but a POST could not carry as written (the schema's pattern
+    leaves them out too): a port outside 1 to 65535, a user or password, a fragment."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # past 65535, or not a number
+        port = 0
+    if port == 0:
+        raise ValidationError("The port must be from 1 to 65535.")
+    if parts.username is not None or parts.password is not None:
+        raise ValidationError("A user or password in the URL is not sent: give credentials "
+                              "in a message header (Authorization).")
+    if parts.fragment or url.endswith("#"):
+        raise ValidationError("A fragment (#...) never reaches the server: leave it out.")
+
+
 class DeliverySchema(Schema):
     """mode webhook comes with its url (also when only the mode of a topic changes)."""
 
@@ -38,7 +56,7 @@ class DeliverySchema(Schema):
         {"required": ["url"], "properties": {"url": {"type": "string"}}}]}
     mode = fields.String(load_default=None, validate=validate.OneOf(["pull", "webhook"]))
     url = fields.Url(load_default=None, schemes={"http", "https"}, require_tld=False,
-                     metadata={"format": "http-url", "pattern": HTTP_URL})
+                     validate=sendable_url, metadata={"format": "http-url", "pattern": HTTP_URL})
     timeout_seconds = fields.Float(load_default=None, validate=validate.Range(0.1, 120))
 
     @validates_schema
