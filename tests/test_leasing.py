@@ -278,12 +278,17 @@ def test_batch_ack_answers_each_item_like_the_single_ack(
     acks += [{"id": "a3", "lease_token": leased[3]["lease"]["token"]},      # acked already
              {"id": "a0", "lease_token": leased[1]["lease"]["token"]},      # another's token
              {"id": "ghost", "lease_token": leased[0]["lease"]["token"]},   # no such message
-             {"id": "a1", "lease_token": "not-a-token"}]
+             {"id": "a1", "lease_token": "not-a-token"},
+             acks[2]]                                                       # given twice
     answer = client.post(topic.url("/acks"), json={"acks": acks}, headers=auth)
     assert answer.status_code == 200
-    statuses = [(r["id"], r["status"]) for r in answer.get_json()["results"]]
+    results = answer.get_json()["results"]
+    statuses = [(r["id"], r["status"]) for r in results]
     assert statuses == [("a0", 204), ("a1", 204), ("a2", 204), ("a3", 204), ("a0", 409),
-                        ("ghost", 404), ("a1", 400)]
+                        ("ghost", 404), ("a1", 400), ("a2", 204)]
+    # each item's error is a whole problem+json body, as its single call would answer
+    assert all(r["error"]["type"].startswith("https://") and r["error"]["status"] == r["status"]
+               for r in results if r["status"] != 204), results
     assert all(topic.get(f"a{i}").get_json()["state"] == "delivered" for i in range(4))
     empty = client.post(topic.url("/acks"), json={"acks": []}, headers=auth)
     assert empty.status_code == 400 and empty.mimetype == "application/problem+json"

@@ -59,6 +59,7 @@ def test_in_a_batch_only_the_item_with_the_header_fails(client: FlaskClient,
                            {"id": "b3", "headers": {"x": "a\r\nb"}}])
     assert [r["status"] for r in results] == [201, 400, 400]
     assert "Webhook-Id" in results[1]["error"]["errors"]["headers"]
+    assert results[1]["error"]["type"].endswith("/invalid-request")  # a whole problem body
     assert "x" in results[2]["error"]["errors"]["headers"]
     assert topic.get("b1").get_json()["headers"] == {"X-Ok": "1"}
     assert topic.get("b2").status_code == 404

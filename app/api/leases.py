@@ -10,7 +10,8 @@ from flask.views import MethodView
 
 from app.api.common import SECURITY, ack_groups, services, tenant
 from app.api.json_body import Blueprint
-from app.api.messages import payload_fields, problem_body
+from app.api.messages import payload_fields
+from app.api.problems import error_fields
 from app.api.validation import check_message_id
 from app.delivery import leasing
 from app.delivery.waits import STAYING
@@ -103,7 +104,7 @@ class Acks(MethodView):
         answers = leasing.ack_many(services(), found, pairs)
         return {"results": [
             {"id": i, "status": 204} if err is None else
-            {"id": i, "status": err.status, "error": problem_body(err)}
+            {"id": i, "status": err.status, "error": error_fields(err)}
             for (i, _), err in zip(pairs, answers, strict=True)]}
 
 

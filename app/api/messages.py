@@ -9,6 +9,7 @@ from marshmallow import ValidationError
 
 from app.api.common import SECURITY, enqueue_groups, services, tenant
 from app.api.json_body import Blueprint
+from app.api.problems import error_fields
 from app.api.validation import check_message_id
 from app.errors import DuetimeError, InvalidInput, PayloadTooLarge
 from app.messages import by_id as usecases
@@ -62,13 +63,6 @@ def message_view(topic: Topic, row: MessageState, payload: Payload | None) -> di
 def _new(data: dict[str, Any], topic: Topic) -> enqueueing.NewMessage:
     cfg = services().config
     return enqueueing.new_message(data, services().clock(), cfg.max_payload_bytes, topic)
-
-
-def problem_body(error: DuetimeError) -> dict[str, Any]:
-    body: dict[str, Any] = {"status": error.status, "title": error.title, "detail": error.detail}
-    if error.errors:
-        body["errors"] = error.errors
-    return body
 
 
 @blp.route("/messages")
@@ -141,12 +135,12 @@ class MessageBatch(MethodView):
         for raw, item in zip(body["messages"], parsed, strict=True):
             if isinstance(item, DuetimeError):
                 results.append({"id": raw.get("id"), "status": item.status,
-                                "error": problem_body(item)})
+                                "error": error_fields(item)})
                 continue
             r = next(done)
             entry: dict[str, Any] = {"id": r.id, "status": r.status}
             if r.error is not None:
-                entry["error"] = problem_body(r.error)
+                entry["error"] = error_fields(r.error)
             else:
                 entry.update(deliver_at=r.deliver_at_ms, state=r.state)
             results.append(entry)

@@ -15,15 +15,27 @@ log = logging.getLogger(__name__)
 PROBLEM_TYPE_BASE = "https://duetime.dev/problems/"
 
 
-def problem(
-    status: int, title: str, detail: str, slug: str,
-    errors: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-) -> Response:
+def problem_fields(status: int, title: str, detail: str, slug: str,
+                   errors: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An RFC 9457 problem's members (also a batch item's `error`)."""
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + slug, "title": title, "status": status, "detail": detail,
     }
     if errors:
         body["errors"] = errors
+    return body
+
+
+def error_fields(error: DuetimeError) -> dict[str, Any]:
+    """The problem members of a domain error, as its own answer would carry them."""
+    return problem_fields(error.status, error.title, error.detail, error.slug, error.errors)
+
+
+def problem(
+    status: int, title: str, detail: str, slug: str,
+    errors: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+) -> Response:
+    body = problem_fields(status, title, detail, slug, errors)
     response = Response(json.dumps(body), status=status, mimetype="application/problem+json")
     for name, value in (headers or {}).items():
         response.headers[name] = value

@@ -385,7 +385,18 @@ def _held(services: Services, topic: Topic, message_id: str, token: str) -> Mess
 def ack_many(services: Services, topic: Topic,
              acks: list[tuple[str, str]]) -> list[DuetimeError | None]:
     """Ack many (id, lease_token) pairs at once. Per pair None (delivered, or already acked
-    with that token) or the error that pair alone answers (400, 404, 409, 503).
+    with that token) or the error that pair alone answers (400, 404, 409, 503); a pair
+    given twice is decided once and answered alike, as a repeated single ack would be."""
+    first = {pair: n for n, pair in reversed(list(enumerate(acks)))}
+    once = sorted(set(first.values()))
+    decided = dict(zip(once, _ack_each(services, topic, [acks[n] for n in once]),
+                       strict=True))
+    return [decided[first[pair]] for pair in acks]
+
+
+def _ack_each(services: Services, topic: Topic,
+              acks: list[tuple[str, str]]) -> list[DuetimeError | None]:
+    """ack_many for pairs that differ.
 
     First, with no read, one conditional batch per home for the pairs whose token carries
     its version (token_of): that applies for every lease still held as it was leased. The
