@@ -116,6 +116,14 @@ def test_bad_campaign_requests_are_problems_naming_the_field(
                           json={"max_per_second": 0}), 400, "max_per_second")
     _problem(client.patch(topic.url("/campaigns/c"), headers=auth,
                           json={"max_per_second": -5}), 400, "max_per_second")
+    # a pace slower than one a 1,000 s stalled every take of the topic; a number is a number
+    for pace in (1e-300, 0.0009, " 5 ", "1_000", True):
+        _problem(client.patch(topic.url("/campaigns/c"), headers=auth,
+                              json={"max_per_second": pace}), 400, "max_per_second")
+    slowest = client.patch(topic.url("/campaigns/c"), headers=auth, json={"max_per_second": 0.001})
+    assert slowest.status_code == 200 and slowest.get_json()["max_per_second"] == 0.001
+    _problem(client.put(topic.url(""), headers=auth, json={"retry": {"backoff_seconds": "2"}}),
+             400, "retry")
     _problem(client.patch(topic.url("/campaigns/c"), headers=auth, json={"shift_ms": 0}),
              400, "shift_ms")
     _problem(client.patch(topic.url("/campaigns/c"), headers=auth,

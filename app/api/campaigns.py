@@ -63,7 +63,8 @@ class CampaignItem(MethodView):
     @blp.response(200, CampaignSchema, description="paused / max_per_second set.")
     @blp.alt_response(202, schema=OperationAcceptedSchema,
                       description="shift_ms: the shift runs in the background.")
-    @blp.alt_response(409, description="Cancelled, or another operation runs on it.")
+    @blp.alt_response(409, description="Cancelled, or a shift or a resume asked while another "
+                                       "operation runs on it (a pause or a pace is taken).")
     def patch(self, body: dict[str, Any], topic: str, campaign: str) -> Any:
         """Shift every scheduled message (202, an operation), or pause / resume and pace the
         campaign (200). Resuming brings back at once what came due while paused."""

@@ -43,7 +43,7 @@ class OperationCollection(MethodView):
         "Location": {"description": "The operation's URL.", "schema": {"type": "string"}}})
     @blp.alt_response(404, description="pause / resume: no message ever carried the "
                                        "campaign.")
-    @blp.alt_response(409, description="pause / resume: the campaign is cancelled, or "
+    @blp.alt_response(409, description="pause / resume: the campaign is cancelled; resume: "
                                        "another operation runs on it.")
     def post(self, body: dict[str, Any], topic: str
              ) -> tuple[dict[str, Any], int, dict[str, str]]:

@@ -24,6 +24,11 @@ CAMPAIGN_SPREAD = 32
 COUNTED_AHEAD_MS = 10_000
 
 
+# the slowest pace a campaign may have, messages a second: a slower one would push a
+# round's slots past the microsecond counter of campaign_pace, and the take with them
+MIN_PER_SECOND = 0.001
+
+
 def bucket_of(due_ms: int, bucket_ms: int) -> int:
     """The time bucket holding a pointer due at due_ms."""
     return due_ms // bucket_ms

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from app.core.timeline import placement_ms, retry_backoff_ms, ttl_s
+from app.core.timeline import MIN_PER_SECOND, placement_ms, retry_backoff_ms, ttl_s
 from app.delivery import frequency_caps, hops
 from app.delivery.broker_wire import Taken
 from app.delivery.scan import Due
@@ -249,7 +249,7 @@ def _pace(services: Services, topic: Topic, pacing: dict[str, list[tuple[Due, Ho
     now_due: list[tuple[Due, Hold]] = []
     moving: list[MessageState] = []
     for name, items in pacing.items():
-        rate = rules[name].max_per_second or 1.0
+        rate = max(rules[name].max_per_second or 1.0, MIN_PER_SECOND)  # one set before a floor
         items.sort(key=lambda item: (item[0].row.deliver_at_ms, item[0].row.id))
         first_us = services.campaigns.reserve_slots(topic.uid, name, len(items), rate, now)
         for index, (d, hold) in enumerate(items):

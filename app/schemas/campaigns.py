@@ -6,7 +6,8 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from app.schemas.fields import Bool, Instant, Int
+from app.core.timeline import MIN_PER_SECOND
+from app.schemas.fields import Bool, Instant, Int, Number
 from app.schemas.frequency_caps import CappedCountsSchema
 from app.schemas.search import MessageFilterSchema
 from app.schemas.topics import CountsSchema
@@ -60,10 +61,10 @@ class CampaignPatchSchema(Schema):
                        "resume; what came due meanwhile goes out from then, earliest "
                        "deliver_at first, at the campaign's max_per_second if it has one "
                        "(delivery slots that passed while paused are drawn again)."})
-    max_per_second = fields.Float(allow_none=True, validate=validate.Range(
-        min=0, min_inclusive=False, max=1_000_000), metadata={
-        "exclusiveMinimum": 0,
-        "description": "Delivery pace of the campaign (> 0), or null for none."})
+    max_per_second = Number(allow_none=True, validate=validate.Range(
+        min=MIN_PER_SECOND, max=1_000_000), metadata={
+        "description": "Delivery pace of the campaign, messages a second (at least 0.001: one "
+                       "every 1,000 s), or null for none."})
 
     @validates_schema
     def _one_kind(self, data: dict[str, Any], **kwargs: Any) -> None:

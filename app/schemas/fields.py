@@ -49,6 +49,16 @@ class Int(fields.Integer):
         return int(value)
 
 
+class Number(fields.Float):
+    """A JSON number: an int or a float, not a string (fields.Float would read " 5 " and
+    "1_000") nor a bool."""
+
+    def _validated(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.make_error("invalid")
+        return super()._validated(value)
+
+
 class Bool(fields.Boolean):
     """A JSON boolean: true or false only (fields.Boolean would take 0, 1, "yes", ...)."""
 

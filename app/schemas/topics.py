@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from app.schemas.fields import ZONE_FORMAT, Instant, Int, known_zone
+from app.schemas.fields import ZONE_FORMAT, Instant, Int, Number, known_zone
 from app.schemas.frequency_caps import CAP_RULES, CappedCountsSchema, FrequencyCapSchema
 from app.schemas.rules import at_most_one
 from app.schemas.windows import WINDOW_RULES, QuietHoursSchema, SendWindowSchema
@@ -17,8 +17,8 @@ class RetrySchema(Schema):
     """The delay after the n-th failed attempt: backoff_seconds x 2^(n-1), at most
     max_backoff_seconds (which caps the first delay too), with equal jitter on webhooks."""
 
-    backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
-    max_backoff_seconds = fields.Float(load_default=None, validate=validate.Range(0.001, 86_400))
+    backoff_seconds = Number(load_default=None, validate=validate.Range(0.001, 86_400))
+    max_backoff_seconds = Number(load_default=None, validate=validate.Range(0.001, 86_400))
 
 
 # the URLs the url field accepts, as a JSON Schema pattern: http(s), a host name ending in a
@@ -57,7 +57,7 @@ class DeliverySchema(Schema):
     mode = fields.String(load_default=None, validate=validate.OneOf(["pull", "webhook"]))
     url = fields.Url(load_default=None, schemes={"http", "https"}, require_tld=False,
                      validate=sendable_url, metadata={"format": "http-url", "pattern": HTTP_URL})
-    timeout_seconds = fields.Float(load_default=None, validate=validate.Range(0.1, 120))
+    timeout_seconds = Number(load_default=None, validate=validate.Range(0.1, 120))
 
     @validates_schema
     def _webhook_has_url(self, data: dict[str, Any], **kwargs: Any) -> None:
