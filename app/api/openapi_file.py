@@ -62,7 +62,7 @@ def _merged(generated: Any, extra: Any) -> Any:
 class DuetimeApi(Api):
     """flask-smorest's Api, with every error response documented as what duetime answers:
     problem+json (RFC 9457). Each operation's `default` response is that body, so 401, 404,
-    413, 422, 429 and 503, answered by every route, are all in the document."""
+    413, 429 and 503, answered by every route, are all in the document."""
 
     ERROR_SCHEMA = ProblemSchema
 
