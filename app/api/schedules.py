@@ -47,7 +47,8 @@ class ScheduleItem(MethodView):
     @blp.arguments(SchedulePutSchema())
     @blp.response(200, ScheduleSchema, description="Replaced.")
     @blp.alt_response(201, schema=ScheduleSchema, description="Created.")
-    @blp.alt_response(409, description="Its waiting fires would change campaign.")
+    @blp.alt_response(409, description="Its waiting fires would change campaign, or its "
+                                       "campaign is cancelled.")
     def put(self, body: dict[str, Any], topic: str, name: str) -> tuple[dict[str, Any], int]:
         """Create or replace a schedule."""
         check_name("schedule", name)

@@ -85,8 +85,12 @@ def _body(services: Services, topic: Topic, name: str, data: dict[str, Any],
 def put_schedule(services: Services, topic: Topic, name: str,
                  data: dict[str, Any]) -> tuple[Schedule, bool]:
     """Create or replace a schedule; (the schedule, created). A replace rewrites the fires
-    already produced and not handed out (409 if that would move them to another campaign)."""
+    already produced and not handed out (409 if that would move them to another campaign).
+    A cancelled campaign takes no fire, as it takes no message: 409."""
     cron = _cron(data)
+    campaign = data.get("campaign") and services.campaigns.get(topic.uid, data["campaign"])
+    if campaign and campaign.cancelled:
+        raise Conflict(f"Campaign {campaign.name!r} is cancelled: it takes no fire.")
     for _ in range(3):
         now = services.clock()
         new = _body(services, topic, name, data, now)

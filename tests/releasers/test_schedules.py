@@ -74,6 +74,14 @@ def test_bad_schedules_are_problems_naming_the_field(client: FlaskClient,
                         json={"cron": "0 9 * * *", "payload": 1}), "schedule")
     assert client.get(url, headers=auth).status_code == 404
     assert client.delete(url, headers=auth).status_code == 404
+    # a cancelled campaign takes no fire: accepted, its fires were refused one by one
+    assert topic.enqueue(campaign="over", delay_ms=3_600_000).status_code == 201
+    assert client.delete(topic.url("/campaigns/over"), headers=auth).status_code == 202
+    refused = client.put(url, headers=auth, json={"cron": "* * * * *", "payload": 1,
+                                                  "campaign": "over"})
+    assert refused.status_code == 409 and refused.mimetype == "application/problem+json"
+    assert "cancelled" in refused.get_json()["detail"]
+    assert client.get(url, headers=auth).status_code == 404
 
 
 def test_a_schedule_shows_its_next_fire_times(client: FlaskClient, auth: dict[str, str]) -> None:
