@@ -66,6 +66,10 @@ def test_idempotent_retry_and_conflict(client: FlaskClient, auth: dict[str, str]
     assert other.status_code == 409
     assert other.content_type == "application/problem+json"
     assert topic.get("same").get_json()["payload"] == "p"
+    # empty headers or labels are none: a retry may spell them either way (GET shows {})
+    assert topic.enqueue(id="bare", delay_ms=60_000, headers={}, labels={}).status_code == 201
+    assert topic.enqueue(id="bare", delay_ms=60_000).status_code == 200
+    assert topic.enqueue(id="bare", delay_ms=60_000, labels={"a": "b"}).status_code == 409
 
 
 def test_concurrent_retries_of_one_id_make_one_message(

@@ -149,7 +149,9 @@ def new_message(data: dict[str, Any], now_ms: int, max_payload_bytes: int,
         raise InvalidInput(str(exc), {"timezone": [str(exc)]}) from exc
     placed = send_windows.place(rule, asked, now_ms)
     deliver = placed.deliver_at_ms
-    content = {k: v for k, v in data.items() if k not in ("id", "if_exists")}
+    # empty headers or labels are no headers or labels: a retry may spell them either way
+    content = {k: v for k, v in data.items() if k not in ("id", "if_exists")
+               and not (k in ("headers", "labels") and not v)}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
     return NewMessage(data.get("id"), deliver, int(data.get("priority", 100)),
                       data.get("campaign"), payload_of(data, max_payload_bytes), digest[:32],
