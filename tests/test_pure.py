@@ -89,6 +89,12 @@ def test_local_time_rejects_offsets_and_unknown_zones() -> None:
         parse_local_time("2026-12-01T09:00:00+01:00", "Europe/Paris")
     with pytest.raises(TimeFormatError):
         parse_local_time("2026-12-01T09:00:00", "Mars/Olympus")
+    # the first and last years are refused in every zone, saying which years are taken
+    for first_or_last in ("0001-06-01T00:00:00", "9999-06-01T00:00:00"):
+        with pytest.raises(TimeFormatError, match="years 2 to 9998"):
+            parse_local_time(first_or_last, "Asia/Tokyo")
+    assert format_ms(parse_local_time("9998-12-31T23:00:00", "Asia/Tokyo")) == (
+        "9998-12-31T14:00:00.000Z")
 
 
 def test_parts_cap_partition_size() -> None:

@@ -117,6 +117,9 @@ def parse_local_time(local_time: str, timezone: str) -> int:
     if RFC_3339.fullmatch(local_time):
         raise TimeFormatError("local_time must not carry an offset; the timezone gives it")
     if not LOCAL_TIME.fullmatch(local_time):
+        if local_time.startswith(("0001-", "9999-")):
+            raise TimeFormatError("a local_time is of years 2 to 9998 (so that in every zone "
+                                  f"it is an instant of years 1 to 9999): {local_time[:64]!r}")
         raise TimeFormatError(f"not a local time (e.g. 2026-12-01T09:00:00, no offset): "
                               f"{local_time[:64]!r}")
     tz = zone(timezone)
