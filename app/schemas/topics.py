@@ -180,8 +180,10 @@ class TopicStatsSchema(Schema):
     counts = fields.Nested(CountsSchema, required=True)
     frequency_capped = fields.Nested(CappedCountsSchema, required=True)
     upcoming = fields.List(fields.Nested(WindowSchema), required=True, metadata={
-        "description": "Scheduled messages per window ahead (see `window`): 60 minutes from "
-                       "the current one, or 168 hours from the current one."})
+        "description": "Messages due per window ahead (see `window`): 60 minutes from the "
+                       "current one, or 168 hours from the current one. A window counts what "
+                       "is due in it, handed out or not: the current one includes those "
+                       "already handed out since it began (a cancel or a move uncounts)."})
 
 
 class LagQuerySchema(Schema):
