@@ -87,8 +87,13 @@ def test_an_embedded_address_is_judged_with_the_allow_list_and_public_ones_go() 
         "2002:a9fe:a9fe:: leads to 169.254.169.254: 169.254.169.254 is a private address")
 
 
-@pytest.mark.parametrize("url", DISGUISED)
-def test_a_topic_whose_webhook_is_a_disguised_private_address_is_refused(
+# URLs fields.Url takes that a POST could not carry as written: each died at its first POST
+UNSENDABLE = ["http://127.0.0.1:99999/x", "http://example.com:0/", "http://user:pw@example.com/",
+              "http://user@example.com/", "http://example.com/#frag", "http://example.com:x/"]
+
+
+@pytest.mark.parametrize("url", DISGUISED + UNSENDABLE)
+def test_a_topic_whose_webhook_is_disguised_or_unsendable_is_refused(
         client: FlaskClient, auth: dict[str, str], url: str) -> None:
     answer = client.put("/v1/topics/disguised", headers=auth,
                         json={"delivery": {"mode": "webhook", "url": url}})
@@ -107,18 +112,3 @@ def test_a_post_to_an_address_leading_to_a_refused_one_never_starts(host: str,
     assert outcome is not None and "webhook target refused" in outcome, outcome
     assert f"leads to {inner}" in outcome
 
-
-# URLs fields.Url takes that a POST could not carry as written: each died at its first POST
-UNSENDABLE = ["http://127.0.0.1:99999/x", "http://example.com:0/", "http://user:pw@example.com/",
-              "http://user@example.com/", "http://example.com/#frag", "http://example.com:x/"]
-
-
-@pytest.mark.parametrize("url", UNSENDABLE)
-def test_a_webhook_url_a_post_could_not_carry_is_refused_naming_it(
-        client: FlaskClient, auth: dict[str, str], url: str) -> None:
-    answer = client.put("/v1/topics/unsendable", headers=auth,
-                        json={"delivery": {"mode": "webhook", "url": url}})
-    assert answer.status_code == 400, answer.get_json()
-    assert answer.mimetype == "application/problem+json"
-    assert "url" in answer.get_json()["errors"]["delivery"], answer.get_json()
-    assert client.get("/v1/topics/unsendable", headers=auth).status_code == 404
