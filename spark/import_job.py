@@ -265,8 +265,8 @@ def load(progress: Progress, config: Config, placed: DataFrame,
     save(states, config, "message_states", ttl="ttl", writetime="wt")
     progress.enter("writing the campaign index")
     campaigns = every.filter(F.col("campaign").isNotNull()).select(
-        "topic_uid", "campaign", "spread", "id", "payload_ttl")  # as long as the payload
-    save(campaigns, config, "campaign_messages", ttl="payload_ttl")
+        "topic_uid", "campaign", "spread", "id", "ttl")
+    save(campaigns, config, "campaign_messages", ttl="ttl")
 
 
 def place_late(services: Services, topic: Topic, placed: DataFrame) -> int:

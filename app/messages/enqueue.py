@@ -31,12 +31,12 @@ from typing import Any
 
 from app.campaigns import manage as campaigns
 from app.core.ids import SHARED_BELOW, homes_for_request, new_message_id
-from app.core.timeline import parked_ms, placement_ms, pointer_of, shard_of
+from app.core.timeline import MS_PER_DAY, parked_ms, placement_ms, pointer_of, shard_of, ttl_s
 from app.core.timeparse import TimeFormatError, parse_local_time, zone
 from app.errors import Conflict, DuetimeError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from app.messages import send_windows
 from app.messages.by_id import MOVABLE
-from app.messages.lifetimes import keep_alive, listing_ttl_s, row_ttl_s
+from app.messages.lifetimes import keep_alive, row_ttl_s
 from app.messages.transitions import (
     apply_transition,
     count_moves,
@@ -374,6 +374,7 @@ def _start_stage(services: Services, topic: Topic, items: Sequence[NewMessage],
     with a server-made id and no campaign has its state row written with its payload, in
     the same round (MessageStore.stage)."""
     cfg = services.config
+    slack = cfg.horizon_days * MS_PER_DAY
     members = [i for i in todo if rows[i].campaign]
     fresh = [i for i in todo if items[i].id is None and not rows[i].campaign]
     fresh_set = set(fresh)
@@ -381,12 +382,11 @@ def _start_stage(services: Services, topic: Topic, items: Sequence[NewMessage],
 
     def body(i: int) -> PayloadRow:
         return (topic.uid, rows[i].id, rows[i].content_hash, items[i].payload,
-                listing_ttl_s(rows[i].due_at_ms, now, cfg))
+                ttl_s(rows[i].due_at_ms, now, cfg.retention_days, slack))
 
     writing = services.messages.start_stage(
         topic.uid, [body(i) for i in others],
-        [(rows[i].campaign or "", rows[i].id, listing_ttl_s(rows[i].due_at_ms, now, cfg))
-         for i in members],
+        [(rows[i].campaign or "", rows[i].id, row_ttl_s(rows[i], now, cfg)) for i in members],
         [(body(i), rows[i], row_ttl_s(rows[i], now, cfg)) for i in fresh])
     return _Stage(writing, others, members, fresh)
 

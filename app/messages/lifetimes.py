@@ -1,12 +1,10 @@
 """How long a message's rows live (Cassandra TTLs), and keeping them alive together.
 
-A row lives until its due time plus the retention; its payload and its campaign-index entry
-the horizon more (listing_ttl_s), so that no move within the horizon (a PATCH, a shift, a
-pace's slot, a cap's deferral, a retry) outlives them. A row that waits without coming due
-(paused, or parked at the horizon with its deliver_at ahead: app.core.timeline.parked_ms)
-lives as long as its payload instead. Before such a row is written, its payload and its
-campaign-index entry are written again to live as long as it will (keep_alive): no row
-outlives them.
+A row lives until its due time plus the retention; its payload the horizon more, so that a
+move within the horizon never outlives it. A row that waits without coming due (paused, or
+parked at the horizon with its deliver_at ahead: app.core.timeline.parked_ms) lives as long
+as its payload instead. Before such a row is written, its payload and its campaign-index
+entry are written again to live as long as it will (keep_alive): no row outlives them.
 """
 
 from __future__ import annotations
@@ -38,16 +36,10 @@ def row_ttl_s(row: MessageState, now: int, config: Config) -> int:
                  life_slack_ms(row, config.horizon_days))
 
 
-def listing_ttl_s(due_ms: int, now: int, config: Config) -> int:
-    """Seconds a payload and a campaign-index entry live after a write at now (epoch ms), for
-    a message due at due_ms: the horizon longer than its row would, at least."""
-    return ttl_s(due_ms, now, config.retention_days, config.horizon_days * MS_PER_DAY)
-
-
 def keep_alive(services: Services, topic: Topic, rows: Sequence[MessageState],
                now: int) -> set[str]:
     """Before writing these rows: for each one that waits long (life_slack_ms), its payload
-    and its campaign-index entry (listing_ttl_s: the row's TTL) written again,
+    (due + horizon + retention) and its campaign-index entry (the row's TTL) written again,
     from now (epoch ms). Returns the ids whose writes failed: those rows must not be
     written now (they would outlive their payload). A payload already gone stays gone."""
     cfg = services.config
@@ -57,10 +49,9 @@ def keep_alive(services: Services, topic: Topic, rows: Sequence[MessageState],
     payloads = services.messages.get_payloads(topic.uid,
                                               [(r.id, r.content_hash) for r in long])
     bodies = [(topic.uid, r.id, r.content_hash, payloads[(r.id, r.content_hash)],
-               listing_ttl_s(r.due_at_ms, now, cfg))
+               ttl_s(r.due_at_ms, now, cfg.retention_days, cfg.horizon_days * MS_PER_DAY))
               for r in long if (r.id, r.content_hash) in payloads]
-    members = [(r.campaign, r.id, listing_ttl_s(r.due_at_ms, now, cfg))
-               for r in long if r.campaign]
+    members = [(r.campaign, r.id, row_ttl_s(r, now, cfg)) for r in long if r.campaign]
     body_errors, member_errors, _ = services.messages.stage(topic.uid, bodies, members)
     return ({b[1] for b, err in zip(bodies, body_errors, strict=True) if err is not None}
             | {m[1] for m, err in zip(members, member_errors, strict=True) if err is not None})

@@ -23,13 +23,13 @@ import hashlib
 import logging
 from typing import Any
 
-from app.core.timeline import placement_ms, schedule_slot_of, ttl_s
+from app.core.timeline import MS_PER_DAY, placement_ms, schedule_slot_of, ttl_s
 from app.core.timeparse import TimeFormatError
 from app.errors import Conflict, InvalidInput, NotFound
 from app.messages import send_windows
 from app.messages.by_id import cancel
 from app.messages.enqueue import NewMessage, enqueue, payload_of
-from app.messages.lifetimes import listing_ttl_s, row_ttl_s
+from app.messages.lifetimes import row_ttl_s
 from app.messages.transitions import finished, place_then
 from app.models import MessageState, Payload, Topic
 from app.schedules.cron import Cron, CronError
@@ -190,9 +190,11 @@ def _rewrite(services: Services, topic: Topic, s: Schedule, rows: list[MessageSt
             row, version=row.version + 1, content_hash=m.content_hash, priority=m.priority,
             deliver_at_ms=m.deliver_at_ms, due_at_ms=placement_ms(m.deliver_at_ms, now),
             requested_at_ms=m.requested_ms, updated_at_ms=now))
+    retention = services.config.retention_days
     errors = services.messages.stage(topic.uid, [
         (topic.uid, r.id, r.content_hash, Payload(s.payload, s.encoding, {}),
-         listing_ttl_s(r.due_at_ms, now, services.config)) for r in changed], [])[0]
+         ttl_s(r.due_at_ms, now, retention, services.config.horizon_days * MS_PER_DAY))
+        for r in changed], [])[0]
     # a fire whose new payload was not written keeps its old content: its row must never
     # name a payload that does not exist
     staged = [r for r, err in zip(changed, errors, strict=True) if err is None]
