@@ -35,8 +35,7 @@ MAX_MS = 253_402_300_799_999
 
 
 def parse_instant(value: object) -> int:
-    """RFC 3339 with offset, or integer epoch ms → epoch ms; years 1 to 9999. A fraction
-    finer than a millisecond rounds up: a time read is never earlier than the one written."""
+    """RFC 3339 with offset, or integer epoch ms → epoch ms; years 1 to 9999."""
     if isinstance(value, bool):
         raise TimeFormatError("expected an RFC 3339 time with offset or epoch milliseconds")
     if isinstance(value, int):
@@ -51,7 +50,7 @@ def parse_instant(value: object) -> int:
                               f"(e.g. 2026-12-01T09:00:00.250Z): {value[:64]!r}")
     else:
         try:
-            epoch_ms = -((_EPOCH - dt.datetime.fromisoformat(value.upper())) // _MS)
+            epoch_ms = to_ms(dt.datetime.fromisoformat(value.upper()))
         except ValueError as exc:
             raise TimeFormatError(f"not an RFC 3339 time: {value[:64]!r}") from exc
     if not MIN_MS <= epoch_ms <= MAX_MS:
