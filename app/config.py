@@ -136,13 +136,13 @@ def _validate_signs(config: Config) -> None:
                 # before its take
                 "retention_days")
     for name in positive:
-        if getattr(config, name) <= 0:
+        if not getattr(config, name) > 0:  # NaN too
             raise ConfigError(f"DUETIME_{name.upper()} must be > 0")
     # a negative safety lag would walk ahead of pointers still being written
     not_negative = ("safety_lag_ms", "max_wait_ms", "key_cache_s", "rate_limit_per_s",
                     "rate_burst", "message_rate_limit_per_s", "message_rate_burst")
     for name in not_negative:
-        if getattr(config, name) < 0:
+        if not getattr(config, name) >= 0:
             raise ConfigError(f"DUETIME_{name.upper()} must be >= 0")
 
 

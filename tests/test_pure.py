@@ -52,7 +52,8 @@ def test_config_reads_environment_and_validates() -> None:
     # settings whose wrong sign would lose messages or refuse every call, not fail loudly
     for name, value in (("RETENTION_DAYS", "0"), ("RETENTION_DAYS", "-1"),
                         ("REQUEST_TIMEOUT_S", "0"), ("SAFETY_LAG_MS", "-1000"),
-                        ("MAX_WAIT_MS", "-1"), ("RATE_BURST", "-5")):
+                        ("MAX_WAIT_MS", "-1"), ("RATE_BURST", "-5"),
+                        ("REQUEST_TIMEOUT_S", "nan"), ("RATE_LIMIT_PER_S", "nan")):
         with pytest.raises(ConfigError, match=f"DUETIME_{name}"):
             load_config({f"DUETIME_{name}": value})
     assert load_config({"DUETIME_SAFETY_LAG_MS": "0"}).safety_lag_ms == 0
@@ -92,6 +93,14 @@ def test_local_time_rejects_offsets_and_unknown_zones() -> None:
             parse_local_time(first_or_last, "Asia/Tokyo")
     assert format_ms(parse_local_time("9998-12-31T23:00:00", "Asia/Tokyo")) == (
         "9998-12-31T14:00:00.000Z")
+
+
+def test_a_ttl_never_passes_cassandras_twenty_years() -> None:
+    """A pace's slot decades ahead (a slow campaign of many messages) must not ask Cassandra
+    for a TTL it refuses: the write would fail, and every take of its topic with it."""
+    now = 1_800_000_000_000
+    assert timeline.ttl_s(now + 3_600_000, now, 7) == 3600 + 7 * 86_400
+    assert timeline.ttl_s(now + 30 * 365 * 86_400_000, now, 7) == timeline.MAX_TTL_S == 630_720_000
 
 
 def test_parts_cap_partition_size() -> None:

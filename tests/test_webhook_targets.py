@@ -89,7 +89,7 @@ def test_an_embedded_address_is_judged_with_the_allow_list_and_public_ones_go() 
 
 # URLs fields.Url takes that a POST could not carry as written: each died at its first POST
 UNSENDABLE = ["http://127.0.0.1:99999/x", "http://example.com:0/", "http://user:pw@example.com/",
-              "http://user@example.com/", "http://example.com/#frag", "http://example.com:x/"]
+              "http://user@example.com/", "http://example.com/#frag"]
 
 
 @pytest.mark.parametrize("url", DISGUISED + UNSENDABLE)

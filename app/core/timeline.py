@@ -100,9 +100,14 @@ def parked_ms(deliver_ms: int, now_ms: int, horizon_days: int) -> int:
     return min(placement_ms(deliver_ms, now_ms), now_ms + horizon_days * MS_PER_DAY)
 
 
+MAX_TTL_S = 630_720_000  # Cassandra refuses a longer TTL (20 years)
+
+
 def ttl_s(due_ms: int, now_ms: int, retention_days: int, slack_ms: int = 0) -> int:
-    """Seconds a row must live: until due, plus the retention window, plus slack_ms."""
-    return max(1, (max(due_ms - now_ms, 0) + slack_ms) // 1000 + retention_days * 86_400)
+    """Seconds a row must live: until due, plus the retention window, plus slack_ms; at most
+    Cassandra's 20 years (a write asking more would fail, and its take with it)."""
+    return min(MAX_TTL_S, max(1, (max(due_ms - now_ms, 0) + slack_ms) // 1000
+                              + retention_days * 86_400))
 
 
 def retry_backoff_ms(attempt: int, base_s: float, max_s: float) -> int:
