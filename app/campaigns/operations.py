@@ -31,7 +31,7 @@ from app.core.timeline import parked_ms
 from app.core.timeparse import MAX_MS
 from app.errors import StoreUnavailable
 from app.messages.by_id import being_delivered
-from app.messages.lifetimes import keep_alive, row_ttl_s
+from app.messages.lifetimes import keep_alive, relist, row_ttl_s
 from app.messages.send_windows import place_row
 from app.messages.transitions import WAITING, count_moves, finished, place_then
 from app.models import MessageState, Topic
@@ -145,6 +145,8 @@ def write(services: Services, topic: Topic, changes: list[tuple[MessageState, Me
     version, even at the same due time, or no pointer would name it); count what applied;
     return the changes that lost to another transition."""
     unkept = keep_alive(services, topic, [new for _, new in changes], now)
+    unkept |= relist(services, topic, [(row, new) for row, new in changes
+                                       if new.state in WAITING], now)
     changes = [(row, new) for row, new in changes if new.id not in unkept]
     moving = [new for _, new in changes if new.state in WAITING]
     placed = {r.id for r in place_then(services, topic, moving, now)} if moving else set()

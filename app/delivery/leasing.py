@@ -30,6 +30,7 @@ from app.errors import (
     StoreUnavailable,
 )
 from app.messages import dead_letters
+from app.messages.lifetimes import relist
 from app.messages.send_windows import retry_due
 from app.messages.transitions import (
     apply_transition,
@@ -186,12 +187,15 @@ def take(services: Services, topic: Topic, chunk: list[Due], now: int,
                if capping.goes(d.row.id)]
     moving += [r for r in capping.capped.values() if r.state == "scheduled"]
     ending += [r for r in capping.capped.values() if r.state == "cancelled"]
-    placed = place_then(services, topic, leasing + moving, now)
+    rows = {d.row.id: d.row for d in chunk}
+    # a pace's slot or a cap's deferral may be later than the campaign entry lives
+    unlisted = relist(services, topic, [(rows[r.id], r) for r in moving], now)
+    placed = place_then(services, topic,
+                        leasing + [r for r in moving if r.id not in unlisted], now)
     unrecorded = dead_letters.record(services, topic, ending)
     ending = [r for r in ending if r.id not in unrecorded]
     changes = [(r, r.version - 1, ttl_s(r.due_at_ms, now, services.config.retention_days))
                for r in placed + ending]
-    rows = {d.row.id: d.row for d in chunk}
     outcomes = services.messages.cas_many(changes, before=rows)
     # a change this process left undecided before may have applied after all: its row
     # is handed out as stored, not left leased to nobody until its lease runs out

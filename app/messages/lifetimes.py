@@ -4,7 +4,10 @@ A row lives until its due time plus the retention; its payload the horizon more,
 move within the horizon never outlives it. A row that waits without coming due (paused, or
 parked at the horizon with its deliver_at ahead: app.core.timeline.parked_ms) lives as long
 as its payload instead. Before such a row is written, its payload and its campaign-index
-entry are written again to live as long as it will (keep_alive): no row outlives them.
+entry are written again to live as long as it will (keep_alive): no row outlives them. A
+campaign-index entry lives as long as its row did when it was written, so before a move
+sets a row's due time later (a PATCH, a shift, a pace's slot, a cap's deferral, a nack, a
+redrive) its entry is written again to live as long as the row will (relist).
 """
 
 from __future__ import annotations
@@ -55,3 +58,18 @@ def keep_alive(services: Services, topic: Topic, rows: Sequence[MessageState],
     body_errors, member_errors, _ = services.messages.stage(topic.uid, bodies, members)
     return ({b[1] for b, err in zip(bodies, body_errors, strict=True) if err is not None}
             | {m[1] for m, err in zip(members, member_errors, strict=True) if err is not None})
+
+
+def relist(services: Services, topic: Topic,
+           changes: Sequence[tuple[MessageState, MessageState]], now: int) -> set[str]:
+    """Before writing these (row as read, row as it will be) moves: for each row of a
+    campaign whose due time moves later, its campaign-index entry written again to live as
+    long as the new row (row_ttl_s), from now (epoch ms), so that a campaign operation still
+    reaches it. Returns the ids whose writes failed: those rows must not be moved now."""
+    cfg = services.config
+    members = [(new.campaign, new.id, row_ttl_s(new, now, cfg)) for old, new in changes
+               if new.campaign and new.due_at_ms > old.due_at_ms]
+    if not members:
+        return set()
+    errors = services.messages.stage(topic.uid, [], members)[1]
+    return {m[1] for m, err in zip(members, errors, strict=True) if err is not None}

@@ -12,7 +12,7 @@ from typing import Any
 
 from app.core.timeline import pointer_of
 from app.errors import LeaseLost
-from app.messages.lifetimes import row_ttl_s
+from app.messages.lifetimes import relist, row_ttl_s
 from app.models import MessageState, Topic
 from app.ops import metrics
 from app.services import Services
@@ -50,7 +50,8 @@ def move_many(services: Services, topic: Topic, rows: list[MessageState], now: i
     """Each row's next pointer, then its LWT over the version before it; returns the rows
     that applied (one whose pointer failed, or whose row changed meanwhile, did not).
     `before`: the rows as read, by id (MessageStore.cas_many)."""
-    placed = place_then(services, topic, rows, now)
+    unlisted = relist(services, topic, [(before[r.id], r) for r in rows if r.id in before], now)
+    placed = place_then(services, topic, [r for r in rows if r.id not in unlisted], now)
     outcomes = services.messages.cas_many(
         [(r, r.version - 1, row_ttl_s(r, now, services.config)) for r in placed], before)
     won = [r for r, ok in zip(placed, outcomes, strict=True) if ok is True]
@@ -63,7 +64,8 @@ def apply_transition(services: Services, topic: Topic, new: MessageState, moved:
     """CAS new over the version before it; with moved, its pointer first. 409 if lost.
     `before`: the row as read (MessageStore.cas_many)."""
     now = services.clock()
-    if moved and not place_then(services, topic, [new], now):
+    if moved and (relist(services, topic, [(before, new)], now)
+                  or not place_then(services, topic, [new], now)):
         raise LeaseLost("Could not move the message; retry.")
     if not services.messages.cas(new, new.version - 1, row_ttl_s(new, now, services.config),
                                  before):
